@@ -1,0 +1,51 @@
+"""The ``vsekit`` command line: one thin Click command per stage.
+
+Each area registers its commands in its own module here (``cli/extract.py``...), so the stage
+packages themselves never import Click. Heavy libraries (torch, dask) are imported inside commands,
+so ``vsekit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from ..storage.store import StoreError
+from ..version import __version__
+
+# Modules under vsekit.cli that define commands; each exposes ``register(group)``.
+COMMAND_MODULES = ("store", "ingest", "export", "extract", "fne", "tokenize", "train", "pipeline", "report")
+
+
+class VsekitGroup(click.Group):
+    """A group that turns the library's expected errors into clean messages and exit code 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (StoreError, ValueError, FileNotFoundError) as exc:
+            if isinstance(exc, click.ClickException):
+                raise
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=VsekitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vsekit")
+def main() -> None:
+    """vsekit: image-text retrieval inputs, training and evaluation over Zarr stores."""
+
+
+for _name in COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"{__name__}.{_name}")
+    except ModuleNotFoundError as _exc:  # an area not built yet
+        if _exc.name != f"{__name__}.{_name}":
+            raise
+        continue
+    _mod.register(main)
+
+
+def run() -> None:  # pragma: no cover - console entry point helper
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""A readable description of a store: its tree, shapes, dtypes, chunking, provenance and progress."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import zarr
+
+from .store import SPLITS, FeatureStore
+
+_HIDDEN_ATTRS = {"errors"}
+
+
+def _array_line(name: str, arr: zarr.Array, indent: str) -> str:
+    return f"{indent}{name:<10} {str(tuple(arr.shape)):<22} {str(arr.dtype):<10} chunks={tuple(arr.chunks)}"
+
+
+def _fmt_attr(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def describe(store: FeatureStore, name: str | None = None) -> str:
+    lines: list[str] = []
+    if name is None:
+        a = store.attrs
+        lines.append(f"{store.path}  (vsekit format {a.get('vsekit_format')}, dataset {a.get('dataset')!r})")
+        lines.append(f"  image_root: {a.get('image_root') or '-'}")
+        if store.n_images:
+            codes = store.image_splits()
+            per = ", ".join(f"{s} {int(np.sum(codes == i))}" for i, s in enumerate(SPLITS) if np.any(codes == i))
+            lines.append(f"  images: {store.n_images} ({per})")
+            for key in ("id", "path", "split"):
+                lines.append(_array_line(key, store.root[f"images/{key}"], "    "))
+        if store.n_captions:
+            lines.append(f"  captions: {store.n_captions}")
+            for key in ("text", "image"):
+                lines.append(_array_line(key, store.root[f"captions/{key}"], "    "))
+        if "tokens" in store.root:
+            tok = store.root["tokens"]
+            vocab = tok.attrs.get("vocabulary") or tok.attrs.get("itos") or []
+            lines.append(f"  tokens: vocabulary {len(vocab)} words, min_count {tok.attrs.get('min_count')}")
+            for key in sorted(tok.array_keys()):
+                lines.append(_array_line(key, tok[key], "    "))
+        names = store.feature_names()
+        lines.append(f"  features: {len(names) or 'none'}")
+        for fname in names:
+            lines.extend(_describe_set(store, fname, brief=True))
+    else:
+        lines.extend(_describe_set(store, name, brief=False))
+    return "\n".join(lines)
+
+
+def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
+    fs = store.features(name)
+    c = fs.counts()
+    attrs = fs.attrs
+    head = (f"    {name}: {attrs.get('kind', '?')} {tuple(fs.shape)} {fs.data.dtype}  "
+            f"done {c['done']} / failed {c['failed']} / pending {c['pending']}")
+    if attrs.get("parent"):
+        head += f"  (from {attrs['parent']})"
+    lines = [head]
+    if brief:
+        return lines
+    for key in sorted(fs.group.array_keys()):
+        lines.append(_array_line(key, fs.group[key], "      "))
+    lines.append("      provenance:")
+    for key in sorted(attrs):
+        if key in _HIDDEN_ATTRS:
+            continue
+        lines.append(f"        {key}: {_fmt_attr(attrs[key])}")
+    errors = fs.errors()
+    if errors:
+        lines.append(f"      failed rows ({len(errors)}):")
+        ids = store.image_ids() if store.n_images == fs.n_rows else None
+        for row, reason in sorted(errors.items())[:20]:
+            label = f"{row} ({ids[row]})" if ids is not None else str(row)
+            lines.append(f"        {label}: {reason}")
+    return lines

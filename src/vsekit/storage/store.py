@@ -1,0 +1,499 @@
+"""The vsekit Zarr v3 store: images, captions, tokens and feature sets with provenance.
+
+Layout (see DESIGN.md)::
+
+    /                      attrs: format_version, dataset, source_files, image_root, codes
+    images/id|path|split   (N,)
+    captions/text|image    (M,)
+    tokens/ids|offsets     ragged token arrays (written by vsekit.tokenize)
+    features/<name>/data   (N, ...)   one feature set per extraction or derivation
+    features/<name>/status (N,) uint8 0 pending, 1 done, 2 failed
+
+A feature set is written in *row blocks* aligned to the chunks of its arrays: a block is the unit of
+work, distribution and resume. A block's data is written before its status, so a block whose status
+rows are all non-zero is complete, and a rerun skips it. Two writers never touch the same chunk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import zarr
+
+from ..version import __version__
+
+FORMAT_VERSION = 1
+SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
+SPLIT_CODES: dict[str, int] = {name: i for i, name in enumerate(SPLITS)}
+
+PENDING, DONE, FAILED = 0, 1, 2
+STATUS_NAMES = {PENDING: "pending", DONE: "done", FAILED: "failed"}
+
+DEFAULT_ROW_CHUNK = 256
+STRING_CHUNK = 65536
+
+
+class StoreError(Exception):
+    """A store cannot be used as asked; the message says why."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written by a newer vsekit format."""
+
+
+class ProvenanceError(StoreError):
+    """A feature set's provenance does not match what a command expects."""
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """A short, stable hash of a JSON-serialisable configuration."""
+    blob = json.dumps(config, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def row_chunk_for(row_bytes: int, target_bytes: int = 16 << 20, lo: int = 16, hi: int = 4096) -> int:
+    """Rows per chunk so that a chunk holds about ``target_bytes`` (clamped to [lo, hi])."""
+    rows = max(1, target_bytes // max(1, row_bytes))
+    return int(min(hi, max(lo, rows)))
+
+
+def split_code(split: str | int) -> int:
+    if isinstance(split, (int, np.integer)):
+        if not 0 <= int(split) < len(SPLITS):
+            raise ValueError(f"unknown split code {split}; valid: {SPLIT_CODES}")
+        return int(split)
+    try:
+        return SPLIT_CODES[str(split)]
+    except KeyError:
+        raise ValueError(f"unknown split {split!r}; valid choices: {', '.join(SPLITS)}") from None
+
+
+def _jsonable(value: Any) -> Any:
+    """Make attrs JSON-safe (numpy scalars and arrays, tuples, paths)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+@dataclass(frozen=True)
+class Block:
+    """A row block ``[start, stop)`` of a feature set, aligned to its chunks."""
+
+    index: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+class FeatureSet:
+    """One feature set: ``data`` (N, ...) and ``status`` (N,), plus provenance in attrs."""
+
+    def __init__(self, store: "FeatureStore", name: str):
+        self.store = store
+        self.name = name
+        self.group = store.root[f"features/{name}"]
+
+    # arrays ---------------------------------------------------------------------------------------
+    @property
+    def data(self) -> zarr.Array:
+        return self.group["data"]
+
+    @property
+    def status(self) -> zarr.Array:
+        return self.group["status"]
+
+    def array(self, name: str) -> zarr.Array:
+        """An auxiliary array of this set (``mean``, ``boxes``, ``count``...)."""
+        try:
+            return self.group[name]
+        except KeyError:
+            raise StoreError(f"feature set {self.name!r} has no array {name!r}; it has: "
+                             f"{', '.join(sorted(self.group.array_keys()))}") from None
+
+    def has_array(self, name: str) -> bool:
+        return name in set(self.group.array_keys())
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return dict(self.group.attrs)
+
+    def update_attrs(self, **values: Any) -> None:
+        self.group.attrs.update(_jsonable(values))
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def chunk_rows(self) -> int:
+        return int(self.group.attrs.get("block_rows", self.data.chunks[0]))
+
+    # blocks ---------------------------------------------------------------------------------------
+    def blocks(self) -> list[Block]:
+        step, n = self.chunk_rows, self.n_rows
+        return [Block(i, s, min(s + step, n)) for i, s in enumerate(range(0, n, step))]
+
+    def block_done(self, block: Block) -> bool:
+        return bool(np.all(self.status[block.start:block.stop] != PENDING))
+
+    def pending_blocks(self) -> list[Block]:
+        status = self.status[:]
+        return [b for b in self.blocks() if np.any(status[b.start:b.stop] == PENDING)]
+
+    def write_block(self, block: Block | int, data: np.ndarray | None = None,
+                    status: np.ndarray | None = None, **arrays: np.ndarray) -> None:
+        """Write one row block: its data and auxiliary arrays first, then its status.
+
+        ``status`` defaults to all done. The status is written last so that a block interrupted
+        half-way is still pending on the next run.
+        """
+        if isinstance(block, int):
+            block = self.blocks()[block]
+        for name, values in arrays.items():
+            self.array(name)[block.start:block.stop] = values
+        if data is not None:
+            self.data[block.start:block.stop] = data
+        if status is None:
+            status = np.full(len(block), DONE, dtype=np.uint8)
+        self.status[block.start:block.stop] = np.asarray(status, dtype=np.uint8)
+
+    def counts(self) -> dict[str, int]:
+        status = self.status[:]
+        return {name: int(np.sum(status == code)) for code, name in STATUS_NAMES.items()}
+
+    def is_complete(self) -> bool:
+        return self.counts()["pending"] == 0
+
+    # errors (written by the single driver process, never by parallel block writers) ---------------
+    def record_errors(self, errors: Mapping[int, str]) -> None:
+        if not errors:
+            return
+        current = dict(self.group.attrs.get("errors", {}))
+        current.update({str(int(k)): str(v) for k, v in errors.items()})
+        self.group.attrs["errors"] = current
+
+    def errors(self) -> dict[int, str]:
+        return {int(k): v for k, v in self.group.attrs.get("errors", {}).items()}
+
+    # provenance -----------------------------------------------------------------------------------
+    def check(self, expect: Mapping[str, Any] | None = None, *, complete: bool = False) -> "FeatureSet":
+        """Refuse this set unless its attrs match ``expect`` (and, optionally, every row is done)."""
+        attrs = self.attrs
+        for key, want in (expect or {}).items():
+            have = attrs.get(key)
+            ok = have in want if isinstance(want, (set, frozenset)) else have == _jsonable(want)
+            if not ok:
+                raise ProvenanceError(
+                    f"feature set {self.name!r} in {self.store.path} has {key}={have!r}, "
+                    f"but this command expects {key}={want!r}")
+        if complete:
+            c = self.counts()
+            if c["pending"]:
+                raise ProvenanceError(
+                    f"feature set {self.name!r} is incomplete: {c['pending']} of {self.n_rows} rows "
+                    f"are pending; rerun the command that makes it to finish it")
+        return self
+
+    def lineage(self) -> list[str]:
+        """This set's name followed by its ancestors' names."""
+        names, attrs = [self.name], self.attrs
+        while attrs.get("parent"):
+            names.append(attrs["parent"])
+            attrs = self.store.features(attrs["parent"]).attrs if self.store.has_features(attrs["parent"]) else {}
+        return names
+
+    def __repr__(self) -> str:
+        return f"FeatureSet({self.name!r}, shape={self.shape}, dtype={self.data.dtype})"
+
+
+class FeatureStore:
+    """A vsekit store: one Zarr v3 group per dataset."""
+
+    def __init__(self, root: zarr.Group, path: str | os.PathLike):
+        self.root = root
+        self.path = Path(path)
+
+    # opening --------------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, path: str | os.PathLike, *, dataset: str, image_root: str | os.PathLike = "",
+               source_files: Sequence[str] = (), overwrite: bool = False) -> "FeatureStore":
+        path = Path(path)
+        if path.exists() and not overwrite:
+            raise StoreError(f"{path} already exists; pass --overwrite to replace it")
+        root = zarr.open_group(str(path), mode="w", zarr_format=3)
+        root.attrs.update(_jsonable({
+            "vsekit_format": FORMAT_VERSION,
+            "vsekit_version": __version__,
+            "dataset": dataset,
+            "image_root": str(Path(image_root).resolve()) if image_root else "",
+            "source_files": list(source_files),
+            "codes": SPLIT_CODES,
+            "complete": False,
+        }))
+        return cls(root, path)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "r") -> "FeatureStore":
+        path = Path(path)
+        if not (path / "zarr.json").exists():
+            raise StoreError(f"{path} is not a vsekit store (no zarr.json there); "
+                             f"create one with `vsekit ingest ...`")
+        try:
+            root = zarr.open_group(str(path), mode=mode, zarr_format=3)
+        except Exception as exc:  # corrupt metadata
+            raise StoreError(f"cannot open {path} as a Zarr v3 group: {exc}") from exc
+        version = root.attrs.get("vsekit_format")
+        if version is None:
+            raise StoreError(f"{path} is a Zarr group but not a vsekit store (no vsekit_format attribute)")
+        if int(version) > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{path} was written in vsekit store format {version}, newer than this vsekit "
+                f"({__version__}) reads (format {FORMAT_VERSION}); upgrade vsekit")
+        return cls(root, path)
+
+    @classmethod
+    @contextlib.contextmanager
+    def building(cls, path: str | os.PathLike, *, overwrite: bool = False, **create_kw: Any) -> Iterator["FeatureStore"]:
+        """Create a store in a staging folder and move it into place only when the block succeeds.
+
+        Ingestion uses this, so a failed ingest leaves nothing behind that looks like a store.
+        """
+        path = Path(path)
+        if path.exists() and not overwrite:
+            raise StoreError(f"{path} already exists; pass --overwrite to replace it")
+        staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
+        store = cls.create(staging, overwrite=True, **create_kw)
+        try:
+            yield store
+            store.root.attrs["complete"] = True
+            if path.exists():
+                trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+                path.rename(trash)
+                staging.rename(path)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                staging.rename(path)
+            store.path = path
+            store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    # attributes -----------------------------------------------------------------------------------
+    @property
+    def attrs(self) -> dict[str, Any]:
+        return dict(self.root.attrs)
+
+    @property
+    def dataset(self) -> str:
+        return str(self.root.attrs.get("dataset", ""))
+
+    @property
+    def image_root(self) -> Path:
+        return Path(self.root.attrs.get("image_root") or ".")
+
+    # images ---------------------------------------------------------------------------------------
+    def write_images(self, ids: Sequence[str], paths: Sequence[str], splits: Sequence[str | int]) -> None:
+        ids = [str(i) for i in ids]
+        if len(set(ids)) != len(ids):
+            seen, dup = set(), None
+            for i in ids:
+                if i in seen:
+                    dup = i
+                    break
+                seen.add(i)
+            raise StoreError(f"duplicate image id {dup!r}")
+        if not (len(ids) == len(paths) == len(splits)):
+            raise StoreError("images: ids, paths and splits must have the same length")
+        codes = np.asarray([split_code(s) for s in splits], dtype=np.uint8)
+        g = self.root.require_group("images")
+        _write_strings(g, "id", ids)
+        _write_strings(g, "path", [str(p) for p in paths])
+        _write_array(g, "split", codes)
+
+    @property
+    def n_images(self) -> int:
+        return int(self.root["images/id"].shape[0]) if "images" in self.root else 0
+
+    def image_ids(self) -> np.ndarray:
+        return np.asarray(self.root["images/id"][:], dtype=object)
+
+    def image_paths(self) -> np.ndarray:
+        return np.asarray(self.root["images/path"][:], dtype=object)
+
+    def image_splits(self) -> np.ndarray:
+        return np.asarray(self.root["images/split"][:], dtype=np.uint8)
+
+    def split_rows(self, split: str | int | Iterable[str | int]) -> np.ndarray:
+        """Image rows of one split, or of several (``"train,restval"`` or a list)."""
+        if isinstance(split, str) and "," in split:
+            split = split.split(",")
+        names = [split] if isinstance(split, (str, int, np.integer)) else list(split)
+        codes = [split_code(s) for s in names]
+        return np.flatnonzero(np.isin(self.image_splits(), codes))
+
+    def image_file(self, row: int) -> Path:
+        rel = self.root["images/path"][row]
+        return self.image_root / str(rel)
+
+    # captions -------------------------------------------------------------------------------------
+    def write_captions(self, text: Sequence[str], image_rows: Sequence[int]) -> None:
+        image_rows = np.asarray(image_rows, dtype=np.int64)
+        if len(text) != len(image_rows):
+            raise StoreError("captions: text and image rows must have the same length")
+        if len(image_rows) and (image_rows.min() < 0 or image_rows.max() >= self.n_images):
+            bad = int(np.flatnonzero((image_rows < 0) | (image_rows >= self.n_images))[0])
+            raise StoreError(f"caption {bad} refers to image row {image_rows[bad]}, "
+                             f"but the store has {self.n_images} images")
+        g = self.root.require_group("captions")
+        _write_strings(g, "text", [str(t) for t in text])
+        _write_array(g, "image", image_rows)
+
+    @property
+    def n_captions(self) -> int:
+        return int(self.root["captions/text"].shape[0]) if "captions" in self.root else 0
+
+    def caption_text(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return np.asarray(self.root["captions/text"][start:stop], dtype=object)
+
+    def caption_images(self) -> np.ndarray:
+        return np.asarray(self.root["captions/image"][:], dtype=np.int64)
+
+    def captions_of_split(self, split: str | int | Iterable[str | int]) -> np.ndarray:
+        rows = self.split_rows(split)
+        return np.flatnonzero(np.isin(self.caption_images(), rows))
+
+    # features -------------------------------------------------------------------------------------
+    def feature_names(self) -> list[str]:
+        if "features" not in self.root:
+            return []
+        return sorted(self.root["features"].group_keys())
+
+    def has_features(self, name: str) -> bool:
+        return name in self.feature_names()
+
+    def features(self, name: str, expect: Mapping[str, Any] | None = None, *,
+                 complete: bool = False) -> FeatureSet:
+        if not self.has_features(name):
+            have = ", ".join(self.feature_names()) or "none"
+            raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
+        return FeatureSet(self, name).check(expect, complete=complete)
+
+    def create_features(self, name: str, row_shape: Sequence[int], dtype: Any, *,
+                        attrs: Mapping[str, Any], n_rows: int | None = None,
+                        block_rows: int | None = None, parent: str | None = None,
+                        extra: Mapping[str, tuple[Sequence[int], Any]] | None = None,
+                        overwrite: bool = False, compressors: Any = "auto") -> FeatureSet:
+        """Create (or reopen, for resume) the feature set ``name``.
+
+        ``row_shape`` is the shape of one row (``(D,)``, ``(G, G, C)``, ``(K, C)``). ``extra``
+        names auxiliary per-row arrays (``{"boxes": ((K, 4), "float32")}``), chunked like ``data``.
+        If the set exists with the same ``config_hash`` it is reopened so a rerun resumes; with a
+        different hash it is refused unless ``overwrite``.
+        """
+        if not name or "/" in name:
+            raise StoreError(f"invalid feature set name {name!r}")
+        n_rows = self.n_images if n_rows is None else int(n_rows)
+        row_shape = tuple(int(s) for s in row_shape)
+        dtype = np.dtype(dtype)
+        attrs = _jsonable(dict(attrs))
+        attrs.setdefault("code_version", __version__)
+        attrs.setdefault("config_hash", config_hash({k: v for k, v in attrs.items() if k != "code_version"}))
+        if parent is not None:
+            if not self.has_features(parent):
+                raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
+            attrs["parent"] = parent
+        if self.has_features(name):
+            existing = FeatureSet(self, name)
+            same = (existing.attrs.get("config_hash") == attrs["config_hash"]
+                    and existing.shape == (n_rows, *row_shape) and existing.data.dtype == dtype)
+            if same and not overwrite:
+                return existing
+            if not overwrite:
+                raise ProvenanceError(
+                    f"feature set {name!r} already exists in {self.path} with different settings "
+                    f"(config_hash {existing.attrs.get('config_hash')} != {attrs['config_hash']}); "
+                    f"pass --overwrite to replace it or --name to write a new set")
+            del self.root["features"][name]
+        if block_rows is None:
+            block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
+        block_rows = max(1, min(int(block_rows), max(1, n_rows)))
+        g = self.root.require_group("features").create_group(name)
+        kw = {} if compressors == "auto" else {"compressors": compressors}
+        g.create_array("data", shape=(n_rows, *row_shape), dtype=dtype,
+                       chunks=(block_rows, *row_shape), fill_value=0, **kw)
+        g.create_array("status", shape=(n_rows,), dtype=np.uint8, chunks=(block_rows,), fill_value=0)
+        for aux, (shape, aux_dtype) in (extra or {}).items():
+            shape = tuple(int(s) for s in shape)
+            g.create_array(aux, shape=(n_rows, *shape), dtype=np.dtype(aux_dtype),
+                           chunks=(block_rows, *shape), fill_value=0)
+        attrs["block_rows"] = block_rows
+        g.attrs.update(attrs)
+        return FeatureSet(self, name)
+
+    def delete_features(self, name: str) -> None:
+        if self.has_features(name):
+            del self.root["features"][name]
+
+    # tokens ---------------------------------------------------------------------------------------
+    @property
+    def has_tokens(self) -> bool:
+        return "tokens" in self.root and "offsets" in self.root["tokens"]
+
+    def __repr__(self) -> str:
+        return f"FeatureStore({str(self.path)!r}, images={self.n_images}, captions={self.n_captions})"
+
+
+# helpers ------------------------------------------------------------------------------------------
+def _write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
+    if name in group:
+        del group[name]
+    arr = group.create_array(name, shape=(len(values),), dtype=str,
+                             chunks=(max(1, min(STRING_CHUNK, len(values))),))
+    if len(values):
+        arr[:] = np.asarray(values, dtype=object)
+    return arr
+
+
+def _write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK) -> zarr.Array:
+    if name in group:
+        del group[name]
+    values = np.asarray(values)
+    arr = group.create_array(name, shape=values.shape, dtype=values.dtype,
+                             chunks=(max(1, min(chunk, len(values))), *values.shape[1:]))
+    if values.size:
+        arr[:] = values
+    return arr
+
+
+def write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
+    """Public form of the variable-length string writer (used by ingestion and tokenisation)."""
+    return _write_strings(group, name, values)
+
+
+def write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK) -> zarr.Array:
+    """Write a whole small array (replacing any existing one)."""
+    return _write_array(group, name, values, chunk)

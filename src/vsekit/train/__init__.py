@@ -1,0 +1,1 @@
+"""Datasets over the store, encoders, similarity models, losses, trainer and evaluation."""

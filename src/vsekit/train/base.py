@@ -1,0 +1,82 @@
+"""The contract every retrieval model meets, and the registry the trainer and tests are driven by.
+
+A model encodes each side once and scores any images x captions block::
+
+    img = model.encode_images(feats, counts)          # per-image encodings (tensor or tuple)
+    cap = model.encode_captions(tokens, lengths)      # per-caption encodings
+    S = model.score(img, cap)                         # (n_img, n_cap) similarities
+
+Embedding models (VSE++, Order, SEAM) return vectors and score with a matrix product or the order
+violation; pairwise models (SMAN, SAF, SGR) keep per-item states and score every pair in batched
+tensor operations. Evaluation calls ``score`` on bounded blocks, so memory never depends on the
+test-set size. ``extra_loss`` adds model-specific terms (SEAM's attention penalty, SMAN's intra-pair
+term) to the ranking loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+_MODELS: dict[str, Callable[..., "RetrievalModel"]] = {}
+
+
+def register_model(name: str) -> Callable:
+    """Register a model factory under ``name``; a duplicate name is an error."""
+    def deco(factory: Callable[..., "RetrievalModel"]) -> Callable[..., "RetrievalModel"]:
+        if name in _MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        _MODELS[name] = factory
+        return factory
+    return deco
+
+
+def model_names() -> list[str]:
+    _load_builtin_models()
+    return sorted(_MODELS)
+
+
+def create_model(name: str, **kwargs: Any) -> "RetrievalModel":
+    _load_builtin_models()
+    try:
+        factory = _MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(sorted(_MODELS))}") from None
+    return factory(**kwargs)
+
+
+def _load_builtin_models() -> None:
+    """Import the modules that register models (each registers on import)."""
+    import importlib
+
+    for mod in ("vse", "seam", "sman", "sgraf"):
+        try:
+            importlib.import_module(f"{__package__}.{mod}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{mod}":
+                raise
+
+
+class RetrievalModel(nn.Module):
+    """Base class: subclasses set ``image_input`` and implement the three encode/score methods."""
+
+    #: which feature layout the model reads: "global" (N, D), "grid" (N, G, G, C), "regions" (N, K, C)
+    image_input: str = "global"
+    #: True when ``score`` is a function of each pair jointly (SMAN, SAF, SGR)
+    pairwise: bool = False
+
+    def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None) -> Any:
+        raise NotImplementedError
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor) -> Any:
+        raise NotImplementedError
+
+    def score(self, img: Any, cap: Any) -> torch.Tensor:
+        """Similarities of every image with every caption: (n_img, n_cap)."""
+        raise NotImplementedError
+
+    def extra_loss(self, img: Any, cap: Any, scores: torch.Tensor) -> torch.Tensor | None:
+        """Model-specific loss terms added to the ranking loss (default none)."""
+        return None
