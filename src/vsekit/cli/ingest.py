@@ -7,7 +7,7 @@ import click
 
 @click.group("ingest")
 def ingest() -> None:
-    """Create a store from a dataset on disk (karpathy, coco, folder, precomp, butd)."""
+    """Create a store from a dataset on disk (karpathy, coco, folder, precomp, butd, hdf5)."""
 
 
 def _common(f):
@@ -35,6 +35,113 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, store_path
     _, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
                                 strict=strict, check_files=not no_check_files, overwrite=overwrite)
     click.echo(report.summary())
+
+
+@ingest.command("coco")
+@click.argument("annotations", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--splits", "split_file", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="Split assignment: Karpathy dataset_coco.json, a JSON {image_id: split}, or "
+                   "image_id<TAB>split lines.")
+@click.option("--image-root", type=click.Path(file_okay=False), default=None,
+              help="Folder of the images (file_name, or <train2014|val2014>/file_name, below it; "
+                   "default: the first annotation file's folder).")
+@click.option("--restval-as-train/--keep-restval", default=False, show_default=True,
+              help="Put restval images into train.")
+@click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
+@_common
+def coco(annotations, split_file, image_root, restval_as_train, no_check_files, store_path, overwrite, strict):
+    """Ingest official COCO captions_*.json files with a split assignment file."""
+    from pathlib import Path
+
+    from ..storage.sources.coco import ingest_coco
+
+    root = image_root or str(Path(annotations[0]).parent)
+    _, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
+                            strict=strict, check_files=not no_check_files, overwrite=overwrite)
+    click.echo(report.summary())
+
+
+@ingest.command("folder")
+@click.argument("image_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("captions", type=click.Path(exists=True, dir_okay=False))
+@click.option("--split", "ratios", default="0.8,0.1,0.1", show_default=True,
+              help="train,val,test ratios used when the caption file has no split column.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
+@click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
+@_common
+def folder(image_dir, captions, ratios, seed, no_check_files, store_path, overwrite, strict):
+    """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
+    from ..storage.sources.folder import ingest_folder
+
+    _, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
+                              check_files=not no_check_files, overwrite=overwrite)
+    click.echo(report.summary())
+
+
+@ingest.command("precomp")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--splits", default=None,
+              help="File prefixes to read, e.g. train,dev,test (default: every one present of "
+                   "train, dev|val, test, restval).")
+@click.option("--name", default="precomp", show_default=True, help="Name of the feature set.")
+@click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
+              help="Stored dtype (default: the file's for global features, float16 for regions).")
+@click.option("--store", "store_path", required=True, type=click.Path(),
+              help="A new store, or an existing one to add the feature set to (matched by image id).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the feature set NAME of an existing store, or the store itself when new.")
+@click.option("--strict", is_flag=True, help="Turn skipped items into errors.")
+def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwrite, strict):
+    """Ingest a VSE++ or SCAN/SGRAF precomp folder ({split}_ims.npy, {split}_caps.txt[, {split}_ids.txt]).
+
+    With --store naming an existing store, only the feature set is added, matched by image id.
+    """
+    from ..storage.sources.precomp import ingest_precomp
+
+    prefixes = [p.strip() for p in splits.split(",") if p.strip()] if splits else None
+    _, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
+                               captions_per_image=captions_per_image, dtype=dtype, strict=strict,
+                               overwrite=overwrite)
+    click.echo(report.summary())
+
+
+@ingest.command("butd")
+@click.argument("tsv", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--store", "store_path", required=True, type=click.Path(),
+              help="An existing store to add the features to (matched by image id), or a new store.")
+@click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
+@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1),
+              help="Largest num_boxes accepted; rows are padded to the largest found.")
+@click.option("--splits", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="New store only: split assignment file (Karpathy JSON, {id: split} or id<TAB>split).")
+@click.option("--split", "default_split", default="train", show_default=True,
+              type=click.Choice(["train", "val", "test", "restval"]),
+              help="New store only: the split of every image when no --splits file is given.")
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--overwrite", is_flag=True,
+              help="Replace the feature set NAME of an existing store, or the store itself when new.")
+@click.option("--strict", is_flag=True, help="Turn skipped lines into errors.")
+def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, overwrite, strict):
+    """Ingest bottom-up-attention TSV files (image_id, image_w, image_h, num_boxes, boxes, features)."""
+    from ..storage.sources.butd import ingest_butd
+
+    _, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
+                            default_split=default_split, dtype=dtype, strict=strict, overwrite=overwrite)
+    click.echo(report.summary())
+
+
+@ingest.command("hdf5")
+@click.argument("h5_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--store", "store_path", required=True, type=click.Path(), help="Store to create.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store.")
+def hdf5(h5_path, store_path, overwrite):
+    """Rebuild a store from a `vsekit export hdf5` file."""
+    from ..storage.interop import ingest_hdf5
+
+    store = ingest_hdf5(h5_path, store_path, overwrite=overwrite)
+    click.echo(f"ingested {store.n_images} images, {store.n_captions} captions, "
+               f"{len(store.feature_names())} feature sets")
 
 
 def register(group: click.Group) -> None:

@@ -3,8 +3,10 @@
 Every image holds 1-3 shapes (circle, square, triangle, diamond) in one of eight colours, at a named
 position and size, on a background of one of several tints with noise. Its five captions describe
 what is drawn in five different wordings, so a retrieval model can really learn to match them. A
-``boxes.json`` file gives every shape's bounding box in pixels (for region features). Output is a
-pure function of ``(images, seed, size)``.
+``boxes.json`` file gives every shape's bounding box in pixels (for region features); each image
+record of the JSON also carries its ``background`` and ``shapes`` (shape, colour, position, size,
+box, in drawing order) so that tests can check captions against what was drawn. Output is a pure
+function of ``(images, seed, size)``.
 """
 
 from __future__ import annotations
@@ -128,7 +130,9 @@ def make_demo_data(out_dir: str | Path, images: int = 400, seed: int = 0, size: 
             sentid += 1
         records.append({"filepath": "images", "filename": filename, "imgid": i, "split": splits[i],
                         "sentids": [s["sentid"] for s in sentences], "sentences": sentences,
-                        "cocoid": 100000 + i})
+                        "cocoid": 100000 + i, "background": bg_name,
+                        "shapes": [{"shape": sp.shape, "colour": sp.colour, "position": sp.position,
+                                    "size": sp.size, "box": bx} for sp, bx in zip(specs, image_boxes)]})
         boxes[str(100000 + i)] = image_boxes
     path = out / "dataset_demo.json"
     path.write_text(json.dumps({"dataset": "demo", "images": records}))

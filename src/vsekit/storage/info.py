@@ -13,8 +13,13 @@ from .store import SPLITS, FeatureStore
 _HIDDEN_ATTRS = {"errors"}
 
 
+def _dtype_name(arr: zarr.Array) -> str:
+    dtype = arr.dtype
+    return "str" if getattr(dtype, "kind", "") in ("T", "O", "U") else str(dtype)
+
+
 def _array_line(name: str, arr: zarr.Array, indent: str) -> str:
-    return f"{indent}{name:<10} {str(tuple(arr.shape)):<22} {str(arr.dtype):<10} chunks={tuple(arr.chunks)}"
+    return f"{indent}{name:<10} {str(tuple(arr.shape)):<22} {_dtype_name(arr):<10} chunks={tuple(arr.chunks)}"
 
 
 def _fmt_attr(value: Any) -> str:
@@ -28,6 +33,12 @@ def describe(store: FeatureStore, name: str | None = None) -> str:
         a = store.attrs
         lines.append(f"{store.path}  (vsekit format {a.get('vsekit_format')}, dataset {a.get('dataset')!r})")
         lines.append(f"  image_root: {a.get('image_root') or '-'}")
+        sources = a.get("source_files") or []
+        if sources:
+            lines.append(f"  source files: {', '.join(str(x) for x in sources[:3])}"
+                         + (f" (+{len(sources) - 3} more)" if len(sources) > 3 else ""))
+        if not a.get("complete", True):
+            lines.append("  WARNING: this store was never completed (an ingest did not finish)")
         if store.n_images:
             codes = store.image_splits()
             per = ", ".join(f"{s} {int(np.sum(codes == i))}" for i, s in enumerate(SPLITS) if np.any(codes == i))
@@ -62,10 +73,10 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
     if attrs.get("parent"):
         head += f"  (from {attrs['parent']})"
     lines = [head]
-    if brief:
-        return lines
     for key in sorted(fs.group.array_keys()):
         lines.append(_array_line(key, fs.group[key], "      "))
+    if brief:
+        return lines
     lines.append("      provenance:")
     for key in sorted(attrs):
         if key in _HIDDEN_ATTRS:

@@ -388,9 +388,10 @@ class FeatureStore:
 
     # features -------------------------------------------------------------------------------------
     def feature_names(self) -> list[str]:
+        """Names of the feature sets (hidden ``.name.partial-*`` sets being built are left out)."""
         if "features" not in self.root:
             return []
-        return sorted(self.root["features"].group_keys())
+        return sorted(k for k in self.root["features"].group_keys() if not k.startswith("."))
 
     def has_features(self, name: str) -> bool:
         return name in self.feature_names()
@@ -453,6 +454,29 @@ class FeatureStore:
         attrs["block_rows"] = block_rows
         g.attrs.update(attrs)
         return FeatureSet(self, name)
+
+    @contextlib.contextmanager
+    def building_features(self, name: str, row_shape: Sequence[int], dtype: Any, *,
+                          overwrite: bool = False, **create_kw: Any) -> Iterator[FeatureSet]:
+        """Create feature set ``name`` under a hidden staging name and rename it into place on success.
+
+        Ingesters that add a set to an existing store use this, so a failure part-way leaves no
+        half-written set behind (the store's other contents are untouched).
+        """
+        if self.has_features(name) and not overwrite:
+            raise StoreError(f"feature set {name!r} already exists in {self.path}; "
+                             f"pass --overwrite to replace it or --name to write a new set")
+        staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+        fs = self.create_features(staging, row_shape, dtype, **create_kw)
+        try:
+            yield fs
+            self.delete_features(name)
+            os.rename(self.path / "features" / staging, self.path / "features" / name)
+            fs.name, fs.group = name, self.root[f"features/{name}"]
+        except BaseException:
+            if staging in set(self.root["features"].group_keys()):
+                del self.root["features"][staging]
+            raise
 
     def delete_features(self, name: str) -> None:
         if self.has_features(name):

@@ -48,3 +48,76 @@ def read_json(path: str | Path) -> Any:
         raise IngestError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except UnicodeDecodeError as exc:
         raise IngestError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def karpathy_image_id(rec: dict) -> str:
+    """The id a Karpathy image record gets in a store: ``cocoid``, else ``imgid``, else the filename stem."""
+    return str(rec.get("cocoid", rec.get("imgid", Path(str(rec.get("filename", ""))).stem)))
+
+
+def read_split_file(path: str | Path) -> dict[str, str]:
+    """Read an image-id → split assignment.
+
+    Accepted forms: a Karpathy split JSON (``{"images": [{"cocoid"|"imgid", "split"}...]}``), a JSON
+    object ``{image_id: split}``, or a text file of ``image_id<TAB>split`` lines (a ``,`` also works
+    as the separator; blank lines and ``#`` comments are ignored).
+    """
+    from ..store import SPLITS
+
+    path = Path(path)
+    if not path.exists():
+        raise IngestError(f"{path}: no such file")
+    out: dict[str, str] = {}
+
+    def put(key: Any, split: Any, where: str) -> None:
+        key, split = str(key).strip(), str(split).strip()
+        if split not in SPLITS:
+            raise IngestError(f"{where}: unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        if key in out and out[key] != split:
+            raise IngestError(f"{where}: image id {key} is assigned twice ({out[key]} and {split})")
+        out[key] = split
+
+    head = path.read_bytes()[:1].strip() or b""
+    if path.suffix.lower() == ".json" or head in (b"{", b"["):
+        doc = read_json(path)
+        if isinstance(doc, dict) and isinstance(doc.get("images"), list):
+            for pos, rec in enumerate(doc["images"]):
+                if not isinstance(rec, dict) or "split" not in rec:
+                    raise IngestError(f"{path}: images[{pos}] has no 'split'")
+                put(karpathy_image_id(rec), rec["split"], f"{path}: images[{pos}]")
+        elif isinstance(doc, dict):
+            for key, split in doc.items():
+                put(key, split, f"{path}: key {key!r}")
+        else:
+            raise IngestError(f"{path}: expected a Karpathy JSON or an object {{image_id: split}}")
+        return out
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise IngestError(f"{path}:{lineno}: not UTF-8 text") from None
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split("\t") if "\t" in line else line.split(",")
+            if len(parts) != 2:
+                raise IngestError(f"{path}:{lineno}: expected 'image_id<TAB>split', got {line[:80]!r}")
+            if lineno == 1 and parts[1].strip() == "split":  # a header line
+                continue
+            put(parts[0], parts[1], f"{path}:{lineno}")
+    return out
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file without their line ends; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise IngestError(f"{path}: no such file")
+    out = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                out.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as exc:
+                raise IngestError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start})") from None
+    return out

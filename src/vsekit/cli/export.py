@@ -1,0 +1,82 @@
+"""``vsekit export vsepp|scan|hdf5|vocab``: write a store's contents in other tools' formats."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("export")
+def export() -> None:
+    """Write a store to the VSE++ / SCAN precomp layouts, HDF5, or a vocabulary JSON."""
+
+
+def _precomp_options(f):
+    f = click.option("--dtype", type=click.Choice(["float32", "float16", "int8"]), default=None,
+                     help="dtype of the .npy files (default: the feature set's).")(f)
+    f = click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))(f)
+    f = click.option("--splits", default=None,
+                     help="Store splits to write, e.g. train,val,test (default: every split present).")(f)
+    f = click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")(f)
+    f = click.option("--features", required=True, help="Feature set to export.")(f)
+    f = click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))(f)
+    return f
+
+
+def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype):
+    from ..storage.interop import export_precomp
+
+    split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
+    summary = export_precomp(store_path, features, out, layout=layout, splits=split_list,
+                             captions_per_image=captions_per_image, dtype=dtype)
+    for prefix, c in summary["splits"].items():
+        click.echo(f"{out}/{prefix}_ims.npy: {c['images']} images, {prefix}_caps.txt: {c['captions']} captions")
+
+
+@export.command("vsepp")
+@_precomp_options
+def vsepp(store_path, features, out, splits, captions_per_image, dtype):
+    """VSE++ precomp files: {split}_ims.npy (N, D), {split}_caps.txt, {split}_ids.txt."""
+    _run_precomp("vsepp", store_path, features, out, splits, captions_per_image, dtype)
+
+
+@export.command("scan")
+@_precomp_options
+def scan(store_path, features, out, splits, captions_per_image, dtype):
+    """SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C), {split}_caps.txt, {split}_ids.txt."""
+    _run_precomp("scan", store_path, features, out, splits, captions_per_image, dtype)
+
+
+@export.command("hdf5")
+@click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--features", multiple=True, help="Feature set(s) to include (default: all).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .h5 file.")
+@click.option("--level", default=4, show_default=True, type=click.IntRange(0, 9), help="gzip level.")
+def hdf5(store_path, features, out, level):
+    """One HDF5 file: a dataset per store array, provenance as attributes, chunked and compressed."""
+    from ..storage.interop import export_hdf5
+
+    summary = export_hdf5(store_path, out, features=list(features) or None, level=level)
+    click.echo(f"wrote {summary['out']} (feature sets: {', '.join(summary['features']) or 'none'})")
+
+
+@export.command("vocab")
+@click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output vocab.json.")
+def vocab(store_path, out):
+    """The store's tokenizer vocabulary as JSON (written by `vsekit tokenize`)."""
+    from ..storage.store import FeatureStore
+
+    try:
+        from ..tokenize import export_vocab_json
+    except ImportError as exc:
+        raise ValueError(f"vocabulary export needs vsekit.tokenize.export_vocab_json ({exc})") from exc
+
+    store = FeatureStore.open(store_path)
+    if not store.has_tokens:
+        raise ValueError(f"{store_path} has no tokens yet; run `vsekit tokenize --store {store_path}` first")
+    export_vocab_json(store, out)
+    click.echo(f"wrote {out}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(export)

@@ -1,0 +1,70 @@
+"""``vsekit extract``: a thin wrapper over :func:`vsekit.extract.extract`."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("extract")
+@click.option("--store", "store", type=click.Path(file_okay=False), help="The vsekit store (.zarr).")
+@click.option("--model", default="vgg19", show_default=True,
+              help="vgg19 | resnet152 | inception_resnet_v2 | any timm model name.")
+@click.option("--kind", default="global", show_default=True, type=click.Choice(["global", "fne", "grid", "regions"]))
+@click.option("--weights", default="imagenet", show_default=True, help="imagenet | none | PATH to a checkpoint.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random initialisation with --weights none.")
+@click.option("--name", default=None, help="Feature set name [default: MODEL_KIND].")
+@click.option("--crops", default=1, show_default=True, type=click.Choice(["1", "5", "10"]),
+              help="Centre crop, 4 corners + centre, or those 5 and their mirrors (averaged).")
+@click.option("--keep-crops", is_flag=True, help="Store every crop's features instead of their mean.")
+@click.option("--resize", type=int, default=None, help="Resize size [default: from the weights].")
+@click.option("--resize-mode", type=click.Choice(["shorter", "square"]), default=None,
+              help="Resize the shorter side, or to a square [default: shorter; square for grid/regions].")
+@click.option("--input-size", type=int, default=None,
+              help="Crop (network input) size [default: from the weights; 448 for grid/regions].")
+@click.option("--interpolation", type=click.Choice(["bilinear", "bicubic", "nearest", "lanczos"]), default=None)
+@click.option("--taps", default=None, help="FNE layers: comma-separated glob patterns (see --list-layers).")
+@click.option("--list-layers", is_flag=True, help="List the model's layers and widths, then exit.")
+@click.option("--grid", default=7, show_default=True, help="Grid side G for --kind grid (14 keeps layer4 whole).")
+@click.option("--boxes", default=None, help="Regions: 'detector' or a JSON file {image_id: [[x1,y1,x2,y2], ...]}.")
+@click.option("--max-regions", default=36, show_default=True)
+@click.option("--min-regions", default=10, show_default=True, help="Floor of detector boxes per image.")
+@click.option("--batch-size", default=32, show_default=True, help="Images per forward pass.")
+@click.option("--workers", default=2, show_default=True, help="Decoding worker processes (0: in-process).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
+@click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
+              help="Stored dtype [default: float32 global/fne, float16 grid/regions].")
+@click.option("--block-rows", type=int, default=None, help="Rows per block (unit of work and resume).")
+@click.option("--cluster", default=None, help="local:N or tcp://HOST:PORT.")
+@click.option("--strict", is_flag=True, help="Stop at the first bad image.")
+@click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resize, resize_mode, input_size,
+                interpolation, taps, list_layers, grid, boxes, max_regions, min_regions, batch_size, workers,
+                device, precision, dtype, block_rows, cluster, strict, overwrite, no_progress):
+    """Extract image features (global, FNE, grid or regions) into the store."""
+    if list_layers:
+        from ..extract import list_layers as _list
+
+        rows = _list(model, input_size)
+        click.echo(f"{'layer':40s} {'type':22s} {'shape':18s} {'width':>6s}  FNE default")
+        for r in rows:
+            click.echo(f"{r['name']:40s} {r['type']:22s} {str(tuple(r['shape'])):18s} {r['width']:6d}"
+                       f"  {'*' if r['default_tap'] else ''}")
+        return
+    if not store:
+        raise click.UsageError("--store is required (unless --list-layers)")
+    from ..extract import extract
+
+    result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
+                     resize=resize, resize_mode=resize_mode, input_size=input_size,
+                     interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
+                     max_regions=max_regions, min_regions=min_regions, seed=seed, batch_size=batch_size,
+                     workers=workers, device=device, precision=precision, dtype=dtype,
+                     block_rows=block_rows, cluster=cluster, strict=strict, overwrite=overwrite,
+                     progress=not no_progress)
+    click.echo(result.summary())
+
+
+def register(group: click.Group) -> None:
+    group.add_command(extract_cmd)

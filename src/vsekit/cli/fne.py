@@ -1,0 +1,79 @@
+"""``vsekit standardize``, ``vsekit discretize`` and ``vsekit fne``: thin wrappers over ``vsekit.fne``."""
+
+from __future__ import annotations
+
+import click
+
+_store = click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
+                      help="The vsekit store (a .zarr folder).")
+_features = click.option("--features", required=True, help="Feature set to read.")
+_split = click.option("--split", default="train", show_default=True,
+                      help="Split whose done rows give mean and std (train, val, test, restval; "
+                           "comma-separated for several).")
+_stats_from = click.option("--stats-from", default=None, metavar="STORE::NAME",
+                           help="Use the mean/std stored in another store's set instead of computing them.")
+_thresholds = click.option("--thresholds", nargs=2, type=float, default=(-0.25, 0.15), show_default=True,
+                           metavar="LO HI", help="z < LO -> -1, z > HI -> 1, otherwise 0.")
+_pack = click.option("--pack", is_flag=True, help="Store 4 ternary features per byte (2 bits each).")
+_cluster = click.option("--cluster", default=None, metavar="local:N|tcp://HOST:PORT",
+                        help="Run on a dask cluster instead of in-process threads.")
+_overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing output set made with other settings.")
+
+
+@click.command("standardize")
+@_store
+@_features
+@_split
+@_stats_from
+@click.option("--name", default=None, help="Output set name [default: FEATURES.z].")
+@_cluster
+@_overwrite
+def standardize(store, features, split, stats_from, name, cluster, overwrite):
+    """Z-standardise a feature set with one split's per-feature mean and std -> FEATURES.z."""
+    from ..fne import standardize as run
+
+    result = run(store, features, split=split, stats_from=stats_from, name=name, cluster=cluster,
+                 overwrite=overwrite)
+    click.echo(f"standardize: {result.summary()}")
+
+
+@click.command("discretize")
+@_store
+@_features
+@_thresholds
+@_pack
+@click.option("--name", default=None, help="Output set name [default: FEATURES.fne].")
+@_cluster
+@_overwrite
+def discretize(store, features, thresholds, pack, name, cluster, overwrite):
+    """Map standardised features to {-1, 0, 1} (int8, or 2-bit packed) -> FEATURES.fne."""
+    from ..fne import discretize as run
+
+    result = run(store, features, thresholds=thresholds, pack=pack, name=name, cluster=cluster,
+                 overwrite=overwrite)
+    click.echo(f"discretize: {result.summary()}")
+
+
+@click.command("fne")
+@_store
+@_features
+@_split
+@_stats_from
+@_thresholds
+@_pack
+@_cluster
+@_overwrite
+def fne(store, features, split, stats_from, thresholds, pack, cluster, overwrite):
+    """Standardize and discretize in one pass -> FEATURES.z and FEATURES.z.fne."""
+    from ..fne import fne as run
+
+    z, q = run(store, features, split=split, stats_from=stats_from, thresholds=thresholds, pack=pack,
+               cluster=cluster, overwrite=overwrite)
+    click.echo(f"standardize: {z.summary()}")
+    click.echo(f"discretize: {q.summary()}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(standardize)
+    group.add_command(discretize)
+    group.add_command(fne)

@@ -1,0 +1,47 @@
+"""``vsekit run``: run a named pipeline from ``pipelines.yaml``."""
+
+from __future__ import annotations
+
+import click
+
+
+def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        if "=" not in item:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+@click.command("run")
+@click.argument("pipeline", required=False)
+@click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
+              help="Pipelines file (default: ./pipelines.yaml, $VSEKIT_PIPELINES, or the checkout's).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Set a ${KEY} variable (wins over the environment and the file's variables).")
+@click.option("--from", "from_stage", metavar="STAGE", default=None,
+              help="Rerun from this stage (id, command or 1-based number); earlier stages are not touched.")
+@click.option("--force", is_flag=True, help="Rerun every stage, even those up to date.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (what runs, what is skipped and why) and stop.")
+@click.option("--list", "list_", is_flag=True, help="List the pipelines in the file.")
+@click.option("--cluster", default=None, metavar="local:N|tcp://HOST:PORT",
+              help="Pass --cluster to every stage that accepts it.")
+def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster):
+    """Run the named PIPELINE: skip stages that are up to date, rerun changed ones and those after them."""
+    from ..pipeline import default_file, list_pipelines, load_file
+    from ..pipeline import run as run_pipeline
+
+    if list_ or not pipeline:
+        pf = load_file(file or default_file())
+        click.echo(list_pipelines(pf))
+        if not list_:
+            raise click.UsageError("name a PIPELINE to run")
+        return
+    run_pipeline(pipeline, file=file, sets=_parse_sets(sets), from_stage=from_stage, force=force,
+                 dry_run=dry_run, cluster=cluster)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(run)

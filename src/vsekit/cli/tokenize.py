@@ -1,0 +1,39 @@
+"""``vsekit tokenize``: a thin wrapper over :func:`vsekit.tokenize.tokenize`."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("tokenize")
+@click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The vsekit store whose captions to tokenize.")
+@click.option("--min-count", default=4, show_default=True, type=int,
+              help="Keep words seen at least this many times in the vocabulary splits (VSE++/SCAN: 4).")
+@click.option("--vocab-splits", default="train,val", show_default=True,
+              help="Splits whose captions build the vocabulary (comma-separated); restval counts with "
+                   "train; test is refused.")
+@click.option("--strip-punct", is_flag=True, help="Drop punctuation tokens (kept by default, as in FNE).")
+@click.option("--keep-case", is_flag=True, help="Do not lower-case the captions.")
+@click.option("--no-bos-eos", is_flag=True, help="Do not wrap each caption in <start> ... <end>.")
+@click.option("--max-len", type=int, default=None,
+              help="Truncate each caption to this many ids (<start> and <end> included).")
+@click.option("--workers", default=1, show_default=True, type=int,
+              help="Worker processes for the counting pass (1 = in this process).")
+@click.option("--cluster", default=None, help="Run the counting pass on dask: local:N or tcp://HOST:PORT.")
+@click.option("--chunk-captions", default=16384, show_default=True, type=int,
+              help="Captions per counting task (the unit of parallel work).")
+def tokenize(store: str, min_count: int, vocab_splits: str, strip_punct: bool, keep_case: bool,
+             no_bos_eos: bool, max_len: int | None, workers: int, cluster: str | None,
+             chunk_captions: int) -> None:
+    """Tokenize every caption, build the vocabulary, and write tokens/ids + tokens/offsets."""
+    from ..tokenize import tokenize as run_tokenize
+
+    summary = run_tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
+                           lowercase=not keep_case, bos_eos=not no_bos_eos, max_len=max_len,
+                           workers=workers, cluster=cluster, chunk_captions=chunk_captions)
+    click.echo(str(summary))
+
+
+def register(group: click.Group) -> None:
+    group.add_command(tokenize)

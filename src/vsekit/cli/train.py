@@ -1,0 +1,105 @@
+"""``vsekit train`` and ``vsekit evaluate``: thin wrappers over ``vsekit.train.train`` / ``evaluate``."""
+
+from __future__ import annotations
+
+import click
+
+
+def _model_args(pairs: tuple[str, ...]) -> dict:
+    import json
+
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--model-arg")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip().replace("-", "_")] = value
+    return out
+
+
+@click.command("train")
+@click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False), help="The store.")
+@click.option("--features", required=True, help="Feature set to train on (global, FNE int8 or packed, grid, regions).")
+@click.option("--model", default=None, help="Model name (vse, order, seam-e, seam-c, seam-g, ...); "
+              "a paper preset names one.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder to write.")
+@click.option("--preset", "presets", multiple=True,
+              help="Paper settings: sh mh soe moe ph poe seam-e seam-c seam-g vse++ order++ demo "
+                   "(repeatable; later ones win, options win over presets).")
+@click.option("--epochs", type=int, default=None)
+@click.option("--batch-size", type=int, default=None)
+@click.option("--embed-dim", type=int, default=None, help="Joint space dimension.")
+@click.option("--word-dim", type=int, default=None, help="Word embedding dimension.")
+@click.option("--lr", type=float, default=None, help="Adam learning rate.")
+@click.option("--lr2", type=float, default=None, help="Learning rate of the curriculum's max-loss phase.")
+@click.option("--lr-update", "lr_milestones", type=int, multiple=True,
+              help="Multiply the lr by --lr-decay at this epoch (repeatable).")
+@click.option("--lr-decay", type=float, default=None)
+@click.option("--margin", type=float, default=None, help="Hinge margin alpha.")
+@click.option("--max-violation/--sum-violation", default=None, help="Hardest negative only, or all negatives.")
+@click.option("--similarity", type=click.Choice(["cosine", "order"]), default=None)
+@click.option("--abs/--no-abs", "use_abs", default=None, help="|.| of both embeddings (order embeddings).")
+@click.option("--captions", type=click.Choice(["one", "all"]), default=None,
+              help="One random caption per image per epoch, or every caption.")
+@click.option("--curriculum/--no-curriculum", default=None, help="PH/POE: sum loss, then max loss.")
+@click.option("--patience", type=int, default=None, help="Epochs without val rsum gain before the switch.")
+@click.option("--grad-clip", type=float, default=None)
+@click.option("--model-arg", "model_arg", multiple=True, help="Model argument KEY=VALUE (e.g. hops=30).")
+@click.option("--seed", type=int, default=None)
+@click.option("--device", default=None, help="cpu or cuda.")
+@click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones, **opts):
+    """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
+    from ..train import train
+    from ..train.trainer import check_model_args
+
+    margs = _model_args(model_arg)
+    if margs and not resume:
+        from ..train.config import PRESETS
+
+        name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
+        if name:
+            check_model_args(name, list(margs))
+    summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
+                    progress=progress, log=click.echo, model_args=margs or None,
+                    lr_milestones=list(lr_milestones) or None, **opts)
+    click.echo(f"trained {summary['model']} for {summary['epochs']} epochs: best val rsum "
+               f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
+               f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
+
+
+@click.command("evaluate")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--protocol", "protocols", multiple=True, type=click.Choice(["coco-1k", "coco-5k", "1k"]),
+              help="Evaluation protocol (repeatable); default coco-1k and coco-5k on COCO, else 1k.")
+@click.option("--split", default="test", show_default=True)
+@click.option("--store", "store", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Evaluate on this store instead of the run's.")
+@click.option("--features", default=None, help="Feature set instead of the run's.")
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--batch-size", default=256, show_default=True)
+@click.option("--save-sims/--no-save-sims", default=None,
+              help="Write sims_<split>.npy (default: only when small).")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Folder for metrics.json (default: the run; metrics_ensemble.json for several runs).")
+@click.option("--progress/--no-progress", default=True)
+def evaluate_cmd(runs, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out, progress):
+    """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""
+    from ..train import evaluate
+
+    result = evaluate(runs, protocols=protocols or None, split=split, store=store, features=features,
+                      device=device, batch_size=batch_size, save=save_sims, out=out, progress=progress,
+                      checkpoint=checkpoint)
+    click.echo(result["table"])
+    click.echo(f"wrote {result['metrics_path']}")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(train_cmd)
+    group.add_command(evaluate_cmd)

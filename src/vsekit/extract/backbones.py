@@ -1,0 +1,244 @@
+"""Backbones by name: VGG-19 and ResNet-152 (torchvision weights enums), Inception-ResNet-v2 and any
+other timm model (timm pretrained tags).
+
+A backbone is a small registered spec that knows how to build the network, where its preprocessing
+config lives (the weights' own transforms / timm ``pretrained_cfg``) and which named layers give the
+``global`` feature, the default FNE taps and the last convolutional map (grids, regions).
+
+Papers: VGG-19 fc7 and the Full-Network Embedding taps (Vilalta et al.), Inception-ResNet-v2
+global pool (SEAM, Wehrmann et al.), ResNet-152 res5c = torchvision ``layer4`` (SMAN, Ji et al.).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+WEIGHT_CHOICES = ("imagenet", "none")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """What the weights expect: crop (input) size, resize size, mean/std, interpolation."""
+
+    crop_size: int
+    resize: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    interpolation: str  # "bilinear" | "bicubic" | "nearest"
+
+    def as_attrs(self) -> dict[str, Any]:
+        return {"crop_size": self.crop_size, "resize": self.resize, "mean": list(self.mean),
+                "std": list(self.std), "interpolation": self.interpolation}
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    name: str
+    build: Callable[[bool], Any]           # pretrained -> nn.Module (eval mode not yet set)
+    preprocess: Callable[[Any], Preprocess]  # model -> its weights' preprocessing
+    global_tap: Callable[[Any], str]
+    conv_tap: Callable[[Any], str]          # last conv map (grid / regions)
+    fne_taps: Callable[[Any], list[str]]
+    source: str = "timm"
+    extra: dict = field(default_factory=dict)
+
+
+_REGISTRY: dict[str, BackboneSpec] = {}
+
+
+def register_backbone(spec: BackboneSpec) -> BackboneSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"backbone {spec.name!r} is already registered")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def registered_backbones() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+# --- torchvision ---------------------------------------------------------------------------------
+def _tv_preprocess(weights_enum) -> Callable[[Any], Preprocess]:
+    def resolve(model) -> Preprocess:
+        t = weights_enum.transforms()
+        return Preprocess(crop_size=int(t.crop_size[0]), resize=int(t.resize_size[0]),
+                          mean=tuple(float(v) for v in t.mean), std=tuple(float(v) for v in t.std),
+                          interpolation=str(t.interpolation.value))
+    return resolve
+
+
+def _vgg19_fne(model) -> list[str]:
+    """Every conv layer after its ReLU, plus fc6 and fc7 after ReLU (FNE paper, Sec. 3)."""
+    import torch.nn as nn
+
+    feats = model.features
+    taps = [f"features.{i}" for i, m in enumerate(feats)
+            if isinstance(m, nn.ReLU) and i > 0 and isinstance(feats[i - 1], nn.Conv2d)]
+    return taps + ["classifier.1", "classifier.4"]
+
+
+def _build_vgg19(pretrained: bool):
+    from torchvision.models import VGG19_Weights, vgg19
+    return vgg19(weights=VGG19_Weights.IMAGENET1K_V1 if pretrained else None)
+
+
+def _build_resnet152(pretrained: bool):
+    from torchvision.models import ResNet152_Weights, resnet152
+    return resnet152(weights=ResNet152_Weights.IMAGENET1K_V1 if pretrained else None)
+
+
+def _lazy_enum(name: str):
+    class _Lazy:
+        def transforms(self):
+            import torchvision.models as tvm
+            enum_name, member = name.split(".")
+            return getattr(getattr(tvm, enum_name), member).transforms()
+    return _Lazy()
+
+
+_BLOCK_RE = re.compile(r"(Block|Bottleneck|Mixed|Reduction|Stage)", re.I)
+
+
+def block_outputs(model) -> list[str]:
+    """Default FNE taps of residual/inception nets: the outputs of their top-most blocks."""
+    names: list[str] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(p + ".") for p in names):
+            continue
+        if _BLOCK_RE.search(type(module).__name__) and not type(module).__name__.endswith(("Sequential", "ModuleList")):
+            names.append(name)
+    if not names:  # fall back on timm's feature_info stages
+        info = getattr(model, "feature_info", None) or []
+        names = [d["module"] for d in info if "module" in d]
+    return names
+
+
+register_backbone(BackboneSpec(
+    name="vgg19", build=_build_vgg19, preprocess=_tv_preprocess(_lazy_enum("VGG19_Weights.IMAGENET1K_V1")),
+    global_tap=lambda m: "classifier.4", conv_tap=lambda m: "features.35", fne_taps=_vgg19_fne,
+    source="torchvision"))
+register_backbone(BackboneSpec(
+    name="resnet152", build=_build_resnet152,
+    preprocess=_tv_preprocess(_lazy_enum("ResNet152_Weights.IMAGENET1K_V1")),
+    global_tap=lambda m: "avgpool", conv_tap=lambda m: "layer4", fne_taps=block_outputs,
+    source="torchvision"))
+
+
+# --- timm ----------------------------------------------------------------------------------------
+def _timm_build(timm_name: str) -> Callable[[bool], Any]:
+    def build(pretrained: bool):
+        import timm
+        return timm.create_model(timm_name, pretrained=pretrained)
+    return build
+
+
+def _timm_preprocess(model) -> Preprocess:
+    from timm.data import resolve_data_config
+
+    cfg = resolve_data_config({}, model=model)
+    crop = int(cfg["input_size"][-1])
+    crop_pct = float(cfg.get("crop_pct") or 0.875)
+    return Preprocess(crop_size=crop, resize=int(crop / crop_pct),
+                      mean=tuple(float(v) for v in cfg["mean"]), std=tuple(float(v) for v in cfg["std"]),
+                      interpolation=str(cfg.get("interpolation") or "bilinear"))
+
+
+def _timm_global(model) -> str:
+    names = dict(model.named_modules())
+    for cand in ("head_drop", "global_pool", "head.global_pool", "avgpool"):
+        if cand in names:
+            return cand
+    raise ValueError(f"cannot find a pooled layer in {type(model).__name__}; use --kind fne --taps NAME")
+
+
+def _timm_conv(model) -> str:
+    info = getattr(model, "feature_info", None) or []
+    names = [d["module"] for d in info if "module" in d]
+    if names:
+        return names[-1]
+    raise ValueError(f"{type(model).__name__} has no feature_info; cannot find its last conv map")
+
+
+register_backbone(BackboneSpec(
+    name="inception_resnet_v2", build=_timm_build("inception_resnet_v2.tf_in1k"),
+    preprocess=_timm_preprocess, global_tap=_timm_global, conv_tap=lambda m: "conv2d_7b",
+    fne_taps=block_outputs))
+
+
+def get_backbone(name: str) -> BackboneSpec:
+    """A registered backbone, or any timm model by name."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    import timm
+
+    if not timm.is_model(name):
+        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(registered_backbones())} "
+                         f"or any timm model name (see timm.list_models())")
+    return BackboneSpec(name=name, build=_timm_build(name), preprocess=_timm_preprocess,
+                        global_tap=_timm_global, conv_tap=_timm_conv, fne_taps=block_outputs)
+
+
+# --- building with weights -----------------------------------------------------------------------
+def weights_kind(weights: str | None) -> str:
+    """``imagenet`` | ``none`` | ``path``; a missing file is an error naming it."""
+    w = (weights or "none").strip()
+    if w in WEIGHT_CHOICES:
+        return w
+    if not Path(w).is_file():
+        raise ValueError(f"--weights {w!r}: not 'imagenet', 'none' or an existing checkpoint file")
+    return "path"
+
+
+def build_model(name: str, weights: str | None = "imagenet", seed: int = 0, device: str = "meta"):
+    """Build backbone ``name`` in eval mode.
+
+    ``weights``: ``imagenet`` (the library's normal download/cache path), ``none`` (random
+    initialisation from ``seed``, identical in every process), or a local checkpoint path loaded
+    with ``torch.load(weights_only=True)``. ``device="meta"`` builds shapes only (no memory).
+    """
+    import torch
+
+    spec = get_backbone(name)
+    kind = weights_kind(weights)
+    if device == "meta":
+        with torch.device("meta"):
+            model = spec.build(False)
+        return model.eval()
+    if kind == "imagenet":
+        try:
+            model = spec.build(True)
+        except Exception as exc:  # network, hub or cache errors
+            raise ValueError(
+                f"cannot load the imagenet weights of {name!r} ({type(exc).__name__}: {exc}); "
+                f"download the checkpoint on a machine with internet and pass --weights PATH, "
+                f"or use --weights none for a random initialisation") from exc
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model = spec.build(False)
+        if kind == "path":
+            load_checkpoint(model, weights)
+    return model.eval().to(device)
+
+
+def load_checkpoint(model, path: str | Path) -> None:
+    import torch
+
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"--weights {path}: cannot load it as a PyTorch checkpoint "
+                         f"with weights_only=True ({exc})") from exc
+    for key in ("state_dict", "model", "model_state_dict"):
+        if isinstance(state, dict) and key in state and isinstance(state[key], dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise ValueError(f"--weights {path}: expected a state dict, got {type(state).__name__}")
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"--weights {path} does not match {type(model).__name__}: {exc}") from exc

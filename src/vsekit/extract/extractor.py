@@ -1,0 +1,130 @@
+"""The extractor: batched crops → features, in ``inference_mode``, channels_last, normalised on the
+device, with bf16/fp16 autocast on CUDA when asked.
+
+``global``/``fne``: taps reduced to their spatial mean inside the hooks (Full-Network Embedding,
+Vilalta et al.), concatenated in tap order and averaged over crops (10-crop protocol) unless crops
+are kept. ``grid``: the last conv map average-pooled to G×G (SMAN: 14×14 → 7×7 by 2×2 pooling).
+``regions``: RoIAlign of each box on the last conv map, averaged over its 7×7 samples
+(bottom-up-attention style 2048-d region features, T-EMDE / SGRAF inputs).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .plan import Plan
+from .taps import Tapper, keep_map, spatial_mean
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+class Extractor:
+    """Holds one built model and its hooks; call ``features`` on uint8 crops (B, n_crops, 3, H, W)."""
+
+    def __init__(self, plan: Plan, device: str = "cpu"):
+        import torch
+
+        from .backbones import build_model
+
+        self.plan = plan
+        self.device = torch.device(device)
+        self.model = build_model(plan.model, plan.weights, seed=plan.seed, device=str(self.device))
+        self.model = self.model.to(memory_format=torch.channels_last)
+        self.mean = torch.tensor(plan.mean, device=self.device).view(1, 3, 1, 1) * 255.0
+        self.std = torch.tensor(plan.std, device=self.device).view(1, 3, 1, 1) * 255.0
+        if plan.kind == "grid":
+            g = plan.grid
+
+            def reduce(out):
+                return torch.nn.functional.adaptive_avg_pool2d(out.float(), g)
+        elif plan.kind == "regions":
+            reduce = keep_map
+        else:
+            reduce = spatial_mean
+        self.tapper = Tapper(self.model, plan.tap_names, reduce, total_calls=plan.tap_calls)
+        self.detector = None
+        self.pid = os.getpid()
+
+    def _autocast(self):
+        import contextlib
+
+        import torch
+
+        if self.plan.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, _DTYPES[self.plan.precision]))
+
+    def _normalise(self, x):
+        import torch
+
+        x = x.to(self.device, non_blocking=True).float()
+        x = (x - self.mean) / self.std
+        return x.contiguous(memory_format=torch.channels_last)
+
+    def forward(self, x) -> list[Any]:
+        import torch
+
+        with torch.inference_mode(), self._autocast():
+            return self.tapper.run(self.model, self._normalise(x))
+
+    def features(self, crops) -> np.ndarray:
+        """uint8 (B, n_crops, 3, H, W) → float32 (B, D), (B, n_crops, D) or (B, G, G, C)."""
+        import torch
+
+        b, nc = crops.shape[:2]
+        outs = self.forward(crops.reshape(b * nc, *crops.shape[2:]))
+        if self.plan.kind == "grid":
+            return outs[0].float().permute(0, 2, 3, 1).cpu().numpy()
+        feats = torch.cat([o.float() for o in outs], dim=1).reshape(b, nc, -1)
+        if not self.plan.keep_crops:
+            feats = feats.mean(dim=1)
+        return feats.cpu().numpy()
+
+    def regions(self, image, boxes: list[np.ndarray]) -> np.ndarray:
+        """uint8 (B, 1, 3, S, S) and boxes per image in input pixels → float32 (B, K, C)."""
+        import torch
+        from torchvision.ops import roi_align
+
+        b, k, c = image.shape[0], self.plan.max_regions, self.plan.channels
+        fmap = self.forward(image[:, 0])[0].float()
+        out = np.zeros((b, k, c), dtype=np.float32)
+        rois = [torch.as_tensor(bx, dtype=torch.float32, device=self.device).reshape(-1, 4) for bx in boxes]
+        if sum(len(r) for r in rois) == 0:
+            return out
+        scale = fmap.shape[-1] / float(image.shape[-1])
+        with torch.inference_mode():
+            pooled = roi_align(fmap, rois, output_size=7, spatial_scale=scale, sampling_ratio=2,
+                               aligned=True).mean(dim=(2, 3))
+        i = 0
+        for j, r in enumerate(rois):
+            out[j, :len(r)] = pooled[i:i + len(r)].cpu().numpy()
+            i += len(r)
+        return out
+
+    def detect(self, image) -> list[np.ndarray]:
+        """Boxes from a torchvision Faster R-CNN on the (resized) input images, best first."""
+        from .regions import build_detector, detect_boxes
+
+        if self.detector is None:
+            self.detector = build_detector(self.plan, self.device)
+        return detect_boxes(self.detector, image[:, 0], self.device, self.plan.max_regions,
+                            self.plan.min_regions)
+
+
+# one extractor per process, keyed by plan and device: a dask worker builds its model once
+_CACHE: dict[str, Extractor] = {}
+BUILDS = {"count": 0}
+
+
+def cached_extractor(plan: Plan, device: str) -> Extractor:
+    import json
+
+    key = json.dumps([plan.to_dict(), device], sort_keys=True, default=str)
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = Extractor(plan, device)
+        BUILDS["count"] += 1
+    return _CACHE[key]

@@ -1,0 +1,112 @@
+"""Decoding images to RGB and cutting the crops of the papers' protocol.
+
+Every valid image mode becomes 8-bit RGB: EXIF orientation applied, grayscale replicated, 16-bit
+scaled to 8 bits, CMYK and palette converted, alpha composited over white. Crops follow the usual
+10-crop protocol (Krizhevsky et al.; used by the FNE and SEAM papers): resize (shorter side to
+``resize``, or ``resize``×``resize`` in square mode as in the FNE paper's 256×256), then the centre
+crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+INTERPOLATIONS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+                  "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
+CROP_CHOICES = (1, 5, 10)
+RESIZE_MODES = ("shorter", "square")
+
+
+class ImageError(Exception):
+    """An image that cannot be used; the message says why."""
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """Open ``path`` as an 8-bit RGB image, EXIF-rotated; raise ImageError on bad input."""
+    path = Path(path)
+    if not path.exists():
+        raise ImageError(f"missing file {path}")
+    if path.stat().st_size == 0:
+        raise ImageError(f"empty (zero-byte) file {path}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.load()
+                img = ImageOps.exif_transpose(img)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"image over PIL's decompression-bomb limit ({Image.MAX_IMAGE_PIXELS} "
+                         f"pixels): {path} ({exc})") from None
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"not an image file PIL can read: {path}") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageError(f"cannot decode {path}: {exc}") from None
+    return to_rgb(img)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode → 8-bit RGB (alpha over white, 16/32-bit scaled, CMYK/palette converted)."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        a = np.asarray(img, dtype=np.float64)
+        if mode != "F":
+            a = a / 257.0 if mode.startswith("I;16") or a.max() > 255 else a
+            if mode == "I" and a.max() > 255:  # 32-bit data beyond 16 bits
+                a = a / (a.max() / 255.0)
+        else:
+            a = a * 255.0 if a.max() <= 1.0 else a
+        a = np.clip(np.rint(a), 0, 255).astype(np.uint8)
+        return Image.fromarray(a, "L").convert("RGB")
+    if mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+        mode = "RGBA"
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear") -> Image.Image:
+    if mode not in RESIZE_MODES:
+        raise ValueError(f"--resize-mode {mode!r}; valid choices: {', '.join(RESIZE_MODES)}")
+    w, h = img.size
+    if mode == "square":
+        new = (size, size)
+    elif w <= h:
+        new = (size, max(1, int(round(h * size / w))))
+    else:
+        new = (max(1, int(round(w * size / h))), size)
+    if new == (w, h):
+        return img
+    return img.resize(new, INTERPOLATIONS[interpolation])
+
+
+def crop_boxes(width: int, height: int, crop: int, n_crops: int) -> list[tuple[int, int]]:
+    """Top-left corners of the centre crop, or of the 4 corners + centre (in that order)."""
+    if n_crops not in CROP_CHOICES:
+        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
+    if crop > width or crop > height:
+        raise ImageError(f"crop {crop} is larger than the resized image {width}x{height}")
+    cx, cy = int(round((width - crop) / 2.0)), int(round((height - crop) / 2.0))
+    if n_crops == 1:
+        return [(cx, cy)]
+    return [(0, 0), (width - crop, 0), (0, height - crop), (width - crop, height - crop), (cx, cy)]
+
+
+def make_crops(img: Image.Image, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
+               interpolation: str = "bilinear") -> np.ndarray:
+    """uint8 array (n_crops, 3, crop, crop): crops [0:5] as in crop_boxes, [5:10] their mirrors."""
+    img = resize(img, resize_to, resize_mode, interpolation)
+    a = np.asarray(img, dtype=np.uint8)
+    corners = crop_boxes(img.size[0], img.size[1], crop, n_crops)
+    out = [a[y:y + crop, x:x + crop] for x, y in corners]
+    if n_crops == 10:
+        out += [c[:, ::-1] for c in out]
+    return np.ascontiguousarray(np.stack(out).transpose(0, 3, 1, 2))

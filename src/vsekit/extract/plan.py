@@ -1,0 +1,166 @@
+"""Resolve extraction options into a plan: preprocessing, taps and their columns, the stored layout.
+
+Config flows one way: defaults from the weights' own preprocessing config → the kind's defaults →
+the caller's overrides → a frozen ``Plan`` whose ``attrs`` are the feature set's provenance.
+Layer widths come from a forward pass on the meta device, so planning costs no memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backbones import get_backbone, weights_kind
+from .images import CROP_CHOICES, INTERPOLATIONS, RESIZE_MODES
+from .taps import probe, select_taps
+
+KINDS = ("global", "fne", "grid", "regions")
+PRECISIONS = ("fp32", "bf16", "fp16")
+STORE_DTYPES = ("float32", "float16")
+SPATIAL_SIZE = 448  # SMAN: ResNet-152 res5c at 448x448 input (14x14), pooled to 7x7
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    kind: str
+    weights: str
+    seed: int
+    crops: int
+    keep_crops: bool
+    resize: int
+    resize_mode: str
+    crop_size: int
+    mean: tuple
+    std: tuple
+    interpolation: str
+    precision: str
+    taps: tuple                 # ({"name", "width", "start", "stop"}, ...) for global/fne
+    tap_calls: int              # hook calls in one forward pass (to stop after the last tap)
+    grid: int = 0
+    channels: int = 0
+    boxes: str | None = None    # "detector" or a JSON file (regions)
+    max_regions: int = 0
+    min_regions: int = 0
+    store_dtype: str = "float32"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        if self.kind == "grid":
+            return (self.grid, self.grid, self.channels)
+        if self.kind == "regions":
+            return (self.max_regions, self.channels)
+        width = self.taps[-1]["stop"]
+        return (self.crops, width) if self.keep_crops else (width,)
+
+    @property
+    def tap_names(self) -> list[str]:
+        return [t["name"] for t in self.taps]
+
+    def attrs(self) -> dict[str, Any]:
+        a = {"kind": self.kind, "model": self.model, "weights": self.weights, "seed": self.seed,
+             "crops": self.crops, "keep_crops": self.keep_crops, "resize": self.resize,
+             "resize_mode": self.resize_mode, "crop_size": self.crop_size, "mean": list(self.mean),
+             "std": list(self.std), "interpolation": self.interpolation, "precision": self.precision,
+             "taps": [dict(t) for t in self.taps], "dtype": self.store_dtype}
+        if self.kind == "grid":
+            a["grid"] = self.grid
+        if self.kind == "regions":
+            a.update(boxes=self.boxes, max_regions=self.max_regions, min_regions=self.min_regions)
+        return a
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        d = dict(d)
+        d["taps"] = tuple(d["taps"])
+        d["mean"], d["std"] = tuple(d["mean"]), tuple(d["std"])
+        return cls(**d)
+
+
+def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", seed: int = 0,
+              crops: int = 1, keep_crops: bool = False, resize: int | None = None,
+              resize_mode: str | None = None, input_size: int | None = None,
+              interpolation: str | None = None, taps: str | None = None, grid: int = 7,
+              boxes: str | None = None, max_regions: int = 36, min_regions: int = 10,
+              precision: str = "fp32", store_dtype: str | None = None) -> Plan:
+    """Check every option and resolve the defaults; raises ValueError naming the bad option."""
+    from .backbones import build_model
+
+    _choice("--kind", kind, KINDS)
+    _choice("--precision", precision, PRECISIONS)
+    _choice("--crops", crops, CROP_CHOICES)
+    if resize_mode is not None:
+        _choice("--resize-mode", resize_mode, RESIZE_MODES)
+    if interpolation is not None:
+        _choice("--interpolation", interpolation, tuple(INTERPOLATIONS))
+    wkind = weights_kind(weights)
+    weights_attr = str(Path(weights).resolve()) if wkind == "path" else wkind
+    spec = get_backbone(model)
+    meta = build_model(model, "none", device="meta")
+    pre = spec.preprocess(meta)
+    spatial = kind in ("grid", "regions")
+    if spatial and (crops != 1 or keep_crops):
+        raise ValueError(f"--kind {kind} uses the whole image: --crops must be 1 (got {crops})")
+    if spatial:
+        crop_size = int(input_size or SPATIAL_SIZE)
+        rsz, rmode = int(resize or crop_size), resize_mode or "square"
+    else:
+        crop_size = int(input_size or pre.crop_size)
+        rsz = int(resize or round(crop_size * pre.resize / pre.crop_size))
+        rmode = resize_mode or "shorter"
+    if crop_size < 8 or rsz < crop_size:
+        raise ValueError(f"--input-size {crop_size} / --resize {rsz}: need 8 <= input size <= resize")
+    if store_dtype is None:
+        store_dtype = "float16" if spatial else "float32"
+    _choice("--dtype", store_dtype, STORE_DTYPES)
+    kw = dict(model=model, kind=kind, weights=weights_attr, seed=int(seed), crops=int(crops),
+              keep_crops=bool(keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
+              mean=pre.mean, std=pre.std, interpolation=interpolation or pre.interpolation,
+              precision=precision, store_dtype=store_dtype)
+    if spatial:
+        conv = spec.conv_tap(meta)
+        info = probe(meta, crop_size, [conv])[conv]
+        if len(info.shape) != 3:
+            raise ValueError(f"{model} layer {conv!r} is not a conv map (shape {info.shape})")
+        if kind == "grid" and not 1 <= grid <= info.shape[1]:
+            raise ValueError(f"--grid {grid}: {model} {conv} is {info.shape[1]}x{info.shape[2]} at input "
+                             f"{crop_size}; choose 1..{info.shape[1]} or a larger --input-size")
+        if kind == "regions":
+            if not boxes:
+                raise ValueError("--kind regions needs --boxes detector or --boxes FILE (JSON: image id → boxes)")
+            if boxes != "detector" and not Path(boxes).is_file():
+                raise ValueError(f"--boxes {boxes!r}: not 'detector' nor an existing JSON file")
+            if max_regions < 1 or min_regions < 0:
+                raise ValueError("--max-regions must be >= 1 and --min-regions >= 0")
+            boxes = boxes if boxes == "detector" else str(Path(boxes).resolve())
+        tap = {"name": conv, "width": info.shape[0], "start": 0, "stop": info.shape[0]}
+        return Plan(**kw, taps=(tap,), tap_calls=info.calls, grid=int(grid) if kind == "grid" else 0,
+                    channels=info.shape[0], boxes=boxes if kind == "regions" else None,
+                    max_regions=int(max_regions) if kind == "regions" else 0,
+                    min_regions=int(min_regions) if kind == "regions" else 0)
+    if kind == "global":
+        if taps:
+            raise ValueError("--taps applies to --kind fne only")
+        names = [spec.global_tap(meta)]
+    else:
+        names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
+    info = probe(meta, crop_size, names)
+    missing = [n for n in names if n not in info]
+    if missing:
+        raise ValueError(f"layer {missing[0]!r} of {model} produces no tensor; list layers with --list-layers")
+    cols, start = [], 0
+    for n in names:
+        w = info[n].width
+        cols.append({"name": n, "width": w, "start": start, "stop": start + w})
+        start += w
+    return Plan(**kw, taps=tuple(cols), tap_calls=sum(info[n].calls for n in names))
+
+
+def _choice(option: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{option} {value!r}; valid choices: {', '.join(str(c) for c in choices)}")

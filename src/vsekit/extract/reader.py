@@ -1,0 +1,147 @@
+"""The reader: a Dataset over image rows whose items are uint8 crops, and a batch iterator that
+survives a crashing decoder process.
+
+Decoding runs in DataLoader worker processes (``workers`` > 0) or in-process (``workers`` = 0, as
+inside dask tasks, whose daemonic worker processes cannot have children). A bad image becomes an
+item with an error message instead of an exception, so the run goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .images import ImageError, load_image, make_crops, resize
+from .plan import Plan
+from .regions import check_boxes
+
+
+@dataclass
+class Item:
+    row: int
+    crops: np.ndarray | None        # uint8 (n_crops, 3, H, W)
+    error: str | None = None
+    boxes: np.ndarray | None = None  # regions: boxes in input pixels (K, 4)
+    scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
+
+
+class RowDataset:
+    """Items for ``rows`` (store rows) from ``paths``; regions also get their boxes."""
+
+    def __init__(self, plan: Plan, rows: Sequence[int], paths: Sequence[str | Path],
+                 boxes: dict[int, np.ndarray | str] | None = None):
+        self.plan = plan
+        self.rows = list(rows)
+        self.paths = [str(p) for p in paths]
+        self.boxes = boxes or {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Item:
+        row, p = self.rows[i], self.plan
+        try:
+            return self._load(row, self.paths[i])
+        except (ImageError, ValueError) as exc:
+            return Item(row, None, str(exc))
+        except Exception as exc:  # any other decoder failure must not end the run
+            return Item(row, None, f"cannot read {self.paths[i]}: {type(exc).__name__}: {exc}")
+
+    def _load(self, row: int, path: str) -> Item:
+        p = self.plan
+        img = decode(path)
+        if p.kind != "regions":
+            crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
+            return Item(row, crops)
+        w, h = img.size
+        small = resize(img, p.crop_size, "square", p.interpolation)
+        crops = np.asarray(small, dtype=np.uint8).transpose(2, 0, 1)[None].copy()
+        sx, sy = p.crop_size / w, p.crop_size / h
+        boxes = None
+        if p.boxes != "detector":
+            raw = self.boxes.get(row)
+            if isinstance(raw, str) or raw is None:
+                raise ValueError(raw or f"no boxes for row {row} in {p.boxes}")
+            boxes = check_boxes(raw, w, h)[:p.max_regions] * np.array([sx, sy, sx, sy], dtype=np.float32)
+        return Item(row, crops, boxes=boxes, scale=(sx, sy))
+
+
+def decode(path: str):
+    """Hook point for tests (a decoder that crashes its process); decodes to RGB."""
+    return load_image(path)
+
+
+def collate(items: list[Item]) -> list[Item]:
+    return items
+
+
+def stack(items: list[Item]):
+    """The ok items' crops as one uint8 tensor (B, n_crops, 3, H, W), or None."""
+    import torch
+
+    ok = [it.crops for it in items if it.error is None]
+    return torch.from_numpy(np.stack(ok)) if ok else None
+
+
+def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers: int) -> Iterator[list[Item]]:
+    """Yield the items of each batch of dataset indices, in order.
+
+    If a decoding process dies (a segfault in a codec, the OOM killer), the batches that were in
+    flight are decoded again one image at a time in a fresh single process; an image that kills
+    that process too is reported failed and the run goes on.
+    """
+    pos, batches = 0, [list(b) for b in batches]
+    while pos < len(batches):
+        if workers <= 0:
+            yield [dataset[i] for i in batches[pos]]
+            pos += 1
+            continue
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers,
+                            collate_fn=collate, prefetch_factor=2)
+        try:
+            for items in loader:
+                yield items
+                pos += 1
+        except RuntimeError as exc:
+            if "DataLoader worker" not in str(exc):
+                raise
+            in_flight = batches[pos:pos + 2 * workers]
+            for b in in_flight:
+                yield _isolated(dataset, b, str(exc))
+                pos += 1
+
+
+def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]:
+    from torch.utils.data import DataLoader
+
+    got: dict[int, Item] = {}
+    rest = list(indices)
+    while rest:
+        loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
+                            collate_fn=lambda x: x[0], prefetch_factor=1)
+        try:
+            for item in loader:
+                got[rest.pop(0)] = item
+        except RuntimeError as exc:
+            bad = rest.pop(0)
+            got[bad] = Item(dataset.rows[bad], None,
+                            f"decoding {dataset.paths[bad]} crashed its worker process ({exc})")
+    return [got[i] for i in indices]
+
+
+def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
+    """Dataset indices [first, first+n) cut into batches of ``batch_size`` (the same everywhere,
+    so a block's forward passes, hence its bits, do not depend on where it runs)."""
+    return [list(range(s, min(s + batch_size, first_index + n)))
+            for s in range(first_index, first_index + n, batch_size)]
+
+
+def error_summary(items: list[Item]) -> dict[int, str]:
+    return {it.row: it.error for it in items if it.error is not None}
+
+

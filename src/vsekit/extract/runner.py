@@ -1,0 +1,276 @@
+"""The extraction runner: reader → extractor → background writer, one row block at a time,
+in-process or as one dask task per row block.
+
+A rerun skips the blocks already done (a block's status is written after its data); ``overwrite``
+starts afresh. Bad images are marked failed with their reason and listed in the summary; with
+``strict`` the first one stops the run before its block is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
+from .plan import Plan, make_plan
+from .reader import Item, RowDataset, block_batches, iter_batches, stack
+from .writer import BlockBuffer, BlockWriter
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class ExtractResult:
+    """What a run did: rows done/failed/pending, blocks run and skipped, failures and speed."""
+
+    name: str
+    n_rows: int
+    done: int
+    failed: int
+    pending: int
+    blocks_run: int
+    blocks_skipped: int
+    seconds: float
+    images: int
+    errors: dict[int, str] = field(default_factory=dict)
+    block_runs: dict[int, int] = field(default_factory=dict)   # block index → times reported done
+    model_builds: dict[int, int] = field(default_factory=dict)  # pid → models built (cluster)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self, max_errors: int = 20) -> str:
+        lines = [f"{self.name}: {self.done} done, {self.failed} failed, {self.pending} pending of "
+                 f"{self.n_rows} rows; ran {self.blocks_run} blocks, skipped {self.blocks_skipped} "
+                 f"already done; {self.images} images in {self.seconds:.1f}s ({self.images_per_s:.1f} img/s)"]
+        if self.errors:
+            lines.append(f"failed images ({len(self.errors)}):")
+            for row, why in sorted(self.errors.items())[:max_errors]:
+                lines.append(f"  row {row}: {why}")
+            if len(self.errors) > max_errors:
+                lines.append(f"  ... and {len(self.errors) - max_errors} more (vsekit info STORE NAME)")
+        return "\n".join(lines)
+
+
+def default_name(model: str, kind: str) -> str:
+    return f"{model}_{kind}"
+
+
+def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global", *,
+            weights: str = "imagenet", name: str | None = None, crops: int = 1, keep_crops: bool = False,
+            resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
+            interpolation: str | None = None, taps: str | None = None, grid: int = 7,
+            boxes: str | None = None, max_regions: int = 36, min_regions: int = 10, seed: int = 0,
+            batch_size: int = 32, workers: int = 2, device: str = "cpu", precision: str = "fp32",
+            dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
+            strict: bool = False, overwrite: bool = False, progress: bool = True) -> ExtractResult:
+    """Extract features of every image of ``store`` into ``features/<name>`` (see module doc)."""
+    if device.split(":")[0] not in DEVICES:
+        raise ValueError(f"--device {device!r}; valid choices: {', '.join(DEVICES)}")
+    if batch_size < 1 or workers < 0:
+        raise ValueError("--batch-size must be >= 1 and --workers >= 0")
+    if device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device is available here")
+    elif precision == "fp16":
+        raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
+    store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
+    if store.n_images == 0:
+        raise StoreError(f"{store.path} has no images; ingest a dataset first")
+    plan = make_plan(model, kind, weights=weights, seed=seed, crops=crops, keep_crops=keep_crops,
+                     resize=resize, resize_mode=resize_mode, input_size=input_size,
+                     interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
+                     max_regions=max_regions, min_regions=min_regions, precision=precision,
+                     store_dtype=dtype)
+    name = name or default_name(model, kind)
+    extra = None
+    if kind == "regions":
+        extra = {"boxes": ((plan.max_regions, 4), "float32"), "count": ((), "int16")}
+    if block_rows is None:
+        block_rows = max(batch_size, min(256, 8 * batch_size))
+    fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
+                               block_rows=block_rows, extra=extra, overwrite=overwrite)
+    blocks = fs.pending_blocks()
+    skipped = len(fs.blocks()) - len(blocks)
+    t0 = time.perf_counter()
+    if cluster:
+        runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
+    else:
+        runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
+    seconds = time.perf_counter() - t0
+    counts = fs.counts()
+    errors = fs.errors()
+    return ExtractResult(name=name, n_rows=fs.n_rows, done=counts["done"], failed=counts["failed"],
+                         pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
+                         seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
+                         block_runs=runs, model_builds=builds)
+
+
+# --- shared by both paths ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=2)
+def _boxes_json(path: str, mtime: float) -> dict:
+    import json
+    return json.loads(Path(path).read_text())
+
+
+def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> RowDataset:
+    """The rows of ``blocks`` (in order) with their image files and, for regions, their boxes."""
+    rows = np.concatenate([np.arange(b.start, b.stop) for b in blocks]) if blocks else np.zeros(0, int)
+    root = store.image_root
+    paths_arr = store.root["images/path"]
+    paths = []
+    for b in blocks:
+        paths += [str(root / str(p)) for p in paths_arr[b.start:b.stop]]
+    boxes: dict[int, Any] = {}
+    if plan.kind == "regions" and plan.boxes != "detector":
+        raw = _boxes_json(plan.boxes, os.path.getmtime(plan.boxes))
+        ids_arr = store.root["images/id"]
+        for b in blocks:
+            ids = [str(i) for i in ids_arr[b.start:b.stop]]
+            found = load_boxes_file_cached(raw, ids, plan.boxes)
+            for r, i in zip(range(b.start, b.stop), ids):
+                boxes[r] = found.get(i, f"no boxes for image id {i!r} (row {r}) in {plan.boxes}")
+    return RowDataset(plan, rows.tolist(), paths, boxes)
+
+
+def load_boxes_file_cached(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray]:
+    out = {}
+    for i in ids:
+        if i in raw:
+            try:
+                out[i] = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
+            except (ValueError, TypeError):
+                out[i] = f"boxes of image id {i!r} in {path} are not a list of [x1, y1, x2, y2]"
+    return out
+
+
+def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict: bool) -> None:
+    """Features of one batch of items into the block buffer (failed items get their reason)."""
+    bad = [it for it in items if it.error is not None]
+    if strict and bad:
+        raise StoreError(f"row {bad[0].row}: {bad[0].error} (--strict stops at the first bad image)")
+    ok = [it for it in items if it.error is None]
+    for it in bad:
+        buf.put(it.row, None, it.error)
+    if not ok:
+        return
+    x = stack(ok)
+    if plan.kind == "regions":
+        boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
+        feats = extractor.regions(x, boxes)
+        for it, f, bx in zip(ok, feats, boxes):
+            sx, sy = it.scale
+            buf.put(it.row, f, boxes=bx / np.array([sx, sy, sx, sy], dtype=np.float32))
+        return
+    feats = extractor.features(x)
+    for it, f in zip(ok, feats):
+        buf.put(it.row, f)
+
+
+# --- in-process ----------------------------------------------------------------------------------
+def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress):
+    from tqdm.auto import tqdm
+
+    from .extractor import cached_extractor
+
+    if not blocks:
+        return {}, {}
+    extractor = cached_extractor(plan, device)
+    dataset = block_dataset(store, plan, blocks)
+    batches, owner, first = [], [], 0
+    for k, b in enumerate(blocks):
+        for batch in block_batches(first, len(b), batch_size):
+            batches.append(batch)
+            owner.append(k)
+        first += len(b)
+    runs: dict[int, int] = {}
+    bar = tqdm(total=len(dataset), unit="img", desc=f"extract {fs.name}", disable=not progress,
+               smoothing=0.1)
+    writer = BlockWriter(fs)
+    current: BlockBuffer | None = None
+    try:
+        for k, items in zip(owner, iter_batches(dataset, batches, workers)):
+            if current is None or current.block != blocks[k]:
+                current = BlockBuffer.empty(plan, blocks[k])
+            run_items(extractor, plan, items, current, strict)
+            bar.update(len(items))
+            if current.full:
+                writer.submit(current)
+                runs[current.block.index] = runs.get(current.block.index, 0) + 1
+                current = None
+    finally:
+        bar.close()
+        writer.close()
+    return runs, {os.getpid(): 1}
+
+
+# --- dask ----------------------------------------------------------------------------------------
+def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start: int, stop: int,
+                  device: str, batch_size: int, strict: bool) -> dict[str, Any]:
+    """One dask task: extract and write row block ``[start, stop)``; returns its failures.
+
+    The model is built once per worker process (cached in ``extractor._CACHE``). A task that dies
+    with its worker is retried elsewhere; a half-written block is still pending, so the retry
+    rewrites it whole.
+    """
+    from .extractor import BUILDS, cached_extractor
+
+    plan = Plan.from_dict(plan_dict)
+    store = FeatureStore.open(store_path, mode="r+")
+    fs = store.features(name)
+    block = Block(index, start, stop)
+    extractor = cached_extractor(plan, device)
+    dataset = block_dataset(store, plan, [block])
+    buf = BlockBuffer.empty(plan, block)
+    for items in iter_batches(dataset, block_batches(0, len(block), batch_size), 0):
+        run_items(extractor, plan, items, buf, strict)
+    buf.write(fs, record_errors=False)
+    return {"index": index, "errors": buf.errors, "pid": os.getpid(), "builds": BUILDS["count"],
+            "rows": len(block)}
+
+
+def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, progress):
+    from tqdm.auto import tqdm
+
+    from ..cluster import cluster_client
+
+    if not blocks:
+        return {}, {}
+    gpu = device.startswith("cuda")
+    runs: dict[int, int] = {}
+    builds: dict[int, int] = {}
+    with cluster_client(spec, resources={"GPU": 1} if gpu else None) as client:
+        from distributed import as_completed
+
+        token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
+        futures = [client.submit(extract_block, str(store.path.resolve()), fs.name, plan.to_dict(),
+                                 b.index, b.start, b.stop, device, batch_size, strict,
+                                 key=f"vsekit-extract-{fs.name}-{b.index}-{token}", retries=2,
+                                 resources={"GPU": 1} if gpu else None, pure=False)
+                   for b in blocks]
+        bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
+                   disable=not progress, smoothing=0.1)
+        try:
+            for fut in as_completed(futures):
+                res = fut.result()
+                fs.record_errors(res["errors"])
+                runs[res["index"]] = runs.get(res["index"], 0) + 1
+                builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
+                bar.update(res["rows"])
+        except BaseException:
+            client.cancel(futures)
+            raise
+        finally:
+            bar.close()
+    return runs, builds
+
+
+__all__ = ["ExtractResult", "extract", "extract_block", "default_name", "make_plan"]

@@ -1,0 +1,99 @@
+"""The writer: a background thread that writes finished row blocks, so the model never waits on Zarr.
+
+A block's data and auxiliary arrays go first, then its status (FeatureSet.write_block), then the
+reasons of its failed rows (the driver process is the only writer of attrs).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..storage.store import DONE, FAILED, Block, FeatureSet
+from .plan import Plan
+
+
+@dataclass
+class BlockBuffer:
+    """One row block being assembled: features, status, region boxes and counts, errors."""
+
+    block: Block
+    data: np.ndarray
+    status: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    filled: int = 0
+
+    @classmethod
+    def empty(cls, plan: Plan, block: Block) -> "BlockBuffer":
+        n = len(block)
+        extra = {}
+        if plan.kind == "regions":
+            extra = {"boxes": np.zeros((n, plan.max_regions, 4), np.float32), "count": np.zeros(n, np.int16)}
+        return cls(block, np.zeros((n, *plan.row_shape), dtype=plan.store_dtype),
+                   np.zeros(n, np.uint8), extra)
+
+    def put(self, row: int, features: np.ndarray | None, error: str | None = None,
+            boxes: np.ndarray | None = None) -> None:
+        i = row - self.block.start
+        if error is not None:
+            self.status[i] = FAILED
+            self.errors[row] = error
+        else:
+            if self.data.dtype == np.float16:  # saturate: a random-weight net can exceed fp16's range
+                features = np.clip(features, -65504.0, 65504.0)
+            self.data[i] = features
+            self.status[i] = DONE
+            if boxes is not None:
+                self.extra["boxes"][i, :len(boxes)] = boxes
+                self.extra["count"][i] = len(boxes)
+        self.filled += 1
+
+    @property
+    def full(self) -> bool:
+        return self.filled == len(self.block)
+
+    def write(self, fs: FeatureSet, record_errors: bool = True) -> None:
+        fs.write_block(self.block, self.data, self.status, **self.extra)
+        if record_errors:
+            fs.record_errors(self.errors)
+
+
+class BlockWriter:
+    """Writes submitted blocks in a background thread; at most ``depth`` blocks wait in memory."""
+
+    def __init__(self, fs: FeatureSet, depth: int = 2, on_written=None):
+        self.fs = fs
+        self.on_written = on_written
+        self.error: BaseException | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name="vsekit-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            buf = self._queue.get()
+            if buf is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                buf.write(self.fs)
+                if self.on_written:
+                    self.on_written(buf)
+            except BaseException as exc:  # reported to the caller on the next submit/close
+                self.error = exc
+
+    def submit(self, buf: BlockBuffer) -> None:
+        if self.error is not None:
+            raise self.error
+        self._queue.put(buf)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,10 @@
+"""Named pipelines (``pipelines.yaml``) run stage by stage through the CLI's own commands.
+
+``load_file`` reads and structurally checks the file; ``resolve_pipeline`` validates one pipeline
+against the Click commands; ``plan`` decides what runs and why; ``run_pipeline`` does it.
+"""
+
+from .executor import RunResult, Step, default_file, fingerprint, list_pipelines, plan, run, run_pipeline  # noqa: F401
+from .resolve import ResolvedStage, check_file, resolve_pipeline  # noqa: F401
+from .spec import PipelineError, PipelineFile, PipelineSpec, StageSpec, load_file  # noqa: F401
+from .summary import metrics_table  # noqa: F401

@@ -1,0 +1,261 @@
+"""Run a pipeline: fingerprint each stage, skip what is up to date, run the rest through the CLI.
+
+A stage's fingerprint hashes its resolved options (less those that only say where it runs, such as
+``--cluster``), the size and modification time of the input files it names, the fingerprint of the
+stage before it and the vsekit version. Chaining the previous fingerprint means a changed stage
+changes the fingerprint of every stage after it, so "rerun a changed stage and everything after it"
+falls out of the comparison; in addition, once a stage runs every later stage runs.
+
+A stage is skipped when its output exists and records the same fingerprint. When it runs over an
+output that exists but records nothing (an interrupted run), it runs as is and resumes by row
+block; when the output is stale (another fingerprint, ``--force``, ``--from`` or an earlier stage
+ran) ``--overwrite`` is added for the commands that have it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import click
+
+from ..version import __version__
+from .commands import has_option
+from .resolve import ResolvedStage, resolve_pipeline
+from .spec import PipelineError, PipelineFile, PipelineSpec
+
+
+def fingerprint(stage: ResolvedStage, previous: str) -> str:
+    files = {}
+    for f in stage.external_files:
+        if not os.path.isfile(f):  # folders change whenever something is added to them
+            continue
+        try:
+            st = os.stat(f)
+            files[f] = [st.st_size, st.st_mtime_ns]
+        except OSError:
+            files[f] = None
+    blob = json.dumps({"command": stage.spec.command, "values": stage.fingerprint_values(),
+                       "files": files, "previous": previous, "vsekit": __version__},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@dataclass
+class Step:
+    """The plan for one stage."""
+
+    stage: ResolvedStage
+    action: str          # "run" or "skip"
+    reason: str
+    fingerprint: str
+    overwrite: bool = False
+    resume: bool = False
+
+    def argv(self) -> list[str]:
+        extra = {"overwrite": True} if self.overwrite else {}
+        if self.resume:
+            extra["resume"] = True
+        return self.stage.argv(extra)
+
+    def command_line(self) -> str:
+        return "vsekit " + " ".join(shlex.quote(a) for a in self.argv())
+
+
+@dataclass
+class RunResult:
+    pipeline: str
+    steps: list[Step]
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _find_stage(stages: list[ResolvedStage], ref: str) -> int:
+    for i, s in enumerate(stages):
+        if s.id == ref:
+            return i
+    by_cmd = [i for i, s in enumerate(stages) if s.spec.command == ref or s.spec.command.split()[0] == ref]
+    if len(by_cmd) == 1:
+        return by_cmd[0]
+    if ref.isdigit() and 1 <= int(ref) <= len(stages):
+        return int(ref) - 1
+    ids = ", ".join(s.id for s in stages)
+    if len(by_cmd) > 1:
+        raise PipelineError(f"--from {ref!r} matches {len(by_cmd)} stages; name one by id: {ids}")
+    raise PipelineError(f"--from {ref!r}: no such stage; valid: {ids} (or a 1-based number)")
+
+
+def plan(stages: list[ResolvedStage], pipeline: str, *, from_stage: str | None = None,
+         force: bool = False) -> list[Step]:
+    """Decide for every stage whether it runs and why (reads outputs, changes nothing)."""
+    start = _find_stage(stages, from_stage) if from_stage else None
+    steps: list[Step] = []
+    previous = ""
+    cascade: str | None = None
+    for i, stage in enumerate(stages):
+        fp = fingerprint(stage, previous)
+        previous = fp
+        outputs = stage.io.outputs
+        exists = bool(outputs) and all(o.exists() for o in outputs)
+        records = [o.read(record_key(pipeline, stage)) for o in outputs] if exists else []
+        recorded = bool(records) and all(r is not None for r in records)
+        same = recorded and all(r.get("fingerprint") == fp for r in records)
+        any_output = any(o.exists() or getattr(o, "incomplete", lambda: False)() for o in outputs)
+        stale = False
+        if start is not None and i < start:
+            steps.append(Step(stage, "skip", f"before --from {from_stage}", fp))
+            continue
+        if force:
+            action, reason, stale = "run", "--force", True
+        elif start is not None:
+            action, reason, stale = "run", f"--from {from_stage}", True
+        elif not outputs:
+            action, reason = "run", "makes no recorded output, so it always runs"
+        elif cascade:
+            action, reason, stale = "run", f"an earlier stage ({cascade}) runs", True
+        elif not any_output:
+            action, reason = "run", "its output does not exist yet"
+        elif not exists:
+            action, reason = "run", "its output is incomplete: resuming"
+        elif not recorded:
+            action, reason = "run", "its output exists but this stage has no record of making it: resuming"
+            stale = not stage.io.resumable
+        elif not same:
+            action, reason, stale = "run", "its options or inputs changed", True
+        else:
+            action, reason = "skip", "up to date"
+        overwrite = (action == "run" and stale and any_output and has_option(stage.command, "overwrite")
+                     and not stage.values.get("overwrite"))
+        resume = (action == "run" and not stale and bool(stage.io.resume_file)
+                  and has_option(stage.command, "resume") and not stage.values.get("resume")
+                  and any(os.path.isfile(os.path.join(getattr(o, "path", ""), stage.io.resume_file))
+                          for o in outputs))
+        steps.append(Step(stage, action, reason, fp, overwrite, resume))
+        if action == "run" and outputs:
+            cascade = cascade or stage.id
+    return steps
+
+
+def record_key(pipeline: str, stage: ResolvedStage) -> str:
+    """Records are kept per pipeline and stage, so two pipelines never take each other's for theirs."""
+    return f"{pipeline}/{stage.id}"
+
+
+def _record(step: Step, pipeline: str) -> dict[str, Any]:
+    return {"fingerprint": step.fingerprint, "pipeline": pipeline, "stage": step.stage.id,
+            "command": step.command_line(), "vsekit": __version__,
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str, str] | None = None,
+                 env: Mapping[str, str] | None = None, from_stage: str | None = None, force: bool = False,
+                 dry_run: bool = False, cluster: str | None = None,
+                 echo: Callable[[str], None] = click.echo) -> RunResult:
+    """Validate ``pipeline`` completely, then run (or, with ``dry_run``, print) its plan."""
+    t0 = time.perf_counter()
+    stages = resolve_pipeline(pipeline, cli, sets=sets, env=env, cluster=cluster)
+    steps = plan(stages, pipeline.name, from_stage=from_stage, force=force)
+    result = RunResult(pipeline.name, steps)
+    n = len(steps)
+    if dry_run:
+        echo(f"pipeline {pipeline.name}: {sum(s.action == 'run' for s in steps)} of {n} stages would run")
+        for k, step in enumerate(steps, start=1):
+            echo(f"  [{k}/{n}] {step.action:<4} {step.stage.id}: {step.reason}")
+            echo(f"        {step.command_line()}")
+        result.seconds = time.perf_counter() - t0
+        return result
+    previous = ""
+    for k, step in enumerate(steps, start=1):
+        # the inputs' files may have just been written by an earlier stage: fingerprint them now
+        step.fingerprint = previous = fingerprint(step.stage, previous)
+        if step.action == "skip":
+            echo(f"skip {step.stage.id}: {step.reason}")
+            result.skipped.append(step.stage.id)
+            continue
+        echo(f"[{k}/{n}] {step.stage.id}: {step.reason}")
+        echo(f"  {step.command_line()}")
+        _invoke(cli, step, pipeline.name)
+        for out in step.stage.io.outputs:
+            out.write(record_key(pipeline.name, step.stage), _record(step, pipeline.name))
+        result.ran.append(step.stage.id)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:
+    """Run one stage through the CLI in-process; a failure names the stage and the resume command."""
+    argv = step.argv()
+    try:
+        cli.main(args=argv, prog_name="vsekit", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        if exc.exit_code not in (0, None):
+            raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} exited with code "
+                                f"{exc.exit_code}") from None
+    except click.exceptions.Abort:
+        raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label}: aborted; rerun "
+                            f"`vsekit run {pipeline}` to resume") from None
+    except click.ClickException as exc:
+        raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} failed: "
+                            f"{exc.format_message()}\n  command: {step.command_line()}\n  "
+                            f"fix it and rerun `vsekit run {pipeline}`: finished stages are skipped "
+                            f"and this one resumes") from None
+
+
+def list_pipelines(pf: PipelineFile) -> str:
+    lines = [f"pipelines in {pf.path}:"]
+    width = max((len(n) for n in pf.pipelines), default=0)
+    for name, p in pf.pipelines.items():
+        lines.append(f"  {name:<{width}}  {len(p.stages):>2} stages  {p.description}")
+    return "\n".join(lines)
+
+
+def default_file() -> str:
+    """``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``, else the one at the vsekit checkout's root."""
+    from pathlib import Path
+
+    if Path("pipelines.yaml").is_file():
+        return "pipelines.yaml"
+    if os.environ.get("VSEKIT_PIPELINES"):
+        return os.environ["VSEKIT_PIPELINES"]
+    repo = Path(__file__).resolve().parents[3] / "pipelines.yaml"
+    return str(repo) if repo.is_file() else "pipelines.yaml"
+
+
+def run(name: str, *, file: str | None = None, sets: Mapping[str, str] | None = None,
+        from_stage: str | None = None, force: bool = False, dry_run: bool = False,
+        cluster: str | None = None, cli: click.Group | None = None, env: Mapping[str, str] | None = None,
+        echo: Callable[[str], None] = click.echo) -> RunResult:
+    """``vsekit run NAME``: check the whole file, run the pipeline, print the metrics table."""
+    from .spec import load_file
+    from .resolve import check_file
+    from .summary import metrics_table
+
+    if cli is None:
+        from ..cli import main as cli
+    pf = load_file(file or default_file())
+    check_file(pf.pipelines, cli, sets=sets, env=env)
+    pipeline = pf.get(name)
+    result = run_pipeline(pipeline, cli, sets=sets, env=env, from_stage=from_stage, force=force,
+                          dry_run=dry_run, cluster=cluster, echo=echo)
+    if not dry_run:
+        runs = []
+        for step in result.steps:
+            if step.stage.spec.command.split()[0] == "evaluate":
+                for out in step.stage.io.outputs:
+                    target = out._target() if hasattr(out, "_target") else None
+                    if target is not None and target.is_file():
+                        runs.append((step.stage.id, target))
+        table = metrics_table(runs)
+        if table:
+            echo("")
+            echo(table)
+        echo(f"pipeline {name}: {len(result.ran)} stages ran, {len(result.skipped)} skipped "
+             f"in {result.seconds:.1f} s")
+    return result

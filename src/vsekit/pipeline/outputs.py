@@ -1,0 +1,266 @@
+"""What each stage makes, and where its pipeline fingerprint is recorded.
+
+A stage's record (its fingerprint, the command that ran, when) is written next to its output only
+after the stage finished, so a record implies a complete output:
+
+- a store made by ``ingest``: the store's attrs under ``pipeline``;
+- a feature set (``extract``, ``standardize``, ``discretize``, ``fne``): the set's attrs under ``pipeline``;
+- the tokens (``tokenize``): the ``tokens`` group's attrs under ``pipeline``;
+- a folder or file (``demo-data``, ``train``, ``evaluate``, ``export``, ``report``): a
+  ``.vsekit-pipeline.json`` in that folder (for a file, in the folder that holds it).
+
+Deleting an output deletes its record with it, so the stage runs again. A command this module does
+not know and that has no ``--out`` makes no recorded output: it runs every time and does not make
+later stages rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+MARKER = ".vsekit-pipeline.json"
+
+
+def _store_root(path: str, mode: str = "r"):
+    import zarr
+
+    p = Path(path)
+    if not (p / "zarr.json").exists():
+        return None
+    try:
+        return zarr.open_group(str(p), mode=mode, zarr_format=3)
+    except Exception:  # noqa: BLE001 - a broken store counts as missing
+        return None
+
+
+class Output:
+    """Something a stage makes: can say whether it exists and hold the stage's record."""
+
+    def exists(self) -> bool:
+        raise NotImplementedError
+
+    def read(self, key: str) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def write(self, key: str, record: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+class _AttrsOutput(Output):
+    def _group(self, mode: str = "r"):
+        raise NotImplementedError
+
+    def read(self, key: str) -> dict[str, Any] | None:
+        g = self._group()
+        return None if g is None else (dict(g.attrs.get("pipeline", {})).get(key))
+
+    def write(self, key: str, record: dict[str, Any]) -> None:
+        g = self._group("r+")
+        if g is None:
+            return
+        current = dict(g.attrs.get("pipeline", {}))
+        current[key] = record
+        g.attrs["pipeline"] = current
+
+
+@dataclass
+class StoreOutput(_AttrsOutput):
+    store: str
+
+    def _group(self, mode: str = "r"):
+        return _store_root(self.store, mode)
+
+    def exists(self) -> bool:
+        g = self._group()
+        return g is not None and bool(g.attrs.get("complete", True))
+
+    def describe(self) -> str:
+        return f"store {self.store}"
+
+
+@dataclass
+class FeaturesOutput(_AttrsOutput):
+    store: str
+    name: str
+
+    def _group(self, mode: str = "r"):
+        root = _store_root(self.store, mode)
+        if root is None:
+            return None
+        try:
+            return root[f"features/{self.name}"]
+        except KeyError:
+            return None
+
+    def exists(self) -> bool:
+        g = self._group()
+        if g is None or "status" not in set(g.array_keys()):
+            return False
+        import numpy as np
+
+        return not bool(np.any(g["status"][:] == 0))  # no pending rows
+
+    def incomplete(self) -> bool:
+        return self._group() is not None and not self.exists()
+
+    def describe(self) -> str:
+        return f"feature set {self.name!r} in {self.store}"
+
+
+@dataclass
+class TokensOutput(_AttrsOutput):
+    store: str
+
+    def _group(self, mode: str = "r"):
+        root = _store_root(self.store, mode)
+        if root is None or "tokens" not in root:
+            return None
+        return root["tokens"]
+
+    def exists(self) -> bool:
+        g = self._group()
+        return g is not None and "offsets" in set(g.array_keys())
+
+    def describe(self) -> str:
+        return f"tokens in {self.store}"
+
+
+@dataclass
+class PathOutput(Output):
+    """A folder (record inside it) or a file (record in its folder, keyed by the file's name)."""
+
+    path: str
+    must_contain: str = ""   # a file that must exist inside the folder (e.g. metrics.json)
+
+    def _target(self) -> Path:
+        p = Path(self.path)
+        return p / self.must_contain if self.must_contain else p
+
+    def _marker(self) -> tuple[Path, str]:
+        p = Path(self.path)
+        if p.is_dir():
+            return p / MARKER, self.must_contain
+        return p.parent / MARKER, p.name
+
+    def exists(self) -> bool:
+        return self._target().exists()
+
+    def _load(self) -> tuple[Path, dict]:
+        marker, _ = self._marker()
+        try:
+            return marker, json.loads(marker.read_text())
+        except (OSError, ValueError):
+            return marker, {}
+
+    def read(self, key: str) -> dict[str, Any] | None:
+        _, sub = self._marker()
+        _, data = self._load()
+        return data.get(f"{sub}|{key}" if sub else key)
+
+    def write(self, key: str, record: dict[str, Any]) -> None:
+        marker, sub = self._marker()
+        if not marker.parent.exists():
+            return
+        _, data = self._load()
+        data[f"{sub}|{key}" if sub else key] = record
+        tmp = marker.with_name(marker.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(marker)
+
+    def describe(self) -> str:
+        return str(self._target())
+
+
+# per-command knowledge ---------------------------------------------------------------------------
+@dataclass
+class StageIO:
+    """What a stage makes and which feature sets it reads (stores normalised to absolute paths)."""
+
+    outputs: list[Output]
+    makes: list[tuple[str, str]]        # (store, feature set name)
+    reads: list[tuple[str, str, str]]   # (store, feature set name, the option that names it)
+    resumable: bool = True              # rerunning over a partial output continues it
+    resume_file: str = ""               # resuming needs --resume when this file is in the output
+
+
+def store_key(path: Any) -> str:
+    return os.path.normpath(os.path.abspath(str(path)))
+
+
+def default_extract_name(values: dict[str, Any]) -> str:
+    """The feature set ``vsekit extract`` writes when ``--name`` is not given."""
+    try:
+        from ..extract import default_name  # type: ignore[attr-defined]
+    except ImportError:
+        default_name = None
+    model, kind = values.get("model"), values.get("kind") or "global"
+    if default_name is not None:
+        try:
+            return str(default_name(model, kind))
+        except TypeError:
+            pass
+    return str(model) if kind == "global" else f"{model}.{kind}"
+
+
+def _feature_inputs(values: dict[str, Any], store: str | None) -> list[tuple[str, str, str]]:
+    if store is None or not values.get("features"):
+        return []
+    names = values["features"] if isinstance(values["features"], list) else [values["features"]]
+    return [(store, str(n), "features") for n in names]
+
+
+def stage_io(command: str, values: dict[str, Any], defaults: Callable[[str], Any]) -> StageIO:
+    """Outputs, made and read feature sets of a stage, from its resolved values.
+
+    ``defaults(key)`` gives the command's own default of an option (for names not given).
+    """
+    word = command.split()[0]
+    store = store_key(values["store"]) if values.get("store") else None
+    reads = _feature_inputs(values, store)
+    feats = values.get("features")
+
+    if word == "demo-data" and values.get("out-dir"):
+        return StageIO([PathOutput(str(values["out-dir"]))], [], [], resumable=False)
+    if word == "ingest" and store:
+        fmt = command.split()[-1]
+        name = str(values.get("name") or defaults("name") or "")
+        if fmt == "butd":  # adds a feature set to the store (which it creates when new)
+            return StageIO([FeaturesOutput(store, name)], [(store, name)], [], resumable=False)
+        makes = [(store, name)] if name and fmt == "precomp" else []
+        return StageIO([StoreOutput(store)], makes, [], resumable=False)
+    if word == "extract" and store:
+        name = values.get("name") or default_extract_name(values)
+        return StageIO([FeaturesOutput(store, name)], [(store, name)], [])
+    if word in ("standardize", "discretize", "fne") and store and feats:
+        out = values.get("name") or values.get("out-name")
+        if word == "standardize":
+            made = [out or f"{feats}.z"]
+        elif word == "discretize":
+            made = [out or f"{feats}.fne"]
+        else:
+            made = [f"{feats}.z", out or f"{feats}.z.fne"]
+        return StageIO([FeaturesOutput(store, made[-1])], [(store, m) for m in made], reads)
+    if word == "tokenize" and store:
+        return StageIO([TokensOutput(store)], [], [])
+    if word == "evaluate":
+        out = values.get("out")
+        runs = values.get("runs") or values.get("run") or []
+        runs = runs if isinstance(runs, list) else [runs]
+        if out:
+            return StageIO([PathOutput(str(out))], [], reads, resumable=False)
+        if runs:  # vsekit evaluate writes next to the (first) run; an average of runs has its own file
+            name = "metrics.json" if len(runs) == 1 else "metrics_ensemble.json"
+            return StageIO([PathOutput(str(runs[0]), must_contain=name)], [], reads, resumable=False)
+        return StageIO([], [], reads)
+    if word == "train" and values.get("out"):
+        return StageIO([PathOutput(str(values["out"]))], [], reads, resume_file="checkpoint_last.pt")
+    if values.get("out"):
+        return StageIO([PathOutput(str(values["out"]))], [], reads, resumable=False)
+    return StageIO([], [], reads)

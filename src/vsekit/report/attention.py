@@ -1,0 +1,159 @@
+"""Attention weights of a trained model for one image–caption pair, without touching its code.
+
+What is shown (and the paper it comes from):
+
+- SEAM (Wehrmann et al., after Lin et al. eq. A = softmax(W2 tanh(W1 Hᵀ))): the hops × words
+  matrix A of each self-attention module, as heat strips over the caption;
+- SMAN (Ji et al., α_m = softmax_m(W_vh h_m) in steps 1 and 2): the softmax over the 7×7 grid cells
+  of the intra-modal step (step 1) and of the multi-modal step (step 2), as heat maps over the image,
+  and the word softmaxes a_l of both steps;
+- SAF/SGR (SGRAF, Diao et al. eq. 3-4): the text global self-attention's softmax over words.
+
+A model may expose its weights itself through ``attention_maps(img, cap)`` returning
+``{title: tensor}`` (word weights (hops, L) or (L,), grid weights (G, G) or (G*G,) with "grid" in
+the title); that is used first. Otherwise the report *observes* the model: it runs
+``encode_images``, ``encode_captions`` and ``score`` on the single pair under a
+``TorchFunctionMode`` that records every softmax (with the module it ran in), and keeps
+
+- word attention: the softmaxes taken over the caption's word axis. To tell that axis from another
+  of the same size (T-EMDE's 8 centroids, SGR's graph nodes), the pair is run twice, the second time
+  with the caption padded by a few pad tokens: a softmax over words grows by exactly the padding,
+  any other keeps its size. Only the true words' weights are shown.
+- grid attention: the softmaxes over the G×G cells of a grid feature, in call order (SMAN: step 1
+  in ``encode_images``, step 2 in the pairwise ``score``).
+
+The model's code is never changed, and a model without attention (VSE++, Order, T-EMDE's sketch)
+shows none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PROBE_PAD = 3  # extra pad tokens of the second, probing run
+
+
+@dataclass
+class AttentionView:
+    kind: str                 # "words" or "grid"
+    title: str
+    weights: np.ndarray       # words: (rows, L); grid: (G, G)
+
+
+def _softmax_recorder(model):
+    """A TorchFunctionMode recording ``(weights as (rows, size), module path)`` of every softmax,
+    and the forward hooks that keep track of the module being run."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    stack: list[str] = []
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.records: list[tuple[np.ndarray, str]] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if getattr(func, "__name__", "") in ("softmax", "_softmax") and isinstance(out, torch.Tensor):
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                if isinstance(dim, int) and out.dim() > 0:
+                    arr = out.detach().float().cpu().movedim(dim % out.dim(), -1).numpy()
+                    self.records.append((arr.reshape(-1, arr.shape[-1]), stack[-1] if stack else ""))
+            return out
+
+    def enter(name):
+        def hook(module, args):
+            stack.append(name)  # a pre-hook must return None, or it replaces the input
+        return hook
+
+    def leave(module, args, output):
+        if stack:
+            stack.pop()  # a forward hook must return None, or it replaces the output
+
+    handles = []
+    for name, module in model.named_modules():
+        if name:
+            handles.append(module.register_forward_pre_hook(enter(name)))
+            handles.append(module.register_forward_hook(leave))
+    return Recorder(), handles
+
+
+def _run(model, feats, counts, tokens, lengths, score: bool):
+    import torch
+
+    recorder, handles = _softmax_recorder(model)
+    try:
+        with torch.no_grad(), recorder:
+            img = model.encode_images(feats, counts)
+            cap = model.encode_captions(tokens, lengths)
+            if score:
+                model.score(img, cap)
+    finally:
+        for h in handles:
+            h.remove()
+    return recorder.records, img, cap
+
+
+def _word_title(model, module: str, index: int, n: int) -> str:
+    """``txt_enc.att.0`` → a readable name (SEAM-C's three modules get their inputs' names)."""
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[-2] == "att" and parts[-1].isdigit():
+        parent = model.get_submodule(".".join(parts[:-2])) if len(parts) > 2 else model
+        if getattr(parent, "variant", None) == "c":
+            names = ("over conv-2", "over conv-3", "over word embeddings")
+            return f"word weights {names[int(parts[-1]) % 3]}"
+    if module:
+        return f"word weights ({module})"
+    return f"word weights ({index})" if n > 1 else "word weights"
+
+
+def _from_method(maps: dict[str, Any]) -> list[AttentionView]:
+    views = []
+    for title, w in maps.items():
+        arr = np.asarray(w.detach().float().cpu().numpy() if hasattr(w, "detach") else w, dtype=np.float64)
+        arr = np.squeeze(arr)
+        is_grid = "grid" in title.lower()
+        if is_grid and arr.ndim == 2 and arr.shape[0] == arr.shape[1]:
+            views.append(AttentionView("grid", title, arr))
+        elif is_grid and arr.ndim == 1 and int(round(np.sqrt(arr.size))) ** 2 == arr.size:
+            side = int(round(np.sqrt(arr.size)))
+            views.append(AttentionView("grid", title, arr.reshape(side, side)))
+        elif arr.ndim in (1, 2):
+            views.append(AttentionView("words", title, np.atleast_2d(arr)))
+    return views
+
+
+def pair_attention(model, feats, counts, tokens, lengths) -> list[AttentionView]:
+    """Attention views of one (image, caption) pair: ``feats`` (1, ...), ``tokens`` (1, L)."""
+    import torch
+
+    n_words = int(lengths[0])
+    tokens = tokens[:, :n_words]
+    grid_side = int(feats.shape[1]) if feats.dim() == 4 and feats.shape[1] == feats.shape[2] else None
+    if hasattr(model, "attention_maps"):
+        _, img, cap = _run(model, feats, counts, tokens, lengths, score=False)
+        with torch.no_grad():
+            return _from_method(model.attention_maps(img, cap))
+    first, _, _ = _run(model, feats, counts, tokens, lengths, score=True)
+    padded = torch.nn.functional.pad(tokens, (0, PROBE_PAD))
+    second, _, _ = _run(model, feats, counts, padded, lengths, score=True)
+    if len(first) == len(second):
+        words = [(r, m) for (r, m), (r2, _) in zip(first, second)
+                 if r.shape[-1] == n_words and r2.shape[-1] == n_words + PROBE_PAD]
+    else:  # the model took another path with padding: fall back to the size alone
+        words = [(r, m) for r, m in first if r.shape[-1] == n_words]
+    views: list[AttentionView] = []
+    for i, (r, module) in enumerate(words, 1):
+        title = _word_title(model, module, i, len(words))
+        views.append(AttentionView("words", title + (f", {len(r)} hops" if len(r) > 1 else ""), r))
+    if grid_side:
+        grids = [r for r, _ in first if r.shape[-1] == grid_side * grid_side]
+        for i, r in enumerate(grids, 1):
+            title = f"grid weights, step {i}" if len(grids) > 1 else "grid weights"
+            views.append(AttentionView("grid", title, r.mean(axis=0).reshape(grid_side, grid_side)))
+    return views

@@ -1,0 +1,154 @@
+"""The resolved training configuration and the presets that carry the papers' settings.
+
+Config flows one way: defaults → presets (in the order given, later ones win) → explicit overrides
+(CLI options) → a frozen ``TrainConfig`` saved as ``RUN/config.json``.
+
+Presets:
+
+- FNE paper (Vilalta et al.), Table 1, COCO: ``sh``, ``mh``, ``soe``, ``moe``, ``ph``, ``poe``; batch
+  128, gradient clip 2, one caption per image per epoch. The table gives no epoch count or decay;
+  we use 30 epochs, no decay, and patience 3 for the PH/POE switch.
+- SEAM (Wehrmann et al.): ``seam-e``, ``seam-c``, ``seam-g``: word dim and attention units 300, hops
+  30 / 10 per module / 30 over a 512-unit GRU, lambda 0.5, joint space 1024, order loss (margin 0.05,
+  ``|.|``), Adam 1e-3 divided by 10 at epoch 15, batch 128, 30 epochs.
+- VSE++ / Order++ style: ``vse++`` and ``order++``: lr 2e-4 x0.1 at epoch 15, 30 epochs, margin 0.2
+  (cosine) or 0.05 (order, ``|.|``), max violation, every caption per epoch.
+- ``--model`` without a preset that names a model starts from that model's paper preset
+  (``vse`` → ``vse++``, ``order`` → ``order++``, ``seam-*`` → ``seam-*``).
+- ``demo``: small dimensions and few epochs so the demo data trains in seconds on a CPU; combine it
+  after a paper preset (``--preset poe --preset demo``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+_FNE = {"batch_size": 128, "grad_clip": 2.0, "captions": "one", "epochs": 30, "lr_milestones": [],
+        "patience": 3}
+_SEAM = {"word_dim": 300, "embed_dim": 1024, "margin": 0.05, "lr": 1e-3, "lr_milestones": [15],
+         "batch_size": 128, "epochs": 30, "max_violation": False, "captions": "one"}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "sh": {**_FNE, "model": "vse", "embed_dim": 1536, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
+           "max_violation": False},
+    "mh": {**_FNE, "model": "vse", "embed_dim": 2048, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
+           "max_violation": True},
+    "soe": {**_FNE, "model": "order", "embed_dim": 1536, "word_dim": 1024, "lr": 1e-3, "margin": 0.05,
+            "max_violation": False},
+    "moe": {**_FNE, "model": "order", "embed_dim": 2048, "word_dim": 1536, "lr": 1e-3, "margin": 0.05,
+            "max_violation": True},
+    "ph": {**_FNE, "model": "vse", "embed_dim": 1536, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
+           "curriculum": True},
+    "poe": {**_FNE, "model": "order", "embed_dim": 2048, "word_dim": 1024, "lr": 1e-3, "lr2": 1e-4,
+            "margin": 0.05, "curriculum": True},
+    "seam-e": {**_SEAM, "model": "seam-e", "model_args": {"hops": 30, "att_units": 300, "penalty_weight": 0.5}},
+    "seam-c": {**_SEAM, "model": "seam-c",
+               "model_args": {"hops": 10, "att_units": 300, "filters": 100, "penalty_weight": 0.5}},
+    "seam-g": {**_SEAM, "model": "seam-g",
+               "model_args": {"hops": 30, "att_units": 300, "gru_dim": 512, "penalty_weight": 0.5}},
+    "vse++": {"model": "vse", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
+              "epochs": 30, "margin": 0.2, "max_violation": True, "captions": "all", "batch_size": 128},
+    "order++": {"model": "order", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
+                "epochs": 30, "margin": 0.05, "max_violation": True, "captions": "all", "batch_size": 128},
+    "demo": {"epochs": 10, "batch_size": 32, "embed_dim": 128, "word_dim": 64, "lr_milestones": [], "lr": 2e-3,
+             "patience": 2, "model_args": {"hops": 4, "att_units": 32, "filters": 16, "gru_dim": 64}},
+}
+
+# the preset a model starts from when no preset given names a model (its paper's settings)
+MODEL_DEFAULT_PRESET = {"vse": "vse++", "order": "order++", "seam-e": "seam-e", "seam-c": "seam-c",
+                        "seam-g": "seam-g"}
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a training run (saved as ``RUN/config.json``)."""
+
+    model: str = ""
+    presets: list[str] = field(default_factory=list)
+    epochs: int = 30
+    batch_size: int = 128
+    embed_dim: int = 1024
+    word_dim: int = 300
+    lr: float = 2e-4
+    lr_milestones: list[int] = field(default_factory=list)  # x lr_decay at each (epochs since phase start)
+    lr_decay: float = 0.1
+    grad_clip: float = 2.0
+    margin: float = 0.2
+    max_violation: bool = False
+    similarity: str | None = None   # None: the model's own
+    use_abs: bool | None = None     # None: the model's own
+    captions: str = "one"           # "one" random caption per image per epoch, or "all"
+    curriculum: bool = False        # PH/POE: sum loss until val rsum stalls, then max loss from the best
+    patience: int = 3
+    lr2: float | None = None        # learning rate of the max-loss phase (default: lr)
+    model_args: dict[str, Any] = field(default_factory=dict)
+    train_split: str = "train"
+    val_split: str = "val"
+    seed: int = 0
+    window_chunks: int = 8
+    eval_batch: int = 256
+    device: str = "cpu"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def resolve_config(model: str | None = None, presets: Sequence[str] = (), **overrides: Any) -> TrainConfig:
+    """Defaults, then each preset in order, then the overrides that are not None."""
+    values: dict[str, Any] = {}
+    model_args: dict[str, Any] = {}
+    presets = list(presets)
+    named = [p for p in presets if PRESETS.get(p, {}).get("model")]
+    if model and not named and model in MODEL_DEFAULT_PRESET:
+        presets.insert(0, MODEL_DEFAULT_PRESET[model])
+    for name in presets:
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; valid choices: {', '.join(PRESETS)}")
+        p = dict(PRESETS[name])
+        model_args.update(p.pop("model_args", {}))
+        values.update(p)
+    user_args = overrides.pop("model_args", None) or {}
+    model_args.update(user_args)
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ValueError(f"unknown training option {key!r}; valid: {', '.join(sorted(fields))}")
+        if value is not None:
+            values[key] = value
+    if model:
+        values["model"] = model
+    if not values.get("model"):
+        raise ValueError("no model given: pass --model (or a preset that names one: "
+                         f"{', '.join(n for n, p in PRESETS.items() if 'model' in p)})")
+    cfg = TrainConfig(**values, presets=list(presets), model_args=model_args)
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: TrainConfig) -> None:
+    from .data import CAPTION_MODES
+    from .losses import SIMILARITIES
+
+    if cfg.captions not in CAPTION_MODES:
+        raise ValueError(f"--captions {cfg.captions!r}: valid choices: {', '.join(CAPTION_MODES)}")
+    if cfg.similarity is not None and cfg.similarity not in SIMILARITIES:
+        raise ValueError(f"--similarity {cfg.similarity!r}: valid choices: {', '.join(SIMILARITIES)}")
+    for name in ("epochs", "batch_size", "embed_dim", "word_dim"):
+        if int(getattr(cfg, name)) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.lr <= 0 or (cfg.lr2 is not None and cfg.lr2 <= 0):
+        raise ValueError("--lr and --lr2 must be positive")
+    if cfg.patience < 1:
+        raise ValueError(f"--patience must be at least 1, got {cfg.patience}")
+
+
+def dumps(cfg: TrainConfig) -> str:
+    return json.dumps(cfg.to_json(), indent=2, sort_keys=True)

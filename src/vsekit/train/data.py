@@ -1,0 +1,326 @@
+"""Training and evaluation data over a vsekit store: feature rows, caption tokens, splits.
+
+Features are read chunk by chunk, never whole: an epoch shuffles the order of the feature set's row
+chunks, reads a *window* of chunks, shuffles the (image, caption) pairs inside the window and cuts
+batches from it (pairs left over at the end of a window join the next one). A store larger than
+memory therefore trains at close to in-memory speed, and memory is bounded by
+``window_chunks x chunk bytes``. Tokens (``tokens/ids`` + ``tokens/offsets``) are small and are read
+once. Per epoch either one random caption per image (the FNE paper: no two captions of one image in
+a batch) or every caption (VSE++).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
+
+CAPTION_MODES = ("one", "all")
+PAD_ID = 0
+
+
+# tokens -------------------------------------------------------------------------------------------
+@dataclass
+class Tokens:
+    """Every caption's token ids, concatenated (``ids``), and where each caption starts (``offsets``)."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    vocabulary: list[str]
+
+    @classmethod
+    def from_store(cls, store: FeatureStore) -> "Tokens":
+        if not store.has_tokens:
+            raise StoreError(f"{store.path} has no tokens; run `vsekit tokenize --store {store.path}` first")
+        g = store.root["tokens"]
+        ids = np.asarray(g["ids"][:], dtype=np.int64)
+        offsets = np.asarray(g["offsets"][:], dtype=np.int64)
+        vocab = list(g.attrs.get("vocabulary") or [])
+        if len(offsets) != store.n_captions + 1:
+            raise StoreError(f"{store.path}: tokens/offsets has {len(offsets)} entries but the store has "
+                             f"{store.n_captions} captions (expected {store.n_captions + 1}); rerun tokenize")
+        if not vocab:
+            vocab = [str(i) for i in range(int(ids.max(initial=3)) + 1)]
+        return cls(ids, offsets, vocab)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocabulary)
+
+    def lengths(self, captions: np.ndarray) -> np.ndarray:
+        return self.offsets[captions + 1] - self.offsets[captions]
+
+    def batch(self, captions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded (B, L) token ids (pad 0) and true lengths (at least 1) of ``captions``."""
+        captions = np.asarray(captions, dtype=np.int64)
+        starts = self.offsets[captions]
+        lengths = self.offsets[captions + 1] - starts
+        width = max(1, int(lengths.max(initial=1)))
+        pos = np.arange(width)[None, :]
+        mask = pos < lengths[:, None]
+        idx = np.where(mask, starts[:, None] + pos, 0)
+        padded = np.where(mask, self.ids[idx] if len(self.ids) else 0, PAD_ID)
+        return torch.from_numpy(padded.astype(np.int64)), torch.from_numpy(np.maximum(lengths, 1))
+
+
+# features -----------------------------------------------------------------------------------------
+def _unpack_2bit(packed: np.ndarray, n_features: int) -> np.ndarray:
+    """Fallback for ``vsekit.fne.pack.unpack``: 4 values per byte, low bits first, 2-bit two's complement."""
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)
+    codes = ((packed.astype(np.uint8)[..., None] >> shifts) & 3).astype(np.int8)
+    codes -= (codes & np.int8(2)) << np.int8(1)
+    return codes.reshape(*packed.shape[:-1], -1)[..., :n_features]
+
+
+def unpack_rows(packed: np.ndarray, n_features: int) -> np.ndarray:
+    """2-bit packed FNE rows → int8 {-1, 0, 1}, using the FNE package's unpacker when present."""
+    try:
+        from ..fne.pack import unpack
+    except ImportError:  # the FNE package is optional here
+        return _unpack_2bit(packed, n_features)
+    return np.asarray(unpack(packed, n_features))
+
+
+class FeatureSource:
+    """Rows of a feature set as float32 arrays, whatever the stored layout (float, FNE int8, packed).
+
+    ``row_shape`` is the decoded shape of one row: ``(D,)`` global, ``(G, G, C)`` grid, ``(K, C)``
+    regions (with a per-row ``count``). The same interface wraps an in-memory array
+    (``FeatureSource.from_array``), which the loader benchmark compares against.
+    """
+
+    def __init__(self, fs: FeatureSet | None = None, *, array: np.ndarray | None = None,
+                 counts: np.ndarray | None = None, chunk_rows: int | None = None):
+        self.fs = fs
+        if fs is not None:
+            attrs = fs.attrs
+            self.kind = attrs.get("kind", "global")
+            self.packed = bool(attrs.get("packed", False))
+            self.n_features = int(attrs.get("n_features", fs.shape[-1]))
+            self._data = fs.data
+            self._count = fs.array("count") if fs.has_array("count") else None
+            self.chunk_rows = fs.chunk_rows
+            self.n_rows = fs.n_rows
+            stored = fs.shape[1:]
+            self.row_shape = (*stored[:-1], self.n_features) if self.packed else tuple(stored)
+            self.name = fs.name
+        else:
+            assert array is not None
+            self.kind = "global" if array.ndim == 2 else ("grid" if array.ndim == 4 else "regions")
+            self.packed, self.n_features = False, int(array.shape[-1])
+            self._data, self._count = array, counts
+            self.chunk_rows = int(chunk_rows or 256)
+            self.n_rows = int(array.shape[0])
+            self.row_shape = tuple(array.shape[1:])
+            self.name = "<array>"
+
+    @classmethod
+    def from_array(cls, array: np.ndarray, counts: np.ndarray | None = None, chunk_rows: int = 256) -> "FeatureSource":
+        return cls(array=array, counts=counts, chunk_rows=chunk_rows)
+
+    @property
+    def image_input(self) -> str:
+        return {"fne": "global"}.get(self.kind, self.kind)
+
+    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Decoded rows ``[start, stop)`` (float32) and their region counts (or None)."""
+        raw = np.asarray(self._data[start:stop])
+        if self.packed:
+            raw = unpack_rows(raw, self.n_features)
+        counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
+        return raw.astype(np.float32, copy=False), counts
+
+    def chunks(self) -> list[tuple[int, int]]:
+        step = self.chunk_rows
+        return [(s, min(s + step, self.n_rows)) for s in range(0, self.n_rows, step)]
+
+
+def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSource:
+    """The feature set ``name``, refusing it if any of ``rows`` is still pending."""
+    fs = store.features(name)
+    if fs.n_rows != store.n_images:
+        raise StoreError(f"feature set {name!r} has {fs.n_rows} rows but the store has {store.n_images} images")
+    status = np.asarray(fs.status[:])
+    pending = rows[status[rows] != DONE]
+    pending = pending[status[pending] != FAILED]
+    if len(pending):
+        raise StoreError(f"feature set {name!r}: {len(pending)} rows needed here are pending "
+                         f"(first row {int(pending[0])}); finish the extraction first")
+    return FeatureSource(fs)
+
+
+def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarray:
+    """Image rows of ``split`` whose features are done (failed rows are left out)."""
+    rows = store.split_rows(split)
+    if fs.fs is not None:
+        status = np.asarray(fs.fs.status[:])
+        rows = rows[status[rows] == DONE]
+    if not len(rows):
+        raise StoreError(f"{store.path}: split {split!r} has no images with done features in {fs.name!r}")
+    return rows
+
+
+# the training stream ------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    feats: torch.Tensor
+    counts: torch.Tensor | None
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    images: torch.Tensor  # image row of every pair (pairs of one image are not negatives)
+
+
+class PairStream:
+    """Chunk-aware shuffled batches of (image features, caption tokens) pairs for one epoch.
+
+    ``captions="one"`` draws one random caption per image, ``"all"`` uses every caption. The epoch's
+    randomness is ``numpy.random.default_rng([seed, epoch])``, so a resumed run sees the same
+    batches as an uninterrupted one.
+    """
+
+    def __init__(self, source: FeatureSource, tokens: Tokens, rows: np.ndarray, caption_images: np.ndarray,
+                 *, batch_size: int = 128, captions: str = "one", window_chunks: int = 8, seed: int = 0):
+        if captions not in CAPTION_MODES:
+            raise ValueError(f"unknown captions mode {captions!r}; valid choices: {', '.join(CAPTION_MODES)}")
+        if batch_size < 1:
+            raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+        self.source, self.tokens = source, tokens
+        self.batch_size, self.captions = int(batch_size), captions
+        self.window_chunks, self.seed = max(1, int(window_chunks)), int(seed)
+        # captions of each usable image, CSR by image row
+        in_split = np.zeros(source.n_rows, dtype=bool)
+        in_split[rows] = True
+        caps = np.flatnonzero(in_split[caption_images])
+        order = np.argsort(caption_images[caps], kind="stable")
+        self._caps = caps[order]
+        owners = caption_images[self._caps]
+        self._cap_start = np.searchsorted(owners, np.arange(source.n_rows), side="left")
+        self._cap_count = np.searchsorted(owners, np.arange(source.n_rows), side="right") - self._cap_start
+        self.rows = rows[self._cap_count[rows] > 0]
+        if not len(self.rows):
+            raise StoreError("no training image has a caption")
+
+    def __len__(self) -> int:
+        n = len(self.rows) if self.captions == "one" else int(self._cap_count[self.rows].sum())
+        return -(-n // self.batch_size)
+
+    def _pairs(self, rows: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        if self.captions == "one":
+            pick = self._cap_start[rows] + (rng.random(len(rows)) * self._cap_count[rows]).astype(np.int64)
+            return rows, self._caps[pick]
+        counts = self._cap_count[rows]
+        img = np.repeat(rows, counts)
+        first = np.repeat(self._cap_start[rows] - np.cumsum(counts) + counts, counts)
+        return img, self._caps[first + np.arange(len(img))]
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        rng = np.random.default_rng([self.seed, int(epoch)])
+        in_rows = np.zeros(self.source.n_rows, dtype=bool)
+        in_rows[self.rows] = True
+        chunks = [c for c in self.source.chunks() if in_rows[c[0]:c[1]].any()]
+        order = rng.permutation(len(chunks))
+        left_feats = left_counts = None
+        left_img = left_cap = np.zeros(0, dtype=np.int64)
+        for w in range(0, len(order), self.window_chunks):
+            parts, cparts, imgs, capss = [], [], [], []
+            for ci in order[w:w + self.window_chunks]:
+                start, stop = chunks[ci]
+                data, counts = self.source.read(start, stop)
+                local = np.flatnonzero(in_rows[start:stop])
+                img, cap = self._pairs(start + local, rng)
+                base = sum(len(p) for p in parts)
+                pos = np.searchsorted(local, img - start)
+                parts.append(data[local])
+                cparts.append(None if counts is None else counts[local])
+                imgs.append(np.stack([img, cap, base + pos]))
+            n_left = 0 if left_feats is None else len(left_feats)
+            feats = np.concatenate(([left_feats] if n_left else []) + parts)
+            counts = None if cparts[0] is None else np.concatenate(([left_counts] if n_left else []) + cparts)
+            table = np.concatenate(imgs, axis=1)
+            img = np.concatenate([left_img, table[0]])
+            cap = np.concatenate([left_cap, table[1]])
+            pos = np.concatenate([np.arange(n_left), table[2] + n_left])
+            perm = rng.permutation(len(img))
+            img, cap, pos = img[perm], cap[perm], pos[perm]
+            last = w + self.window_chunks >= len(order)
+            n_full = len(img) if last else (len(img) // self.batch_size) * self.batch_size
+            for b in range(0, n_full, self.batch_size):
+                sl = slice(b, min(b + self.batch_size, n_full))
+                yield self._batch(feats, counts, img[sl], cap[sl], pos[sl])
+            rest = pos[n_full:]
+            left_feats = feats[rest]
+            left_counts = None if counts is None else counts[rest]
+            left_img, left_cap = img[n_full:], cap[n_full:]
+
+    def _batch(self, feats, counts, img, cap, pos) -> Batch:
+        tokens, lengths = self.tokens.batch(cap)
+        return Batch(torch.from_numpy(np.ascontiguousarray(feats[pos])),
+                     None if counts is None else torch.from_numpy(counts[pos]),
+                     tokens, lengths, torch.from_numpy(img))
+
+
+# evaluation data ----------------------------------------------------------------------------------
+def image_batches(source: FeatureSource, rows: np.ndarray, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Features of ``rows`` (sorted) in order, read one stored chunk at a time."""
+    rows = np.asarray(rows, dtype=np.int64)
+    buf, cbuf = [], []
+    for start, stop in source.chunks():
+        sel = rows[(rows >= start) & (rows < stop)]
+        if not len(sel):
+            continue
+        data, counts = source.read(start, stop)
+        buf.append(data[sel - start])
+        cbuf.append(None if counts is None else counts[sel - start])
+        while sum(len(b) for b in buf) >= batch_size:
+            yield from _emit(buf, cbuf, batch_size)
+    if buf:
+        yield from _emit(buf, cbuf, None)
+
+
+def _emit(buf: list, cbuf: list, size: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    data = np.concatenate(buf)
+    counts = None if cbuf[0] is None else np.concatenate(cbuf)
+    size = len(data) if size is None else size
+    buf.clear()
+    cbuf.clear()
+    yield (torch.from_numpy(np.ascontiguousarray(data[:size])),
+           None if counts is None else torch.from_numpy(counts[:size]))
+    if len(data) > size:
+        buf.append(data[size:])
+        cbuf.append(None if counts is None else counts[size:])
+
+
+@dataclass
+class EvalSet:
+    """The images of a split and their captions, with each caption's image as an index into ``rows``."""
+
+    rows: np.ndarray
+    captions: np.ndarray
+    caption_image: np.ndarray
+
+    @classmethod
+    def from_store(cls, store: FeatureStore, split: str, source: FeatureSource | None = None) -> "EvalSet":
+        rows = usable_rows(store, source, split) if source is not None else store.split_rows(split)
+        cap_img = store.caption_images()
+        index = np.full(store.n_images, -1, dtype=np.int64)
+        index[rows] = np.arange(len(rows))
+        caps = np.flatnonzero(index[cap_img] >= 0)
+        if not len(caps):
+            raise StoreError(f"{store.path}: split {split!r} has no captions")
+        return cls(rows, caps, index[cap_img[caps]])
+
+    def subset(self, images: np.ndarray) -> "EvalSet":
+        """The sub-problem of some images (indices into ``rows``) and their captions."""
+        images = np.asarray(images, dtype=np.int64)
+        index = np.full(len(self.rows), -1, dtype=np.int64)
+        index[images] = np.arange(len(images))
+        keep = np.flatnonzero(index[self.caption_image] >= 0)
+        return EvalSet(self.rows[images], self.captions[keep], index[self.caption_image[keep]])
+
+
+def describe_source(source: FeatureSource) -> dict[str, Any]:
+    return {"name": source.name, "kind": source.kind, "row_shape": list(source.row_shape), "packed": source.packed}

@@ -1,0 +1,151 @@
+"""Image and text encoders of the embedding models.
+
+- Image: a linear map without bias to the joint space, L2-normalised, ``|.|`` for order embeddings
+  (Vendrov et al., "Order-Embeddings of Images and Language", ICLR 2016; Faghri et al., VSE++).
+- Text: word embedding + GRU, the hidden state at the caption's true length (Kiros et al. UVS,
+  VSE++, Order), and SEAM-E / SEAM-C / SEAM-G (Wehrmann et al., "Self-Attentive Sentence Embeddings
+  for Image-Text Matching" / SEAM), whose attention is the structured self-attention of Lin et al.
+  (ICLR 2017, eq. 5-6): ``A = softmax(W2 tanh(W1 H^T))`` over words, ``M = A H``, with the penalty
+  ``||A A^T - I||_F^2`` (eq. 8). The public SEAM code computes the penalty but never adds it to the
+  loss; here it is added (``extra_loss``), as the paper says.
+
+Padding never changes an output: padded words are masked out of the GRU (packed sequences), out of
+the attention softmax, and are zero inputs to the SEAM-C convolutions.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp(min=eps)
+
+
+def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, width) bool, True at real words."""
+    return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+
+
+class ImageEncoder(nn.Module):
+    """x → l2norm(W x), W without bias; ``|.|`` of the result when ``use_abs``."""
+
+    def __init__(self, img_dim: int, embed_dim: int, use_abs: bool = False):
+        super().__init__()
+        self.fc = nn.Linear(img_dim, embed_dim, bias=False)
+        self.use_abs = use_abs
+        # Xavier init as in the VSE++ / order-embedding code
+        r = (6.0 / (img_dim + embed_dim)) ** 0.5
+        nn.init.uniform_(self.fc.weight, -r, r)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        x = l2norm(self.fc(feats.float()))
+        return x.abs() if self.use_abs else x
+
+
+class GRUTextEncoder(nn.Module):
+    """Word embedding + GRU; the output is the hidden state after the caption's last real word."""
+
+    def __init__(self, vocab_size: int, word_dim: int, embed_dim: int, use_abs: bool = False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+        self.gru = nn.GRU(word_dim, embed_dim, batch_first=True)
+        self.use_abs = use_abs
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        packed = pack_padded_sequence(x, lengths.cpu().clamp(min=1), batch_first=True, enforce_sorted=False)
+        _, h = self.gru(packed)
+        out = l2norm(h[-1])
+        return out.abs() if self.use_abs else out
+
+
+class SelfAttention(nn.Module):
+    """Lin et al. structured self-attention: h hops over the words of H (B, L, d), padding masked.
+
+    Returns the flattened ``A H`` (B, hops*d) and the per-caption penalty ``||A A^T - I||_F^2`` (B,).
+    """
+
+    def __init__(self, in_dim: int, units: int, hops: int):
+        super().__init__()
+        self.w1 = nn.Linear(in_dim, units, bias=False)
+        self.w2 = nn.Linear(units, hops, bias=False)
+        self.hops = hops
+
+    def attention(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """A as (B, hops, L); rows sum to 1 over real words, zero at padding."""
+        logits = self.w2(torch.tanh(self.w1(h))).transpose(1, 2)
+        logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+        return torch.softmax(logits, dim=-1)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = self.attention(h, mask)
+        m = torch.bmm(a, h).flatten(1)
+        eye = torch.eye(self.hops, device=h.device, dtype=a.dtype)
+        penalty = ((torch.bmm(a, a.transpose(1, 2)) - eye) ** 2).sum(dim=(1, 2))
+        return m, penalty
+
+
+class SeamTextEncoder(nn.Module):
+    """SEAM-E / SEAM-C / SEAM-G caption encoder; returns (embedding (B, D), penalty (B,)).
+
+    - ``e``: attention straight over the word embeddings.
+    - ``c``: two Conv1d over the embeddings (kernel 2 and 3, ``filters`` each, zero-padded to keep
+      the length, ReLU); three attention modules over conv-2, conv-3 and the embeddings, concatenated.
+    - ``g``: a GRU (``gru_dim`` units) over the embeddings, then attention over its outputs.
+    The flattened attention output goes through a linear map to the joint space and is L2-normalised.
+    """
+
+    def __init__(self, variant: str, vocab_size: int, word_dim: int, embed_dim: int, *, hops: int,
+                 att_units: int = 300, filters: int = 100, gru_dim: int = 512, use_abs: bool = False):
+        super().__init__()
+        if variant not in ("e", "c", "g"):
+            raise ValueError(f"unknown SEAM variant {variant!r}; valid choices: e, c, g")
+        self.variant, self.use_abs = variant, use_abs
+        self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+        if variant == "e":
+            self.att = nn.ModuleList([SelfAttention(word_dim, att_units, hops)])
+            flat = hops * word_dim
+        elif variant == "c":
+            self.conv2 = nn.Conv1d(word_dim, filters, kernel_size=2)
+            self.conv3 = nn.Conv1d(word_dim, filters, kernel_size=3)
+            self.att = nn.ModuleList([SelfAttention(filters, att_units, hops),
+                                      SelfAttention(filters, att_units, hops),
+                                      SelfAttention(word_dim, att_units, hops)])
+            flat = hops * (2 * filters + word_dim)
+        else:
+            self.gru = nn.GRU(word_dim, gru_dim, batch_first=True)
+            self.att = nn.ModuleList([SelfAttention(gru_dim, att_units, hops)])
+            flat = hops * gru_dim
+        self.fc = nn.Linear(flat, embed_dim)
+
+    def _conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+        # zero padding after the words keeps the length: output t sees words t..t+k-1
+        k = conv.kernel_size[0]
+        y = conv(F.pad(x.transpose(1, 2), (0, k - 1)))
+        return F.relu(y).transpose(1, 2)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = length_mask(lengths, tokens.shape[1])
+        x = self.embed(tokens) * mask[..., None]
+        if self.variant == "e":
+            states = [x]
+        elif self.variant == "c":
+            states = [self._conv(self.conv2, x), self._conv(self.conv3, x), x]
+        else:
+            packed = pack_padded_sequence(x, lengths.cpu().clamp(min=1), batch_first=True, enforce_sorted=False)
+            out, _ = self.gru(packed)
+            out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
+            states = [out]
+        flats, penalty = [], 0
+        for att, h in zip(self.att, states):
+            m, p = att(h, mask)
+            flats.append(m)
+            penalty = penalty + p
+        emb = l2norm(self.fc(torch.cat(flats, dim=1)))
+        return (emb.abs() if self.use_abs else emb), penalty

@@ -1,0 +1,73 @@
+"""Similarities and ranking losses.
+
+- Cosine similarity of L2-normalised vectors (Kiros et al. UVS; Faghri et al. VSE++).
+- Order violation (Vendrov et al., ICLR 2016, eq. 2 and the order-embedding code): captions lie
+  *above* their images in the partial order, ``E(c, i) = ||max(0, c - i)||^2`` and the similarity is
+  ``S(c, i) = -E(c, i)``.
+- Hinge (triplet) loss with margin alpha over both directions (VSE++, eq. 4/5): summed over every
+  negative in the batch ("sum of hinges", SH/SOE) or only the hardest one ("max of hinges", MH/MOE).
+  Pairs that share an image (several captions of one image in a batch) are not negatives.
+
+Losses are small callable objects; the trainer calls ``loss(scores, images)`` and never special-cases
+one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SIMILARITIES = ("cosine", "order")
+
+
+def cosine_sim(img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+    """(n_img, n_cap) dot products of already normalised vectors."""
+    return img @ cap.t()
+
+
+def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 24) -> torch.Tensor:
+    """(n_img, n_cap) ``-||max(0, c - i)||^2``, computed in caption blocks of bounded size."""
+    n_img, n_cap, dim = img.shape[0], cap.shape[0], img.shape[1]
+    step = max(1, max_elements // max(1, n_img * dim))
+    if step >= n_cap:
+        return -(cap[None, :, :] - img[:, None, :]).clamp(min=0).pow(2).sum(-1)
+    out = img.new_empty(n_img, n_cap)
+    for s in range(0, n_cap, step):
+        out[:, s:s + step] = -(cap[None, s:s + step, :] - img[:, None, :]).clamp(min=0).pow(2).sum(-1)
+    return out
+
+
+def similarity(name: str):
+    if name == "cosine":
+        return cosine_sim
+    if name == "order":
+        return order_sim
+    raise ValueError(f"unknown similarity {name!r}; valid choices: {', '.join(SIMILARITIES)}")
+
+
+class HingeLoss:
+    """Bidirectional hinge loss on a (B, B) image x caption score matrix with positives on the diagonal.
+
+    ``max_violation=False`` sums over all negatives; ``True`` keeps only the hardest negative of each
+    image and of each caption. The result is summed over the batch (as VSE++ and the FNE paper).
+    """
+
+    def __init__(self, margin: float = 0.2, max_violation: bool = False):
+        self.margin = float(margin)
+        self.max_violation = bool(max_violation)
+
+    def __call__(self, scores: torch.Tensor, images: torch.Tensor | None = None) -> torch.Tensor:
+        pos = scores.diagonal()
+        cost_cap = (self.margin + scores - pos[:, None]).clamp(min=0)  # image i vs wrong caption c
+        cost_img = (self.margin + scores - pos[None, :]).clamp(min=0)  # caption c vs wrong image i
+        n = scores.shape[0]
+        positive = torch.eye(n, dtype=torch.bool, device=scores.device)
+        if images is not None:
+            positive = images[:, None] == images[None, :]
+        cost_cap = cost_cap.masked_fill(positive, 0)
+        cost_img = cost_img.masked_fill(positive, 0)
+        if self.max_violation:
+            return cost_cap.max(dim=1).values.sum() + cost_img.max(dim=0).values.sum()
+        return cost_cap.sum() + cost_img.sum()
+
+    def __repr__(self) -> str:
+        return f"HingeLoss(margin={self.margin}, max_violation={self.max_violation})"

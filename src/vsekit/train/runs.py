@@ -1,0 +1,105 @@
+"""``evaluate``: load training runs, score the test split block by block, print and save the metrics.
+
+Several runs are evaluated as one model whose similarities are the mean of theirs (SGRAF = a SAF run
++ an SGR run); they must use the same store and split.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..storage.store import FeatureStore, StoreError
+from .base import RetrievalModel, create_model
+from .data import EvalSet, FeatureSource, Tokens, open_features
+from .evaluation import PROTOCOLS, evaluate_protocol, format_table
+from .scoring import EnsembleScorer, encode_set, save_sims
+from .trainer import load_checkpoint
+
+SMALL_SIMS = 4_000_000  # sims_<split>.npy is written by default up to this many entries
+
+
+def load_run(run: str | Path, device: str = "cpu", checkpoint: str = "best") -> tuple[RetrievalModel, dict[str, Any]]:
+    """A run's model (best checkpoint by default, else the last) and its saved config."""
+    run = Path(run)
+    if not (run / "config.json").is_file():
+        raise StoreError(f"{run} is not a training run folder (no config.json); create one with `vsekit train`")
+    config = json.loads((run / "config.json").read_text())
+    path = run / f"checkpoint_{checkpoint}.pt"
+    if not path.is_file():
+        path = run / "checkpoint_last.pt"
+    ck = load_checkpoint(path, device)
+    kw = dict(ck.get("model_kwargs") or config["model_kwargs"])
+    kw["img_shape"] = tuple(kw["img_shape"])
+    model = create_model(ck.get("model_name") or config["train"]["model"], **kw)
+    model.load_state_dict(ck["model"])
+    model.to(device).eval()
+    config["checkpoint"] = str(path)
+    config["checkpoint_epoch"] = ck.get("epoch", ck.get("state", {}).get("epoch"))
+    return model, config
+
+
+def default_protocols(store: FeatureStore) -> list[str]:
+    return ["coco-1k", "coco-5k"] if "coco" in store.dataset.lower() else ["1k"]
+
+
+def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = None, split: str = "test",
+             store: str | Path | None = None, features: str | None = None, device: str = "cpu",
+             batch_size: int = 256, save: bool | None = None, out: str | Path | None = None,
+             progress: bool = True, checkpoint: str = "best") -> dict[str, Any]:
+    """Evaluate one run, or the similarity average of several, on ``split``; writes ``metrics.json``.
+
+    Returns ``{"runs", "split", "protocols": {name: metrics}, "table", "metrics_path"}``. ``store`` /
+    ``features`` override the run's own (to evaluate on another store with the same vocabulary).
+    """
+    if not runs:
+        raise ValueError("evaluate needs at least one run folder")
+    for p in protocols or ():
+        if p not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(PROTOCOLS)}")
+    models, configs = zip(*(load_run(r, device, checkpoint) for r in runs))
+    store_path = Path(store or configs[0]["store"])
+    for r, c in zip(runs, configs):
+        if store is None and Path(c["store"]) != store_path:
+            raise ValueError(f"runs use different stores ({c['store']} for {r} vs {store_path}); "
+                             f"an ensemble must be evaluated on one store")
+    fstore = FeatureStore.open(store_path)
+    tokens = Tokens.from_store(fstore)
+    encodings, evalset = [], None
+    for model, cfg in zip(models, configs):
+        name = features or cfg["features"]
+        source = open_features(fstore, name, fstore.split_rows(split))
+        es = EvalSet.from_store(fstore, split, source)
+        if evalset is not None and (not np.array_equal(es.rows, evalset.rows)):
+            raise ValueError("the runs' feature sets have different usable test images; cannot average them")
+        evalset = es
+        if tokens.vocab_size != cfg.get("vocab_size", tokens.vocab_size):
+            raise ValueError(f"{store_path} has a vocabulary of {tokens.vocab_size} words but the run was "
+                             f"trained with {cfg['vocab_size']}; re-tokenize with the training vocabulary")
+        encodings.append(encode_set(model, source, tokens, es, batch_size=batch_size, device=device))
+    scorer = EnsembleScorer(models, encodings)
+    n_img, n_cap = len(evalset.rows), len(evalset.captions)
+    cap_image = evalset.caption_image
+    results: dict[str, Any] = {}
+    for protocol in protocols or default_protocols(fstore):
+        with torch.no_grad():
+            results[protocol] = evaluate_protocol(scorer, n_img, cap_image, protocol, progress=progress)
+    label = " + ".join(Path(r).name for r in runs)
+    table = format_table([(label, p, m) for p, m in results.items()])
+    out_dir = Path(out) if out else Path(runs[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = out_dir / ("metrics.json" if len(runs) == 1 or out else "metrics_ensemble.json")
+    doc = {"runs": [str(r) for r in runs], "split": split, "store": str(store_path),
+           "n_images": n_img, "n_captions": n_cap,
+           "checkpoints": [c["checkpoint"] for c in configs], "protocols": results}
+    if save or (save is None and n_img * n_cap <= SMALL_SIMS):
+        sims_path = out_dir / f"sims_{split}.npy"
+        save_sims(scorer, n_img, n_cap, str(sims_path))
+        np.save(out_dir / f"sims_{split}_caption_image.npy", cap_image)
+        doc["sims"] = str(sims_path)
+    metrics_path.write_text(json.dumps(doc, indent=2))
+    return {**doc, "table": table, "metrics_path": str(metrics_path)}

@@ -1,0 +1,299 @@
+"""SAF and SGR similarity models on region features (SGRAF), with a replaceable global module.
+
+Paper: Diao, Zhang, Ma, Lu, "Similarity Reasoning and Filtration for Image-Text Matching" (AAAI 2021),
+Sec. 3.1-3.3; the T-EMDE global module is in ``temde.py``.
+
+- Image: K regions (C) -> linear to d (1024) -> l2norm.  Text: embedding 300, dropout 0.4, BiGRU d,
+  forward and backward states averaged, l2norm.
+- Global node (self-attention, eq. 2-4): l = tanh(BN(W_l V)), g = tanh(BN(W_g mean V)),
+  w = softmax_k(w_c (l * g)), v_glo = l2norm(sum w V); the same for words without BN;
+  sim_glo = l2norm(W_sg (v_glo - t_glo)^2).
+- Local nodes (eq. 5-6): s = LeakyReLU_0.1(V U^T), l2norm over words, alpha = softmax_k(9 s),
+  a_t = l2norm(sum_k alpha v_k), sim_t = l2norm(W_sl (a_t - u_t)^2).
+- SGR (eq. 7-8): N = [sim_glo; sim_1..L]; three steps E = softmax(W_q N (W_k N)^T), N <- ReLU(W_g E N),
+  separate weights per step; score = sigmoid(w . N_glo).
+- SAF (eq. 9): a = l1norm(sigmoid(BN(w . N))), score = sigmoid(w' . l2norm(sum a N)).
+
+``global_module`` is "self-attention" (the paper), "t-emde" or "none" (no global node; SGR then reads
+out the mean of the reasoned local nodes, SAF filters the local nodes only). Variable region counts
+and caption lengths are masked everywhere (softmaxes, BN statistics, the l2norm over words, the graph
+edges and the SAF weights), so padding never changes a score. The reference code's region
+``BatchNorm1d(36)`` normalises per region slot; here BN normalises per channel over the real regions.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import RetrievalModel, register_model
+from .temde import MaskedBatchNorm1d, TEMDEGlobal
+
+GLOBAL_MODULES = ("self-attention", "t-emde", "none")
+# Largest (images x captions x words x dim) tensor ``score`` builds at once when no gradient is kept.
+SCORE_BLOCK_ELEMENTS = 1 << 24
+
+
+def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """x / ||x||, as the SCAN/SGRAF reference's x / (||x|| + eps) but with the norm clamped at eps,
+    so a zero vector (padding) stays zero *and* has a finite gradient (sqrt's is infinite at 0)."""
+    return x / x.pow(2).sum(dim, keepdim=True).clamp_min(eps * eps).sqrt()
+
+
+def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
+    """Softmax over ``dim`` where ``mask`` is False gets exactly zero weight."""
+    logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+    return torch.softmax(logits, dim=dim) * mask.to(logits.dtype)
+
+
+def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(B,) lengths -> (B, width) bool, True for the first ``length`` positions."""
+    return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Run a bidirectional RNN over padded (B, L, E) inputs; average the two directions per word.
+
+    Packing makes the backward direction start at each caption's last real word, so padding never
+    reaches a real word's state; padded positions come back as zeros.
+    """
+    lengths_cpu = lengths.detach().to("cpu", torch.int64).clamp(min=1)
+    packed = nn.utils.rnn.pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
+    out, _ = rnn(packed)
+    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=emb.shape[1])
+    half = out.shape[-1] // 2
+    return (out[..., :half] + out[..., half:]) / 2
+
+
+def as_lengths(lengths, device) -> torch.Tensor:
+    return torch.as_tensor(lengths, device=device, dtype=torch.int64)
+
+
+class VisualSelfAttention(nn.Module):
+    """Global image vector from regions (eq. 2-3), BN masked to the real regions."""
+
+    def __init__(self, dim: int, dropout: float = 0.4):
+        super().__init__()
+        self.local = nn.Linear(dim, dim)
+        self.local_bn = MaskedBatchNorm1d(dim)
+        self.glob = nn.Linear(dim, dim)
+        self.glob_bn = MaskedBatchNorm1d(dim)
+        self.common = nn.Linear(dim, 1)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m = mask.to(v.dtype)
+        mean = (v * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+        l_emb = self.drop(torch.tanh(self.local_bn(self.local(v), mask)))
+        g_emb = self.drop(torch.tanh(self.glob_bn(self.glob(mean))))
+        w = masked_softmax(self.common(l_emb * g_emb[:, None, :]).squeeze(-1), mask, dim=1)
+        return l2norm((w[..., None] * v).sum(1))
+
+
+class TextSelfAttention(nn.Module):
+    """Global caption vector from words (eq. 4): as the visual one, without BN."""
+
+    def __init__(self, dim: int, dropout: float = 0.4):
+        super().__init__()
+        self.local = nn.Linear(dim, dim)
+        self.glob = nn.Linear(dim, dim)
+        self.common = nn.Linear(dim, 1)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, u: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m = mask.to(u.dtype)
+        mean = (u * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+        l_emb = self.drop(torch.tanh(self.local(u)))
+        g_emb = self.drop(torch.tanh(self.glob(mean)))
+        w = masked_softmax(self.common(l_emb * g_emb[:, None, :]).squeeze(-1), mask, dim=1)
+        return l2norm((w[..., None] * u).sum(1))
+
+
+class GraphReasoning(nn.Module):
+    """One SGR step (eq. 7-8): N <- ReLU(W_g softmax(W_q N (W_k N)^T) N), masked keys."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.query = nn.Linear(dim, dim)
+        self.key = nn.Linear(dim, dim)
+        self.graph = nn.Linear(dim, dim)
+
+    def forward(self, nodes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        edges = self.query(nodes) @ self.key(nodes).transpose(-1, -2)
+        edges = masked_softmax(edges, mask.unsqueeze(-2).expand_as(edges), dim=-1)
+        return F.relu(self.graph(edges @ nodes))
+
+
+class SGRAF(RetrievalModel):
+    """SAF or SGR over region features; ``score`` gives sigmoid similarities of every pair."""
+
+    image_input = "regions"
+    pairwise = True
+
+    def __init__(self, vocab_size: int, img_dim: int = 2048, mode: str = "sgr", embed_dim: int = 1024,
+                 word_dim: int = 300, sim_dim: int = 256, dropout: float = 0.4, sgr_steps: int = 3,
+                 lambda_softmax: float = 9.0, global_module: str = "self-attention",
+                 temde_divisions: int = 20, temde_centroids: int = 8, temde_dim: int = 8):
+        super().__init__()
+        if mode not in ("sgr", "saf"):
+            raise ValueError(f"unknown SGRAF mode {mode!r}; valid choices: saf, sgr")
+        if global_module not in GLOBAL_MODULES:
+            raise ValueError(f"unknown --global-module {global_module!r}; valid choices: {', '.join(GLOBAL_MODULES)}")
+        self.mode, self.global_module, self.lambda_softmax = mode, global_module, lambda_softmax
+        self.img_fc = nn.Linear(img_dim, embed_dim)
+        self.embed = nn.Embedding(vocab_size, word_dim)
+        self.word_drop = nn.Dropout(dropout)
+        self.gru = nn.GRU(word_dim, embed_dim, batch_first=True, bidirectional=True)
+        if global_module == "self-attention":
+            self.v_att = VisualSelfAttention(embed_dim, dropout)
+            self.t_att = TextSelfAttention(embed_dim, dropout)
+            self.sim_glo_w = nn.Linear(embed_dim, sim_dim)
+        elif global_module == "t-emde":
+            self.temde = TEMDEGlobal(embed_dim, sim_dim, temde_divisions, temde_centroids, temde_dim)
+        self.sim_loc_w = nn.Linear(embed_dim, sim_dim)
+        if mode == "sgr":
+            self.reasoning = nn.ModuleList(GraphReasoning(sim_dim) for _ in range(sgr_steps))
+        else:
+            self.saf_w = nn.Linear(sim_dim, 1)
+            self.saf_bn = MaskedBatchNorm1d(1)
+        self.eval_w = nn.Linear(sim_dim, 1)
+
+    # -- encoders: each returns (members (B, L, d), mask (B, L) bool, global (B, G)) ----------------
+    def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None):
+        feats = feats.float()
+        b, k = feats.shape[:2]
+        if counts is None:
+            mask = torch.ones(b, k, dtype=torch.bool, device=feats.device)
+        else:
+            mask = length_mask(as_lengths(counts, feats.device), k)
+        v = l2norm(self.img_fc(feats)) * mask[..., None].to(feats.dtype)
+        return v, mask, self._global_image(v, mask)
+
+    def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
+        tokens = tokens.long()
+        lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
+        mask = length_mask(lengths, tokens.shape[1])
+        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), lengths))
+        u = u * mask[..., None].to(u.dtype)
+        return u, mask, self._global_caption(u, mask)
+
+    def _global_image(self, v, mask):
+        if self.global_module == "self-attention":
+            return self.v_att(v, mask)
+        if self.global_module == "t-emde":
+            return self.temde.encode_images(v, mask)
+        return v.new_zeros(v.shape[0], 0)
+
+    def _global_caption(self, u, mask):
+        if self.global_module == "self-attention":
+            return self.t_att(u, mask)
+        if self.global_module == "t-emde":
+            return self.temde.encode_captions(u, mask)
+        return u.new_zeros(u.shape[0], 0)
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(self, img, cap) -> torch.Tensor:
+        """(n_img, n_cap) similarities in batched tensor ops; without autograd, in bounded sub-blocks."""
+        n_img, regions = img[0].shape[:2]
+        n_cap, words, dim = cap[0].shape
+        per_image = max(1, n_cap * words * max(dim, regions))
+        step = n_img if torch.is_grad_enabled() else max(1, SCORE_BLOCK_ELEMENTS // per_image)
+        if step >= n_img:
+            return self._score_block(img, cap)
+        return torch.cat([self._score_block(tuple(t[i:i + step] for t in img), cap)
+                          for i in range(0, n_img, step)], dim=0)
+
+    def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
+        """Word-to-region attention and the local similarity vectors: (n_img, n_cap, L, sim_dim)."""
+        attn = torch.einsum("ikd,jld->ijkl", v, u)
+        attn = F.leaky_relu(attn, 0.1) * u_mask[None, :, None, :].to(attn.dtype)
+        attn = l2norm(attn, dim=-1)
+        region_mask = v_mask[:, None, :, None].expand_as(attn)
+        alpha = masked_softmax(attn * self.lambda_softmax, region_mask, dim=2)
+        context = l2norm(torch.einsum("ijkl,ikd->ijld", alpha, v))
+        return l2norm(self.sim_loc_w((context - u[None]).pow(2)))
+
+    def global_node(self, v_glo, u_glo) -> torch.Tensor | None:
+        if self.global_module == "self-attention":
+            return l2norm(self.sim_glo_w((v_glo[:, None, :] - u_glo[None, :, :]).pow(2)))
+        if self.global_module == "t-emde":
+            return self.temde.pair(v_glo, u_glo)
+        return None
+
+    def _score_block(self, img, cap) -> torch.Tensor:
+        v, v_mask, v_glo = img
+        u, u_mask, u_glo = cap
+        n_img, n_cap = v.shape[0], u.shape[0]
+        nodes = self.local_nodes(v, v_mask, u, u_mask)
+        mask = u_mask[None].expand(n_img, -1, -1)
+        glo = self.global_node(v_glo, u_glo)
+        if glo is not None:
+            nodes = torch.cat([glo[:, :, None, :], nodes], dim=2)
+            mask = torch.cat([mask.new_ones(n_img, n_cap, 1), mask], dim=2)
+        if self.mode == "sgr":
+            for step in self.reasoning:
+                nodes = step(nodes, mask)
+            if glo is not None:
+                out = nodes[:, :, 0]
+            else:
+                m = mask.to(nodes.dtype)[..., None]
+                out = (nodes * m).sum(2) / m.sum(2).clamp(min=1)
+        else:
+            logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
+            a = torch.sigmoid(logits) * mask.to(nodes.dtype)
+            a = a / (a.sum(-1, keepdim=True) + 1e-8)
+            out = l2norm((a[..., None] * nodes).sum(2))
+        return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+
+
+def average_scores(models, feats, counts, tokens, lengths) -> torch.Tensor:
+    """SGRAF: the mean of the similarity matrices of several models (a SAF and an SGR run) on a block."""
+    return torch.stack([m.score(m.encode_images(feats, counts), m.encode_captions(tokens, lengths))
+                        for m in models]).mean(0)
+
+
+def img_dim_of(img_shape, expect: str, model: str) -> int:
+    """The channel width of a feature row shape; refuses a layout the model cannot read."""
+    shape = tuple(int(x) for x in img_shape)
+    ndim = {"regions": 2, "grid": 3}[expect]
+    if len(shape) != ndim:
+        raise ValueError(f"model {model!r} reads {expect} features (row shape of {ndim} dims), "
+                         f"got a feature set with row shape {shape}")
+    return shape[-1]
+
+
+def variant_factory(cls, name: str, expect: str, default_shape: tuple, doc: str, **fixed):
+    """A registry factory ``(img_shape, vocab_size, <cls's options minus the fixed ones>)``.
+
+    Its signature lists every option explicitly (the trainer passes a factory only the arguments it
+    names), and a fixed option of the variant (SMAN-SIM's alpha, SAF's mode) cannot be overridden.
+    """
+    def factory(img_shape=default_shape, vocab_size: int = 10000, **kwargs):
+        clash = sorted(set(kwargs) & set(fixed))
+        if clash:
+            raise ValueError(f"model {name!r} fixes {', '.join(clash)}; choose another model instead")
+        unknown = sorted(set(kwargs) - set(options))
+        if unknown:
+            raise ValueError(f"model {name!r} takes no argument {', '.join(unknown)}; valid: {', '.join(options)}")
+        return cls(vocab_size, img_dim_of(img_shape, expect, name), **kwargs, **fixed)
+
+    options = [p for p in inspect.signature(cls).parameters.values()
+               if p.name not in ("self", "vocab_size", "img_dim") and p.name not in fixed]
+    head = [inspect.Parameter("img_shape", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default_shape),
+            inspect.Parameter("vocab_size", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=10000)]
+    factory.__signature__ = inspect.Signature(head + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in options])
+    options = [p.name for p in options]
+    factory.__name__ = factory.__qualname__ = name.replace("-", "_")
+    factory.__doc__ = doc
+    return register_model(name)(factory)
+
+
+sgr = variant_factory(SGRAF, "sgr", "regions", (36, 2048),
+                      "SGR: similarity graph reasoning (3 steps) over the global and local similarity nodes.",
+                      mode="sgr")
+saf = variant_factory(SGRAF, "saf", "regions", (36, 2048),
+                      "SAF: similarity attention filtration over the global and local similarity nodes.",
+                      mode="saf")

@@ -1,0 +1,130 @@
+"""T-EMDE: the sketch coder that replaces SGRAF's global self-attention, and a masked batch norm.
+
+Paper: "Sketching the modalities: T-EMDE" (Synerise; EMDE = Efficient Manifold Density Estimator,
+Dabrowski et al.), used as the global-similarity module of SAF / SGR (Diao et al., SGRAF, AAAI 2021).
+
+For every member x of a set (the regions of an image or the words of a caption) the coder computes
+
+    z = BN(W x)                     reshaped to (N, K, D)        N divisions, K centroids, D dims
+    dist[n, k] = sum_d (z[n, k, d] - c[n, k, d])^2               c: N*K learned centroids
+    p[n, :] = softmax_k(-dist[n, :] * tau)                         tau: learned temperature (> 0)
+
+and the set's sketch is ``S[n] = l2norm(sum_members p[n])`` flattened to N*K (= 160). Padding never
+contributes: its assignments are zeroed before the sum, and its vectors are left out of the batch
+statistics. The image and text sketches of a pair are concatenated and mapped by a linear layer and a
+ReLU to the global similarity node of SAF / SGR.
+
+Choices where the paper leaves room: the temperature is one scalar stored as its log (so it stays
+positive); images and captions have separate coders (their members live in different spaces, and the
+sketches only meet in the linear layer).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MaskedBatchNorm1d(nn.Module):
+    """Batch norm over the last (channel) dimension whose statistics skip padded positions.
+
+    ``x`` is (..., C) and ``mask`` (...) is True for real members. In training the mean and the
+    (biased) variance come from the masked members only and update the running estimates; in
+    evaluation the running estimates are used, so a member's output never depends on the others.
+    Padded outputs are set to zero. The torch reference ``BatchNorm1d(num_regions)`` of SGRAF
+    normalises per region *slot* and so only works with exactly 36 regions; this normalises per
+    channel over the real regions, which is what the equations describe.
+    """
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1):
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.training:
+            flat = x.reshape(-1, self.num_features)
+            if mask is not None:
+                flat = flat[mask.reshape(-1)]
+            n = flat.shape[0]
+            if n == 0:
+                mean, var = self.running_mean, self.running_var
+            else:
+                mean = flat.mean(0)
+                var = flat.var(0, unbiased=False)
+                with torch.no_grad():
+                    unbiased = var * (n / (n - 1)) if n > 1 else var
+                    self.running_mean.lerp_(mean.detach(), self.momentum)
+                    self.running_var.lerp_(unbiased.detach(), self.momentum)
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+        if mask is not None:
+            y = y * mask.unsqueeze(-1).to(y.dtype)
+        return y
+
+
+class TEMDECoder(nn.Module):
+    """Soft-assigns each member of a set to N x K centroids and sums them into a sketch."""
+
+    def __init__(self, in_dim: int, divisions: int = 20, centroids: int = 8, dim: int = 8):
+        super().__init__()
+        self.divisions, self.centroids, self.dim = divisions, centroids, dim
+        self.proj = nn.Linear(in_dim, divisions * centroids * dim)
+        self.bn = MaskedBatchNorm1d(divisions * centroids * dim)
+        self.centers = nn.Parameter(torch.randn(divisions, centroids, dim))
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+
+    @property
+    def sketch_dim(self) -> int:
+        return self.divisions * self.centroids
+
+    def assignments(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, in_dim) members -> (B, L, N, K) soft assignments; padded members are zero."""
+        z = self.bn(self.proj(x), mask)
+        z = z.view(*x.shape[:-1], self.divisions, self.centroids, self.dim)
+        dist = (z - self.centers).pow(2).sum(-1)
+        p = torch.softmax(-dist * self.log_temperature.exp(), dim=-1)
+        return p * mask[..., None, None].to(p.dtype)
+
+    def raw_sketch(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The sum of the members' assignments, before normalisation: (B, N, K)."""
+        return self.assignments(x, mask).sum(1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, in_dim), (B, L) bool -> (B, N*K) sketch, L2-normalised per division."""
+        return F.normalize(self.raw_sketch(x, mask), dim=-1, eps=1e-8).flatten(1)
+
+
+class TEMDEGlobal(nn.Module):
+    """Image and text coders plus the linear + ReLU that turns a pair of sketches into a node."""
+
+    def __init__(self, embed_dim: int, sim_dim: int = 256, divisions: int = 20, centroids: int = 8,
+                 dim: int = 8):
+        super().__init__()
+        self.image_coder = TEMDECoder(embed_dim, divisions, centroids, dim)
+        self.text_coder = TEMDECoder(embed_dim, divisions, centroids, dim)
+        self.fuse = nn.Linear(2 * divisions * centroids, sim_dim)
+
+    def encode_images(self, regions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.image_coder(regions, mask)
+
+    def encode_captions(self, words: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.text_coder(words, mask)
+
+    def pair(self, img_sketch: torch.Tensor, cap_sketch: torch.Tensor) -> torch.Tensor:
+        """ReLU(W [s_img; s_cap] + b) for every image x caption pair: (n_img, n_cap, sim_dim).
+
+        The linear map of a concatenation is the sum of two maps, so the block is an outer sum.
+        """
+        n = img_sketch.shape[1]
+        w_img, w_cap = self.fuse.weight[:, :n], self.fuse.weight[:, n:]
+        a = img_sketch @ w_img.t()
+        b = cap_sketch @ w_cap.t() + self.fuse.bias
+        return F.relu(a[:, None, :] + b[None, :, :])

@@ -1,0 +1,255 @@
+"""The trainer: Adam, step decay, gradient clipping, curriculum PH/POE, checkpoints, resume, logs.
+
+Curriculum (FNE paper, PH/POE, after Faghri et al.'s observation that the max-of-hinges loss needs a
+warm start): train with the sum of hinges until the validation rsum has not improved for
+``patience`` epochs, then reload the best checkpoint and continue with the max of hinges at its own
+learning rate (``lr2``) until ``epochs``.
+
+Every epoch writes ``checkpoint_last.pt`` (model, optimizer and trainer state), ``metrics.jsonl`` (one
+JSON object per epoch, rewritten from the saved history so a resumed run's log equals an
+uninterrupted one's), ``curves.png``, and ``checkpoint_best.pt`` when the validation rsum improves.
+The epoch's randomness is seeded from (seed, epoch), so ``--resume`` gives the same weights as an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..storage.store import FeatureStore, StoreError
+from ..version import __version__
+from .base import RetrievalModel, _MODELS, create_model, model_names
+from .config import TrainConfig, resolve_config
+from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
+from .evaluation import compute_ranks, metrics_from_ranks
+from .losses import HingeLoss
+from .scoring import EnsembleScorer, encode_set
+
+COMMON_ARGS = ("img_shape", "vocab_size", "embed_dim", "word_dim", "similarity", "use_abs")
+
+
+def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) -> dict[str, Any]:
+    """The factory's keyword arguments: the common ones it accepts, plus ``model_args``.
+
+    Common arguments a factory does not take are dropped (SMAN has no ``similarity``); a
+    ``model_args`` key it does not take is dropped when it came from a preset meant for another model
+    and is an error otherwise (checked by the CLI through ``check_model_args``).
+    """
+    model_names()
+    factory = _MODELS[cfg.model] if cfg.model in _MODELS else None
+    if factory is None:
+        create_model(cfg.model)  # raises the ValueError listing valid names
+    common = {"img_shape": tuple(int(s) for s in img_shape), "vocab_size": int(vocab_size),
+              "embed_dim": cfg.embed_dim, "word_dim": cfg.word_dim, "similarity": cfg.similarity,
+              "use_abs": cfg.use_abs}
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kw = {k: v for k, v in common.items() if v is not None and (takes_any or k in params)}
+    kw.update({k: v for k, v in cfg.model_args.items() if takes_any or k in params})
+    return kw
+
+
+def check_model_args(model: str, keys: list[str]) -> None:
+    """Refuse ``--model-arg`` keys the model's factory does not take, listing the ones it does."""
+    model_names()
+    if model not in _MODELS:
+        create_model(model)
+    params = inspect.signature(_MODELS[model]).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [p for p in params if p not in COMMON_ARGS]
+    for key in keys:
+        if key not in params:
+            raise ValueError(f"--model-arg {key}: model {model!r} takes no such argument; valid: {', '.join(valid)}")
+
+
+def build_model(cfg: TrainConfig, img_shape, vocab_size: int) -> tuple[RetrievalModel, dict[str, Any]]:
+    kw = model_kwargs(cfg, img_shape, vocab_size)
+    torch.manual_seed(cfg.seed)
+    return create_model(cfg.model, **kw), kw
+
+
+# validation ---------------------------------------------------------------------------------------
+def validate(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evalset: EvalSet,
+             cfg: TrainConfig) -> dict[str, float]:
+    enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=cfg.device)
+    scorer = EnsembleScorer([model], [enc])
+    ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image)
+    return metrics_from_ranks(*ranks)
+
+
+# checkpoints --------------------------------------------------------------------------------------
+def _save(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: Path, device: str = "cpu") -> dict[str, Any]:
+    if not path.is_file():
+        raise StoreError(f"no checkpoint {path}")
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
+    base = cfg.lr if state["phase"] != "max" else (cfg.lr2 or cfg.lr)
+    since = epoch - state["phase_start"]
+    return base * cfg.lr_decay ** sum(1 for m in cfg.lr_milestones if since >= int(m))
+
+
+# the training loop --------------------------------------------------------------------------------
+def train(store: str | Path, features: str, model: str | None, out: str | Path, *, presets=(),
+          resume: bool = False, overwrite: bool = False, progress: bool = True,
+          log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
+    """Train ``model`` on ``features`` of ``store`` into the run folder ``out``; returns a summary."""
+    log = log or (lambda msg: None)
+    out = Path(out)
+    last = out / "checkpoint_last.pt"
+    if resume:
+        if not last.is_file():
+            raise StoreError(f"--resume: {out} has no checkpoint_last.pt to resume from")
+        saved = json.loads((out / "config.json").read_text())
+        cfg = TrainConfig.from_json(saved["train"])
+        if overrides.get("epochs"):
+            cfg.epochs = int(overrides["epochs"])
+    else:
+        cfg = resolve_config(model, presets, **overrides)
+        if last.exists() and not overwrite:
+            raise StoreError(f"{out} already holds a training run; pass --resume to continue it or "
+                             f"--overwrite to start again")
+    fstore = FeatureStore.open(store)
+    tokens = Tokens.from_store(fstore)
+    source = open_features(fstore, features, fstore.split_rows(cfg.train_split))
+    train_rows = usable_rows(fstore, source, cfg.train_split)
+    evalset = EvalSet.from_store(fstore, cfg.val_split, source)
+    net, kw = build_model(cfg, source.row_shape, tokens.vocab_size)
+    if net.image_input != source.image_input:
+        raise ValueError(f"model {cfg.model!r} reads {net.image_input!r} features but {features!r} is a "
+                         f"{source.kind!r} set; choose features of kind {net.image_input!r}")
+    net.to(cfg.device)
+    stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
+                        captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (out / "config.json").write_text(json.dumps({
+            "train": cfg.to_json(), "store": str(Path(store).resolve()), "features": features,
+            "model_kwargs": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
+            "feature_set": describe_source(source),
+            "feature_attrs": {k: source.fs.attrs.get(k) for k in ("kind", "model", "config_hash", "parent")},
+            "vocab_size": tokens.vocab_size, "vsekit_version": __version__}, indent=2))
+
+    state: dict[str, Any] = {"epoch": 0, "phase": "sum" if cfg.curriculum else "single", "phase_start": 0,
+                             "best_rsum": -math.inf, "best_epoch": 0, "stall": 0, "history": [],
+                             "switched_at": None}
+    optim = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    if resume:
+        ck = load_checkpoint(last, cfg.device)
+        net.load_state_dict(ck["model"])
+        state = ck["state"]
+        optim = torch.optim.Adam(net.parameters(), lr=_lr(cfg, state, state["epoch"]))
+        optim.load_state_dict(ck["optimizer"])
+        log(f"resuming {out} after epoch {state['epoch']}")
+    else:
+        m0 = validate(net, source, tokens, evalset, cfg)
+        state["history"].append({"epoch": 0, "phase": state["phase"], "loss": None, "lr": None,
+                                 "val": m0, "time_s": 0.0})
+        state["untrained_rsum"] = m0["rsum"]
+        _write_log(out, state)
+
+    for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
+        loss_fn = HingeLoss(cfg.margin, max_violation=cfg.max_violation or state["phase"] == "max")
+        lr = _lr(cfg, state, epoch - 1)
+        for group in optim.param_groups:
+            group["lr"] = lr
+        torch.manual_seed(cfg.seed * 100003 + epoch)
+        t0 = time.perf_counter()
+        total, n_batches = 0.0, 0
+        batches = stream.epoch(epoch)
+        if progress:
+            from tqdm.auto import tqdm
+            batches = tqdm(batches, total=len(stream), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", leave=False)
+        net.train()
+        for batch in batches:
+            img = net.encode_images(batch.feats.to(cfg.device),
+                                    None if batch.counts is None else batch.counts.to(cfg.device))
+            cap = net.encode_captions(batch.tokens.to(cfg.device), batch.lengths.to(cfg.device))
+            scores = net.score(img, cap)
+            loss = loss_fn(scores, batch.images.to(cfg.device))
+            extra = net.extra_loss(img, cap, scores)
+            if extra is not None:
+                loss = loss + extra
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip and cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
+            optim.step()
+            total += float(loss.detach())
+            n_batches += 1
+        metrics = validate(net, source, tokens, evalset, cfg)
+        entry = {"epoch": epoch, "phase": state["phase"], "loss": total / max(1, n_batches), "lr": lr,
+                 "val": metrics, "time_s": round(time.perf_counter() - t0, 3)}
+        state["epoch"] = epoch
+        payload_extra = {"config": cfg.to_json(), "model_name": cfg.model, "model_kwargs": kw}
+        if metrics["rsum"] > state["best_rsum"]:
+            state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
+            state["history"].append(entry)
+            _save(out / "checkpoint_best.pt", {"model": net.state_dict(), "epoch": epoch, **payload_extra})
+        else:
+            state["stall"] += 1
+            state["history"].append(entry)
+        if state["phase"] == "sum" and state["stall"] >= cfg.patience and epoch < cfg.epochs:
+            best = load_checkpoint(out / "checkpoint_best.pt", cfg.device)
+            net.load_state_dict(best["model"])
+            optim = torch.optim.Adam(net.parameters(), lr=cfg.lr2 or cfg.lr)
+            state.update(phase="max", phase_start=epoch, stall=0, switched_at=epoch)
+            entry["switch"] = f"max loss from the best checkpoint (epoch {best['epoch']})"
+            log(f"epoch {epoch}: val rsum stalled for {cfg.patience} epochs; switching to the max loss "
+                f"from epoch {best['epoch']}")
+        _save(last, {"model": net.state_dict(), "optimizer": optim.state_dict(), "state": state, **payload_extra})
+        _write_log(out, state)
+        log(f"epoch {epoch}/{cfg.epochs} [{entry['phase']}] loss {entry['loss']:.4f} val rsum "
+            f"{metrics['rsum']:.1f} (best {state['best_rsum']:.1f} @ {state['best_epoch']})")
+    plot_curves(state["history"], out / "curves.png")
+    return {"out": str(out), "epochs": state["epoch"], "best_epoch": state["best_epoch"],
+            "best_rsum": state["best_rsum"], "untrained_rsum": state.get("untrained_rsum"),
+            "switched_at": state.get("switched_at"), "model": cfg.model}
+
+
+def _write_log(out: Path, state: dict[str, Any]) -> None:
+    """Rewrite metrics.jsonl from the history (so a resumed run's log equals an uninterrupted one's)."""
+    with open(out / "metrics.jsonl.tmp", "w") as f:
+        for entry in state["history"]:
+            f.write(json.dumps(entry) + "\n")
+    (out / "metrics.jsonl.tmp").replace(out / "metrics.jsonl")
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
+    """Training loss and validation rsum per epoch (matplotlib, Agg backend)."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    ep = [h["epoch"] for h in history]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    tr = [(h["epoch"], h["loss"]) for h in history if h["loss"] is not None]
+    if tr:
+        a1.plot(*zip(*tr), marker="o")
+    a1.set_xlabel("epoch")
+    a1.set_ylabel("training loss")
+    a2.plot(ep, [h["val"]["rsum"] for h in history], marker="o", color="tab:green")
+    for h in history:
+        if h.get("switch"):
+            a2.axvline(h["epoch"], color="grey", ls="--", lw=1)
+    a2.set_xlabel("epoch")
+    a2.set_ylabel("validation rsum")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -1,0 +1,122 @@
+"""Extraction on dask: ``--cluster local:2`` and ``--cluster tcp://`` against a scheduler and two
+workers started here, one of them killed mid-run. The output must equal an in-process run bit for
+bit (CPU, fp32) and every row block must be reported done exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("distributed")
+
+from vsekit.extract import extract  # noqa: E402
+from vsekit.storage import FeatureStore  # noqa: E402
+
+BIN = Path(sys.executable).parent
+OPTS = dict(model="test_resnet", kind="fne", weights="none", seed=3, input_size=64, resize=72,
+            crops=1, batch_size=2, block_rows=2, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, demo_dir):
+    """An in-process run with 1 torch thread (dask workers run single-threaded too)."""
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    torch.set_num_threads(1)
+    store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir,
+                               tmp_path_factory.mktemp("ref") / "ref.zarr")
+    res = extract(store, workers=0, **OPTS)
+    assert res.done == store.n_images and res.failed == 0
+    return store.features(res.name).data[:]
+
+
+def test_local_cluster_matches_in_process(demo_store, reference):
+    res = extract(demo_store, cluster="local:2", **OPTS)
+    fs = demo_store.features(res.name)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)  # bit for bit
+    assert sorted(res.block_runs) == [b.index for b in fs.blocks()]
+    assert set(res.block_runs.values()) == {1}
+    assert res.model_builds and set(res.model_builds.values()) == {1}  # one model per worker process
+    # a rerun finds everything done and submits nothing
+    again = extract(demo_store, cluster="local:2", **OPTS)
+    assert again.blocks_run == 0 and again.blocks_skipped == len(fs.blocks())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args, log):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    log = open(tmp_path / "dask.log", "w")
+    procs = [_start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                     "--no-dashboard"], log)]
+    try:
+        time.sleep(2)
+        for _ in range(2):
+            procs.append(_start([str(BIN / "dask"), "worker", addr, "--nthreads", "1", "--no-nanny",
+                                 "--no-dashboard", "--host", "127.0.0.1"], log))
+        from distributed import Client
+
+        with Client(addr, timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+        result: dict = {}
+
+        def run():
+            try:
+                result["res"] = extract(demo_store, cluster=addr, **OPTS)
+            except BaseException as exc:  # surfaced below
+                result["exc"] = exc
+
+        t = threading.Thread(target=run)
+        t.start()
+        name = "test_resnet_fne"
+        deadline = time.time() + 120
+        while time.time() < deadline:  # kill worker 1 once some blocks, not all, are done
+            if demo_store.has_features(name):
+                status = demo_store.features(name).status[:]
+                if 2 <= int((status != 0).sum()) < len(status) - 4:
+                    break
+            time.sleep(0.05)
+        victim = procs[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        t.join(180)
+        assert not t.is_alive()
+        if "exc" in result:
+            raise result["exc"]
+        res = result["res"]
+        fs = demo_store.features(res.name)
+        assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+        assert np.array_equal(fs.data[:], reference)
+        assert sorted(res.block_runs) == [b.index for b in fs.blocks()]
+        assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+        log.close()

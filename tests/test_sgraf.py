@@ -1,0 +1,233 @@
+"""SAF / SGR (SGRAF): encoders, every similarity equation against numpy, masking, blockwise scoring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vsekit.train.sgraf as sgraf_mod
+from vsekit.train.base import create_model
+from vsekit.train.temde import MaskedBatchNorm1d
+
+torch.set_num_threads(1)
+
+K, C, D, S, V = 5, 12, 8, 6, 40          # regions, feature width, joint dim, sim dim, vocab
+COUNTS = torch.tensor([5, 3, 1, 4])
+LENGTHS = torch.tensor([6, 2, 4, 1, 5])
+MODELS = [(m, g) for m in ("saf", "sgr") for g in ("self-attention", "t-emde", "none")]
+
+
+def _np(t):
+    return t.detach().double().numpy()
+
+
+def l2n(x, axis=-1):
+    return x / (np.sqrt((x ** 2).sum(axis, keepdims=True)) + 1e-8)
+
+
+def softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def lin(layer, x):
+    return x @ _np(layer.weight).T + _np(layer.bias)
+
+
+def bn_eval(bn: MaskedBatchNorm1d, x):
+    return (x - _np(bn.running_mean)) / np.sqrt(_np(bn.running_var) + bn.eps) * _np(bn.weight) + _np(bn.bias)
+
+
+def make(mode, global_module, seed=0):
+    torch.manual_seed(seed)
+    m = create_model(mode, img_shape=(K, C), vocab_size=V, embed_dim=D, word_dim=5, sim_dim=S,
+                     global_module=global_module, temde_divisions=3, temde_centroids=4, temde_dim=2)
+    rng = np.random.default_rng(seed)
+    for mod in m.modules():       # non-trivial running statistics so eval-mode BN is really tested
+        if isinstance(mod, MaskedBatchNorm1d):
+            c = mod.num_features
+            mod.running_mean.copy_(torch.from_numpy(rng.normal(0, 0.3, c)).float())
+            mod.running_var.copy_(torch.from_numpy(rng.uniform(0.5, 2, c)).float())
+    return m.eval()
+
+
+def inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(len(COUNTS), K, C, generator=g)
+    tokens = torch.randint(4, V, (len(LENGTHS), int(LENGTHS.max())), generator=g)
+    return feats, tokens
+
+
+def ref_pair(m, v, u, vg, ug):
+    """numpy SAF / SGR score of one pair from its real regions v (k, d) and words u (l, d)."""
+    s = v @ u.T
+    s = np.where(s > 0, s, 0.1 * s)
+    s = l2n(s, axis=1)                                   # l2norm over words
+    alpha = softmax(9.0 * s, axis=0)                     # softmax over regions
+    ctx = l2n(alpha.T @ v)                               # (l, d)
+    nodes = l2n(lin(m.sim_loc_w, (ctx - u) ** 2))
+    if m.global_module == "self-attention":
+        nodes = np.vstack([l2n(lin(m.sim_glo_w, (vg - ug) ** 2)), nodes])
+    elif m.global_module == "t-emde":
+        nodes = np.vstack([np.maximum(lin(m.temde.fuse, np.concatenate([vg, ug])), 0), nodes])
+    if m.mode == "sgr":
+        for step in m.reasoning:
+            e = softmax(lin(step.query, nodes) @ lin(step.key, nodes).T, axis=-1)
+            nodes = np.maximum(lin(step.graph, e @ nodes), 0)
+        out = nodes[0] if m.global_module != "none" else nodes.mean(0)
+    else:
+        a = 1 / (1 + np.exp(-bn_eval(m.saf_bn, lin(m.saf_w, nodes))[:, 0]))
+        a = a / (a.sum() + 1e-8)
+        out = l2n(a @ nodes)
+    return 1 / (1 + np.exp(-lin(m.eval_w, out)[0]))
+
+
+@pytest.mark.parametrize("mode,global_module", MODELS)
+def test_scores_match_numpy_reference_with_masking(mode, global_module):
+    m = make(mode, global_module)
+    feats, tokens = inputs()
+    with torch.no_grad():
+        img = m.encode_images(feats, COUNTS)
+        cap = m.encode_captions(tokens, LENGTHS)
+        scores = _np(m.score(img, cap))
+    assert scores.shape == (len(COUNTS), len(LENGTHS))
+    v, u, vg, ug = _np(img[0]), _np(cap[0]), _np(img[2]), _np(cap[2])
+    for i, k in enumerate(COUNTS.tolist()):
+        for j, n in enumerate(LENGTHS.tolist()):
+            assert scores[i, j] == pytest.approx(ref_pair(m, v[i, :k], u[j, :n], vg[i], ug[j]), abs=1e-5)
+
+
+def test_image_encoder_and_visual_self_attention_match_numpy():
+    m = make("sgr", "self-attention", seed=1)
+    feats, _ = inputs(1)
+    with torch.no_grad():
+        v, mask, vg = m.encode_images(feats, COUNTS)
+    for i, k in enumerate(COUNTS.tolist()):
+        x = _np(feats[i, :k])
+        regions = l2n(lin(m.img_fc, x))
+        assert np.allclose(_np(v[i, :k]), regions, atol=1e-5)
+        assert np.all(_np(v[i, k:]) == 0) and _np(mask[i]).sum() == k
+        att = m.v_att
+        local = np.tanh(bn_eval(att.local_bn, lin(att.local, regions)))
+        glob = np.tanh(bn_eval(att.glob_bn, lin(att.glob, regions.mean(0))))
+        w = softmax(lin(att.common, local * glob)[:, 0])
+        assert np.allclose(_np(vg[i]), l2n(w @ regions), atol=1e-5)
+
+
+def test_text_encoder_averages_directions_and_text_self_attention():
+    m = make("saf", "self-attention", seed=2)
+    _, tokens = inputs(2)
+    with torch.no_grad():
+        u, mask, ug = m.encode_captions(tokens, LENGTHS)
+        for j, n in enumerate(LENGTHS.tolist()):
+            emb = m.embed(tokens[j:j + 1, :n])
+            out, _ = m.gru(emb)                          # one unpadded caption: no packing needed
+            half = out.shape[-1] // 2
+            words = l2n(_np((out[0, :, :half] + out[0, :, half:]) / 2))
+            assert np.allclose(_np(u[j, :n]), words, atol=1e-5)
+            assert np.all(_np(u[j, n:]) == 0)
+            att = m.t_att
+            local = np.tanh(lin(att.local, words))
+            glob = np.tanh(lin(att.glob, words.mean(0)))
+            w = softmax(lin(att.common, local * glob)[:, 0])
+            assert np.allclose(_np(ug[j]), l2n(w @ words), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,global_module", MODELS)
+def test_padding_and_missing_regions_never_change_a_score(mode, global_module):
+    m = make(mode, global_module, seed=3)
+    feats, tokens = inputs(3)
+    with torch.no_grad():
+        base = m.score(m.encode_images(feats, COUNTS), m.encode_captions(tokens, LENGTHS))
+        junk_feats = feats.clone()
+        for i, k in enumerate(COUNTS.tolist()):
+            junk_feats[i, k:] = 100.0                     # missing regions hold garbage
+        wide = torch.cat([junk_feats, torch.full((len(COUNTS), 3, C), -7.0)], dim=1)  # and more slots
+        junk_tokens = torch.cat([tokens, torch.randint(4, V, (len(LENGTHS), 4))], dim=1)
+        for j, n in enumerate(LENGTHS.tolist()):
+            junk_tokens[j, n:] = torch.randint(4, V, (junk_tokens.shape[1] - n,))
+        other = m.score(m.encode_images(wide, COUNTS), m.encode_captions(junk_tokens, LENGTHS))
+    assert torch.allclose(base, other, atol=1e-5)
+
+
+def test_padding_is_also_masked_from_batch_statistics_in_training():
+    m = make("saf", "t-emde", seed=4)
+    m.train()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+    feats, tokens = inputs(4)
+    junk = feats.clone()
+    for i, k in enumerate(COUNTS.tolist()):
+        junk[i, k:] = 55.0
+    a = m.score(m.encode_images(feats, COUNTS), m.encode_captions(tokens, LENGTHS))
+    b = m.score(m.encode_images(junk, COUNTS), m.encode_captions(tokens, LENGTHS))
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode,global_module", MODELS)
+def test_blockwise_scores_equal_pair_by_pair(mode, global_module, monkeypatch):
+    m = make(mode, global_module, seed=5)
+    feats, tokens = inputs(5)
+    with torch.no_grad():
+        img = m.encode_images(feats, COUNTS)
+        cap = m.encode_captions(tokens, LENGTHS)
+        block = m.score(img, cap)
+        for i in range(len(COUNTS)):
+            for j in range(len(LENGTHS)):
+                one = m.score(tuple(t[i:i + 1] for t in img), tuple(t[j:j + 1] for t in cap))
+                assert one.shape == (1, 1)
+                assert one.item() == pytest.approx(block[i, j].item(), abs=1e-6)
+        monkeypatch.setattr(sgraf_mod, "SCORE_BLOCK_ELEMENTS", 1)   # one image per sub-block
+        assert torch.allclose(m.score(img, cap), block, atol=1e-6)
+
+
+def test_sgraf_average_is_mean_of_saf_and_sgr():
+    saf, sgr = make("saf", "self-attention", seed=6), make("sgr", "self-attention", seed=7)
+    feats, tokens = inputs(6)
+    with torch.no_grad():
+        avg = sgraf_mod.average_scores([saf, sgr], feats, COUNTS, tokens, LENGTHS)
+        s1 = saf.score(saf.encode_images(feats, COUNTS), saf.encode_captions(tokens, LENGTHS))
+        s2 = sgr.score(sgr.encode_images(feats, COUNTS), sgr.encode_captions(tokens, LENGTHS))
+    assert torch.allclose(avg, (s1 + s2) / 2, atol=1e-6)
+    assert not torch.allclose(avg, s1) and not torch.allclose(avg, s2)
+
+
+def test_bad_options_and_layouts_are_refused():
+    with pytest.raises(ValueError, match="valid choices: self-attention, t-emde, none"):
+        create_model("sgr", img_shape=(K, C), vocab_size=V, global_module="sketch")
+    with pytest.raises(ValueError, match="reads regions features"):
+        create_model("saf", img_shape=(7, 7, C), vocab_size=V)
+
+
+def test_sgr_learns_on_synthetic_pairs():
+    """A few optimiser steps with the hardest-negative hinge lift the matching pairs to the top."""
+    torch.manual_seed(8)
+    m = create_model("sgr", img_shape=(K, C), vocab_size=V, embed_dim=16, word_dim=8, sim_dim=32,
+                     global_module="t-emde", temde_divisions=4, temde_centroids=4, temde_dim=2, dropout=0.0)
+    n = 12
+    tokens = torch.randint(4, V, (n, 4))
+    proto = torch.randn(V, C)
+    feats = torch.cat([proto[tokens], torch.zeros(n, K - 4, C)], dim=1)   # region r shows word r
+    counts = torch.full((n,), 4)
+    lengths = torch.full((n,), 4)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+
+    def r1():
+        m.eval()
+        with torch.no_grad():
+            s = m.score(m.encode_images(feats, counts), m.encode_captions(tokens, lengths))
+        m.train()
+        return (s.argmax(0) == torch.arange(n)).float().mean().item()
+
+    before = r1()
+    for _ in range(80):
+        s = m.score(m.encode_images(feats, counts), m.encode_captions(tokens, lengths))
+        pos = s.diagonal()
+        cost = (0.2 + s - pos[:, None]).clamp(min=0).fill_diagonal_(0)
+        loss = cost.max(1).values.sum() + (0.2 + s - pos[None, :]).clamp(min=0).fill_diagonal_(0).max(0).values.sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert r1() >= max(0.75, before + 0.3)
