@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import multiprocessing as mp
+import queue
 import resource
 import shutil
 import tempfile
@@ -53,11 +54,14 @@ def _baseline_butd(tsv: str, out: str, n: int, k: int, d: int, q) -> None:
     q.put((time.perf_counter() - t, _peak_mb()))
 
 
-def _vsekit_butd(tsv: str, store: str, q) -> None:
-    from vsekit.storage import ingest_butd
+def _vsekit_butd(tsv: str, store: str, n: int, q) -> None:
+    from vsekit.storage import FeatureStore, ingest_butd
 
+    with FeatureStore.building(store, dataset="bench") as s:  # images + captions to attach to
+        s.write_images([str(i) for i in range(n)], [""] * n, ["train"] * (n - n // 5) + ["test"] * (n // 5))
+        s.write_captions([f"caption {j}" for j in range(5 * n)], np.arange(5 * n) // 5)
     t = time.perf_counter()
-    ingest_butd([tsv], store, split_file=None)
+    ingest_butd([tsv], store)  # into the existing store, matched by image id
     q.put((time.perf_counter() - t, _peak_mb()))
 
 
@@ -100,7 +104,13 @@ def _run(target, *args) -> tuple[float, float]:
     q = ctx.Queue()
     p = ctx.Process(target=target, args=(*args, q))
     p.start()
-    result = q.get()
+    while True:  # poll, so a child that dies does not leave us waiting
+        try:
+            result = q.get(timeout=1)
+            break
+        except queue.Empty:
+            if not p.is_alive():
+                raise SystemExit(f"{target.__name__} failed (exit code {p.exitcode}); see its traceback above")
     p.join()
     return result
 
@@ -119,7 +129,7 @@ def main() -> None:
         mb = n * k * d * 4 / 1e6
         rows = []
         t0, m0 = _run(_baseline_butd, str(tsv), str(tmp / "base.npy"), n, k, d)
-        t1, m1 = _run(_vsekit_butd, str(tsv), str(tmp / "s.zarr"))
+        t1, m1 = _run(_vsekit_butd, str(tsv), str(tmp / "s.zarr"), n)
         rows.append(("BUTD ingest (TSV → float16)", "memmap one-pass decode", t0, m0, t1, m1))
         from vsekit.storage import FeatureStore
 

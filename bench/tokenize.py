@@ -27,6 +27,7 @@ import platform
 import resource
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,18 +63,53 @@ def make_store(path: Path, n_captions: int, seed: int = 0) -> None:
     store.write_captions(texts, np.arange(n_captions) % n_images)
 
 
+def _vm_hwm_mib() -> float:
+    """This process's own peak RSS (VmHWM; unlike ru_maxrss it does not include the pages of the
+    parent this process was forked from)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class _ChildSampler(threading.Thread):
+    """Samples the RSS of this process's children (the worker processes) every 50 ms."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak_one = self.peak_sum = 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self.stop.wait(0.05):
+            sizes = []
+            for child in me.children(recursive=True):
+                try:
+                    sizes.append(child.memory_info().rss / 2**20)
+                except psutil.Error:
+                    pass
+            if sizes:
+                self.peak_one, self.peak_sum = max(self.peak_one, max(sizes)), max(self.peak_sum, sum(sizes))
+
+
 def run_one(store: str, workers: int) -> dict:
     """Tokenise in this (fresh) process; report wall time and peak RSS."""
     from vsekit.tokenize import tokenize
 
+    sampler = _ChildSampler()
+    sampler.start()
     t0 = time.perf_counter()
     summary = tokenize(store, workers=workers)
     wall = time.perf_counter() - t0
-    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    sampler.stop.set()
+    sampler.join()
     return {"workers": workers, "wall_s": wall, "captions": summary.captions, "tokens": summary.tokens,
-            "vocabulary": summary.vocabulary, "driver_peak_mib": self_kb / 1024,
-            "worker_peak_mib": child_kb / 1024 if workers > 1 else None}
+            "vocabulary": summary.vocabulary, "driver_peak_mib": _vm_hwm_mib(),
+            "worker_peak_mib": sampler.peak_one if workers > 1 else None,
+            "workers_total_peak_mib": sampler.peak_sum if workers > 1 else None}
 
 
 def digest(path: Path) -> str:
@@ -117,15 +153,19 @@ def main() -> None:
         f"tokens: {rows[0]['tokens']:,}; vocabulary: {rows[0]['vocabulary']:,}; "
         f"identical tokens/ from both runs: {digests[0] == digests[1]}",
         "",
-        "| run | wall s | captions/s | speed-up vs 1 process | driver peak RSS MiB | largest worker peak RSS MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| run | wall s | captions/s | speed-up vs 1 process | driver peak RSS MiB | peak RSS per worker MiB | "
+        "all workers MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         name = "1 process (baseline)" if r["workers"] == 1 else f"{r['workers']} worker processes"
         worker = f"{r['worker_peak_mib']:.0f}" if r["worker_peak_mib"] else "-"
+        total = f"{r['workers_total_peak_mib']:.0f}" if r["workers_total_peak_mib"] else "-"
         lines.append(f"| {name} | {r['wall_s']:.1f} | {r['captions'] / r['wall_s']:,.0f} | "
-                     f"{base / r['wall_s']:.2f}× | {r['driver_peak_mib']:.0f} | {worker} |")
-    lines += ["", f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+                     f"{base / r['wall_s']:.2f}× | {r['driver_peak_mib']:.0f} | {worker} | {total} |")
+    load = os.getloadavg()[0]
+    lines += ["", f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+              f"shared with other jobs (1-min load average {load:.1f} at the end of the run)",
               f"command: `.venv/bin/python bench/tokenize.py --captions {args.captions} --workers {args.workers}`"]
     text = "\n".join(lines)
     print(text)

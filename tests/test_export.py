@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from vsekit.cli import main
 from vsekit.storage import FeatureStore, StoreError, ingest_precomp
-from vsekit.storage.interop import export_hdf5, export_scan, export_vsepp, ingest_hdf5
+from vsekit.storage.interop import export_scan, export_vsepp, ingest_hdf5
 
 
 def _fill(store: FeatureStore, name: str, row_shape, dtype, seed=0, block_rows=5, kind="global", extra=None):

@@ -40,14 +40,10 @@ def test_grayscale_16bit_palette_cmyk_alpha(tmp_path, rgb):
     assert np.array_equal(out[5:], rgb[5:]) and (out[:5] == 255).all()
 
 
-@pytest.mark.parametrize("orientation,undo", [(3, 2), (6, 1), (8, 3)])
-def test_exif_rotation_is_applied(tmp_path, rgb, orientation, undo):
-    # store the pixels rotated the way a camera would, with the tag saying how to undo it
-    stored = np.rot90(rgb, k=-undo if orientation != 3 else 2)
-    if orientation == 6:
-        stored = np.rot90(rgb, k=1)   # displayed = rotate stored 90° clockwise
-    elif orientation == 8:
-        stored = np.rot90(rgb, k=-1)  # displayed = rotate stored 90° counter-clockwise
+@pytest.mark.parametrize("orientation,k", [(3, 2), (6, 1), (8, -1)])
+def test_exif_rotation_is_applied(tmp_path, rgb, orientation, k):
+    # the pixels stored the way a camera would, with the tag saying how to display them
+    stored = np.rot90(rgb, k=k)
     img = Image.fromarray(np.ascontiguousarray(stored))
     exif = Image.Exif()
     exif[0x0112] = orientation

@@ -8,7 +8,6 @@ run folders (and log each row block they compute), so what ran is checked on dis
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from vsekit.cli import VsekitGroup, main
 from vsekit.cli.ingest import ingest
 from vsekit.cli.store import demo_data, info
 from vsekit.extract import default_name
-from vsekit.pipeline import PipelineError, load_file, metrics_table, resolve_pipeline, run, run_pipeline
+from vsekit.pipeline import PipelineError, load_file, metrics_table, resolve_pipeline, run
 from vsekit.storage import FeatureStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -381,6 +380,7 @@ def test_cli_list_dry_run_and_errors(tmp_path, monkeypatch):
     """)
     runner = CliRunner()
     res = runner.invoke(main, ["run", "--list", "--file", str(path)])
+    assert res.exit_code == 0 and runner.invoke(main, ["run", "--file", str(path)]).output.startswith(res.output)
     assert res.exit_code == 0 and "small" in res.output and "3 stages  demo data and a store" in res.output
     res = runner.invoke(main, ["run", "small", "--file", str(path)])
     assert res.exit_code == 1
@@ -497,10 +497,38 @@ def test_unset_variables_of_other_pipelines_do_not_block_this_one(tmp_path):
         stages:
           - {{stage: demo-data, out_dir: "${{COCO_ROOT}}/d", images: many}}
     """)
-    with pytest.raises(PipelineError, match=r"line 6: pipeline 'theirs', stage 1 \(demo-data\): option 'images'"):
+    with pytest.raises(PipelineError, match=r"line 7: pipeline 'theirs', stage 1 \(demo-data\): option 'images'"):
         _run(path, "mine")      # a wrong type anywhere in the file stops every run
     path.write_text(path.read_text().replace("images: many", "images: 4"))
     result, _ = _run(path, "mine")
     assert result.ran == ["demo-data"] and (tmp_path / "d" / "dataset_demo.json").exists()
-    with pytest.raises(PipelineError, match=r"line 6: .*variable \$\{COCO_ROOT\} is not set"):
+    with pytest.raises(PipelineError, match=r"line 7: .*variable \$\{COCO_ROOT\} is not set"):
         _run(path, "theirs")
+
+
+def test_defaults_that_apply_nowhere_are_errors(tmp_path):
+    stages = HEAD.split("\n", 2)[2]        # the stages: block of HEAD
+    with pytest.raises(PipelineError, match=r"line 4: pipeline 'p': default 'stroe' is an option of none"):
+        _resolve(tmp_path, "pipelines:\n  p:\n    defaults:\n      stroe: s.zarr\n" + stages)
+    with pytest.raises(PipelineError, match=r"line 4: pipeline 'p': defaults: 'trian' is not a command"):
+        _resolve(tmp_path, "pipelines:\n  p:\n    defaults:\n      trian: {epochs: 2}\n" + stages)
+
+
+def test_fingerprint_ignores_where_a_stage_runs_but_not_its_input_files(tmp_path):
+    from vsekit.pipeline import fingerprint
+
+    path = _toy(tmp_path)
+    spec = load_file(path).get("toy")
+    plain_fps = [fingerprint(s, "") for s in resolve_pipeline(spec, _group(), env={})]
+    clustered = resolve_pipeline(spec, _group(), env={}, cluster="local:3")
+    assert clustered[2].values["cluster"] == "local:3" and "--cluster" in clustered[2].argv()
+    assert [fingerprint(s, "") for s in clustered] == plain_fps
+    _run(path)
+    result, out = _run(path)
+    assert result.ran == []
+    # the Karpathy JSON the ingest stage reads changes on disk: ingest and everything after it rerun
+    json_path = tmp_path / "out" / "data" / "dataset_demo.json"
+    json_path.write_text(json_path.read_text().replace("a picture of", "a photo of"))
+    result, out = _run(path)
+    assert result.ran == ["ingest-karpathy", "feats", "standardize", "evaluate"]
+    assert "ingest-karpathy: its options or inputs changed" in out

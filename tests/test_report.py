@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from vsekit.cli import main
-from vsekit.report import load_run, report
+from vsekit.report import report
 from vsekit.report.examples import top_k
 from vsekit.report.runs import parse_epoch, parse_metrics
 from vsekit.storage.store import write_array
@@ -98,6 +98,13 @@ def small_store(tmp_path_factory):
     data = np.random.default_rng(0).normal(size=(48, 2, 2, 8)).astype(np.float16)
     for b in fs.blocks():
         fs.write_block(b, data[b.start:b.stop])
+    # 4 regions of 8 channels, 2-4 of them real per image (the rest padding)
+    rs = store.create_features("regions", (4, 8), "float16", attrs={"kind": "regions", "model": "toy"},
+                               extra={"count": ((), "int16"), "boxes": ((4, 4), "float32")})
+    counts = np.random.default_rng(1).integers(2, 5, size=48).astype(np.int16)
+    regions = np.random.default_rng(2).normal(size=(48, 4, 8)).astype(np.float16)
+    regions[np.arange(4)[None, :] >= counts[:, None]] = 0
+    rs.write_block(0, regions, count=counts, boxes=np.zeros((48, 4, 4), np.float32))
     return store
 
 
@@ -113,10 +120,12 @@ METRICS_B = {"coco-1k": {"i2t_r1": 45.0, "i2t_r5": 69.0, "i2t_r10": 83.5, "i2t_m
                          "t2i_meanr": 12.5, "t2i_mrr": 0.41, "rsum": 363.5}}
 
 
-def make_run(path: Path, store, *, metrics=None, sims=None, model=None, epochs=3, features="grid") -> Path:
+def make_run(path: Path, store, *, metrics=None, sims=None, model=None, epochs=3, features="grid",
+             name=None, model_kwargs=None) -> Path:
     path.mkdir(parents=True)
-    config = {"model": TOY if model is not None else "vsepp", "store": str(store.path), "features": features,
-              "model_kwargs": {"vocab_size": len(store.root["tokens"].attrs["vocabulary"])}}
+    config = {"model": name or (TOY if model is not None else "vsepp"), "store": str(store.path),
+              "features": features,
+              "model_kwargs": model_kwargs or {"vocab_size": len(store.root["tokens"].attrs["vocabulary"])}}
     (path / "config.json").write_text(json.dumps(config))
     with open(path / "metrics.jsonl", "w") as f:
         for e in range(1, epochs + 1):
@@ -125,7 +134,7 @@ def make_run(path: Path, store, *, metrics=None, sims=None, model=None, epochs=3
     if metrics is not None:
         (path / "metrics.json").write_text(json.dumps(metrics))
     if sims is not None:
-        np.save(path / f"sims_test.npy", sims)
+        np.save(path / "sims_test.npy", sims)
     if model is not None:
         torch.save({"model": model.state_dict(), "epoch": epochs}, path / "checkpoint_best.pt")
     return path
@@ -198,6 +207,18 @@ def test_parse_epoch_prefers_validation_and_total_loss():
     rec = {"epoch": 4, "loss": 2.5, "loss_rank": 2.0, "penalty": 0.5, "val_loss": 9.0,
            "train": {"rsum": 1.0}, "val": {"rsum": 120.0, "i2t_r1": 30.0, "t2i_r1": 20.0}}
     assert parse_epoch(rec) == {"epoch": 4.0, "loss": 2.5, "rsum": 120.0, "i2t.r1": 30.0, "t2i.r1": 20.0}
+
+
+def test_line_chart_draws_points_gaps_and_marks():
+    from vsekit.report.plots import line_chart, nice_ticks
+
+    svg = line_chart([("a", [0, 1, 2, 3], [1.0, None, 3.0, 4.0]), ("b", [0, 1], [2.0, 2.5])],
+                     title="t", marks=[(2, "switch")])
+    assert svg.count("<polyline") == 3 and svg.count("<circle") == 5  # a: [1.0] and [3.0, 4.0]; b
+    assert svg.count('stroke-dasharray="4 3"') == 1 and "<title>switch</title>" in svg
+    assert "not logged" in line_chart([("a", [1, 2], [None, None])], title="loss")
+    assert nice_ticks(1, 3, 6, integer=True) == [1, 2, 3]
+    assert parse_epoch({"epoch": 3, "loss": 1.0, "switch": "max loss from epoch 2"})["switch"] == 1.0
 
 
 def test_top_k_matches_a_stable_argsort_including_ties():
@@ -334,6 +355,45 @@ def test_model_run_scores_in_blocks_and_shows_attention(small_store, tmp_path):
     assert np.allclose(got[2].weights, step2.reshape(2, 2).numpy(), atol=1e-6)
     html = s.path.read_text()
     assert html.count('class="heat"') == 4 and "hop 2" in html and "grid weights, step 2" in html
+
+
+def test_sgraf_word_attention_equals_its_equation_and_temde_has_none(small_store, tmp_path):
+    """SGR's per-word weights (SGRAF eq. 4) recomputed in numpy; T-EMDE's centroid softmax is not shown."""
+    from vsekit.report import model_io
+    from vsekit.train.base import create_model
+
+    vocab = len(small_store.root["tokens"].attrs["vocabulary"])
+    runs = {}
+    for gm in ("self-attention", "t-emde"):
+        kw = {"img_shape": [4, 8], "vocab_size": vocab, "embed_dim": 16, "word_dim": 8, "sim_dim": 8,
+              "global_module": gm, "temde_divisions": 2, "temde_centroids": 4, "temde_dim": 2}
+        torch.manual_seed(0)
+        model = create_model("sgr", **kw).eval()
+        runs[gm] = (model, make_run(tmp_path / gm, small_store, model=model, name="sgr", model_kwargs=kw,
+                                    features="regions"))
+    s = report([r for _, r in runs.values()], tmp_path / "out", n_captions=2, n_images=1, n_attention=2)
+    data = json.loads((tmp_path / "out" / "report.json").read_text())["runs"]
+    assert [v["title"] for a in data[0]["attention"] for v in a["views"]] == \
+        ["word weights (text self-attention)"] * 2
+    assert [a["views"] for a in data[1]["attention"]] == [[], []]
+    assert "has no attention over words or grid cells" in s.path.read_text()
+    # the numbers: w = softmax_l(w_c · (tanh(W_l u_l) ⊙ tanh(W_g mean(u)))) over the true words
+    model = runs["self-attention"][0]
+    att = data[0]["attention"][0]
+    caps, rows = small_store.captions_of_split("test"), small_store.split_rows("test")
+    tok, lengths = model_io.read_tokens(small_store, caps[[att["caption"]]])
+    f, counts = model_io.read_features(small_store, "regions", rows[[att["image"]]])
+    from vsekit.report.attention import pair_attention
+
+    (view,) = pair_attention(model, f, counts, tok, lengths)
+    with torch.no_grad():
+        u = model.encode_captions(tok, lengths)[0][0].numpy().astype(np.float64)
+    p = {k: v.detach().numpy().astype(np.float64) for k, v in model.t_att.named_parameters()}
+    local = np.tanh(u @ p["local.weight"].T + p["local.bias"])
+    glob = np.tanh(u.mean(0) @ p["glob.weight"].T + p["glob.bias"])
+    logits = (local * glob) @ p["common.weight"][0] + p["common.bias"][0]
+    w = np.exp(logits - logits.max())
+    assert np.allclose(view.weights[0], w / w.sum(), atol=1e-5)
 
 
 def test_missing_pieces_degrade_clearly(small_store, tmp_path):
@@ -512,5 +572,5 @@ def test_end_to_end_trained_sman_run_shows_grid_steps(small_store, tmp_path):
     (att,) = data["attention"]
     kinds = [(v["kind"], v["title"]) for v in att["views"]]
     assert ("grid", "grid weights, step 1") in kinds and ("grid", "grid weights, step 2") in kinds
-    assert sum(k == "words" for k, _ in kinds) == 2
+    assert [t for k, t in kinds if k == "words"] == ["word weights, step 1", "word weights, step 2"]
     assert s.path.read_text().count('class="heat"') == 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -65,7 +67,7 @@ _WORDS = st.sampled_from(["a", "dog", "cannot", "gonna", "wanna", "3", "x1", "st
                           "dogs,", "dog's,", "3,5", "cannot-x", "t-", "-a", "1990's", "'t", "o'", "b's."])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(st.lists(_WORDS, max_size=12), st.sampled_from(["", ".", " .", "!"]), st.sampled_from([" ", "  "]))
 def test_fast_path_matches_nltk(words, end, sep):
     text = sep.join(words) + end
@@ -282,6 +284,8 @@ def test_cli_tokenize_demo(demo_store):
 
     res = CliRunner().invoke(main, ["tokenize", "--store", str(demo_store.path), "--vocab-splits", "train,test"])
     assert res.exit_code == 1 and "Error:" in res.output and "test" in res.output
+    res = CliRunner().invoke(main, ["tokenize", "--store", str(demo_store.path), "--max-len", "2"])
+    assert res.exit_code == 1 and "Error: --max-len must be at least 3" in res.output
     res = CliRunner().invoke(main, ["tokenize", "--store", str(demo_store.path), "--no-bos-eos", "--strip-punct",
                                     "--min-count", "1"])
     assert res.exit_code == 0, res.output
@@ -297,3 +301,10 @@ def test_cli_cluster_local_same_bytes(demo_store):
                                     "--chunk-captions", "32"])     # several count tasks on the cluster
     assert res.exit_code == 0, res.output
     assert _tree_digest(demo_store.path / "tokens") == single
+
+
+def test_package_imports_without_click_or_dask():
+    code = ("import sys, vsekit.tokenize; "
+            "bad = [m for m in ('click', 'distributed', 'torch') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -37,7 +37,7 @@ def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster):
         pf = load_file(file or default_file())
         click.echo(list_pipelines(pf))
         if not list_:
-            raise click.UsageError("name a PIPELINE to run")
+            click.echo("run one with: vsekit run NAME [--dry-run]")
         return
     run_pipeline(pipeline, file=file, sets=_parse_sets(sets), from_stage=from_stage, force=force,
                  dry_run=dry_run, cluster=cluster)

@@ -34,6 +34,7 @@ def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, 
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {s.path} ({len(s.runs)} run(s), {s.n_caption_examples} caption and "
                f"{s.n_image_examples} image examples, {s.n_attention} attention maps) in {s.seconds:.1f}s")
+    click.echo(f"open {s.path.resolve().as_uri()}")
 
 
 def register(group: click.Group) -> None:

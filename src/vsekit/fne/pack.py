@@ -40,6 +40,17 @@ def pack(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _decode_table() -> np.ndarray:
+    """(256, 4) int8: the four values each byte holds (2-bit two's complement: 0b11 → −1)."""
+    codes = (np.arange(256, dtype=np.uint8)[:, None] >> np.asarray(SHIFTS, np.uint8)) & np.uint8(3)
+    vals = codes.astype(np.int8)
+    return vals - ((vals & np.int8(2)) << np.int8(1))
+
+
+_TABLE = _decode_table()
+_WORDS = np.ascontiguousarray(_TABLE).view(np.uint32).reshape(256)
+
+
 def unpack(packed: np.ndarray, n_features: int | None = None) -> np.ndarray:
     """Inverse of :func:`pack`: (..., W) uint8 → (..., n_features) int8 (default ``4·W``)."""
     p = np.asarray(packed)
@@ -49,10 +60,8 @@ def unpack(packed: np.ndarray, n_features: int | None = None) -> np.ndarray:
     n = width if n_features is None else int(n_features)
     if not 0 <= n <= width or (n_features is not None and packed_width(n) != p.shape[-1]):
         raise ValueError(f"unpack: n_features={n_features} does not fit {p.shape[-1]} packed bytes per row")
-    codes = (p[..., None] >> np.asarray(SHIFTS, np.uint8)) & np.uint8(3)
-    vals = codes.astype(np.int8)
-    vals -= (vals & np.int8(2)) << np.int8(1)  # 2-bit two's complement: 0b11 → −1
-    return vals.reshape(*p.shape[:-1], width)[..., :n]
+    # gather whole 4-byte words (one per packed byte), then read them back as int8
+    return _WORDS[p].view(np.int8).reshape(*p.shape[:-1], width)[..., :n]
 
 
 def unpack_torch(packed: Any, n_features: int | None = None, dtype: Any = None) -> Any:

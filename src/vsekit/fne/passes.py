@@ -122,10 +122,10 @@ class Output:
 
 
 def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: str,
-                 stages: Sequence[Output], flags: Sequence[bool]) -> tuple[int, list]:
+                 stages: Sequence[Output], flags: Sequence[bool], check: bool) -> tuple[int, list]:
     """Run the chain of stages on one block and write the pending outputs; report non-finite values instead."""
     ok = status != FAILED
-    if np.issubdtype(x.dtype, np.floating):
+    if check and np.issubdtype(x.dtype, np.floating):
         bad = ~np.isfinite(x) & ok.reshape(-1, *([1] * (x.ndim - 1)))
         if bad.any():
             where = np.argwhere(bad)
@@ -144,11 +144,12 @@ def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: str,
     return 0, []
 
 
-def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None) -> int:
+def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *,
+               check: bool = True) -> int:
     """Write every pending block of ``outputs`` from ``src``; returns the number of blocks processed.
 
-    Raises ``StoreError`` naming rows and columns when the source holds non-finite values (blocks
-    without them are written and stay done, so nothing is lost).
+    With ``check`` (for sources no scan has vetted), raises ``StoreError`` naming rows and columns
+    when the source holds non-finite values; blocks without them are written and stay done.
     """
     import dask
 
@@ -163,7 +164,7 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None) -
     path = str(Path(src.store.path).resolve())
     tasks = [dask.delayed(_write_block, pure=False)(
         parts[i], status[blocks[i].start:blocks[i].stop], blocks[i], path, shared,
-        tuple(i in o.pending for o in outputs)) for i in todo]
+        tuple(i in o.pending for o in outputs), check) for i in todo]
     results = _compute(client, *tasks)
     total = sum(r[0] for r in results)
     if total:

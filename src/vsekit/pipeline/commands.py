@@ -14,8 +14,6 @@ from typing import Any
 
 import click
 
-_NO_VALUE = object()
-
 
 @dataclass
 class Param:

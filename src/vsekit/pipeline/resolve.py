@@ -16,7 +16,7 @@ import click
 
 from .commands import Param, build_argv, convert_value, norm, option_default, params_of, resolve_command
 from .outputs import StageIO, stage_io
-from .spec import Located, MissingVariable, PipelineError, PipelineSpec, StageSpec, Variables, plain
+from .spec import Located, MissingVariable, PipelineError, PipelineSpec, StageSpec, Variables
 
 #: options that say where or how fast a stage runs, not what it makes: not part of the fingerprint
 NOT_FINGERPRINTED = frozenset({"cluster", "workers", "progress", "no-progress", "quiet", "verbose"})
@@ -89,6 +89,12 @@ def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[
     variables = Variables(pipeline.variables, sets or {}, env)
     stages: list[ResolvedStage] = []
     made: dict[tuple[str, str], str] = {}   # (store, name) -> stage label that makes it
+    used_defaults: set[str] = set()
+    top = click.Context(cli, info_name="vsekit")
+    for key, loc in pipeline.defaults.items():
+        if isinstance(loc.value, dict) and cli.get_command(top, key.split()[0]) is None:
+            raise _Err(pipeline)(loc.line, f"defaults: {key!r} is not a command; valid choices: "
+                                           f"{', '.join(sorted(cli.list_commands(top)))}")
     for spec in pipeline.stages:
         err = _Err(pipeline, spec)
         try:
@@ -110,14 +116,16 @@ def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[
                 continue
             if norm(key) in params and not params[norm(key)].invert:
                 raw[params[norm(key)].key] = (params[norm(key)], loc, loc.line)
-        if cluster and "cluster" in params and not params["cluster"].is_argument:
-            raw["cluster"] = (params["cluster"], Located(cluster, spec.line), spec.line)
+                used_defaults.add(key)
         for key, loc in spec.values.items():
             line = spec.key_lines.get(key, loc.line)
             if norm(key) not in params:
                 raise err(line, f"unknown option {key!r} for `vsekit {spec.command}`; {_valid(params)}")
             p = params[norm(key)]
             raw[p.key] = (p, loc, line)
+        if cluster and "cluster" in params and not params["cluster"].is_argument:
+            # `vsekit run --cluster` wins over the file: it says where this run goes
+            raw["cluster"] = (params["cluster"], Located(cluster, spec.line), spec.line)
         values: dict[str, Any] = {}
         for key, (p, loc, line) in raw.items():
             value = _substitute(loc, variables, err, tolerate_missing)
@@ -143,6 +151,9 @@ def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[
         for key in io.makes:
             made[key] = spec.label
         stages.append(ResolvedStage(spec, cmd, values, io, _input_files(params, values)))
+    for key, loc in pipeline.defaults.items():
+        if not isinstance(loc.value, dict) and key not in used_defaults:
+            raise _Err(pipeline)(loc.line, f"default {key!r} is an option of none of its stages' commands")
     return stages
 
 
@@ -170,4 +181,4 @@ def check_file(pipelines: Mapping[str, PipelineSpec], cli: click.Group, *, sets=
         resolve_pipeline(p, cli, sets=sets, env=env, tolerate_missing=True)
 
 
-__all__ = ["ResolvedStage", "resolve_pipeline", "check_file", "NOT_FINGERPRINTED", "plain"]
+__all__ = ["ResolvedStage", "resolve_pipeline", "check_file", "NOT_FINGERPRINTED"]

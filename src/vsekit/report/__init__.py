@@ -116,15 +116,16 @@ def _xs(history: list[dict[str, float]]) -> list[float]:
 
 
 def _curves(infos: list[RunInfo]) -> str:
-    r1, rsum, loss = [], [], []
+    r1, rsum, loss, marks = [], [], [], []
     for r in infos:
         xs = _xs(r.history)
+        marks += [(x, f"{r.name}: switch to the max loss") for x, h in zip(xs, r.history) if h.get("switch")]
         for d, label in (("i2t", "i→t"), ("t2i", "t→i")):
             r1.append((f"{r.name} {label}", xs, [h.get(f"{d}.r1") for h in r.history]))
         rsum.append((r.name, xs, [h.get("rsum") for h in r.history]))
         loss.append((r.name, xs, [h.get("loss") for h in r.history]))
     charts = [line_chart(r1, title="validation R@1", ylabel="R@1 (%)"),
-              line_chart(rsum, title="validation rsum", ylabel="rsum"),
+              line_chart(rsum, title="validation rsum", ylabel="rsum", marks=marks),
               line_chart(loss, title="training loss", ylabel="loss")]
     return f'<div class="charts">{"".join(charts)}</div>'
 

@@ -16,9 +16,10 @@ the title); that is used first. Otherwise the report *observes* the model: it ru
 ``TorchFunctionMode`` that records every softmax (with the module it ran in), and keeps
 
 - word attention: the softmaxes taken over the caption's word axis. To tell that axis from another
-  of the same size (T-EMDE's 8 centroids, SGR's graph nodes), the pair is run twice, the second time
-  with the caption padded by a few pad tokens: a softmax over words grows by exactly the padding,
-  any other keeps its size. Only the true words' weights are shown.
+  of the same size (T-EMDE's 8 centroids), the pair is run twice, the second time with the caption
+  padded by a few pad tokens: a softmax over words grows by exactly the padding, any other keeps
+  its size; one whose number of rows grows too (SGR's word-to-word graph edges) is not a per-word
+  weighting and is left out. Only the true words' weights are shown.
 - grid attention: the softmaxes over the G×G cells of a grid feature, in call order (SMAN: step 1
   in ``encode_images``, step 2 in the pairwise ``score``).
 
@@ -107,6 +108,10 @@ def _word_title(model, module: str, index: int, n: int) -> str:
         if getattr(parent, "variant", None) == "c":
             names = ("over conv-2", "over conv-3", "over word embeddings")
             return f"word weights {names[int(parts[-1]) % 3]}"
+    if parts[-1] == "t_att":  # SGRAF's text global self-attention
+        return "word weights (text self-attention)"
+    if len(parts) >= 2 and parts[-2] == "txt_att" and parts[-1].isdigit():  # SMAN's text steps
+        return f"word weights, step {int(parts[-1]) + 1}"
     if module:
         return f"word weights ({module})"
     return f"word weights ({index})" if n > 1 else "word weights"
@@ -143,14 +148,20 @@ def pair_attention(model, feats, counts, tokens, lengths) -> list[AttentionView]
     padded = torch.nn.functional.pad(tokens, (0, PROBE_PAD))
     second, _, _ = _run(model, feats, counts, padded, lengths, score=True)
     if len(first) == len(second):
+        # over words: the softmax axis grows with the padding, its rows do not (a words × words
+        # matrix, such as SGR's graph edges without a global node, grows in both and is left out)
         words = [(r, m) for (r, m), (r2, _) in zip(first, second)
-                 if r.shape[-1] == n_words and r2.shape[-1] == n_words + PROBE_PAD]
+                 if r.shape[-1] == n_words and r2.shape[-1] == n_words + PROBE_PAD and len(r2) == len(r)]
     else:  # the model took another path with padding: fall back to the size alone
         words = [(r, m) for r, m in first if r.shape[-1] == n_words]
     views: list[AttentionView] = []
-    for i, (r, module) in enumerate(words, 1):
-        title = _word_title(model, module, i, len(words))
-        views.append(AttentionView("words", title + (f", {len(r)} hops" if len(r) > 1 else ""), r))
+    titles = [_word_title(model, module, i, len(words)) for i, (_, module) in enumerate(words, 1)]
+    steps = [t for t in titles if ", step " in t]
+    for i, (r, module) in enumerate(words):
+        if steps and not module:  # a later step run outside a module's forward (SMAN's pairwise step 2)
+            steps.append(f"word weights, step {len(steps) + 1}")
+            titles[i] = steps[-1]
+        views.append(AttentionView("words", titles[i] + (f", {len(r)} hops" if len(r) > 1 else ""), r))
     if grid_side:
         grids = [r for r, _ in first if r.shape[-1] == grid_side * grid_side]
         for i, r in enumerate(grids, 1):

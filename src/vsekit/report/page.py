@@ -20,8 +20,8 @@ body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0
 padding:0 18px 40px;color:#222;background:#fafafa}
 h1{font-size:22px;margin:18px 0 4px}h2{font-size:18px;border-bottom:2px solid #ddd;padding-bottom:3px;margin-top:28px}
 h3{font-size:15px;margin:16px 0 6px}.sub{color:#666}
-table.metrics{border-collapse:collapse;background:#fff;margin:8px 0}
-table.metrics th,table.metrics td{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
+table.metrics{border-collapse:collapse;background:#fff;margin:8px 0;font-size:13px}.tablewrap{overflow-x:auto}
+table.metrics th,table.metrics td{border:1px solid #ccc;padding:3px 5px;text-align:right;white-space:nowrap}
 table.metrics th{background:#f0f0f0;text-align:center}table.metrics td.run{text-align:left}
 td.best{font-weight:700;background:#e3f3e3}td.best::after{content:" \\2605";color:#2a7d2a;font-size:11px}
 td.none{color:#999;text-align:center!important}
@@ -102,7 +102,7 @@ def metrics_table(runs: Sequence[RunInfo]) -> str:
             body.append(f'<tr><td class="run">{escape(run.name)}</td><td class="run">{escape(run.label)}'
                         f'</td><td class="none" colspan="{len(columns) + 1}">no test evaluation — run '
                         f'<code>vsekit evaluate {escape(str(run.path))}</code></td></tr>')
-    return "".join(head + body) + "</tbody></table>"
+    return '<div class="tablewrap">' + "".join(head + body) + "</tbody></table></div>"
 
 
 def _figure(uri: str | None, path: str, caption: str, ok: bool, attrs: str, size: int) -> str:
@@ -116,16 +116,21 @@ def _figure(uri: str | None, path: str, caption: str, ok: bool, attrs: str, size
 
 
 def word_strip(words: Sequence[str], weights: np.ndarray, title: str) -> str:
-    """A heat strip per row (hop) of ``weights`` (rows, L) over the caption's words, plus their mean."""
+    """A heat strip per row (hop) of ``weights`` (rows, L) over the caption's words, plus their mean.
+
+    Each row is coloured from its own minimum (dark) to its maximum (bright), so the words a hop
+    prefers stand out even when its weights are close to uniform; the tooltip gives the weight.
+    """
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
     rows = list(w) + ([w.mean(axis=0)] if len(w) > 1 else [])
-    out = [f'<div class="strip-block"><b>{escape(title)}</b><table class="strip">']
+    out = [f'<div class="strip-block"><b>{escape(title)}</b> <span class="sub">(each row from its min, dark, '
+           f'to its max, bright; hover for the weight)</span><table class="strip">']
     for i, row in enumerate(rows):
-        top = row.max() if row.max() > 0 else 1.0
+        lo, span = row.min(), row.max() - row.min()
         label = f"hop {i + 1}" if i < len(w) and len(w) > 1 else ("mean" if len(w) > 1 else "")
         cells = []
         for word, v in zip(words, row):
-            x = float(v / top)
+            x = float((v - lo) / span) if span > 0 else 1.0
             fg = "#000" if x > 0.55 else "#fff"
             cells.append(f'<td style="background:{heat_rgb(x)};color:{fg}" title="{v:.3f}">{escape(word)}</td>')
         out.append(f'<tr><td class="h">{label}</td>{"".join(cells)}</tr>')

@@ -39,8 +39,12 @@ def _fmt(v: float) -> str:
 
 
 def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float | None]]], *, title: str,
-               xlabel: str = "epoch", ylabel: str = "", width: int = 380, height: int = 240) -> str:
-    """An SVG chart of ``(label, xs, ys)`` series; None values are gaps. Empty → a note instead."""
+               xlabel: str = "epoch", ylabel: str = "", width: int = 380, height: int = 240,
+               marks: Sequence[tuple[float, str]] = ()) -> str:
+    """An SVG chart of ``(label, xs, ys)`` series; None values are gaps. Empty → a note instead.
+
+    ``marks`` are ``(x, label)`` vertical dashed lines (e.g. the curriculum's switch epoch).
+    """
     pts = [(x, y) for _, xs, ys in series for x, y in zip(xs, ys) if y is not None]
     if not pts:
         return (f'<div class="nochart"><b>{escape(title)}</b><br>'
@@ -79,6 +83,10 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float | Non
     if ylabel:
         out.append(f'<text transform="translate(12,{top + ph / 2:.0f}) rotate(-90)" text-anchor="middle" '
                    f'class="tk">{escape(ylabel)}</text>')
+    for x, label in marks:
+        if x0 <= x <= x1:
+            out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="#888" '
+                       f'stroke-dasharray="4 3"><title>{escape(label)}</title></line>')
     for i, (label, xs, ys) in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
         segs, cur = [], []

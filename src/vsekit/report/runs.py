@@ -152,6 +152,8 @@ def parse_epoch(record: dict[str, Any]) -> dict[str, float]:
         if key not in ranked or pri < ranked[key][0]:
             ranked[key] = (pri, num)
     out.update({k: v for k, (_, v) in ranked.items()})
+    if record.get("switch"):  # the curriculum's switch to the max loss (PH/POE) happened here
+        out["switch"] = 1.0
     return out
 
 

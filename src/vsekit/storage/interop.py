@@ -84,6 +84,9 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
         elif len(shape) != 2:
             raise StoreError(f"feature set {features!r} has rows of shape {shape}; the scan layout holds "
                              f"(K, C) regions per image (use `export vsepp` for global vectors)")
+    if not store.n_captions:
+        raise StoreError(f"{store.path} has no captions; the {layout} layout needs "
+                         f"{captions_per_image} captions per image")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     codes = store.image_splits()
@@ -108,22 +111,25 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
                 for m in group:
                     f.write(" ".join(str(text[m]).split()) + "\n")
         (out / f"{prefix}_ids.txt").write_text("".join(f"{ids[r]}\n" for r in rows), encoding="utf-8")
-        ims = np.lib.format.open_memmap(out / f"{prefix}_ims.npy", mode="w+", dtype=out_dtype,
-                                        shape=(len(rows), *shape))
+        ims = open(out / f"{prefix}_ims.npy", "wb")  # written front to back, block by block
+        np.lib.format.write_array_header_1_0(ims, {"descr": np.lib.format.dtype_to_descr(out_dtype),
+                                                   "fortran_order": False, "shape": (len(rows), *shape)})
         targets.append((rows, ims))
         summary["splits"][prefix] = {"images": int(len(rows)), "captions": int(len(rows) * captions_per_image)}
-    for block in fs.blocks():  # one pass over the set, one block in memory
-        data = None
-        for rows, ims in targets:
-            a, b = np.searchsorted(rows, block.start), np.searchsorted(rows, block.stop)
-            if a == b:
-                continue
-            if data is None:
-                data = fs.data[block.start:block.stop]
-            ims[a:b] = data[rows[a:b] - block.start].reshape(b - a, *shape).astype(out_dtype, copy=False)
-    for _, ims in targets:
-        ims.flush()
-        del ims
+    try:
+        for block in fs.blocks():  # one pass over the set, one block in memory
+            data = None
+            for rows, ims in targets:
+                a, b = np.searchsorted(rows, block.start), np.searchsorted(rows, block.stop)
+                if a == b:
+                    continue
+                if data is None:
+                    data = fs.data[block.start:block.stop]
+                part = data[rows[a:b] - block.start].reshape(b - a, *shape).astype(out_dtype, copy=False)
+                ims.write(np.ascontiguousarray(part).tobytes())
+    finally:
+        for _, ims in targets:
+            ims.close()
     return summary
 
 

@@ -89,8 +89,7 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     ``tcp://HOST:PORT``) runs it on dask instead. ``max_len`` counts ``<start>`` and ``<end>``.
     ``progress(done, total)`` is called after each chunk of captions.
     """
-    if not isinstance(store, FeatureStore):
-        store = FeatureStore.open(store, mode="r+")
+    store = FeatureStore.open(store.path if isinstance(store, FeatureStore) else store, mode="r+")
     n_captions = store.n_captions
     if n_captions == 0:
         raise StoreError(f"{store.path} has no captions to tokenize; ingest a captioned dataset first")
@@ -112,7 +111,8 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     staging.create_group("stage")
     bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
     codes = [split_code(s) for s in splits]
-    tasks = [{"store": str(store.path), "index": i, "start": a, "stop": b, "codes": codes, **settings}
+    where = str(Path(store.path).resolve())   # workers may run elsewhere (same shared filesystem)
+    tasks = [{"store": where, "index": i, "start": a, "stop": b, "codes": codes, **settings}
              for i, (a, b) in enumerate(bounds)]
 
     counts: Counter[str] = Counter()

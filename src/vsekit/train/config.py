@@ -53,7 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
               "epochs": 30, "margin": 0.2, "max_violation": True, "captions": "all", "batch_size": 128},
     "order++": {"model": "order", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
                 "epochs": 30, "margin": 0.05, "max_violation": True, "captions": "all", "batch_size": 128},
-    "demo": {"epochs": 10, "batch_size": 32, "embed_dim": 128, "word_dim": 64, "lr_milestones": [], "lr": 2e-3,
+    "demo": {"epochs": 10, "batch_size": 32, "embed_dim": 128, "word_dim": 64, "lr_milestones": [], "lr": 2e-3, "captions": "one", "max_violation": False,
              "patience": 2, "model_args": {"hops": 4, "att_units": 32, "filters": 16, "gru_dim": 64}},
 }
 

@@ -207,13 +207,21 @@ class SGRAF(RetrievalModel):
                           for i in range(0, n_img, step)], dim=0)
 
     def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
-        """Word-to-region attention and the local similarity vectors: (n_img, n_cap, L, sim_dim)."""
-        attn = torch.einsum("ikd,jld->ijkl", v, u)
-        attn = F.leaky_relu(attn, 0.1) * u_mask[None, :, None, :].to(attn.dtype)
-        attn = l2norm(attn, dim=-1)
-        region_mask = v_mask[:, None, :, None].expand_as(attn)
-        alpha = masked_softmax(attn * self.lambda_softmax, region_mask, dim=2)
-        context = l2norm(torch.einsum("ijkl,ikd->ijld", alpha, v))
+        """Word-to-region attention and the local similarity vectors: (n_img, n_cap, L, sim_dim).
+
+        Laid out (image, region, caption, word) so that the attention is one matrix product and the
+        attended regions one bmm per image, with no permuted copies.
+        """
+        n_img, k, d = v.shape
+        n_cap, n_words, _ = u.shape
+        attn = (v.reshape(n_img * k, d) @ u.reshape(n_cap * n_words, d).t()).view(n_img, k, n_cap, n_words)
+        attn = F.leaky_relu(attn, 0.1) * u_mask.view(1, 1, n_cap, n_words).to(attn.dtype)
+        attn = l2norm(attn, dim=-1) * self.lambda_softmax            # l2norm over the words
+        missing = torch.zeros(v_mask.shape, dtype=attn.dtype, device=attn.device)
+        missing = missing.masked_fill(~v_mask, torch.finfo(attn.dtype).min)
+        alpha = torch.softmax(attn + missing.view(n_img, k, 1, 1), dim=1)   # over the real regions
+        context = torch.bmm(alpha.view(n_img, k, n_cap * n_words).transpose(1, 2), v)
+        context = l2norm(context).view(n_img, n_cap, n_words, d)
         return l2norm(self.sim_loc_w((context - u[None]).pow(2)))
 
     def global_node(self, v_glo, u_glo) -> torch.Tensor | None:

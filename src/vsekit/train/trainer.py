@@ -205,7 +205,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
         else:
             state["stall"] += 1
             state["history"].append(entry)
-        if state["phase"] == "sum" and state["stall"] >= cfg.patience and epoch < cfg.epochs:
+        if state["phase"] == "sum" and state["stall"] >= cfg.patience:
             best = load_checkpoint(out / "checkpoint_best.pt", cfg.device)
             net.load_state_dict(best["model"])
             optim = torch.optim.Adam(net.parameters(), lr=cfg.lr2 or cfg.lr)

@@ -17,7 +17,7 @@ from ..store import FeatureStore
 from .common import IngestError, IngestReport, read_json, read_split_file
 
 
-def _candidates(image_root: Path, file_name: str) -> list[str]:
+def _candidates(file_name: str) -> list[str]:
     names = [file_name]
     parts = Path(file_name).stem.split("_")
     if len(parts) >= 3:  # COCO_val2014_000000391895 → val2014/COCO_val2014_000000391895.jpg
@@ -62,7 +62,7 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
                 continue
             if split == "restval" and restval_as_train:
                 split = "train"
-            options = _candidates(image_root, str(rec["file_name"]))
+            options = _candidates(str(rec["file_name"]))
             rel = next((c for c in options if (image_root / c).is_file()), None)
             if rel is None:
                 if check_files:

@@ -1,0 +1,202 @@
+"""The extraction runner through the CLI: bad inputs, --strict, resume after SIGKILL, overwrite,
+a crashing decoder process, grids and regions."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+torch = pytest.importorskip("torch")
+
+from vsekit.cli import main  # noqa: E402
+from vsekit.extract import extract  # noqa: E402
+from vsekit.storage import FeatureStore  # noqa: E402
+
+torch.set_num_threads(1)
+FAST = ["--model", "test_resnet", "--weights", "none", "--input-size", "48", "--resize", "56",
+        "--batch-size", "4", "--block-rows", "4", "--no-progress"]
+
+
+def _store_of(tmp_path: Path, files: dict[str, Path | bytes | Image.Image]) -> FeatureStore:
+    """A store whose images are ``files`` (copied, written or saved under tmp_path/img)."""
+    root = tmp_path / "img"
+    root.mkdir()
+    for name, src in files.items():
+        if isinstance(src, Image.Image):
+            src.save(root / name)
+        elif isinstance(src, bytes):
+            (root / name).write_bytes(src)
+        elif src is not None:
+            shutil.copy(src, root / name)
+    store = FeatureStore.create(tmp_path / "s.zarr", dataset="t", image_root=root)
+    store.write_images([f"i{k}" for k in range(len(files))], list(files), ["train"] * len(files))
+    return store
+
+
+def test_bad_inputs_are_marked_failed_and_listed(tmp_path, demo_dir):
+    demo = sorted((demo_dir / "images").glob("*.jpg"))
+    rgb = Image.open(demo[0]).convert("RGB")
+    good = (demo_dir / "images" / demo[1].name).read_bytes()
+    files = {
+        "ok0.jpg": demo[0], "zero.jpg": b"", "text.jpg": b"hello, I am text",
+        "trunc.jpg": good[: len(good) // 3], "missing.jpg": None, "gray.png": rgb.convert("L"),
+        "cmyk.jpg": rgb.convert("CMYK"), "pal.png": rgb.quantize(8), "alpha.png": rgb.convert("RGBA"),
+        "g16.png": Image.fromarray(np.asarray(rgb.convert("L"), np.uint16) * 257), "ok1.jpg": demo[1],
+        "big.png": Image.new("RGB", (300, 200), (9, 9, 9)),
+    }
+    store = _store_of(tmp_path, files)
+    r = CliRunner().invoke(main, ["extract", "--store", str(store.path), "--kind", "global", *FAST,
+                                  "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    fs = FeatureStore.open(store.path).features("test_resnet_global")
+    status = fs.status[:]
+    names = list(files)
+    failed = {names[i] for i in np.flatnonzero(status == 2)}
+    assert failed == {"zero.jpg", "text.jpg", "trunc.jpg", "missing.jpg"}
+    assert (status != 0).all()
+    errors = fs.errors()
+    assert "zero-byte" in errors[names.index("zero.jpg")]
+    assert "missing file" in errors[names.index("missing.jpg")]
+    assert "4 failed" in r.output and "row 1:" in r.output and "zero.jpg" in r.output
+    data = fs.data[:]
+    assert not data[status == 2].any() and np.abs(data[status == 1]).sum(axis=1).min() > 0
+    # gray / 16-bit gray of the same picture give the same features
+    assert np.array_equal(data[names.index("gray.png")], data[names.index("g16.png")])
+
+
+def test_decompression_bomb_is_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 40 * 40)
+    store = _store_of(tmp_path, {"small.png": Image.new("RGB", (40, 30)), "bomb.png": Image.new("RGB", (90, 90))})
+    res = extract(store, "test_resnet", "global", weights="none", input_size=16, resize=20, workers=0,
+                  progress=False)
+    assert res.failed == 1 and "decompression-bomb" in res.errors[1]
+
+
+def test_strict_stops_at_first_bad_image(tmp_path, demo_dir):
+    demo = sorted((demo_dir / "images").glob("*.jpg"))
+    store = _store_of(tmp_path, {"a.jpg": demo[0], "b.jpg": b"junk", "c.jpg": demo[1]})
+    r = CliRunner().invoke(main, ["extract", "--store", str(store.path), *FAST, "--strict", "--workers", "0"])
+    assert r.exit_code == 1
+    assert "row 1" in r.output and "b.jpg" in r.output and "--strict" in r.output
+    fs = FeatureStore.open(store.path).features("test_resnet_global")
+    assert fs.counts()["pending"] == 3  # nothing of the bad block was written
+
+
+def test_crashing_decoder_process_does_not_end_the_run(demo_store, monkeypatch):
+    import vsekit.extract.reader as reader
+
+    bad = str(demo_store.image_file(5))
+    real = reader.decode
+
+    def crashing(path):
+        if path == bad:
+            os._exit(3)  # like a segfault in a codec: the worker process dies
+        return real(path)
+
+    ref = extract(demo_store, "test_resnet", "global", weights="none", input_size=32, resize=36,
+                  workers=0, batch_size=4, block_rows=8, name="ref", progress=False)
+    monkeypatch.setattr(reader, "decode", crashing)
+    res = extract(demo_store, "test_resnet", "global", weights="none", input_size=32, resize=36,
+                  workers=2, batch_size=4, block_rows=8, name="crash", progress=False)
+    assert res.failed == 1 and "crashed its worker process" in res.errors[5]
+    a, b = demo_store.features("ref").data[:], demo_store.features("crash").data[:]
+    keep = np.arange(len(a)) != 5
+    assert np.array_equal(a[keep], b[keep])
+    assert ref.done == len(a)
+
+
+def _done_rows(store, name):
+    try:
+        return int((FeatureStore.open(store.path).features(name).status[:] != 0).sum())
+    except Exception:  # the set is being created by the other process
+        return None
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(demo_store, tmp_path):
+    args = ["--store", str(demo_store.path), "--kind", "fne", "--crops", "5", "--batch-size", "2",
+            "--block-rows", "2", "--model", "test_resnet", "--weights", "none", "--input-size", "48",
+            "--resize", "56", "--workers", "0", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-c", "from vsekit.cli import main; main()", "extract", *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    name, n = "test_resnet_fne", demo_store.n_images
+    deadline = time.time() + 120
+    killed = False
+    while time.time() < deadline and proc.poll() is None:
+        done = _done_rows(demo_store, name)
+        if done is not None and 4 <= done < n - 4:
+            if True:
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+        time.sleep(0.02)
+    proc.wait(30)
+    assert killed, proc.stdout.read().decode()
+    fs = FeatureStore.open(demo_store.path).features(name)
+    partial = fs.counts()
+    assert 0 < partial["done"] < n and partial["pending"] > 0
+    r = CliRunner().invoke(main, ["extract", *args])
+    assert r.exit_code == 0, r.output
+    assert f"{n} done" in r.output and "skipped" in r.output
+    skipped = int(r.output.split("skipped ")[1].split()[0])
+    assert skipped >= partial["done"] // 2
+    resumed = FeatureStore.open(demo_store.path).features(name).data[:]
+    # an uninterrupted run into another set
+    r = CliRunner().invoke(main, ["extract", *args, "--name", "whole"])
+    assert r.exit_code == 0, r.output
+    assert np.array_equal(resumed, FeatureStore.open(demo_store.path).features("whole").data[:])
+
+
+def test_changed_settings_need_overwrite(demo_store):
+    base = ["extract", "--store", str(demo_store.path), *FAST, "--workers", "0"]
+    assert CliRunner().invoke(main, base).exit_code == 0
+    r = CliRunner().invoke(main, [*base, "--crops", "5"])
+    assert r.exit_code == 1 and "--overwrite" in r.output
+    r = CliRunner().invoke(main, [*base, "--crops", "5", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    fs = FeatureStore.open(demo_store.path).features("test_resnet_global")
+    assert fs.attrs["crops"] == 5 and fs.attrs["weights"] == "none"
+    assert fs.attrs["crop_size"] == 48 and fs.attrs["resize"] == 56 and fs.attrs["mean"] == [0.5] * 3
+    r = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), "--model", "nonet", "--weights", "none"])
+    assert r.exit_code == 1 and "valid choices" in r.output
+
+
+def test_grid_and_regions_from_boxes_file(demo_store, demo_dir, tmp_path):
+    common = ["--store", str(demo_store.path), "--model", "test_resnet", "--weights", "none",
+              "--input-size", "64", "--workers", "0", "--no-progress", "--block-rows", "8"]
+    r = CliRunner().invoke(main, ["extract", *common, "--kind", "grid", "--grid", "2"])
+    assert r.exit_code == 0, r.output
+    g = FeatureStore.open(demo_store.path).features("test_resnet_grid")
+    assert g.shape == (demo_store.n_images, 2, 2, 96) and g.data.dtype == np.float16
+    # the stored grid is the 2x2 average pool of the last map (64px input → 2x2 map: identity)
+    boxes = json.loads((demo_dir / "boxes.json").read_text())
+    ids = list(demo_store.image_ids())
+    del boxes[ids[3]]  # an image without an entry fails with a reason
+    bfile = tmp_path / "boxes.json"
+    bfile.write_text(json.dumps(boxes))
+    r = CliRunner().invoke(main, ["extract", *common, "--kind", "regions", "--boxes", str(bfile),
+                                  "--max-regions", "4"])
+    assert r.exit_code == 0, r.output
+    fs = FeatureStore.open(demo_store.path).features("test_resnet_regions")
+    assert fs.shape == (demo_store.n_images, 4, 96)
+    count, stored = fs.array("count")[:], fs.array("boxes")[:]
+    assert fs.status[3] == 2 and "no boxes for image id" in fs.errors()[3]
+    for row, i in enumerate(ids):
+        if row == 3:
+            continue
+        want = np.asarray(boxes[i], np.float32)
+        assert count[row] == len(want)
+        np.testing.assert_allclose(stored[row, :len(want)], want, rtol=1e-5, atol=1e-3)
+        data = fs.data[row].astype(np.float32)
+        assert np.abs(data[:len(want)]).sum(axis=1).min() > 0 and not data[len(want):].any()
