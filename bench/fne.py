@@ -70,6 +70,8 @@ def run_stage(stage: str, path: str) -> dict:
         st = FeatureStore.open(path, mode="r+")
         for name in ("feat.z.fne", "feat.z"):
             st.delete_features(name)
+    use0 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = use0.ru_utime + use0.ru_stime
     t0 = time.perf_counter()
     if stage == "copy":
         src = zarr.open_group(path, mode="r+", zarr_format=3)["features/feat/data"]
@@ -88,8 +90,9 @@ def run_stage(stage: str, path: str) -> dict:
     else:
         raise ValueError(f"unknown stage {stage!r}")
     seconds = time.perf_counter() - t0
-    return {"stage": stage, "seconds": seconds,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return {"stage": stage, "seconds": seconds, "cpu_seconds": use.ru_utime + use.ru_stime - cpu0,
+            "peak_rss_mb": use.ru_maxrss / 1024}
 
 
 def child(stage: str, path: Path) -> dict:
@@ -144,16 +147,20 @@ def report(args, raw: int, build_s: float, results: dict, sizes: dict) -> None:
         f"Machine: {os.cpu_count()} CPU cores, **shared with other engineers' test runs** while measured, "
         "so absolute figures are noisy; the ratios compare runs made back to back. Each stage runs in "
         "its own process, in-process dask threads (no --cluster).", "",
-        "| stage | seconds | GiB/s of input | ratio vs plain copy | peak RSS (MiB) |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| stage | seconds | GiB/s of input | ratio vs plain copy | CPU seconds | CPU ratio vs copy | peak RSS (MiB) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    cpu = results["copy"]["cpu_seconds"]
     for stage in ("copy", "standardize", "discretize", "pack", "fne"):
         r = results[stage]
         lines.append(f"| {stage} | {r['seconds']:.1f} | {gib / r['seconds']:.2f} | "
-                     f"{copy / r['seconds']:.2f} | {r['peak_rss_mb']:.0f} |")
+                     f"{copy / r['seconds']:.2f} | {r['cpu_seconds']:.1f} | {cpu / r['cpu_seconds']:.2f} | "
+                     f"{r['peak_rss_mb']:.0f} |")
     both = results["standardize"]["seconds"] + results["discretize"]["seconds"]
+    both_cpu = results["standardize"]["cpu_seconds"] + results["discretize"]["cpu_seconds"]
     lines += [
         f"| standardize + discretize (two commands) | {both:.1f} | {gib / both:.2f} | {copy / both:.2f} | "
+        f"{both_cpu:.1f} | {cpu / both_cpu:.2f} | "
         f"{max(results['standardize']['peak_rss_mb'], results['discretize']['peak_rss_mb']):.0f} |",
         "", "Stored size of the `data` array (on disk, compressed):", "",
         "| representation | bytes | vs float32 |", "| --- | ---: | ---: |",

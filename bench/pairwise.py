@@ -39,9 +39,9 @@ HERE = Path(__file__).resolve().parent
 SIZES = {
     # name: dims, images x captions scored, forward batch, SMAN hidden
     "demo": {"embed_dim": 64, "sim_dim": 32, "word_dim": 32, "img_dim": 512, "hidden": 64,
-             "images": 200, "captions": 1000, "batch": 128},
+             "images": 100, "captions": 400, "batch": 64},
     "paper": {"embed_dim": 1024, "sim_dim": 256, "word_dim": 300, "img_dim": 2048, "hidden": 512,
-              "images": 20, "captions": 200, "batch": 32},
+              "images": 10, "captions": 60, "batch": 16},
 }
 K, GRID, VOCAB, SHARD = 36, 7, 1000, 100
 
@@ -99,9 +99,11 @@ def bench_scoring(name: str, size: dict, **kw) -> dict:
     t = time.perf_counter()
     looped = loop_scores(model, img, cap)
     t_loop = time.perf_counter() - t
-    return {"model": name + (f" ({kw['global_module']})" if kw else ""), "pairs": pairs,
-            "loop": pairs / t_loop, "block": pairs / t_block, "speedup": t_loop / t_block,
-            "diff": float((blockwise - looped).abs().max())}
+    row = {"model": name + (f" ({kw['global_module']})" if kw else ""), "pairs": pairs,
+           "loop": pairs / t_loop, "block": pairs / t_block, "speedup": t_loop / t_block,
+           "diff": float((blockwise - looped).abs().max())}
+    print(row, flush=True)
+    return row
 
 
 @torch.no_grad()

@@ -200,3 +200,21 @@ def test_grid_and_regions_from_boxes_file(demo_store, demo_dir, tmp_path):
         np.testing.assert_allclose(stored[row, :len(want)], want, rtol=1e-5, atol=1e-3)
         data = fs.data[row].astype(np.float32)
         assert np.abs(data[:len(want)]).sum(axis=1).min() > 0 and not data[len(want):].any()
+
+
+def test_regions_from_the_detector(tmp_path):
+    rng = np.random.default_rng(0)
+    imgs = {f"{k}.png": Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)) for k in range(2)}
+    store = _store_of(tmp_path, imgs)
+    res = extract(store, "test_resnet", "regions", weights="none", boxes="detector", input_size=64,
+                  max_regions=6, min_regions=3, workers=0, progress=False)
+    assert res.done == 2, res.summary()
+    fs = store.features(res.name)
+    assert fs.attrs["boxes"] == "detector" and fs.shape == (2, 6, 96)
+    count, boxes, data = fs.array("count")[:], fs.array("boxes")[:], fs.data[:].astype(np.float32)
+    for row in range(2):
+        k = int(count[row])
+        assert 3 <= k <= 6
+        b = boxes[row, :k]  # original pixels of the 80x60 image
+        assert (b[:, 0] >= 0).all() and (b[:, 2] <= 80 + 1e-3).all() and (b[:, 3] <= 60 + 1e-3).all()
+        assert (b[:, 2] > b[:, 0]).all() and not boxes[row, k:].any() and not data[row, k:].any()

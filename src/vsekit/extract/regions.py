@@ -5,32 +5,9 @@ bottom-up-attention features of 10-100 / 36 boxes per image used by SCAN, SGRAF 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 SCORE_THRESHOLD = 0.2
-
-
-def load_boxes_file(path: str | Path, ids: list[str]) -> dict[str, np.ndarray]:
-    """``{image_id: [[x1, y1, x2, y2], ...]}`` → boxes of the given ids (original pixels)."""
-    try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--boxes {path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"--boxes {path}: expected a JSON object {{image_id: [[x1,y1,x2,y2], ...]}}")
-    out = {}
-    for i in ids:
-        if i in raw:
-            try:
-                arr = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
-            except ValueError:
-                raise ValueError(f"--boxes {path}: boxes of image {i!r} are not a list of "
-                                 f"[x1, y1, x2, y2]") from None
-            out[i] = arr
-    return out
 
 
 def check_boxes(boxes: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
+from ..storage.store import Block, FeatureStore, StoreError
 from .plan import Plan, make_plan
 from .reader import Item, RowDataset, block_batches, iter_batches, stack
 from .writer import BlockBuffer, BlockWriter
@@ -135,13 +135,13 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
         ids_arr = store.root["images/id"]
         for b in blocks:
             ids = [str(i) for i in ids_arr[b.start:b.stop]]
-            found = load_boxes_file_cached(raw, ids, plan.boxes)
+            found = boxes_of_ids(raw, ids, plan.boxes)
             for r, i in zip(range(b.start, b.stop), ids):
                 boxes[r] = found.get(i, f"no boxes for image id {i!r} (row {r}) in {plan.boxes}")
     return RowDataset(plan, rows.tolist(), paths, boxes)
 
 
-def load_boxes_file_cached(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray]:
+def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray]:
     out = {}
     for i in ids:
         if i in raw:

@@ -59,7 +59,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # the preset a model starts from when no preset given names a model (its paper's settings)
 MODEL_DEFAULT_PRESET = {"vse": "vse++", "order": "order++", "seam-e": "seam-e", "seam-c": "seam-c",
-                        "seam-g": "seam-g"}
+                        "seam-g": "seam-g", "sman": "sman", "saf": "saf-coco", "sgr": "sgr-coco"}
+
+try:  # Trainer II's presets (SMAN, SAF, SGR and their demo sizes)
+    from .presets_ii import full_presets as _presets_ii
+except ImportError:  # pragma: no cover
+    _presets_ii = dict
+PRESETS.update({k: v for k, v in _presets_ii().items() if k not in PRESETS})
 
 
 @dataclass
@@ -76,6 +82,8 @@ class TrainConfig:
     lr_milestones: list[int] = field(default_factory=list)  # x lr_decay at each (epochs since phase start)
     lr_decay: float = 0.1
     grad_clip: float = 2.0
+    optimizer: str = "adam"         # "adam", or "adadelta" (SMAN)
+    weight_decay: float = 0.0
     margin: float = 0.2
     max_violation: bool = False
     similarity: str | None = None   # None: the model's own

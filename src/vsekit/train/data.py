@@ -1,7 +1,7 @@
 """Training and evaluation data over a vsekit store: feature rows, caption tokens, splits.
 
 Features are read chunk by chunk, never whole: an epoch shuffles the order of the feature set's row
-chunks, reads a *window* of chunks, shuffles the (image, caption) pairs inside the window and cuts
+chunks, reads a *window* of chunks (a background thread reads the next window meanwhile), shuffles the (image, caption) pairs inside the window and cuts
 batches from it (pairs left over at the end of a window join the next one). A store larger than
 memory therefore trains at close to in-memory speed, and memory is bounded by
 ``window_chunks x chunk bytes``. Tokens (``tokens/ids`` + ``tokens/offsets``) are small and are read
@@ -225,17 +225,19 @@ class PairStream:
         order = rng.permutation(len(chunks))
         left_feats = left_counts = None
         left_img = left_cap = np.zeros(0, dtype=np.int64)
-        for w in range(0, len(order), self.window_chunks):
-            parts, cparts, imgs, capss = [], [], [], []
-            for ci in order[w:w + self.window_chunks]:
-                start, stop = chunks[ci]
-                data, counts = self.source.read(start, stop)
+        windows = [[chunks[ci] for ci in order[w:w + self.window_chunks]]
+                   for w in range(0, len(order), self.window_chunks)]
+        for wi, read in enumerate(self._prefetch(windows)):
+            w = wi * self.window_chunks
+            parts, cparts, imgs = [], [], []
+            for (start, stop), (data, counts) in zip(windows[wi], read):
                 local = np.flatnonzero(in_rows[start:stop])
                 img, cap = self._pairs(start + local, rng)
                 base = sum(len(p) for p in parts)
                 pos = np.searchsorted(local, img - start)
-                parts.append(data[local])
-                cparts.append(None if counts is None else counts[local])
+                whole = len(local) == stop - start
+                parts.append(data if whole else data[local])
+                cparts.append(None if counts is None else (counts if whole else counts[local]))
                 imgs.append(np.stack([img, cap, base + pos]))
             n_left = 0 if left_feats is None else len(left_feats)
             feats = np.concatenate(([left_feats] if n_left else []) + parts)
@@ -255,6 +257,20 @@ class PairStream:
             left_feats = feats[rest]
             left_counts = None if counts is None else counts[rest]
             left_img, left_cap = img[n_full:], cap[n_full:]
+
+    def _prefetch(self, windows: list[list[tuple[int, int]]]) -> Iterator[list]:
+        """Each window's chunks, read by a background thread one window ahead of the consumer."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def read(chunks):
+            return [self.source.read(start, stop) for start, stop in chunks]
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(read, windows[0]) if windows else None
+            for w in range(len(windows)):
+                current = pending.result()
+                pending = pool.submit(read, windows[w + 1]) if w + 1 < len(windows) else None
+                yield current
 
     def _batch(self, feats, counts, img, cap, pos) -> Batch:
         tokens, lengths = self.tokens.batch(cap)

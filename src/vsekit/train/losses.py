@@ -24,15 +24,25 @@ def cosine_sim(img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
     return img @ cap.t()
 
 
-def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 24) -> torch.Tensor:
-    """(n_img, n_cap) ``-||max(0, c - i)||^2``, computed in caption blocks of bounded size."""
+def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25) -> torch.Tensor:
+    """(n_img, n_cap) ``-||max(0, c - i)||^2``, in blocks of at most ``max_elements`` temporaries.
+
+    Each block is one subtraction, an in-place clamp and a dot product with itself, so the
+    temporary stays ``max_elements`` floats (64 images x 512 captions x 1024 dims by default) and
+    never becomes the n_img x n_cap x dim tensor of naive broadcasting.
+    """
     n_img, n_cap, dim = img.shape[0], cap.shape[0], img.shape[1]
-    step = max(1, max_elements // max(1, n_img * dim))
-    if step >= n_cap:
-        return -(cap[None, :, :] - img[:, None, :]).clamp(min=0).pow(2).sum(-1)
+    if n_img * n_cap * dim <= max_elements:
+        t = (cap[None, :, :] - img[:, None, :]).clamp(min=0)
+        return -(t * t).sum(-1)
+    bi = max(1, min(n_img, 64))
+    bc = max(1, max_elements // (bi * max(1, dim)))
     out = img.new_empty(n_img, n_cap)
-    for s in range(0, n_cap, step):
-        out[:, s:s + step] = -(cap[None, s:s + step, :] - img[:, None, :]).clamp(min=0).pow(2).sum(-1)
+    for a in range(0, n_img, bi):
+        ib = img[a:a + bi, None, :]
+        for s in range(0, n_cap, bc):
+            t = torch.sub(cap[None, s:s + bc, :], ib).clamp_(min=0)
+            out[a:a + bi, s:s + bc] = torch.linalg.vecdot(t, t).neg_()
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..storage.store import FeatureStore, StoreError
 from .base import RetrievalModel, create_model
-from .data import EvalSet, FeatureSource, Tokens, open_features
+from .data import EvalSet, Tokens, open_features
 from .evaluation import PROTOCOLS, evaluate_protocol, format_table
 from .scoring import EnsembleScorer, encode_set, save_sims
 from .trainer import load_checkpoint

@@ -1,4 +1,4 @@
-"""The trainer: Adam, step decay, gradient clipping, curriculum PH/POE, checkpoints, resume, logs.
+"""The trainer: Adam (Adadelta for SMAN), step decay, gradient clipping, curriculum PH/POE, checkpoints, resume, logs.
 
 Curriculum (FNE paper, PH/POE, after Faghri et al.'s observation that the max-of-hinges loss needs a
 warm start): train with the sum of hinges until the validation rsum has not improved for
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from ..storage.store import FeatureStore, StoreError
@@ -99,6 +98,14 @@ def load_checkpoint(path: Path, device: str = "cpu") -> dict[str, Any]:
     return torch.load(path, map_location=device, weights_only=False)
 
 
+def make_optimizer(cfg: TrainConfig, params, lr: float) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adam" and not cfg.weight_decay:
+        return torch.optim.Adam(params, lr=lr)
+    from .presets_ii import make_optimizer as make
+
+    return make(cfg.optimizer, params, lr, cfg.weight_decay)
+
+
 def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
     base = cfg.lr if state["phase"] != "max" else (cfg.lr2 or cfg.lr)
     since = epoch - state["phase_start"]
@@ -149,12 +156,12 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     state: dict[str, Any] = {"epoch": 0, "phase": "sum" if cfg.curriculum else "single", "phase_start": 0,
                              "best_rsum": -math.inf, "best_epoch": 0, "stall": 0, "history": [],
                              "switched_at": None}
-    optim = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+    optim = make_optimizer(cfg, net.parameters(), cfg.lr)
     if resume:
         ck = load_checkpoint(last, cfg.device)
         net.load_state_dict(ck["model"])
         state = ck["state"]
-        optim = torch.optim.Adam(net.parameters(), lr=_lr(cfg, state, state["epoch"]))
+        optim = make_optimizer(cfg, net.parameters(), _lr(cfg, state, state["epoch"]))
         optim.load_state_dict(ck["optimizer"])
         log(f"resuming {out} after epoch {state['epoch']}")
     else:
@@ -208,7 +215,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
         if state["phase"] == "sum" and state["stall"] >= cfg.patience:
             best = load_checkpoint(out / "checkpoint_best.pt", cfg.device)
             net.load_state_dict(best["model"])
-            optim = torch.optim.Adam(net.parameters(), lr=cfg.lr2 or cfg.lr)
+            optim = make_optimizer(cfg, net.parameters(), cfg.lr2 or cfg.lr)
             state.update(phase="max", phase_start=epoch, stall=0, switched_at=epoch)
             entry["switch"] = f"max loss from the best checkpoint (epoch {best['epoch']})"
             log(f"epoch {epoch}: val rsum stalled for {cfg.patience} epochs; switching to the max loss "
