@@ -18,15 +18,15 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/vsekit demo-data $(DEMO_DIR)/data --images 400 --seed 0
-	$(BIN)/vsekit ingest karpathy $(DEMO_DIR)/data/dataset_demo.json --store $(DEMO_DIR)/demo.zarr --overwrite
-	$(BIN)/vsekit info $(DEMO_DIR)/demo.zarr
+	$(BIN)/vsekit run demo --set DEMO_DIR=$(DEMO_DIR)
+	$(BIN)/vsekit report $(DEMO_DIR)/runs/fne-sh $(DEMO_DIR)/runs/seam-e $(DEMO_DIR)/runs/sman \
+		$(DEMO_DIR)/runs/saf $(DEMO_DIR)/runs/sgr-temde --out $(DEMO_DIR)/report
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python -P $$f || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

@@ -112,3 +112,19 @@ def test_protocols_and_table():
     m = average_metrics([metrics_from_ranks(np.array([0, 3]), np.array([1, 2]))])
     table = format_table([("run", "1k", m)])
     assert "R@1" in table and "Med r" in table and "rsum" in table and f"{m['rsum']:.1f}" in table
+
+
+def test_cat_pads_per_word_encodings_of_different_batches():
+    """Caption encodings of batches with different longest captions join into one padded tensor."""
+    import torch
+
+    from vsekit.train.scoring import cat, take
+
+    a = (torch.ones(2, 3, 4), torch.tensor([[True, True, False], [True, True, True]]))
+    b = (torch.full((1, 5, 4), 2.0), torch.tensor([[True, True, True, True, True]]))
+    words, mask = cat([a, b])
+    assert words.shape == (3, 5, 4) and mask.shape == (3, 5)
+    assert torch.equal(words[:2, :3], a[0]) and torch.all(words[:2, 3:] == 0)
+    assert torch.equal(words[2], b[0][0])
+    assert mask.dtype == torch.bool and not mask[:2, 3:].any() and mask[2].all()
+    assert torch.equal(take((words, mask), slice(2, 3))[1], b[1])

@@ -48,17 +48,22 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--patience", type=int, default=None, help="Epochs without val rsum gain before the switch.")
 @click.option("--grad-clip", type=float, default=None)
 @click.option("--model-arg", "model_arg", multiple=True, help="Model argument KEY=VALUE (e.g. hops=30).")
+@click.option("--global-module", type=click.Choice(["self-attention", "t-emde", "none"]), default=None,
+              help="SAF/SGR global similarity node: self-attention (SGRAF), T-EMDE sketches, or none.")
 @click.option("--seed", type=int, default=None)
 @click.option("--device", default=None, help="cpu or cuda.")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
-def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones, **opts):
+def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones,
+              global_module, **opts):
     """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
     from ..train import train
     from ..train.trainer import check_model_args
 
     margs = _model_args(model_arg)
+    if global_module is not None:
+        margs["global_module"] = global_module
     if margs and not resume:
         from ..train.config import PRESETS
 
