@@ -21,8 +21,10 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    return x / x.norm(dim=-1, keepdim=True).clamp(min=eps)
+def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+    """x / ||x||, as the VSE/SCAN/SGRAF references' x / (||x|| + eps) but with the norm clamped at eps,
+    so a zero vector (padding) stays zero *and* has a finite gradient (sqrt's is infinite at 0)."""
+    return x / x.pow(2).sum(dim, keepdim=True).clamp_min(eps * eps).sqrt()
 
 
 def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:

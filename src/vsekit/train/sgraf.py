@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import RetrievalModel, register_model
+from .encoders import l2norm, length_mask  # noqa: F401 (re-exported for sman/temde)
 from .temde import MaskedBatchNorm1d, TEMDEGlobal
 
 GLOBAL_MODULES = ("self-attention", "t-emde", "none")
@@ -37,21 +38,10 @@ GLOBAL_MODULES = ("self-attention", "t-emde", "none")
 SCORE_BLOCK_ELEMENTS = 1 << 24
 
 
-def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    """x / ||x||, as the SCAN/SGRAF reference's x / (||x|| + eps) but with the norm clamped at eps,
-    so a zero vector (padding) stays zero *and* has a finite gradient (sqrt's is infinite at 0)."""
-    return x / x.pow(2).sum(dim, keepdim=True).clamp_min(eps * eps).sqrt()
-
-
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax over ``dim`` where ``mask`` is False gets exactly zero weight."""
     logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
     return torch.softmax(logits, dim=dim) * mask.to(logits.dtype)
-
-
-def length_mask(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """(B,) lengths -> (B, width) bool, True for the first ``length`` positions."""
-    return torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
 
 
 def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
