@@ -108,7 +108,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
                 yield items
                 pos += 1
         except RuntimeError as exc:
-            if "DataLoader worker" not in str(exc):
+            if not is_worker_death(exc):
                 raise
             in_flight = batches[pos:pos + 2 * workers]
             for b in in_flight:
@@ -122,9 +122,9 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
     got: dict[int, Item] = {}
     rest = list(indices)
     while rest:
-        loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
-                            collate_fn=lambda x: x[0], prefetch_factor=1)
         try:
+            loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
+                                collate_fn=lambda x: x[0], prefetch_factor=1)
             for item in loader:
                 got[rest.pop(0)] = item
         except RuntimeError as exc:
@@ -132,6 +132,26 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
             got[bad] = Item(dataset.rows[bad], None,
                             f"decoding {dataset.paths[bad]} crashed its worker process ({exc})")
     return [got[i] for i in indices]
+
+
+def is_worker_death(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and "DataLoader worker" in str(exc)
+
+
+def survive_worker_death(fn, *args, attempts: int = 4):
+    """Call ``fn(*args)``, calling it again if a decoding process's death interrupts it.
+
+    torch reports a dead DataLoader worker from its SIGCHLD handler, which raises in the main
+    thread wherever it is, often inside the model's forward pass on a batch that was already
+    decoded. That batch is complete, so it is simply run again; ``iter_batches`` recovers the
+    batches that were in flight when the worker died. ``fn`` must be safe to repeat.
+    """
+    for attempt in range(attempts):
+        try:
+            return fn(*args)
+        except RuntimeError as exc:
+            if not is_worker_death(exc) or attempt == attempts - 1:
+                raise
 
 
 def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:

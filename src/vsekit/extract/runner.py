@@ -19,7 +19,7 @@ import numpy as np
 
 from ..storage.store import Block, FeatureStore, StoreError
 from .plan import Plan, make_plan
-from .reader import Item, RowDataset, block_batches, iter_batches, stack
+from .reader import Item, RowDataset, block_batches, iter_batches, stack, survive_worker_death
 from .writer import BlockBuffer, BlockWriter
 
 DEVICES = ("cpu", "cuda")
@@ -200,7 +200,7 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
         for k, items in zip(owner, iter_batches(dataset, batches, workers)):
             if current is None or current.block != blocks[k]:
                 current = BlockBuffer.empty(plan, blocks[k])
-            run_items(extractor, plan, items, current, strict)
+            survive_worker_death(run_items, extractor, plan, items, current, strict)
             bar.update(len(items))
             if current.full:
                 writer.submit(current)
