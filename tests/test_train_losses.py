@@ -51,6 +51,32 @@ def test_cosine_and_order_similarity_match_numpy():
     assert order_sim(torch.tensor([[1.0, 2.0]]), torch.tensor([[0.5, 2.0], [2.0, 0.0]])).tolist() == [[0.0, -1.0]]
 
 
+def test_fused_order_kernel_matches_numpy_and_the_tensor_path():
+    """Evaluation (no grad, float32) runs the fused numba kernel; training keeps autograd."""
+    from vsekit.train import kernels
+
+    if not kernels.available():
+        pytest.skip("numba is not importable here")
+    # sizes that leave partial tiles on both axes (tiles are 8 images x 64 captions)
+    img, cap = np.abs(_rand(2, 13, 37)), np.abs(_rand(3, 70, 37))
+    ref = np_order(img, cap)
+    fused = kernels.order_violation(img.astype(np.float32), cap.astype(np.float32), threads=2)
+    assert fused.dtype == np.float32 and fused.shape == (13, 70)
+    np.testing.assert_allclose(fused, ref, rtol=1e-5, atol=1e-5)
+    ti, tc = torch.tensor(img, dtype=torch.float32), torch.tensor(cap, dtype=torch.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose(order_sim(ti, tc).numpy(), ref, rtol=1e-5, atol=1e-5)
+    # with gradients the tensor path runs, and the gradient is the analytic one: -2 max(0, c - i)
+    ti.requires_grad_(True)
+    S = order_sim(ti, tc)
+    np.testing.assert_allclose(S.detach().numpy(), ref, rtol=1e-5, atol=1e-5)
+    S[0, 0].backward()
+    np.testing.assert_allclose(ti.grad[0].numpy(), 2 * np.maximum(0.0, cap[0] - img[0]), rtol=1e-5)
+    assert kernels.order_violation(np.zeros((0, 4), np.float32), np.zeros((3, 4), np.float32)).shape == (0, 3)
+    with pytest.raises(ValueError, match="arrays"):
+        kernels.order_violation(np.zeros((2, 4), np.float32), np.zeros((3, 5), np.float32))
+
+
 def test_similarity_rejects_unknown_name():
     with pytest.raises(ValueError, match="cosine, order"):
         similarity("dot")
