@@ -26,6 +26,10 @@ class CountingSource(FeatureSource):
         CountingSource.reads += 1
         return super().read(start, stop)
 
+    def read_into(self, start, stop, out, counts_out=None):
+        CountingSource.reads += 1
+        return super().read_into(start, stop, out, counts_out)
+
 
 def _stream(store, **kw):
     src = CountingSource(store.features("f"))
@@ -102,3 +106,70 @@ def test_eval_batches_and_pending_rows(store):
     from vsekit.storage import StoreError
     with pytest.raises(StoreError, match="pending"):
         open_features(store, "g", store.split_rows("train"))
+
+
+def test_raw_chunk_reads_equal_zarr_and_compressed_sets_use_zarr(demo_store, tmp_path):
+    """Float32 vector sets are stored raw and read straight from their chunk files; the result must
+    be what zarr reads, for a full chunk, the short last chunk and a chunk never written (fill 0)."""
+    from zarr.codecs import ZstdCodec
+
+    from vsekit.storage import StoreError
+    from vsekit.storage.store import default_compressors
+
+    assert default_compressors((5,), "float32") is None
+    assert default_compressors((7, 7, 5), "float32") == "auto" and default_compressors((5,), "int8") == "auto"
+    rng = np.random.default_rng(0)
+    vals = rng.normal(size=(demo_store.n_images, 6)).astype(np.float32)
+    raw = demo_store.create_features("raw", (6,), "float32", block_rows=5, attrs={"kind": "global"})
+    packed = demo_store.create_features("z", (6,), "float32", block_rows=5, attrs={"kind": "global"},
+                                        compressors=[ZstdCodec(level=0)])
+    assert len(raw.data.metadata.codecs) == 1 and len(packed.data.metadata.codecs) == 2
+    for blk in raw.blocks():
+        if blk.start != 10:  # rows 10..14 never written
+            raw.write_block(blk, vals[blk.start:blk.stop])
+            packed.write_block(blk, vals[blk.start:blk.stop])
+    src, zsrc = FeatureSource(raw), FeatureSource(packed)
+    assert src._raw_chunk_file(0, 5) is not None and src._raw_chunk_file(20, 24) is not None
+    assert src._raw_chunk_file(1, 5) is None and src._raw_chunk_file(0, 4) is None  # not a whole chunk
+    assert zsrc._raw_chunk_file(0, 5) is None
+    expect = vals.copy()
+    expect[10:15] = 0
+    for start, stop in src.chunks():
+        for s in (src, zsrc):
+            out = np.full((stop - start, 6), np.nan, np.float32)
+            s.read_into(start, stop, out)
+            np.testing.assert_array_equal(out, expect[start:stop])
+            np.testing.assert_array_equal(out, np.asarray(raw.data[start:stop]))
+    # a truncated chunk file is a damaged store, named as such
+    path = src._raw_chunk_file(5, 10)
+    with open(path, "r+b") as f:
+        f.truncate(8)
+    with pytest.raises(StoreError, match="damaged"):
+        src.read_into(5, 10, np.empty((5, 6), np.float32))
+
+
+def test_region_counts_follow_their_rows_across_windows(demo_store):
+    """Regions with per-row counts: every batch's features and counts are its images' rows, also
+    for the pairs carried over from one window into the next."""
+    from vsekit.tokenize import tokenize
+
+    tokenize(demo_store, min_count=1)
+    n = demo_store.n_images
+    fs = demo_store.create_features("r", (3, 2), "float32", block_rows=3, attrs={"kind": "regions"},
+                                    extra={"count": ((), "int32")})
+    for blk in fs.blocks():
+        rows = np.arange(blk.start, blk.stop, dtype=np.float32)
+        fs.write_block(blk, np.broadcast_to(rows[:, None, None], (len(rows), 3, 2)).copy())
+        fs.array("count")[blk.start:blk.stop] = (np.arange(blk.start, blk.stop) % 3) + 1
+    rows = demo_store.split_rows("train")
+    stream = PairStream(FeatureSource(fs), Tokens.from_store(demo_store), rows, demo_store.caption_images(),
+                        batch_size=4, captions="all", window_chunks=2, seed=1)
+    batches = list(stream.epoch(0))
+    assert len(batches) == len(stream)
+    seen = []
+    for b in batches:
+        img = b.images.numpy()
+        np.testing.assert_array_equal(b.feats[:, 0, 0].numpy(), img)
+        np.testing.assert_array_equal(b.counts.numpy(), img % 3 + 1)
+        seen += img.tolist()
+    assert sorted(seen) == sorted(demo_store.caption_images()[demo_store.captions_of_split("train")].tolist())

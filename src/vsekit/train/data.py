@@ -11,6 +11,7 @@ a batch) or every caption (VSE++).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -134,9 +135,88 @@ class FeatureSource:
         counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
         return raw.astype(np.float32, copy=False), counts
 
+    def read_into(self, start: int, stop: int, out: np.ndarray, counts_out: np.ndarray | None = None) -> None:
+        """Decode rows ``[start, stop)`` straight into ``out`` (float32, C-contiguous, ``stop - start`` rows).
+
+        Float32 sets are decoded by zarr into ``out`` itself, so reading a window costs no copy of
+        the window beyond the decode; other layouts (FNE int8, packed codes, an in-memory array) are
+        converted into ``out``.
+        """
+        raw_file = self._raw_chunk_file(start, stop) if out.flags.c_contiguous else None
+        if raw_file is not None:
+            _read_raw_chunk(raw_file, out)
+        elif self.fs is not None and not self.packed and self._data.dtype == np.float32 and out.flags.c_contiguous:
+            from zarr.core.buffer.cpu import NDBuffer
+
+            self._data.get_basic_selection(slice(start, stop), out=NDBuffer.from_numpy_array(out))
+        else:
+            raw = np.asarray(self._data[start:stop])
+            if self.packed:
+                raw = unpack_rows(raw, self.n_features)
+            np.copyto(out, raw, casting="unsafe")
+        if counts_out is not None and self._count is not None:
+            counts_out[:] = np.asarray(self._count[start:stop], dtype=np.int64)
+
+    def _raw_chunk_file(self, start: int, stop: int) -> str | None:
+        """Path of the chunk file holding exactly rows ``[start, stop)``, when its bytes are the rows.
+
+        That is the case for an uncompressed float32 Zarr v3 array (codecs: little-endian ``bytes``
+        only, no sharding) in a local directory store, one chunk per row block: then the chunk file
+        is the rows in C order and can be read straight into the window buffer with one copy from
+        the page cache, instead of zarr's read-then-decode-then-copy. Anything else returns None
+        and goes through zarr.
+        """
+        spec = getattr(self, "_raw_spec", False)
+        if spec is False:
+            spec = self._raw_spec = _raw_layout(self._data) if self.fs is not None and not self.packed else None
+        if spec is None or start % self.chunk_rows or stop != min(start + self.chunk_rows, self.n_rows):
+            return None
+        root, encode = spec
+        return os.path.join(root, encode((start // self.chunk_rows,) + (0,) * (self._data.ndim - 1)))
+
     def chunks(self) -> list[tuple[int, int]]:
         step = self.chunk_rows
         return [(s, min(s + step, self.n_rows)) for s in range(0, self.n_rows, step)]
+
+
+def _raw_layout(array: Any) -> tuple[str, Any] | None:
+    """(array folder, chunk-key encoder) if ``array``'s chunk files are raw little-endian float32 rows."""
+    try:
+        from zarr.codecs import BytesCodec
+        from zarr.storage import LocalStore
+
+        meta = array.metadata
+        store = array.store_path.store
+        raw = (getattr(meta, "zarr_format", 3) == 3 and isinstance(store, LocalStore)
+               and array.dtype == np.dtype("<f4") and len(meta.codecs) == 1
+               and isinstance(meta.codecs[0], BytesCodec) and str(getattr(meta.codecs[0].endian, "value", "")) == "little"
+               and getattr(array, "shards", None) is None and tuple(array.chunks[1:]) == tuple(array.shape[1:])
+               and float(array.fill_value) == 0.0)
+        if not raw:
+            return None
+        folder = os.path.join(str(store.root), *array.store_path.path.split("/"))
+        encoder = meta.chunk_key_encoding.encode_chunk_key
+        return folder, lambda coords: encoder(coords).replace("/", os.sep)
+    except Exception:  # another zarr layout or version: zarr reads it
+        return None
+
+
+def _read_raw_chunk(path: str, out: np.ndarray) -> None:
+    """Read a raw chunk file's first ``out.nbytes`` bytes into ``out``; a missing chunk is all fill (0)."""
+    try:
+        f = open(path, "rb", buffering=0)
+    except FileNotFoundError:  # never written: zarr's fill value
+        out.fill(0)
+        return
+    with f:
+        view = memoryview(out).cast("B")
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                raise StoreError(f"{path}: chunk file is {got} bytes, expected at least {len(view)}; "
+                                 f"the store is damaged")
+            got += n
 
 
 def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSource:
@@ -183,7 +263,8 @@ class PairStream:
     """
 
     def __init__(self, source: FeatureSource, tokens: Tokens, rows: np.ndarray, caption_images: np.ndarray,
-                 *, batch_size: int = 128, captions: str = "one", window_chunks: int = 8, seed: int = 0):
+                 *, batch_size: int = 128, captions: str = "one", window_chunks: int = 8, seed: int = 0,
+                 read_threads: int = 2):
         if captions not in CAPTION_MODES:
             raise ValueError(f"unknown captions mode {captions!r}; valid choices: {', '.join(CAPTION_MODES)}")
         if batch_size < 1:
@@ -191,6 +272,7 @@ class PairStream:
         self.source, self.tokens = source, tokens
         self.batch_size, self.captions = int(batch_size), captions
         self.window_chunks, self.seed = max(1, int(window_chunks)), int(seed)
+        self.read_threads = max(1, int(read_threads))
         # captions of each usable image, CSR by image row
         in_split = np.zeros(source.n_rows, dtype=bool)
         in_split[rows] = True
@@ -223,54 +305,83 @@ class PairStream:
         in_rows[self.rows] = True
         chunks = [c for c in self.source.chunks() if in_rows[c[0]:c[1]].any()]
         order = rng.permutation(len(chunks))
-        left_feats = left_counts = None
-        left_img = left_cap = np.zeros(0, dtype=np.int64)
         windows = [[chunks[ci] for ci in order[w:w + self.window_chunks]]
                    for w in range(0, len(order), self.window_chunks)]
-        for wi, read in enumerate(self._prefetch(windows)):
-            w = wi * self.window_chunks
-            parts, cparts, imgs = [], [], []
-            for (start, stop), (data, counts) in zip(windows[wi], read):
+        head = self.batch_size  # room before each window for the pairs left over from the last one
+        left_feats = left_counts = None
+        left_img = left_cap = np.zeros(0, dtype=np.int64)
+        for wi, (feats_buf, counts_buf) in enumerate(self._prefetch(windows, head)):
+            # pair table of the window: (image row, caption, row in the window buffer)
+            imgs, off = [], head
+            for start, stop in windows[wi]:
                 local = np.flatnonzero(in_rows[start:stop])
                 img, cap = self._pairs(start + local, rng)
-                base = sum(len(p) for p in parts)
-                pos = np.searchsorted(local, img - start)
-                whole = len(local) == stop - start
-                parts.append(data if whole else data[local])
-                cparts.append(None if counts is None else (counts if whole else counts[local]))
-                imgs.append(np.stack([img, cap, base + pos]))
-            n_left = 0 if left_feats is None else len(left_feats)
-            feats = np.concatenate(([left_feats] if n_left else []) + parts)
-            counts = None if cparts[0] is None else np.concatenate(([left_counts] if n_left else []) + cparts)
+                imgs.append(np.stack([img, cap, off + img - start]))
+                off += stop - start
+            n_left = len(left_img)
+            if n_left:
+                feats_buf[head - n_left:head] = left_feats
+                if counts_buf is not None:
+                    counts_buf[head - n_left:head] = left_counts
             table = np.concatenate(imgs, axis=1)
             img = np.concatenate([left_img, table[0]])
             cap = np.concatenate([left_cap, table[1]])
-            pos = np.concatenate([np.arange(n_left), table[2] + n_left])
+            pos = np.concatenate([np.arange(head - n_left, head), table[2]])
             perm = rng.permutation(len(img))
             img, cap, pos = img[perm], cap[perm], pos[perm]
-            last = w + self.window_chunks >= len(order)
+            last = wi == len(windows) - 1
             n_full = len(img) if last else (len(img) // self.batch_size) * self.batch_size
             for b in range(0, n_full, self.batch_size):
                 sl = slice(b, min(b + self.batch_size, n_full))
-                yield self._batch(feats, counts, img[sl], cap[sl], pos[sl])
+                yield self._batch(feats_buf, counts_buf, img[sl], cap[sl], pos[sl])
             rest = pos[n_full:]
-            left_feats = feats[rest]
-            left_counts = None if counts is None else counts[rest]
+            left_feats = feats_buf[rest]
+            left_counts = None if counts_buf is None else counts_buf[rest]
             left_img, left_cap = img[n_full:], cap[n_full:]
 
-    def _prefetch(self, windows: list[list[tuple[int, int]]]) -> Iterator[list]:
-        """Each window's chunks, read by a background thread one window ahead of the consumer."""
+    def _buffers(self, rows: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Two reusable window buffers (one being read, one being consumed), grown on demand.
+
+        Reusing them across windows and epochs spares the allocation and first-touch page faults
+        of a fresh window-sized array per window, which cost as much as the copy itself.
+        """
+        bufs = getattr(self, "_bufs", None)
+        if bufs is None or len(bufs[0][0]) < rows:
+            shape = tuple(self.source.row_shape)
+            with_counts = self.source._count is not None
+            bufs = [(np.empty((rows, *shape), dtype=np.float32),
+                     np.zeros(rows, dtype=np.int64) if with_counts else None) for _ in range(2)]
+            self._bufs = bufs
+        return bufs
+
+    def _prefetch(self, windows: list[list[tuple[int, int]]], head: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Each window's chunks decoded into a window buffer (after ``head`` free rows), by a
+        background thread one window ahead of the consumer."""
         from concurrent.futures import ThreadPoolExecutor
 
-        def read(chunks):
-            return [self.source.read(start, stop) for start, stop in chunks]
+        if not windows:
+            return
+        rows = head + max(sum(stop - start for start, stop in w) for w in windows)
+        bufs = self._buffers(rows)
 
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = pool.submit(read, windows[0]) if windows else None
+        def submit(pool, w):
+            feats, counts = bufs[w % 2]
+            jobs, off = [], head
+            for start, stop in windows[w]:
+                n = stop - start
+                jobs.append(pool.submit(self.source.read_into, start, stop, feats[off:off + n],
+                                        None if counts is None else counts[off:off + n]))
+                off += n
+            return jobs
+
+        with ThreadPoolExecutor(max_workers=self.read_threads) as pool:
+            pending = submit(pool, 0)
             for w in range(len(windows)):
-                current = pending.result()
-                pending = pool.submit(read, windows[w + 1]) if w + 1 < len(windows) else None
-                yield current
+                for job in pending:
+                    job.result()
+                # the other buffer held window w - 1, which the consumer has finished with
+                pending = submit(pool, w + 1) if w + 1 < len(windows) else []
+                yield bufs[w % 2]
 
     def _batch(self, feats, counts, img, cap, pos) -> Batch:
         tokens, lengths = self.tokens.batch(cap)
