@@ -181,6 +181,9 @@ def test_blockwise_scores_equal_pair_by_pair(mode, global_module, monkeypatch):
                 assert one.item() == pytest.approx(block[i, j].item(), abs=1e-6)
         monkeypatch.setattr(sgraf_mod, "SCORE_BLOCK_ELEMENTS", 1)   # one image per sub-block
         assert torch.allclose(m.score(img, cap), block, atol=1e-6)
+        monkeypatch.setattr(sgraf_mod, "CAPTION_GROUP", 2)          # length groups, each trimmed
+        assert len(set(LENGTHS.tolist())) > 2
+        assert torch.allclose(m.score(img, cap), block, atol=1e-6)
 
 
 def test_sgraf_average_is_mean_of_saf_and_sgr():

@@ -116,8 +116,9 @@ def test_raw_chunk_reads_equal_zarr_and_compressed_sets_use_zarr(demo_store, tmp
     from vsekit.storage import StoreError
     from vsekit.storage.store import default_compressors
 
-    assert default_compressors((5,), "float32") is None
-    assert default_compressors((7, 7, 5), "float32") == "auto" and default_compressors((5,), "int8") == "auto"
+    assert default_compressors((5,), "float32", "global") is None
+    assert default_compressors((7, 7, 5), "float32", "grid") == "auto"
+    assert default_compressors((5,), "int8", "fne") == "auto" and default_compressors((5,), "float32", "fne") == "auto"
     rng = np.random.default_rng(0)
     vals = rng.normal(size=(demo_store.n_images, 6)).astype(np.float32)
     raw = demo_store.create_features("raw", (6,), "float32", block_rows=5, attrs={"kind": "global"})

@@ -229,16 +229,17 @@ class FeatureSet:
         return f"FeatureSet({self.name!r}, shape={self.shape}, dtype={self.data.dtype})"
 
 
-def default_compressors(row_shape: Sequence[int], dtype: Any) -> Any:
-    """The codec of a new feature set's ``data``: None (raw) for float32 vectors, else zarr's zstd.
+def default_compressors(row_shape: Sequence[int], dtype: Any, kind: str | None = "global") -> Any:
+    """The codec of a new feature set's ``data``: None (raw) for global float32 vectors, else zstd.
 
-    One float32 vector per image (global features, FNE taps or z-scores) is what training reads
-    every epoch, and dense CNN features barely compress (zstd saves ~8% on pooled ResNet features)
-    while decoding them costs more than reading them: raw chunks are read straight into the
+    Global features (one float32 vector per image) are what the trainer reads every epoch, and
+    dense CNN features barely compress (zstd saves ~8% on pooled ResNet features) while decoding
+    them costs several times more than reading them: raw chunks are read straight into the
     loader's window buffer (``vsekit.train.data``). Grids and regions (tens of GB, sparse after
-    ReLU) and integer FNE codes keep zarr's default zstd, which does pay there.
+    ReLU) and FNE sets (read once by each post-processing stage; the codes compress 10x) keep
+    zarr's default zstd, which does pay there.
     """
-    if len(tuple(row_shape)) == 1 and np.dtype(dtype) == np.float32:
+    if kind == "global" and len(tuple(row_shape)) == 1 and np.dtype(dtype) == np.float32:
         return None
     return "auto"
 
@@ -459,7 +460,7 @@ class FeatureStore:
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
         g = self.root.require_group("features").create_group(name)
         if compressors == "auto":
-            compressors = default_compressors(row_shape, dtype)
+            compressors = default_compressors(row_shape, dtype, attrs.get("kind"))
         kw = {} if compressors == "auto" else {"compressors": compressors}
         g.create_array("data", shape=(n_rows, *row_shape), dtype=dtype,
                        chunks=(block_rows, *row_shape), fill_value=0, **kw)

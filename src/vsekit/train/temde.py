@@ -86,12 +86,30 @@ class TEMDECoder(nn.Module):
         return self.divisions * self.centroids
 
     def assignments(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """(B, L, in_dim) members -> (B, L, N, K) soft assignments; padded members are zero."""
-        z = self.bn(self.proj(x), mask)
-        z = z.view(*x.shape[:-1], self.divisions, self.centroids, self.dim)
-        dist = (z - self.centers).pow(2).sum(-1)
+        """(B, L, in_dim) members -> (B, L, N, K) soft assignments; padded members are zero.
+
+        In evaluation the batch norm is a fixed affine map, so it and the centroids fold into the
+        projection (``z - c = W' x + b'``): one linear layer and a square, with no normalised
+        copy of the (members x N*K*D) projections. Training keeps the literal form, whose batch
+        statistics depend on the batch.
+        """
+        if self.training:
+            z = self.bn(self.proj(x), mask)
+            z = z.view(*x.shape[:-1], self.divisions, self.centroids, self.dim) - self.centers
+        else:
+            weight, bias = self._folded()
+            z = F.linear(x, weight, bias).view(*x.shape[:-1], self.divisions, self.centroids, self.dim)
+        dist = z.pow(2).sum(-1)
         p = torch.softmax(-dist * self.log_temperature.exp(), dim=-1)
         return p * mask[..., None, None].to(p.dtype)
+
+    def _folded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projection with the evaluation batch norm and the centroids folded in: ``z - c = W' x + b'``."""
+        bn = self.bn
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        weight = self.proj.weight * scale[:, None]
+        bias = (self.proj.bias - bn.running_mean) * scale + bn.bias - self.centers.reshape(-1)
+        return weight, bias
 
     def raw_sketch(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The sum of the members' assignments, before normalisation: (B, N, K)."""
