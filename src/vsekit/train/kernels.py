@@ -20,6 +20,8 @@ import threading
 import numpy as np
 
 _lock = threading.Lock()
+# numba's default (workqueue) threading layer must not be entered by two threads at once
+_run_lock = threading.Lock()
 _kernel = None
 _failed = False
 
@@ -94,10 +96,11 @@ def order_violation(img: np.ndarray, cap: np.ndarray, threads: int | None = None
         return out
     want = threads if threads is not None else torch.get_num_threads()
     n_threads = max(1, min(int(want), numba.config.NUMBA_NUM_THREADS))
-    previous = numba.get_num_threads()
-    numba.set_num_threads(n_threads)
-    try:
-        kernel(img, cap, out)
-    finally:
-        numba.set_num_threads(previous)
+    with _run_lock:
+        previous = numba.get_num_threads()
+        numba.set_num_threads(n_threads)
+        try:
+            kernel(img, cap, out)
+        finally:
+            numba.set_num_threads(previous)
     return out
