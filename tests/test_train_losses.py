@@ -77,6 +77,21 @@ def test_fused_order_kernel_matches_numpy_and_the_tensor_path():
         kernels.order_violation(np.zeros((2, 4), np.float32), np.zeros((3, 5), np.float32))
 
 
+def test_order_sim_falls_back_to_tensors_without_the_kernel(monkeypatch):
+    """VSEKIT_NO_NUMBA (or numba failing to import) leaves evaluation on the blocked tensor path."""
+    from vsekit.train import kernels
+
+    monkeypatch.setenv("VSEKIT_NO_NUMBA", "1")
+    monkeypatch.setattr(kernels, "_kernel", None)
+    monkeypatch.setattr(kernels, "_failed", False)
+    img, cap = np.abs(_rand(4, 5, 9)), np.abs(_rand(5, 7, 9))
+    assert kernels.order_violation(img.astype(np.float32), cap.astype(np.float32)) is None
+    assert not kernels.available()
+    with torch.no_grad():
+        got = order_sim(torch.tensor(img, dtype=torch.float32), torch.tensor(cap, dtype=torch.float32))
+    np.testing.assert_allclose(got.numpy(), np_order(img, cap), rtol=1e-5, atol=1e-5)
+
+
 def test_similarity_rejects_unknown_name():
     with pytest.raises(ValueError, match="cosine, order"):
         similarity("dot")

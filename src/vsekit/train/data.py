@@ -136,26 +136,19 @@ class FeatureSource:
         return raw.astype(np.float32, copy=False), counts
 
     def read_into(self, start: int, stop: int, out: np.ndarray, counts_out: np.ndarray | None = None) -> None:
-        """Decode rows ``[start, stop)`` straight into ``out`` (float32, C-contiguous, ``stop - start`` rows).
+        """Rows ``[start, stop)`` decoded into ``out`` (float32, ``stop - start`` rows), counts into ``counts_out``.
 
-        Float32 sets are decoded by zarr into ``out`` itself, so reading a window costs no copy of
-        the window beyond the decode; other layouts (FNE int8, packed codes, an in-memory array) are
-        converted into ``out``.
+        A raw float32 chunk file is read straight into ``out``; anything else goes through :meth:`read`.
         """
         raw_file = self._raw_chunk_file(start, stop) if out.flags.c_contiguous else None
         if raw_file is not None:
             _read_raw_chunk(raw_file, out)
-        elif self.fs is not None and not self.packed and self._data.dtype == np.float32 and out.flags.c_contiguous:
-            from zarr.core.buffer.cpu import NDBuffer
-
-            self._data.get_basic_selection(slice(start, stop), out=NDBuffer.from_numpy_array(out))
+            counts = None if self._count is None else self._count[start:stop]
         else:
-            raw = np.asarray(self._data[start:stop])
-            if self.packed:
-                raw = unpack_rows(raw, self.n_features)
-            np.copyto(out, raw, casting="unsafe")
-        if counts_out is not None and self._count is not None:
-            counts_out[:] = np.asarray(self._count[start:stop], dtype=np.int64)
+            data, counts = self.read(start, stop)
+            out[...] = data
+        if counts_out is not None and counts is not None:
+            counts_out[:] = counts
 
     def _raw_chunk_file(self, start: int, stop: int) -> str | None:
         """Path of the chunk file holding exactly rows ``[start, stop)``, when its bytes are the rows.

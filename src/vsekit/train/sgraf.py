@@ -123,10 +123,16 @@ class GraphReasoning(nn.Module):
         self.key = nn.Linear(dim, dim)
         self.graph = nn.Linear(dim, dim)
 
-    def forward(self, nodes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def probe_map(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weight and bias of the merged map ``W_k^T (W_q n + b_q)`` (a dim^3 product to form)."""
         wk = self.key.weight
-        probe = F.linear(nodes, wk.t() @ self.query.weight, wk.t() @ self.query.bias)
-        edges = probe @ nodes.transpose(-1, -2)
+        return wk.t() @ self.query.weight, wk.t() @ self.query.bias
+
+    def forward(self, nodes: torch.Tensor, mask: torch.Tensor,
+                probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``probe``: :meth:`probe_map`, formed once by a caller that runs many blocks."""
+        weight, bias = self.probe_map() if probe is None else probe
+        edges = F.linear(nodes, weight, bias) @ nodes.transpose(-1, -2)
         edges = masked_softmax(edges, mask.unsqueeze(-2).expand_as(edges), dim=-1)
         return F.relu(self.graph(edges @ nodes))
 
@@ -214,14 +220,16 @@ class SGRAF(RetrievalModel):
         lengths = u_mask.sum(1)
         order = torch.argsort(lengths, stable=True)
         out = u.new_empty(img[0].shape[0], n_cap)
+        # the merged edge maps, formed once here rather than in every cache-sized sub-block
+        probes = [step.probe_map() for step in self.reasoning] if self.mode == "sgr" else None
         for a in range(0, n_cap, CAPTION_GROUP):
             idx = order[a:a + CAPTION_GROUP]
             width = max(1, int(lengths[idx].max()))
             group = (u[idx, :width], u_mask[idx, :width], u_glo[idx])
-            out[:, idx] = self._score_images(img, group)
+            out[:, idx] = self._score_images(img, group, probes)
         return out
 
-    def _score_images(self, img, cap) -> torch.Tensor:
+    def _score_images(self, img, cap, probes=None) -> torch.Tensor:
         """All images against one caption group, in image sub-blocks of bounded size."""
         n_img, regions = img[0].shape[:2]
         n_cap, words, dim = cap[0].shape
@@ -229,8 +237,8 @@ class SGRAF(RetrievalModel):
         budget = SCORE_BLOCK_ELEMENTS if img[0].device.type == "cpu" else SCORE_BLOCK_ELEMENTS_ACCELERATOR
         step = max(1, budget // per_image)
         if step >= n_img:
-            return self._score_block(img, cap)
-        return torch.cat([self._score_block(tuple(t[i:i + step] for t in img), cap)
+            return self._score_block(img, cap, probes)
+        return torch.cat([self._score_block(tuple(t[i:i + step] for t in img), cap, probes)
                           for i in range(0, n_img, step)], dim=0)
 
     def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
@@ -258,7 +266,7 @@ class SGRAF(RetrievalModel):
             return self.temde.pair(v_glo, u_glo)
         return None
 
-    def _score_block(self, img, cap) -> torch.Tensor:
+    def _score_block(self, img, cap, probes=None) -> torch.Tensor:
         v, v_mask, v_glo = img
         u, u_mask, u_glo = cap
         n_img, n_cap = v.shape[0], u.shape[0]
@@ -269,8 +277,8 @@ class SGRAF(RetrievalModel):
             nodes = torch.cat([glo[:, :, None, :], nodes], dim=2)
             mask = torch.cat([mask.new_ones(n_img, n_cap, 1), mask], dim=2)
         if self.mode == "sgr":
-            for step in self.reasoning:
-                nodes = step(nodes, mask)
+            for i, step in enumerate(self.reasoning):
+                nodes = step(nodes, mask, None if probes is None else probes[i])
             if glo is not None:
                 out = nodes[:, :, 0]
             else:
