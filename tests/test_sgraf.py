@@ -186,6 +186,44 @@ def test_blockwise_scores_equal_pair_by_pair(mode, global_module, monkeypatch):
         assert torch.allclose(m.score(img, cap), block, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode,global_module", MODELS)
+def test_evaluation_path_equals_the_training_path(mode, global_module, monkeypatch):
+    """``score`` without autograd takes ``_score_block_eval`` (Gram-matrix context norms, the graph
+    masks as one bias, SGR's last step on the global row only); with autograd, ``_score_block``
+    computes the equations literally. In eval mode both must give the same scores, for both
+    context-norm forms (Gram when d > 2K, direct otherwise)."""
+    m = make(mode, global_module, seed=9)
+    feats, tokens = inputs(9)
+    img = m.encode_images(feats, COUNTS)
+    cap = m.encode_captions(tokens, LENGTHS)
+    literal = m.score(img, cap).detach()
+    assert literal.requires_grad is False and torch.is_grad_enabled()
+    with torch.no_grad():
+        fast = m.score(img, cap)
+        assert torch.allclose(fast, literal, atol=1e-6)
+        # K = 5 regions and D = 8 take the direct norm; padded to 12 > 2K, the Gram form
+        v = torch.cat([img[0], torch.zeros(len(COUNTS), K, 12 - D)], dim=-1)
+        u = torch.cat([cap[0], torch.zeros(len(LENGTHS), cap[0].shape[1], 12 - D)], dim=-1)
+        m2 = make(mode, global_module, seed=9)
+        m2.sim_loc_w = torch.nn.Linear(12, S)
+        with torch.enable_grad():
+            ref = m2._score_block((v, img[1], img[2]), (u, cap[1], cap[2])).detach()
+        assert torch.allclose(m2.score((v, img[1], img[2]), (u, cap[1], cap[2])), ref, atol=1e-6)
+        monkeypatch.setattr(sgraf_mod, "SCORE_BLOCK_ELEMENTS", 1)
+        monkeypatch.setattr(sgraf_mod, "GLOBAL_BLOCK_ELEMENTS", 1)   # global nodes image by image
+        assert torch.allclose(m.score(img, cap), literal, atol=1e-6)
+
+
+def test_short_row_softmax_matches_torch():
+    x = torch.randn(7, 5, 13) * 4
+    x[..., 9:] = torch.finfo(x.dtype).min + x[..., 9:]          # masked keys, as the graph's bias
+    want = torch.softmax(x, dim=-1)
+    got = sgraf_mod.softmax_short_rows(x.clone())
+    assert torch.allclose(got, want, atol=1e-7)
+    assert (got[..., 9:] == 0).all()
+    assert torch.allclose(got.sum(-1), torch.ones(7, 5))
+
+
 def test_sgraf_average_is_mean_of_saf_and_sgr():
     saf, sgr = make("saf", "self-attention", seed=6), make("sgr", "self-attention", seed=7)
     feats, tokens = inputs(6)

@@ -164,6 +164,25 @@ def test_blockwise_scores_equal_pair_by_pair():
                 assert one.item() == pytest.approx(block[i, j].item(), abs=1e-6)
         sub = m.score(tuple(t[1:3] for t in img), tuple(t[2:] for t in cap))
     assert torch.allclose(sub, block[1:3, 2:], atol=1e-6)
+    whole = m.score(img, cap)               # with autograd: one block, no sub-blocks
+    assert torch.allclose(whole, block, atol=1e-6)
+
+
+def test_evaluation_sub_blocks_cover_every_pair(monkeypatch):
+    import vsekit.train.sgraf as sgraf_mod
+
+    m = make("sman", seed=5)
+    feats, tokens = inputs(5, n_img=5)
+    with torch.no_grad():
+        img, cap = m.encode_images(feats), m.encode_captions(tokens, LENGTHS)
+        block = m.score(img, cap)
+        monkeypatch.setattr(sgraf_mod, "SCORE_BLOCK_ELEMENTS", 1)    # one image per sub-block
+        monkeypatch.setattr(sgraf_mod, "CAPTION_GROUP", 3)           # caption groups of 3 and 1
+        small = m.score(img, cap)
+    assert small.shape == (5, len(LENGTHS))
+    assert torch.allclose(small, block, atol=1e-6)
+    whole = m.score(img, cap)               # with autograd: one block
+    assert torch.allclose(whole.detach(), block, atol=1e-6)
 
 
 def test_intra_pair_term_by_hand():

@@ -35,6 +35,9 @@ class VsekitGroup(click.Group):
 @click.version_option(__version__, prog_name="vsekit")
 def main() -> None:
     """vsekit: image-text retrieval inputs, training and evaluation over Zarr stores."""
+    from ..allocator import tune_allocator
+
+    tune_allocator()   # keep numeric temporaries' memory for reuse (VSEKIT_MALLOC_TUNING=0: off)
 
 
 for _name in COMMAND_MODULES:

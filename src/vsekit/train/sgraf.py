@@ -35,12 +35,23 @@ from .temde import MaskedBatchNorm1d, TEMDEGlobal
 
 GLOBAL_MODULES = ("self-attention", "t-emde", "none")
 # Largest (images x captions x words x dim) tensor ``score`` builds at once when no gradient is kept:
-# on a CPU 2^20 floats (4 MB), so a block's intermediates stay in cache (2^24 ran 1.5-2.3x slower at
-# demo sizes, bench/pairwise.py); accelerators get bigger blocks.
-SCORE_BLOCK_ELEMENTS = 1 << 20
+# on a CPU 2^22 floats (16 MB), half glibc's largest mmap threshold, so with ``vsekit.allocator``'s
+# tuning every temporary is reused from the heap (bench/pairwise.py, paper dims: 2^20 6.5k pairs/s,
+# 2^22 8.5k, 2^23 8.7k); accelerators get bigger blocks.
+SCORE_BLOCK_ELEMENTS = 1 << 22
 SCORE_BLOCK_ELEMENTS_ACCELERATOR = 1 << 24
 # Captions scored together when evaluating, grouped by length (so each group carries little padding).
 CAPTION_GROUP = 32
+# Largest (images x captions x dim) block of global similarity nodes formed at once in evaluation.
+GLOBAL_BLOCK_ELEMENTS = 1 << 22
+
+
+def softmax_short_rows(x: torch.Tensor) -> torch.Tensor:
+    """In-place softmax over a short last dimension (a graph's ~10-50 nodes). torch's softmax
+    kernel is 3-4x slower than these three passes on rows that short; masked entries are expected
+    as large negative logits already added to ``x``."""
+    x.sub_(x.amax(-1, keepdim=True)).exp_()
+    return x.div_(x.sum(-1, keepdim=True))
 
 
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
@@ -222,24 +233,34 @@ class SGRAF(RetrievalModel):
         out = u.new_empty(img[0].shape[0], n_cap)
         # the merged edge maps, formed once here rather than in every cache-sized sub-block
         probes = [step.probe_map() for step in self.reasoning] if self.mode == "sgr" else None
+        grams = torch.bmm(img[0], img[0].transpose(1, 2))   # region Gram matrices: context norms
         for a in range(0, n_cap, CAPTION_GROUP):
             idx = order[a:a + CAPTION_GROUP]
             width = max(1, int(lengths[idx].max()))
             group = (u[idx, :width], u_mask[idx, :width], u_glo[idx])
-            out[:, idx] = self._score_images(img, group, probes)
+            out[:, idx] = self._score_images(img, group, probes, grams)
         return out
 
-    def _score_images(self, img, cap, probes=None) -> torch.Tensor:
-        """All images against one caption group, in image sub-blocks of bounded size."""
+    def _score_images(self, img, cap, probes, grams) -> torch.Tensor:
+        """All images against one caption group, in image sub-blocks of bounded size.
+
+        The global nodes are formed for many images at once (up to GLOBAL_BLOCK_ELEMENTS), since
+        a cache-sized sub-block holds too few images for their products to run efficiently.
+        """
         n_img, regions = img[0].shape[:2]
         n_cap, words, dim = cap[0].shape
         per_image = max(1, n_cap * words * max(dim, regions))
         budget = SCORE_BLOCK_ELEMENTS if img[0].device.type == "cpu" else SCORE_BLOCK_ELEMENTS_ACCELERATOR
         step = max(1, budget // per_image)
-        if step >= n_img:
-            return self._score_block(img, cap, probes)
-        return torch.cat([self._score_block(tuple(t[i:i + step] for t in img), cap, probes)
-                          for i in range(0, n_img, step)], dim=0)
+        chunk = max(step, GLOBAL_BLOCK_ELEMENTS // max(1, n_cap * max(dim, self.sim_loc_w.out_features)))
+        out = []
+        for a in range(0, n_img, chunk):
+            glo = self.global_node(img[2][a:a + chunk], cap[2])
+            for i in range(a, min(a + chunk, n_img), step):
+                sub = tuple(t[i:i + step] for t in img)
+                out.append(self._score_block_eval(sub, cap, probes, grams[i:i + step],
+                                                  None if glo is None else glo[i - a:i - a + step]))
+        return out[0] if len(out) == 1 else torch.cat(out, dim=0)
 
     def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
         """Word-to-region attention and the local similarity vectors: (n_img, n_cap, L, sim_dim).
@@ -290,6 +311,86 @@ class SGRAF(RetrievalModel):
             a = a / (a.sum(-1, keepdim=True) + 1e-8)
             out = l2norm((a[..., None] * nodes).sum(2))
         return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+
+    # -- evaluation: the same scores as ``_score_block``, with less work and fewer memory passes ---
+    def _local_nodes_eval(self, v, v_mask, u, u_mask, grams, out) -> None:
+        """``local_nodes`` without autograd, written into ``out`` (n_img, n_cap, L, sim_dim).
+
+        Two exact shortcuts: the norm of each attended context ``c = V^T alpha`` comes from the
+        region Gram matrix (``|c|^2 = alpha^T (V V^T) alpha``: K^2 per word instead of a pass over
+        the d-wide context), so the weights are rescaled before the context is formed; and
+        ``(c - u)^2`` is formed in place.
+        """
+        n_img, k, d = v.shape
+        n_cap, n_words, _ = u.shape
+        p = n_cap * n_words
+        eps = 1e-8
+        attn = (v.reshape(n_img * k, d) @ u.reshape(p, d).t()).view(n_img, k, n_cap, n_words)
+        F.leaky_relu(attn, 0.1, inplace=True)
+        attn.mul_(u_mask.view(1, 1, n_cap, n_words))
+        norm = torch.linalg.vector_norm(attn, dim=-1, keepdim=True).clamp_min_(eps)
+        attn.div_(norm.div_(self.lambda_softmax))                # l2norm over the words, times lambda
+        if not bool(v_mask.all()):
+            missing = torch.zeros(v_mask.shape, dtype=attn.dtype, device=attn.device)
+            attn.add_(missing.masked_fill_(~v_mask, torch.finfo(attn.dtype).min).view(n_img, k, 1, 1))
+        alpha = torch.softmax(attn, dim=1).view(n_img, k, p)    # over the real regions
+        if d > 2 * k:   # the Gram form costs K^2 per word, the direct norm a pass over d
+            sq_norm = (torch.bmm(grams, alpha) * alpha).sum(1)      # |V^T alpha|^2, (n_img, p)
+            alpha.mul_(sq_norm.clamp_min_(eps * eps).rsqrt_()[:, None, :])
+            context = torch.bmm(alpha.transpose(1, 2), v)          # l2-normalised contexts (n_img, p, d)
+        else:
+            context = torch.bmm(alpha.transpose(1, 2), v)
+            context.div_(torch.linalg.vector_norm(context, dim=-1, keepdim=True).clamp_min_(eps))
+        context.view(n_img, p * d).sub_(u.reshape(1, p * d)).square_()
+        sims = torch.addmm(self.sim_loc_w.bias, context.view(-1, d), self.sim_loc_w.weight.t())
+        sims.div_(torch.linalg.vector_norm(sims, dim=-1, keepdim=True).clamp_min_(eps))
+        out.copy_(sims.view(n_img, n_cap, n_words, -1))
+
+    def _score_block_eval(self, img, cap, probes, grams, glo) -> torch.Tensor:
+        """``_score_block`` for evaluation (no autograd): the same scores, computed with
+
+        - the local nodes of :meth:`_local_nodes_eval`, written into one preallocated node tensor;
+        - the padding masks of the graph edges as one additive bias, formed once for all steps;
+        - in SGR's last step only the global node's row: the score reads that node alone, so the
+          other nodes' last update (two dim x dim maps per node) is never needed.
+        """
+        v, v_mask = img[:2]
+        u, u_mask = cap[:2]
+        n_img, n_cap, n_words = v.shape[0], u.shape[0], u.shape[1]
+        first = 0 if glo is None else 1
+        nodes = v.new_empty(n_img, n_cap, first + n_words, self.sim_loc_w.out_features)
+        if glo is not None:
+            nodes[:, :, 0] = glo
+            u_mask = torch.cat([u_mask.new_ones(n_cap, 1), u_mask], dim=1)
+        self._local_nodes_eval(v, v_mask, u, cap[1], grams, nodes[:, :, first:])
+        mask = u_mask[None].expand(n_img, -1, -1)
+        if self.mode == "saf":
+            logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
+            a = torch.sigmoid(logits) * mask.to(nodes.dtype)
+            a = a / (a.sum(-1, keepdim=True) + 1e-8)
+            out = l2norm((a[..., None] * nodes).sum(2))
+            return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+        b, n, dim = n_img * n_cap, nodes.shape[2], nodes.shape[3]
+        nodes = nodes.view(b, n, dim)
+        bias = torch.zeros(n_cap, n, dtype=nodes.dtype, device=nodes.device)
+        bias.masked_fill_(~u_mask, torch.finfo(nodes.dtype).min)
+        bias = bias.expand(n_img, n_cap, n).reshape(b, 1, n)
+        steps = list(zip(self.reasoning, probes))
+        last = len(steps) - 1 if glo is not None else len(steps)
+        for step, (weight, pbias) in steps[:last]:
+            probe = torch.addmm(pbias, nodes.view(-1, dim), weight.t()).view(b, n, dim)
+            # (a batched product with a transposed operand runs ~2x slower than copy + product)
+            edges = torch.bmm(probe, nodes.transpose(1, 2).contiguous()).add_(bias)
+            nodes = F.relu_(step.graph(torch.bmm(softmax_short_rows(edges), nodes)))
+        if glo is not None:                                      # the last step, global row only
+            step, (weight, pbias) = steps[-1]
+            probe = torch.addmm(pbias, nodes[:, 0], weight.t())
+            edges = softmax_short_rows(torch.bmm(nodes, probe[:, :, None]).squeeze(-1).add_(bias[:, 0]))
+            out = F.relu_(step.graph(torch.bmm(edges[:, None, :], nodes).squeeze(1)))
+        else:
+            m = mask.reshape(b, n, 1).to(nodes.dtype)
+            out = (nodes * m).sum(1) / m.sum(1).clamp(min=1)
+        return torch.sigmoid(self.eval_w(out)).squeeze(-1).view(n_img, n_cap)
 
 
 def average_scores(models, feats, counts, tokens, lengths) -> torch.Tensor:
