@@ -108,6 +108,23 @@ def test_sketch_is_sum_of_member_assignments_and_ignores_padding(coder):
     assert torch.allclose(short, padded, atol=1e-5)
 
 
+def test_evaluation_sketch_codes_only_real_members(coder):
+    """Without autograd the coder gathers the real members, codes them and sums them per item."""
+    x = torch.randn(3, 4, 6)
+    mask = torch.tensor([[True, False, True, False], [False, False, False, False], [True, True, True, True]])
+    x[~mask] = 50.0                                            # garbage in every padded slot
+    with torch.no_grad():
+        raw = _np(coder.raw_sketch(x, mask))
+        literal = coder.assignments(x, mask).sum(1)
+    assert raw.shape == (3, 3, 4)
+    for i in range(3):
+        real = _np(x[i][mask[i]])
+        expect = _ref_assignments(coder, real).sum(0) if len(real) else np.zeros((3, 4))
+        assert np.allclose(raw[i], expect, atol=1e-5)
+    assert np.allclose(raw, _np(literal), atol=1e-5)
+    assert np.allclose(raw[1], 0.0)                            # an item with no members: empty sketch
+
+
 def test_default_sketch_is_160_wide():
     c = TEMDECoder(16)
     assert c.sketch_dim == 160

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import RetrievalModel, register_model
-from .encoders import l2norm, length_mask  # noqa: F401 (re-exported for sman/temde)
+from .encoders import l2norm, length_mask, softmax_short_rows  # noqa: F401 (re-exported for sman/temde)
 from .temde import MaskedBatchNorm1d, TEMDEGlobal
 
 GLOBAL_MODULES = ("self-attention", "t-emde", "none")
@@ -44,14 +44,6 @@ SCORE_BLOCK_ELEMENTS_ACCELERATOR = 1 << 24
 CAPTION_GROUP = 32
 # Largest (images x captions x dim) block of global similarity nodes formed at once in evaluation.
 GLOBAL_BLOCK_ELEMENTS = 1 << 22
-
-
-def softmax_short_rows(x: torch.Tensor) -> torch.Tensor:
-    """In-place softmax over a short last dimension (a graph's ~10-50 nodes). torch's softmax
-    kernel is 3-4x slower than these three passes on rows that short; masked entries are expected
-    as large negative logits already added to ``x``."""
-    x.sub_(x.amax(-1, keepdim=True)).exp_()
-    return x.div_(x.sum(-1, keepdim=True))
 
 
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
