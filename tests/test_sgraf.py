@@ -214,6 +214,18 @@ def test_evaluation_path_equals_the_training_path(mode, global_module, monkeypat
         assert torch.allclose(m.score(img, cap), literal, atol=1e-6)
 
 
+@pytest.mark.parametrize("steps", [0, 1])
+def test_evaluation_path_with_few_reasoning_steps(steps):
+    torch.manual_seed(10)
+    m = create_model("sgr", img_shape=(K, C), vocab_size=V, embed_dim=D, word_dim=5, sim_dim=S,
+                     sgr_steps=steps).eval()
+    feats, tokens = inputs(10)
+    img, cap = m.encode_images(feats, COUNTS), m.encode_captions(tokens, LENGTHS)
+    literal = m.score(img, cap).detach()
+    with torch.no_grad():
+        assert torch.allclose(m.score(img, cap), literal, atol=1e-6)
+
+
 def test_short_row_softmax_matches_torch():
     x = torch.randn(7, 5, 13) * 4
     x[..., 9:] = torch.finfo(x.dtype).min + x[..., 9:]          # masked keys, as the graph's bias

@@ -214,7 +214,9 @@ class SGRAF(RetrievalModel):
         Without autograd (evaluation) the captions are also grouped by length, and each group is
         cut to its own longest caption: a block padded to the longest caption of a whole batch
         would spend most of its work on padding (COCO captions: mean ~11 words, longest ~50).
-        Padding never changes a score, so the result is the same.
+        Padding never changes a score, so the result is the same. Each sub-block then goes through
+        :meth:`_score_block_eval`, which computes the same scores as the literal ``_score_block``
+        (used with autograd) with less work; tests compare the two.
         """
         if torch.is_grad_enabled():
             return self._score_block(img, cap)
@@ -368,17 +370,19 @@ class SGRAF(RetrievalModel):
         bias.masked_fill_(~u_mask, torch.finfo(nodes.dtype).min)
         bias = bias.expand(n_img, n_cap, n).reshape(b, 1, n)
         steps = list(zip(self.reasoning, probes))
-        last = len(steps) - 1 if glo is not None else len(steps)
+        last = len(steps) - 1 if glo is not None and steps else len(steps)
         for step, (weight, pbias) in steps[:last]:
             probe = torch.addmm(pbias, nodes.view(-1, dim), weight.t()).view(b, n, dim)
             # (a batched product with a transposed operand runs ~2x slower than copy + product)
             edges = torch.bmm(probe, nodes.transpose(1, 2).contiguous()).add_(bias)
             nodes = F.relu_(step.graph(torch.bmm(softmax_short_rows(edges), nodes)))
-        if glo is not None:                                      # the last step, global row only
+        if glo is not None and steps:                            # the last step, global row only
             step, (weight, pbias) = steps[-1]
             probe = torch.addmm(pbias, nodes[:, 0], weight.t())
             edges = softmax_short_rows(torch.bmm(nodes, probe[:, :, None]).squeeze(-1).add_(bias[:, 0]))
             out = F.relu_(step.graph(torch.bmm(edges[:, None, :], nodes).squeeze(1)))
+        elif glo is not None:
+            out = nodes[:, 0]
         else:
             m = mask.reshape(b, n, 1).to(nodes.dtype)
             out = (nodes * m).sum(1) / m.sum(1).clamp(min=1)
