@@ -9,19 +9,17 @@ import sys
 import pytest
 
 WORKLOAD = """
-import resource, torch
+import resource, numpy as np
 from vsekit.allocator import tune_allocator
 ok = tune_allocator()
-assert tune_allocator() is ok            # idempotent
+assert tune_allocator() is ok                                  # idempotent
+big = np.ones(24 << 20, np.uint8); del big    # default glibc: mmap threshold -> 24 MB, trim -> 48 MB
 def run():
-    x = torch.ones(64, 1 << 14)
-    for i in range(30):
-        y = torch.cat([x] * (1 + i % 5))  # 4-20 MB temporaries of varying size
-        z = (y * 2).sum(0)
-        del y, z
-run(); run()
+    blocks = [np.ones(20 << 20, np.uint8) for _ in range(3)]   # 60 MB of temporaries on the heap
+    del blocks
+run()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(6):
+for _ in range(5):
     run()
 print(ok, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -41,10 +39,11 @@ def test_tuned_allocator_reuses_freed_blocks():
     assert off is False                     # VSEKIT_MALLOC_TUNING=0 leaves the allocator alone
     if not tuned:
         pytest.skip("not glibc: nothing to tune")
-    # 6 x 30 temporaries of 4-20 MB after a warm-up: untuned, glibc returns many of them to the
-    # kernel and faults them in again page by page (counts vary from run to run: 3k-45k per pass)
-    assert n_off > 5000
-    assert n_tuned < n_off / 3
+    # Untuned, glibc trims the 60 MB freed at the top of its heap (over its 48 MB trim threshold)
+    # and faults it in again page by page on the next round; tuned, the freed memory is reused.
+    # Single-threaded numpy, so the counts are deterministic (here: 7,655 against 0).
+    assert n_off > 2000
+    assert n_tuned < 200
 
 
 def test_cli_tunes_the_allocator(monkeypatch):
