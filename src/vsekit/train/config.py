@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from .presets_ii import full_presets
+
 _FNE = {"batch_size": 128, "grad_clip": 2.0, "captions": "one", "epochs": 30, "lr_milestones": [],
         "patience": 3}
 _SEAM = {"word_dim": 300, "embed_dim": 1024, "margin": 0.05, "lr": 1e-3, "lr_milestones": [15],
@@ -61,11 +63,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 MODEL_DEFAULT_PRESET = {"vse": "vse++", "order": "order++", "seam-e": "seam-e", "seam-c": "seam-c",
                         "seam-g": "seam-g", "sman": "sman", "saf": "saf-coco", "sgr": "sgr-coco"}
 
-try:  # Trainer II's presets (SMAN, SAF, SGR and their demo sizes)
-    from .presets_ii import full_presets as _presets_ii
-except ImportError:  # pragma: no cover
-    _presets_ii = dict
-PRESETS.update({k: v for k, v in _presets_ii().items() if k not in PRESETS})
+# Trainer II's presets (SMAN, SAF, SGR and their demo sizes)
+PRESETS.update({k: v for k, v in full_presets().items() if k not in PRESETS})
 
 
 @dataclass

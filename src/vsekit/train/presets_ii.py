@@ -10,9 +10,8 @@
 - ``*-demo``: small dimensions and a few epochs, so the 400-image demo trains each model in a few
   minutes on a 2-core CPU (combine after a paper preset: ``--preset sgr-coco --preset sgraf-demo``).
 
-Wiring (config.py belongs to Trainer I): ``PRESETS.update(PRESETS_II)``.  Keys that ``TrainConfig``
-does not have yet (``optimizer``, ``weight_decay``) are left out of the presets until it has them;
-then ``make_optimizer(cfg.optimizer, params, cfg.lr, cfg.weight_decay)`` builds Adadelta for SMAN.
+``config.PRESETS`` includes these (:func:`full_presets`, every setting, optimiser included), and the
+trainer builds its optimiser with :func:`make_optimizer` (Adadelta for SMAN).
 """
 
 from __future__ import annotations

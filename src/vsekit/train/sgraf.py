@@ -300,11 +300,15 @@ class SGRAF(RetrievalModel):
                 m = mask.to(nodes.dtype)[..., None]
                 out = (nodes * m).sum(2) / m.sum(2).clamp(min=1)
         else:
-            logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
-            a = torch.sigmoid(logits) * mask.to(nodes.dtype)
-            a = a / (a.sum(-1, keepdim=True) + 1e-8)
-            out = l2norm((a[..., None] * nodes).sum(2))
+            out = self._filtered(nodes, mask)
         return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+
+    def _filtered(self, nodes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """SAF (eq. 9): l2norm(sum_i a_i N_i), a = l1norm(sigmoid(BN(w . N))) over the real nodes."""
+        logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
+        a = torch.sigmoid(logits) * mask.to(nodes.dtype)
+        a = a / (a.sum(-1, keepdim=True) + 1e-8)
+        return l2norm((a[..., None] * nodes).sum(2))
 
     # -- evaluation: the same scores as ``_score_block``, with less work and fewer memory passes ---
     def _local_nodes_eval(self, v, v_mask, u, u_mask, grams, out) -> None:
@@ -359,11 +363,7 @@ class SGRAF(RetrievalModel):
         self._local_nodes_eval(v, v_mask, u, cap[1], grams, nodes[:, :, first:])
         mask = u_mask[None].expand(n_img, -1, -1)
         if self.mode == "saf":
-            logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
-            a = torch.sigmoid(logits) * mask.to(nodes.dtype)
-            a = a / (a.sum(-1, keepdim=True) + 1e-8)
-            out = l2norm((a[..., None] * nodes).sum(2))
-            return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+            return torch.sigmoid(self.eval_w(self._filtered(nodes, mask))).squeeze(-1)
         b, n, dim = n_img * n_cap, nodes.shape[2], nodes.shape[3]
         nodes = nodes.view(b, n, dim)
         bias = torch.zeros(n_cap, n, dtype=nodes.dtype, device=nodes.device)

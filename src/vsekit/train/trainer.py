@@ -25,6 +25,7 @@ import torch
 
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
+from . import presets_ii
 from .base import RetrievalModel, _MODELS, create_model, model_names
 from .config import TrainConfig, resolve_config
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
@@ -99,11 +100,7 @@ def load_checkpoint(path: Path, device: str = "cpu") -> dict[str, Any]:
 
 
 def make_optimizer(cfg: TrainConfig, params, lr: float) -> torch.optim.Optimizer:
-    if cfg.optimizer == "adam" and not cfg.weight_decay:
-        return torch.optim.Adam(params, lr=lr)
-    from .presets_ii import make_optimizer as make
-
-    return make(cfg.optimizer, params, lr, cfg.weight_decay)
+    return presets_ii.make_optimizer(cfg.optimizer, params, lr, cfg.weight_decay)
 
 
 def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
