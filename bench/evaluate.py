@@ -1,7 +1,7 @@
 """Benchmark: blockwise evaluation vs a naive reference on COCO-5K-sized random embeddings.
 
 Fast path: ``vsekit.train.evaluation.compute_ranks`` (similarities in bounded blocks, ranks by
-counting; order similarity through the fused kernel of ``vsekit.train.kernels``). Naive reference
+counting; order similarity through the fused kernel of ``vsekit.models.kernels``). Naive reference
 (the usual research code): the full similarity matrix (order similarity by broadcasting 100 images
 at a time) and a full argsort per query. We print seconds, peak RSS growth, the speed-up, and
 whether the metrics print the same (with how many ranks moved: the two compute each float32 score
@@ -27,7 +27,7 @@ import psutil
 import torch
 
 from vsekit.train.evaluation import compute_ranks, metrics_from_ranks
-from vsekit.train.losses import cosine_sim, order_sim
+from vsekit.models.losses import cosine_sim, order_sim
 
 
 class PeakRSS:

@@ -26,7 +26,7 @@ from vsekit.report import report
 from vsekit.report.examples import top_k
 from vsekit.report.runs import parse_epoch, parse_metrics
 from vsekit.storage.store import write_array
-from vsekit.train import base
+from vsekit.models import base
 
 torch.set_num_threads(1)
 
@@ -360,7 +360,7 @@ def test_model_run_scores_in_blocks_and_shows_attention(small_store, tmp_path):
 def test_sgraf_word_attention_equals_its_equation_and_temde_has_none(small_store, tmp_path):
     """SGR's per-word weights (SGRAF eq. 4) recomputed in numpy; T-EMDE's centroid softmax is not shown."""
     from vsekit.report import model_io
-    from vsekit.train.base import create_model
+    from vsekit.models.base import create_model
 
     vocab = len(small_store.root["tokens"].attrs["vocabulary"])
     runs = {}

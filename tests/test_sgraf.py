@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import vsekit.train.sgraf as sgraf_mod
-from vsekit.train.base import create_model
-from vsekit.train.temde import MaskedBatchNorm1d
+import vsekit.models.sgraf as sgraf_mod
+from vsekit.models.base import create_model
+from vsekit.models.temde import MaskedBatchNorm1d
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vsekit.train.base import create_model
+from vsekit.models.base import create_model
 
 torch.set_num_threads(1)
 
@@ -169,7 +169,7 @@ def test_blockwise_scores_equal_pair_by_pair():
 
 
 def test_evaluation_sub_blocks_cover_every_pair(monkeypatch):
-    import vsekit.train.sgraf as sgraf_mod
+    import vsekit.models.sgraf as sgraf_mod
 
     m = make("sman", seed=5)
     feats, tokens = inputs(5, n_img=5)
@@ -238,34 +238,25 @@ def test_learns_on_synthetic_pairs(name):
     assert (s.argmax(0) == torch.arange(n)).float().mean() >= 0.8
 
 
-def test_presets_ii_resolve_and_optimizer():
+def test_trainer_ii_presets_resolve_and_optimizer():
     import dataclasses
 
-    from vsekit.train import presets_ii
+    from vsekit.train import presets
     from vsekit.train.config import TrainConfig, resolve_config
 
-    full = presets_ii.full_presets()
+    full = presets.PRESETS
     assert full["sman"]["optimizer"] == "adadelta" and full["sman"]["lr"] == 0.05
     assert full["sman"]["weight_decay"] == 5e-4 and full["sman"]["grad_clip"] == 0.1
     assert (full["sman"]["epochs"], full["sman"]["lr_milestones"]) == (60, [50])
     assert (full["sgr-f30k"]["epochs"], full["sgr-f30k"]["lr_milestones"]) == (40, [30])
     assert (full["saf-f30k"]["epochs"], full["saf-f30k"]["lr_milestones"]) == (30, [20])
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    for name, preset in presets_ii.presets().items():
+    for name, preset in full.items():
         assert set(preset) <= fields, name
-    cfg_presets = presets_ii.PRESETS_II
-    from vsekit.train import config
-
-    saved = dict(config.PRESETS)
-    try:
-        config.PRESETS.update(cfg_presets)
-        cfg = resolve_config(None, ["sgr-coco", "sgraf-demo"])
-        assert cfg.model == "sgr" and cfg.embed_dim == 64 and cfg.model_args == {"sim_dim": 32, "dropout": 0.1}
-        assert resolve_config(None, ["sgr-coco"]).max_violation is True
-    finally:
-        config.PRESETS.clear()
-        config.PRESETS.update(saved)
+    cfg = resolve_config(None, ["sgr-coco", "sgraf-demo"])
+    assert cfg.model == "sgr" and cfg.embed_dim == 64 and cfg.model_args == {"sim_dim": 32, "dropout": 0.1}
+    assert resolve_config(None, ["sgr-coco"]).max_violation is True
     param = torch.zeros(2, requires_grad=True)
-    assert isinstance(presets_ii.make_optimizer("adadelta", [param], 0.05, 5e-4), torch.optim.Adadelta)
+    assert isinstance(presets.make_optimizer("adadelta", [param], 0.05, 5e-4), torch.optim.Adadelta)
     with pytest.raises(ValueError, match="valid choices: adam, adadelta"):
-        presets_ii.make_optimizer("sgd", [param], 0.1)
+        presets.make_optimizer("sgd", [param], 0.1)

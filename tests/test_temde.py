@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vsekit.train.temde import MaskedBatchNorm1d, TEMDECoder, TEMDEGlobal
+from vsekit.models.temde import MaskedBatchNorm1d, TEMDECoder, TEMDEGlobal
 
 torch.set_num_threads(1)
 

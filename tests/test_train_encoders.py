@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vsekit.train import create_model
-from vsekit.train.encoders import GRUTextEncoder, ImageEncoder, SeamTextEncoder
+from vsekit.models.encoders import GRUTextEncoder, ImageEncoder, SeamTextEncoder
 
 MODELS = ["vse", "order", "seam-e", "seam-c", "seam-g"]
 SMALL = {"hops": 3, "att_units": 8, "filters": 5, "gru_dim": 12}

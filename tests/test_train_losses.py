@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from vsekit.train.encoders import SelfAttention
-from vsekit.train.losses import HingeLoss, cosine_sim, order_sim, similarity
+from vsekit.models.encoders import SelfAttention
+from vsekit.models.losses import HingeLoss, cosine_sim, order_sim, similarity
 
 
 def _rand(seed, *shape):
@@ -53,7 +53,7 @@ def test_cosine_and_order_similarity_match_numpy():
 
 def test_fused_order_kernel_matches_numpy_and_the_tensor_path():
     """Evaluation (no grad, float32) runs the fused numba kernel; training keeps autograd."""
-    from vsekit.train import kernels
+    from vsekit.models import kernels
 
     if not kernels.available():
         pytest.skip("numba is not importable here")
@@ -79,7 +79,7 @@ def test_fused_order_kernel_matches_numpy_and_the_tensor_path():
 
 def test_order_sim_falls_back_to_tensors_without_the_kernel(monkeypatch):
     """VSEKIT_NO_NUMBA (or numba failing to import) leaves evaluation on the blocked tensor path."""
-    from vsekit.train import kernels
+    from vsekit.models import kernels
 
     monkeypatch.setenv("VSEKIT_NO_NUMBA", "1")
     monkeypatch.setattr(kernels, "_kernel", None)

@@ -2,7 +2,7 @@
 
 The model is rebuilt from the run's ``config.json`` and ``checkpoint_best.pt`` (or the last one)
 through the trainer's own loader when it has one, else through the model registry
-(``vsekit.train.base.create_model``). Features and tokens are read from the store a block of rows
+(``vsekit.models.create_model``). Features and tokens are read from the store a block of rows
 at a time, so memory is bounded by the block size, not the test-set size.
 """
 
@@ -101,7 +101,7 @@ def load_model(run: RunInfo, device: str = "cpu"):
 
         model, _ = trainer_load_run(run.path, device)
         return model.eval()
-    from ..train.base import create_model
+    from ..models.base import create_model
 
     kwargs = _first(run.config, "model_kwargs", "model_args") or {}
     model = create_model(run.model_name, **kwargs)

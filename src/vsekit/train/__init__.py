@@ -4,7 +4,7 @@ Entry points: ``train(store, features, model, out, ...)`` and ``evaluate(runs, .
 created by name through ``create_model`` (see ``base.py`` for the contract every model meets).
 """
 
-from .base import RetrievalModel, create_model, model_names, register_model  # noqa: F401
+from ..models import RetrievalModel, create_model, model_names, register_model  # noqa: F401
 from .config import PRESETS, TrainConfig, resolve_config  # noqa: F401
 from .evaluation import compute_ranks, metrics_from_ranks, ranks_from_matrix  # noqa: F401
 from .runs import evaluate  # noqa: F401

@@ -1,22 +1,9 @@
-"""The resolved training configuration and the presets that carry the papers' settings.
+"""The resolved training configuration.
 
-Config flows one way: defaults → presets (in the order given, later ones win) → explicit overrides
-(CLI options) → a frozen ``TrainConfig`` saved as ``RUN/config.json``.
-
-Presets:
-
-- FNE paper (Vilalta et al.), Table 1, COCO: ``sh``, ``mh``, ``soe``, ``moe``, ``ph``, ``poe``; batch
-  128, gradient clip 2, one caption per image per epoch. The table gives no epoch count or decay;
-  we use 30 epochs, no decay, and patience 3 for the PH/POE switch.
-- SEAM (Wehrmann et al.): ``seam-e``, ``seam-c``, ``seam-g``: word dim and attention units 300, hops
-  30 / 10 per module / 30 over a 512-unit GRU, lambda 0.5, joint space 1024, order loss (margin 0.05,
-  ``|.|``), Adam 1e-3 divided by 10 at epoch 15, batch 128, 30 epochs.
-- VSE++ / Order++ style: ``vse++`` and ``order++``: lr 2e-4 x0.1 at epoch 15, 30 epochs, margin 0.2
-  (cosine) or 0.05 (order, ``|.|``), max violation, every caption per epoch.
-- ``--model`` without a preset that names a model starts from that model's paper preset
-  (``vse`` → ``vse++``, ``order`` → ``order++``, ``seam-*`` → ``seam-*``).
-- ``demo``: small dimensions and few epochs so the demo data trains in seconds on a CPU; combine it
-  after a paper preset (``--preset poe --preset demo``).
+Config flows one way: defaults → presets (``presets.py``, in the order given, later ones win) →
+explicit overrides (CLI options) → a frozen ``TrainConfig`` saved as ``RUN/config.json``. ``--model``
+without a preset that names a model starts from that model's paper preset
+(``presets.MODEL_DEFAULT_PRESET``).
 """
 
 from __future__ import annotations
@@ -26,45 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .presets_ii import full_presets
-
-_FNE = {"batch_size": 128, "grad_clip": 2.0, "captions": "one", "epochs": 30, "lr_milestones": [],
-        "patience": 3}
-_SEAM = {"word_dim": 300, "embed_dim": 1024, "margin": 0.05, "lr": 1e-3, "lr_milestones": [15],
-         "batch_size": 128, "epochs": 30, "max_violation": False, "captions": "one"}
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "sh": {**_FNE, "model": "vse", "embed_dim": 1536, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
-           "max_violation": False},
-    "mh": {**_FNE, "model": "vse", "embed_dim": 2048, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
-           "max_violation": True},
-    "soe": {**_FNE, "model": "order", "embed_dim": 1536, "word_dim": 1024, "lr": 1e-3, "margin": 0.05,
-            "max_violation": False},
-    "moe": {**_FNE, "model": "order", "embed_dim": 2048, "word_dim": 1536, "lr": 1e-3, "margin": 0.05,
-            "max_violation": True},
-    "ph": {**_FNE, "model": "vse", "embed_dim": 1536, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
-           "curriculum": True},
-    "poe": {**_FNE, "model": "order", "embed_dim": 2048, "word_dim": 1024, "lr": 1e-3, "lr2": 1e-4,
-            "margin": 0.05, "curriculum": True},
-    "seam-e": {**_SEAM, "model": "seam-e", "model_args": {"hops": 30, "att_units": 300, "penalty_weight": 0.5}},
-    "seam-c": {**_SEAM, "model": "seam-c",
-               "model_args": {"hops": 10, "att_units": 300, "filters": 100, "penalty_weight": 0.5}},
-    "seam-g": {**_SEAM, "model": "seam-g",
-               "model_args": {"hops": 30, "att_units": 300, "gru_dim": 512, "penalty_weight": 0.5}},
-    "vse++": {"model": "vse", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
-              "epochs": 30, "margin": 0.2, "max_violation": True, "captions": "all", "batch_size": 128},
-    "order++": {"model": "order", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
-                "epochs": 30, "margin": 0.05, "max_violation": True, "captions": "all", "batch_size": 128},
-    "demo": {"epochs": 10, "batch_size": 32, "embed_dim": 128, "word_dim": 64, "lr_milestones": [], "lr": 2e-3, "captions": "one", "max_violation": False,
-             "patience": 2, "model_args": {"hops": 4, "att_units": 32, "filters": 16, "gru_dim": 64}},
-}
-
-# the preset a model starts from when no preset given names a model (its paper's settings)
-MODEL_DEFAULT_PRESET = {"vse": "vse++", "order": "order++", "seam-e": "seam-e", "seam-c": "seam-c",
-                        "seam-g": "seam-g", "sman": "sman", "saf": "saf-coco", "sgr": "sgr-coco"}
-
-# Trainer II's presets (SMAN, SAF, SGR and their demo sizes)
-PRESETS.update({k: v for k, v in full_presets().items() if k not in PRESETS})
+from .presets import MODEL_DEFAULT_PRESET, PRESETS  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -142,7 +91,7 @@ def resolve_config(model: str | None = None, presets: Sequence[str] = (), **over
 
 def _validate(cfg: TrainConfig) -> None:
     from .data import CAPTION_MODES
-    from .losses import SIMILARITIES
+    from ..models.losses import SIMILARITIES
 
     if cfg.captions not in CAPTION_MODES:
         raise ValueError(f"--captions {cfg.captions!r}: valid choices: {', '.join(CAPTION_MODES)}")

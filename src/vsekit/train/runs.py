@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..storage.store import FeatureStore, StoreError
-from .base import RetrievalModel, create_model
+from ..models.base import RetrievalModel, create_model
 from .data import EvalSet, Tokens, open_features
 from .evaluation import PROTOCOLS, evaluate_protocol, format_table
 from .scoring import EnsembleScorer, encode_set, save_sims

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .base import RetrievalModel
+from ..models.base import RetrievalModel
 from .data import EvalSet, FeatureSource, Tokens, image_batches
 
 

@@ -25,12 +25,12 @@ import torch
 
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
-from . import presets_ii
-from .base import RetrievalModel, _MODELS, create_model, model_names
+from . import presets
+from ..models.base import RetrievalModel, _MODELS, create_model, model_names
 from .config import TrainConfig, resolve_config
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
 from .evaluation import compute_ranks, metrics_from_ranks
-from .losses import HingeLoss
+from ..models.losses import HingeLoss
 from .scoring import EnsembleScorer, encode_set
 
 COMMON_ARGS = ("img_shape", "vocab_size", "embed_dim", "word_dim", "similarity", "use_abs")
@@ -100,7 +100,7 @@ def load_checkpoint(path: Path, device: str = "cpu") -> dict[str, Any]:
 
 
 def make_optimizer(cfg: TrainConfig, params, lr: float) -> torch.optim.Optimizer:
-    return presets_ii.make_optimizer(cfg.optimizer, params, lr, cfg.weight_decay)
+    return presets.make_optimizer(cfg.optimizer, params, lr, cfg.weight_decay)
 
 
 def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:

@@ -28,14 +28,14 @@ def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25)
     """(n_img, n_cap) ``-||max(0, c - i)||^2``, in blocks of at most ``max_elements`` temporaries.
 
     Without gradients (evaluation), float32 CPU inputs go to the fused numba kernel of
-    :mod:`vsekit.train.kernels`: no temporaries and about 10x faster than tensor operations.
+    :mod:`vsekit.models.kernels`: no temporaries and about 10x faster than tensor operations.
     Otherwise (training, other devices, no numba) each block is one subtraction, an in-place clamp
     and a dot product with itself, so the temporary stays ``max_elements`` floats (64 images x 512
     captions x 1024 dims by default) and never becomes the n_img x n_cap x dim tensor of naive
     broadcasting.
     """
     if _fused_ok(img, cap):
-        from vsekit.train.kernels import order_violation
+        from vsekit.models.kernels import order_violation
 
         out = order_violation(img.detach().numpy(), cap.detach().numpy())
         if out is not None:
