@@ -284,3 +284,32 @@ def test_sgr_learns_on_synthetic_pairs():
         loss.backward()
         opt.step()
     assert r1() >= max(0.75, before + 0.3)
+
+
+@pytest.mark.parametrize("mode", ["saf", "sgr"])
+def test_paper_dims_above_128_images_with_a_sub_block_that_does_not_divide_the_chunk(mode, monkeypatch):
+    """Issue 14: at joint 1024 / sim 256 the image chunk of the global nodes (128 images for a group of
+    32 captions) is not a multiple of the cache-sized sub-block, and the last sub-block of a chunk ran
+    past it (crash above 128 images). Scores must equal the literal per-pair path."""
+    torch.manual_seed(0)
+    n_img, n_cap, words, regions = 140, 32, 3, 4
+    m = create_model(mode, img_shape=(regions, 16), vocab_size=20, embed_dim=1024, word_dim=8,
+                     sim_dim=256).eval()
+    # one sub-block = 10 images for 32 captions x 3 words x 1024 dims; the chunk is 128 images
+    per_image = n_cap * words * 1024
+    monkeypatch.setattr(sgraf_mod, "SCORE_BLOCK_ELEMENTS", 10 * per_image)
+    chunk = sgraf_mod.GLOBAL_BLOCK_ELEMENTS // (n_cap * 1024)
+    assert chunk == 128 and chunk % 10 != 0 and n_img > chunk
+    g = torch.Generator().manual_seed(1)
+    feats = torch.randn(n_img, regions, 16, generator=g)
+    tokens = torch.randint(1, 20, (n_cap, words), generator=g)
+    lengths = torch.full((n_cap,), words)
+    with torch.no_grad():
+        img, cap = m.encode_images(feats), m.encode_captions(tokens, lengths)
+        blockwise = m.score(img, cap)
+    assert blockwise.shape == (n_img, n_cap)
+    with torch.enable_grad():       # the literal training path, one pair at a time
+        for i in list(range(0, n_img, 7)) + [127, 128, 129, n_img - 1]:
+            for c in (0, 13, n_cap - 1):
+                one = m.score(tuple(t[i:i + 1] for t in img), tuple(t[c:c + 1] for t in cap))
+                assert float(one) == pytest.approx(float(blockwise[i, c]), rel=1e-4, abs=1e-6), (i, c)

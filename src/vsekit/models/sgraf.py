@@ -249,11 +249,13 @@ class SGRAF(RetrievalModel):
         chunk = max(step, GLOBAL_BLOCK_ELEMENTS // max(1, n_cap * max(dim, self.sim_loc_w.out_features)))
         out = []
         for a in range(0, n_img, chunk):
-            glo = self.global_node(img[2][a:a + chunk], cap[2])
-            for i in range(a, min(a + chunk, n_img), step):
-                sub = tuple(t[i:i + step] for t in img)
-                out.append(self._score_block_eval(sub, cap, probes, grams[i:i + step],
-                                                  None if glo is None else glo[i - a:i - a + step]))
+            end = min(a + chunk, n_img)
+            glo = self.global_node(img[2][a:end], cap[2])
+            for i in range(a, end, step):
+                j = min(i + step, end)      # a sub-block never runs past its chunk's global nodes
+                sub = tuple(t[i:j] for t in img)
+                out.append(self._score_block_eval(sub, cap, probes, grams[i:j],
+                                                  None if glo is None else glo[i - a:j - a]))
         return out[0] if len(out) == 1 else torch.cat(out, dim=0)
 
     def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
