@@ -40,7 +40,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--lr-decay", type=float, default=None)
 @click.option("--margin", type=float, default=None, help="Hinge margin alpha.")
 @click.option("--max-violation/--sum-violation", default=None, help="Hardest negative only, or all negatives.")
-@click.option("--similarity", type=click.Choice(["cosine", "order"]), default=None)
+@click.option("--similarity", type=click.Choice(["cosine", "order", "order-norm"]), default=None)
 @click.option("--abs/--no-abs", "use_abs", default=None, help="|.| of both embeddings (order embeddings).")
 @click.option("--captions", type=click.Choice(["one", "all"]), default=None,
               help="One random caption per image per epoch, or every caption.")

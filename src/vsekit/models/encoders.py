@@ -133,6 +133,11 @@ class SeamTextEncoder(nn.Module):
             self.att = nn.ModuleList([SelfAttention(gru_dim, att_units, hops)])
             flat = hops * gru_dim
         self.fc = nn.Linear(flat, embed_dim)
+        # as the SEAM reference code: Xavier-uniform weights of every linear map and convolution
+        # (biases keep torch's default); the word embeddings stay U(-0.1, 0.1)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Conv1d)):
+                nn.init.xavier_uniform_(m.weight)
 
     def _conv(self, conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
         # zero padding after the words keeps the length: output t sees words t..t+k-1

@@ -3,7 +3,10 @@
 - Cosine similarity of L2-normalised vectors (Kiros et al. UVS; Faghri et al. VSE++).
 - Order violation (Vendrov et al., ICLR 2016, eq. 2 and the order-embedding code): captions lie
   *above* their images in the partial order, ``E(c, i) = ||max(0, c - i)||^2`` and the similarity is
-  ``S(c, i) = -E(c, i)``.
+  ``S(c, i) = -E(c, i)`` (``order``; also the FNE paper's code, a fork of the order-embedding code).
+- ``order-norm``: VSE++'s order score (Faghri et al., code ``model.order_sim``; their Order0 / Order++),
+  the norm of the violation, ``S(c, i) = -||max(0, c - i)||``. Ranks equal those of ``order`` (a
+  monotone map of it); the hinge loss, whose margin is in score units, differs.
 - Hinge (triplet) loss with margin alpha over both directions (VSE++, eq. 4/5): summed over every
   negative in the batch ("sum of hinges", SH/SOE) or only the hardest one ("max of hinges", MH/MOE).
   Pairs that share an image (several captions of one image in a batch) are not negatives.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-SIMILARITIES = ("cosine", "order")
+SIMILARITIES = ("cosine", "order", "order-norm")
 
 
 def cosine_sim(img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
@@ -55,6 +58,20 @@ def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25)
     return out
 
 
+def order_norm_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25) -> torch.Tensor:
+    """(n_img, n_cap) ``-||max(0, c - i)||`` (VSE++'s order score): the square root of :func:`order_sim`.
+
+    The root of a zero violation has an infinite derivative; there the score is exactly 0 with a zero
+    gradient (the violation is at its minimum), so training never produces NaNs.
+    """
+    scores = order_sim(img, cap, max_elements)
+    if not scores.requires_grad:
+        return scores.neg_().clamp_min_(0).sqrt_().neg_()
+    sq = -scores
+    positive = sq > 0
+    return -torch.where(positive, sq, torch.ones_like(sq)).sqrt() * positive
+
+
 def _fused_ok(img: torch.Tensor, cap: torch.Tensor) -> bool:
     """Whether the fused evaluation kernel applies: no autograd, float32, CPU, plain 2-D."""
     if torch.is_grad_enabled() and (img.requires_grad or cap.requires_grad):
@@ -68,6 +85,8 @@ def similarity(name: str):
         return cosine_sim
     if name == "order":
         return order_sim
+    if name == "order-norm":
+        return order_norm_sim
     raise ValueError(f"unknown similarity {name!r}; valid choices: {', '.join(SIMILARITIES)}")
 
 

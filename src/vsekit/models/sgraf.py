@@ -173,6 +173,18 @@ class SGRAF(RetrievalModel):
             self.saf_w = nn.Linear(sim_dim, 1)
             self.saf_bn = MaskedBatchNorm1d(1)
         self.eval_w = nn.Linear(sim_dim, 1)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """As the SGRAF reference code: every linear map Xavier-uniform with a zero bias, word
+        embeddings U(-0.1, 0.1); the GRU keeps torch's default, the T-EMDE module its own."""
+        skip = set(self.temde.modules()) if self.global_module == "t-emde" else set()
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and m not in skip:
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
 
     # -- encoders: each returns (members (B, L, d), mask (B, L) bool, global (B, G)) ----------------
     def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None):

@@ -23,7 +23,10 @@ fusion gate and the loss); the issue's wording of the equations is followed.
 Ablations: SMAN-IM (step 1 only, no v_loc), SMAN-IM-LOC (step 1 only, with v_loc), SMAN-SIM (a = 1:
 no cross-modal information, per-item embeddings scored by a matrix product), SMAN-inter
 (``intra_pair=False``: no intra-pair term).  Dropout (0.3) is applied to the cells and the word
-embeddings; the word embedding size (300) is our choice, the paper does not fix it.
+embeddings.  Sec. IV-A-3 sets every hidden embedding, the word embedding included, to 512 and
+initialises the word embeddings with Xavier; both are the defaults here.
+
+Deviation kept: the intra-pair term on a distance, not the similarity (Sec. III-D, see above).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class SMAN(RetrievalModel):
     image_input = "grid"
     pairwise = True
 
-    def __init__(self, vocab_size: int, img_dim: int = 2048, embed_dim: int = 512, word_dim: int = 300,
+    def __init__(self, vocab_size: int, img_dim: int = 2048, embed_dim: int = 512, word_dim: int = 512,
                  dropout: float = 0.3, alpha: float = 0.9, steps: int = 2, use_loc: bool = True,
                  intra_pair: bool = True, intra_weight: float = 1.0, intra_margin: float = 0.25):
         super().__init__()
@@ -113,6 +116,7 @@ class SMAN(RetrievalModel):
         self.glo = nn.Linear(img_dim, hidden)                         # P0
         self.cell_gru = nn.GRU(img_dim, hidden, batch_first=True) if use_loc else None
         self.embed = nn.Embedding(vocab_size, word_dim)
+        nn.init.xavier_uniform_(self.embed.weight)                    # as the SMAN paper, Sec. IV-A-3
         self.lstm = nn.LSTM(word_dim, hidden, batch_first=True, bidirectional=True)
         self.img_att = nn.ModuleList(CellAttention(img_dim, hidden) for _ in range(steps))
         self.txt_att = nn.ModuleList(WordAttention(hidden) for _ in range(steps))

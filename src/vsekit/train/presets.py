@@ -2,23 +2,33 @@
 
 Config flows one way (see ``config.py``): defaults -> presets (in the order given, later ones win)
 -> explicit overrides. This module imports nothing from ``config``; every key of a preset is a
-``TrainConfig`` field (a test checks it).
+``TrainConfig`` field, and ``tests/test_presets.py`` checks every paper value against a table of its
+source (value, paper, section). docs/train.md lists them; deviations from a source are marked there.
 
-- FNE paper (Vilalta et al.), Table 1, COCO: ``sh``, ``mh``, ``soe``, ``moe``, ``ph``, ``poe``; batch
-  128, gradient clip 2, one caption per image per epoch. The table gives no epoch count or decay;
-  we use 30 epochs, no decay, and patience 3 for the PH/POE switch.
+- FNE paper (Vilalta et al., "Studying the impact of the Full-Network embedding on multimodal
+  pipelines", Table 1 and Sec. 4; the authors' launchers ``launchers_eval/*_FNE-*``): ``sh``, ``mh``,
+  ``soe``, ``moe``, ``ph``, ``poe`` (COCO), ``f8k-*`` and ``f30k-*`` (Flickr8K / Flickr30K), and the
+  baselines ``mh-bl``, ``soe-bl``, ``moe-bl`` (``f8k-``/``f30k-`` too: the original pipelines'
+  settings, 1024-d space, 300-d words). Batch 128, gradient clip 2, one caption per image per epoch,
+  200 epochs (400 for MH on Flickr30K), no decay; order settings use ``|.|`` and the squared order
+  violation of the order-embedding code (``order``), except the ``moe-bl`` baseline (no ``|.|``).
+  PH / POE switch from the sum to the max of hinges when the validation rsum stalls (patience 3, ours).
+- VSE++ (Faghri et al., code defaults and README): ``vse++`` (max of hinges, cosine), ``order++``
+  (``--measure order --max_violation``: margin 0.2, no ``|.|``, VSE++'s order score ``order-norm``)
+  and ``order0`` (``--measure order --use_abs --margin .05 --learning_rate .001``, sum of hinges);
+  lr x0.1 at epoch 15, 30 epochs, batch 128, clip 2, every caption per epoch.
 - SEAM (Wehrmann et al.): ``seam-e``, ``seam-c``, ``seam-g``: word dim and attention units 300, hops
   30 / 10 per module / 30 over a 512-unit GRU, lambda 0.5, joint space 1024, order loss (margin 0.05,
-  ``|.|``), Adam 1e-3 divided by 10 at epoch 15, batch 128, 30 epochs.
-- VSE++ / Order++ style: ``vse++`` and ``order++``: lr 2e-4 x0.1 at epoch 15, 30 epochs, margin 0.2
-  (cosine) or 0.05 (order, ``|.|``), max violation, every caption per epoch.
-- SMAN (Ji et al., Sec. IV-B): Adadelta lr 0.05, weight decay 5e-4, dropout 0.3, gradient clip 0.1,
-  60 epochs with lr x0.1 after 50, batch 128, hardest-negative hinge m1 = 0.2 (+ the intra-pair term,
-  which the model adds itself), hidden size 512.
+  ``|.|``), Adam 1e-3 divided by 10 at epoch 15, batch 128, 30 epochs; every caption per epoch and
+  gradient clip 1, as the reference code.
+- SMAN (Ji et al., Sec. IV-A-3 and IV-B): Adadelta lr 0.05, weight decay 5e-4, dropout 0.3, gradient
+  clip 0.1, 60 epochs with lr x0.1 after 50, batch 128, hardest-negative hinge m1 = 0.2 (+ the
+  intra-pair term, which the model adds itself), every hidden embedding 512, word embedding included.
 - SAF / SGR (Diao et al., Sec. 4.2): Adam 2e-4, hardest negative, margin 0.2, gradient clip 2,
   batch 128, joint space 1024, word embedding 300, similarity vectors 256; COCO 20 epochs with lr x0.1
   at 10; Flickr30K SGR 40 epochs (x0.1 at 30), SAF 30 (x0.1 at 20). Every caption is used each epoch,
-  as in both reference codes.
+  as in both reference codes. ``saf-temde-f30k`` / ``sgr-temde-f30k``: the same with T-EMDE as the
+  global module, 16 divisions (the T-EMDE paper's Flickr30K setting).
 - ``demo``, ``*-demo``: small dimensions and few epochs so the demo data trains in seconds to minutes
   on a CPU; combine after a paper preset (``--preset poe --preset demo``,
   ``--preset sgr-coco --preset sgraf-demo``).
@@ -30,44 +40,78 @@ from typing import Any, Iterable
 
 OPTIMIZERS = ("adam", "adadelta")
 
-_FNE = {"batch_size": 128, "grad_clip": 2.0, "captions": "one", "epochs": 30, "lr_milestones": [],
+_FNE = {"batch_size": 128, "grad_clip": 2.0, "captions": "one", "epochs": 200, "lr_milestones": [],
         "patience": 3}
+# the FNE paper's loss settings (Table 1): similarity, |.|, margin, hardest negative, lr
+_COS = {"model": "vse", "similarity": "cosine", "use_abs": False, "margin": 0.2, "lr": 2e-4}
+_OE = {"model": "order", "similarity": "order", "use_abs": True, "margin": 0.05}
+_FNE_LOSS = {
+    "sh": {**_COS, "max_violation": False},
+    "mh": {**_COS, "max_violation": True},
+    "soe": {**_OE, "max_violation": False, "lr": 1e-3},
+    "moe": {**_OE, "max_violation": True, "lr": 1e-4},
+    "ph": {**_COS, "curriculum": True},
+    "poe": {**_OE, "curriculum": True, "lr": 1e-3, "lr2": 1e-4},
+    # the baselines: the original pipelines' hyper-parameters on the FNE
+    "mh-bl": {**_COS, "max_violation": True},
+    "soe-bl": {**_OE, "max_violation": False, "lr": 1e-3},
+    "moe-bl": {**_OE, "use_abs": False, "margin": 0.2, "max_violation": True, "lr": 2e-4},
+}
+# (joint space, word embedding) per dataset, Table 1; the baselines are 1024 / 300 everywhere
+_FNE_DIMS = {
+    "coco": {"sh": (1536, 1024), "mh": (2048, 1024), "soe": (1536, 1024), "moe": (2048, 1536),
+             "ph": (1536, 1024), "poe": (2048, 1024)},
+    "f30k": {"sh": (1536, 1024), "mh": (1536, 1024), "soe": (1024, 1024), "moe": (1536, 1536),
+             "ph": (1536, 1024), "poe": (1024, 1024)},
+    "f8k": {"sh": (1536, 1024), "mh": (1024, 1024), "soe": (1024, 1024), "moe": (1536, 1536),
+            "ph": (1536, 1024), "poe": (1024, 1024)},
+}
+_FNE_EPOCHS = {("f30k", "mh"): 400}
+
+
+def _fne_presets() -> dict[str, dict[str, Any]]:
+    """``sh`` ... ``moe-bl`` (COCO), ``f8k-sh`` ... and ``f30k-sh`` ...: one entry per Table 1 cell."""
+    out = {}
+    for data, dims in _FNE_DIMS.items():
+        prefix = "" if data == "coco" else data + "-"
+        for setting, loss in _FNE_LOSS.items():
+            embed, word = dims.get(setting, (1024, 300))
+            out[prefix + setting] = {**_FNE, **loss, "embed_dim": embed, "word_dim": word,
+                                     "epochs": _FNE_EPOCHS.get((data, setting), _FNE["epochs"])}
+    return out
+
+
 _SEAM = {"word_dim": 300, "embed_dim": 1024, "margin": 0.05, "lr": 1e-3, "lr_milestones": [15],
-         "batch_size": 128, "epochs": 30, "max_violation": False, "captions": "one"}
+         "batch_size": 128, "epochs": 30, "max_violation": False, "captions": "all", "grad_clip": 1.0}
+_VSEPP = {"embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15], "epochs": 30,
+          "batch_size": 128, "grad_clip": 2.0, "captions": "all", "margin": 0.2, "max_violation": True}
 _SMAN = {"model": "sman", "optimizer": "adadelta", "lr": 0.05, "weight_decay": 5e-4, "grad_clip": 0.1,
          "epochs": 60, "lr_milestones": [50], "batch_size": 128, "margin": 0.2, "max_violation": True,
-         "captions": "all", "embed_dim": 512, "word_dim": 300, "model_args": {"dropout": 0.3}}
+         "captions": "all", "embed_dim": 512, "word_dim": 512, "model_args": {"dropout": 0.3}}
 _SGRAF = {"optimizer": "adam", "lr": 2e-4, "weight_decay": 0.0, "grad_clip": 2.0, "batch_size": 128,
           "margin": 0.2, "max_violation": True, "captions": "all", "embed_dim": 1024, "word_dim": 300,
           "model_args": {"sim_dim": 256, "dropout": 0.4}}
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "sh": {**_FNE, "model": "vse", "embed_dim": 1536, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
-           "max_violation": False},
-    "mh": {**_FNE, "model": "vse", "embed_dim": 2048, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
-           "max_violation": True},
-    "soe": {**_FNE, "model": "order", "embed_dim": 1536, "word_dim": 1024, "lr": 1e-3, "margin": 0.05,
-            "max_violation": False},
-    "moe": {**_FNE, "model": "order", "embed_dim": 2048, "word_dim": 1536, "lr": 1e-3, "margin": 0.05,
-            "max_violation": True},
-    "ph": {**_FNE, "model": "vse", "embed_dim": 1536, "word_dim": 1024, "lr": 2e-4, "margin": 0.2,
-           "curriculum": True},
-    "poe": {**_FNE, "model": "order", "embed_dim": 2048, "word_dim": 1024, "lr": 1e-3, "lr2": 1e-4,
-            "margin": 0.05, "curriculum": True},
+    **_fne_presets(),
     "seam-e": {**_SEAM, "model": "seam-e", "model_args": {"hops": 30, "att_units": 300, "penalty_weight": 0.5}},
     "seam-c": {**_SEAM, "model": "seam-c",
                "model_args": {"hops": 10, "att_units": 300, "filters": 100, "penalty_weight": 0.5}},
     "seam-g": {**_SEAM, "model": "seam-g",
                "model_args": {"hops": 30, "att_units": 300, "gru_dim": 512, "penalty_weight": 0.5}},
-    "vse++": {"model": "vse", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
-              "epochs": 30, "margin": 0.2, "max_violation": True, "captions": "all", "batch_size": 128},
-    "order++": {"model": "order", "embed_dim": 1024, "word_dim": 300, "lr": 2e-4, "lr_milestones": [15],
-                "epochs": 30, "margin": 0.05, "max_violation": True, "captions": "all", "batch_size": 128},
+    "vse++": {**_VSEPP, "model": "vse"},
+    "order++": {**_VSEPP, "model": "order", "similarity": "order-norm", "use_abs": False},
+    "order0": {**_VSEPP, "model": "order", "similarity": "order-norm", "use_abs": True, "margin": 0.05,
+               "lr": 1e-3, "max_violation": False},
     "sman": _SMAN,
     "saf-coco": {**_SGRAF, "model": "saf", "epochs": 20, "lr_milestones": [10]},
     "sgr-coco": {**_SGRAF, "model": "sgr", "epochs": 20, "lr_milestones": [10]},
     "saf-f30k": {**_SGRAF, "model": "saf", "epochs": 30, "lr_milestones": [20]},
     "sgr-f30k": {**_SGRAF, "model": "sgr", "epochs": 40, "lr_milestones": [30]},
+    "saf-temde-f30k": {**_SGRAF, "model": "saf", "epochs": 30, "lr_milestones": [20],
+                       "model_args": {**_SGRAF["model_args"], "global_module": "t-emde", "temde_divisions": 16}},
+    "sgr-temde-f30k": {**_SGRAF, "model": "sgr", "epochs": 40, "lr_milestones": [30],
+                       "model_args": {**_SGRAF["model_args"], "global_module": "t-emde", "temde_divisions": 16}},
     "demo": {"epochs": 10, "batch_size": 32, "embed_dim": 128, "word_dim": 64, "lr_milestones": [], "lr": 2e-3,
              "captions": "one", "max_violation": False,
              "patience": 2, "model_args": {"hops": 4, "att_units": 32, "filters": 16, "gru_dim": 64}},
@@ -83,8 +127,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                    "model_args": {"sim_dim": 32, "dropout": 0.1}},
 }
 
-# the preset a model starts from when no preset given names a model (its paper's settings)
-MODEL_DEFAULT_PRESET = {"vse": "vse++", "order": "order++", "seam-e": "seam-e", "seam-c": "seam-c",
+# the preset a model starts from when no preset given names a model (its paper's settings). ``order``
+# starts from VSE++'s Order0 (sum of hinges), not Order++: the FNE paper reports that order embeddings
+# with the max of hinges and the baseline settings (``moe-bl``, Order++'s but for the score) never train.
+MODEL_DEFAULT_PRESET = {"vse": "vse++", "order": "order0", "seam-e": "seam-e", "seam-c": "seam-c",
                         "seam-g": "seam-g", "sman": "sman", "saf": "saf-coco", "sgr": "sgr-coco"}
 
 
