@@ -27,7 +27,8 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
               "a paper preset names one.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder to write.")
 @click.option("--preset", "presets", multiple=True,
-              help="Paper settings: sh mh soe moe ph poe seam-e seam-c seam-g vse++ order++ demo "
+              help="Paper settings (docs/train.md): sh mh soe moe ph poe (f30k-*, f8k-*, *-bl) vse++ order++ order0 "
+                   "seam-e seam-c seam-g sman saf-coco sgr-coco saf-f30k sgr-f30k *-temde-f30k demo "
                    "(repeatable; later ones win, options win over presets).")
 @click.option("--epochs", type=int, default=None)
 @click.option("--batch-size", type=int, default=None)

@@ -5,7 +5,11 @@ VSE. SEAM's loss is the order-violation hinge plus ``lambda * ||A A^T - I||_F^2`
 squared, averaged over the batch and really added to the loss through ``extra_loss`` (the public SEAM
 code computes it but never adds it). Paper settings (presets ``seam-e``/``seam-c``/``seam-g``): word
 dim and attention units 300, hops 30 (E), 10 per module (C), 30 over a 512-unit GRU (G), lambda 0.5,
-joint space 1024, order loss with margin 0.05 and ``|.|``.
+joint space 1024, order loss with margin 0.05 and ``|.|``; every caption per epoch and gradient
+clip 1, and Xavier-uniform linear maps and convolutions, as the reference code.
+
+Deviations kept: the penalty is added to the loss (as the paper writes it; the code leaves it
+out); the order score is the squared violation (``order``) of the order-embedding paper.
 """
 
 from __future__ import annotations

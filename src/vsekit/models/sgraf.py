@@ -17,8 +17,11 @@ Sec. 3.1-3.3; the T-EMDE global module is in ``temde.py``.
 ``global_module`` is "self-attention" (the paper), "t-emde" or "none" (no global node; SGR then reads
 out the mean of the reasoned local nodes, SAF filters the local nodes only). Variable region counts
 and caption lengths are masked everywhere (softmaxes, BN statistics, the l2norm over words, the graph
-edges and the SAF weights), so padding never changes a score. The reference code's region
-``BatchNorm1d(36)`` normalises per region slot; here BN normalises per channel over the real regions.
+edges and the SAF weights), so padding never changes a score. Initialisation as the reference code:
+Xavier-uniform linear maps with zero biases, word embeddings U(-0.1, 0.1).
+
+Deviation kept: the reference code's region ``BatchNorm1d(36)`` normalises per region slot; here BN
+normalises per channel over the real regions (Sec. 3.1's equations; any region count works).
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 Papers: Kiros et al. 2014 (UVS), Faghri et al. 2018 (VSE++), Vendrov et al. 2016 (order embeddings),
 and their use over Full-Network Embeddings (Vilalta et al., Table 1: SH/MH/SOE/MOE/PH/POE).
 ``vse`` scores by cosine, ``order`` by the order violation ``-||max(0, c - i)||^2`` with ``|.|``
-embeddings; either can take the other similarity through ``similarity=``.
+embeddings; either can take the other similarity through ``similarity=``, and ``order-norm`` is
+VSE++'s order score ``-||max(0, c - i)||`` (presets ``order0`` / ``order++``).
+
+Deviation kept: the image map has no bias (the VSE++ and order-embedding codes have one, zero at
+start); initialisation otherwise as VSE++'s code (Xavier-uniform map, embeddings U(-0.1, 0.1)).
 """
 
 from __future__ import annotations
