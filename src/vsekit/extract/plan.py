@@ -13,7 +13,7 @@ from typing import Any
 
 from .backbones import get_backbone, weights_kind
 from .images import CROP_CHOICES, INTERPOLATIONS, RESIZE_MODES
-from .taps import select_taps, spatial_tap, tap_columns
+from .taps import probe, select_taps, spatial_tap, tap_columns
 
 KINDS = ("global", "fne", "grid", "regions")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -107,7 +107,7 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
     if spatial and (crops != 1 or keep_crops):
         raise ValueError(f"--kind {kind} uses the whole image: --crops must be 1 (got {crops})")
     if spatial:
-        crop_size = int(input_size or SPATIAL_SIZE)
+        crop_size = int(input_size or spatial_size(meta, pre.crop_size))
         rsz, rmode = int(resize or crop_size), resize_mode or "square"
     else:
         crop_size = int(input_size or pre.crop_size)
@@ -148,6 +148,16 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
         names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
     cols, calls = tap_columns(model, meta, names, crop_size)
     return Plan(**kw, taps=tuple(cols), tap_calls=calls)
+
+
+def spatial_size(meta, native: int) -> int:
+    """Default input of grid / regions: SPATIAL_SIZE (448, SMAN) if the model runs at it, else its
+    native crop size (ViT / Swin built for one input size, e.g. 224 → a 14×14 or 7×7 map)."""
+    try:
+        probe(meta, SPATIAL_SIZE, [])
+    except ValueError:
+        return int(native)
+    return SPATIAL_SIZE
 
 
 def _choice(option: str, value: Any, choices: tuple) -> None:

@@ -194,6 +194,9 @@ def probe(model, input_size: int, names: Sequence[str] | None = None) -> dict[st
     try:
         with torch.no_grad():
             model(torch.empty(1, 3, input_size, input_size, device="meta"))
+    except Exception as exc:  # e.g. a ViT / Swin built for one input size
+        raise ValueError(f"{type(model).__name__} does not run at input size {input_size}x{input_size} "
+                         f"({type(exc).__name__}: {exc}); choose another --input-size") from exc
     finally:
         for h in handles:
             h.remove()
