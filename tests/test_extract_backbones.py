@@ -168,16 +168,15 @@ def test_vgg16_fne_values_equal_torchvision_by_hand(vgg16_fne):
     _close(got[:, a:b], fc7, "fc7")
 
 
-def test_linear_tap_before_inplace_relu_keeps_pre_relu_values(vgg16_fne):
+def test_linear_tap_before_inplace_relu_keeps_pre_relu_values():
     """torchvision VGG's classifier.1 is ReLU(inplace=True): it must not reach the stored fc6."""
-    _, m, _ = vgg16_fne
-    plan = make_plan("vgg16", "fne", weights="none", seed=2, input_size=32, resize=32,
+    plan = make_plan("vgg19", "fne", weights="none", seed=2, input_size=32, resize=32,
                      taps="classifier.0,classifier.3")
     ex = Extractor(plan)
-    ex.model.load_state_dict(m.state_dict())
     crops = _crops(32)
     got = ex.features(crops)
     ex.tapper.close()
+    m = ex.model
     with torch.no_grad():
         fc6 = m.classifier[0](torch.flatten(m.avgpool(m.features(_normalised(crops, plan))), 1))
         fc7 = m.classifier[3](torch.relu(fc6))
