@@ -227,3 +227,21 @@ def test_ambiguous_layout_is_refused_not_guessed():
     assert layouts["conv"] is None
     with pytest.raises(ValueError, match="cannot tell the layout"):
         check_layout("fixed", info, layouts["conv"])
+
+
+def test_list_layers_shows_channels_of_channels_last_stages():
+    r = CliRunner().invoke(main, ["extract", "--model", SWIN, "--list-layers"])
+    assert r.exit_code == 0, r.output
+    line = next(l for l in r.output.splitlines() if l.startswith("layers.0 "))
+    assert "(56, 56, 96)" in line and " 96 NHWC" in line and line.rstrip().endswith("*")
+
+
+@pytest.mark.parametrize("name", ["convnext_atto", "test_vit"])
+def test_timm_global_is_timms_pre_logits(name):
+    """The global feature is what timm's head gives before its classifier (ConvNeXt: after the head's
+    norm; ViT: the class token after fc_norm)."""
+    plan, ex, crops, got = _extract(name, "global", input_size=64 if name == "convnext_atto" else None)
+    ref = _timm_twin(name, ex)
+    with torch.no_grad():
+        want = ref.forward_head(ref.forward_features(_normalised(crops, plan)), pre_logits=True)
+    _close(got, want, name)

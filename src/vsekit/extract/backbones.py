@@ -1,11 +1,12 @@
-"""Backbones by name: VGG-19 and ResNet-152 (torchvision weights enums), Inception-ResNet-v2 and any
-other timm model (timm pretrained tags).
+"""Backbones by name: VGG-16, VGG-19 and ResNet-152 (torchvision weights enums), Inception-ResNet-v2
+and any other timm model (timm pretrained tags).
 
 A backbone is a small registered spec that knows how to build the network, where its preprocessing
 config lives (the weights' own transforms / timm ``pretrained_cfg``) and which named layers give the
 ``global`` feature, the default FNE taps and the last convolutional map (grids, regions).
 
-Papers: VGG-19 fc7 and the Full-Network Embedding taps (Vilalta et al.), Inception-ResNet-v2
+Papers: the Full-Network Embedding on VGG-16 (Vilalta et al., Sec. 3: 12,416 features), VGG-19 fc7
+(the VSE++ / FNE papers' single-layer baseline), Inception-ResNet-v2
 global pool (SEAM, Wehrmann et al.), ResNet-152 res5c = torchvision ``layer4`` (SMAN, Ji et al.).
 """
 
