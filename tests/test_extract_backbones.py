@@ -57,9 +57,28 @@ def _extract(name, kind, **kw):
     return plan, ex, crops, got
 
 
+@pytest.fixture()
+def build_once(monkeypatch):
+    """Extractors of one model share its randomly initialised weights: built once, then copied."""
+    import copy
+
+    from vsekit.extract import backbones
+
+    real, built = backbones.build_model, {}
+
+    def build(name, weights="imagenet", seed=0, device="meta"):
+        if device == "meta":
+            return real(name, weights, seed=seed, device=device)
+        if name not in built:
+            built[name] = real(name, weights, seed=seed, device=device)
+        return copy.deepcopy(built[name])
+
+    monkeypatch.setattr(backbones, "build_model", build)
+
+
 # --- channels-last (Swin) and ViT against timm --------------------------------------------------------
 @pytest.mark.parametrize("name", [SWIN, VIT])
-def test_timm_global_fne_grid_equal_timm_own_features(name):
+def test_timm_global_fne_grid_equal_timm_own_features(name, build_once):
     plan, ex, crops, got = _extract(name, "global")
     ref = _timm_twin(name, ex)
     x = _normalised(crops, plan)
@@ -70,7 +89,6 @@ def test_timm_global_fne_grid_equal_timm_own_features(name):
 
     fplan = make_plan(name, "fne", weights="none", seed=3)
     fex = Extractor(fplan)
-    fex.model.load_state_dict(ex.model.state_dict())
     fgot = fex.features(crops)
     fex.tapper.close()
     n = len(fplan.taps)
@@ -88,7 +106,6 @@ def test_timm_global_fne_grid_equal_timm_own_features(name):
     gplan = make_plan(name, "grid", weights="none", seed=3, grid=7)
     assert gplan.crop_size == 224  # built for 224: the default grid input (448) is not possible
     gex = Extractor(gplan)
-    gex.model.load_state_dict(ex.model.state_dict())
     ggot = gex.features(crops)
     gex.tapper.close()
     last = maps[-1]
@@ -205,6 +222,13 @@ def test_unsupported_combinations_are_error_lines(tmp_path):
         r = CliRunner().invoke(main, base + args)
         assert r.exit_code == 1 and r.output.startswith("Error:") and msg in r.output, (args, r.output)
         assert "Traceback" not in r.output
+    # a ViT grid works (it ended in a traceback before): its patch tokens as a 10x10 grid, pooled to 5
+    r = CliRunner().invoke(main, base + ["--model", "test_vit", "--kind", "grid", "--grid", "5",
+                                         "--input-size", "160"])
+    assert r.exit_code == 0 and r.exception is None, r.output
+    fs = FeatureStore.open(store.path).features("test_vit_grid")
+    assert fs.data.shape == (1, 5, 5, 64) and fs.status[:].tolist() == [1]
+    assert fs.attrs["taps"][0]["layout"] == "NLC" and fs.attrs["taps"][0]["prefix"] == 1
 
 
 def test_ambiguous_layout_is_refused_not_guessed():
@@ -245,3 +269,11 @@ def test_timm_global_is_timms_pre_logits(name):
     with torch.no_grad():
         want = ref.forward_head(ref.forward_features(_normalised(crops, plan)), pre_logits=True)
     _close(got, want, name)
+
+
+def test_swin_window_partitioned_layers_are_not_taps():
+    """Inside a Swin block the attention sees (B * windows, 49, C): not one row per image."""
+    with pytest.raises(ValueError, match="matches no layer"):
+        make_plan(SWIN, "fne", weights="none", taps="layers.0.blocks.0.attn.qkv")
+    plan = make_plan(SWIN, "fne", weights="none", taps="layers.0.blocks.0.attn*,layers.0")
+    assert plan.tap_names == ["layers.0"] and plan.taps[0]["layout"] == "NHWC"

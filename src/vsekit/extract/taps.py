@@ -183,7 +183,9 @@ def probe(model, input_size: int, names: Sequence[str] | None = None) -> dict[st
 
     def make(name):
         def hook(module, inputs, output):
-            if isinstance(output, torch.Tensor):
+            # per-image outputs only: a window-partitioned (Swin attention) or flattened output
+            # whose first axis is not the batch cannot be a feature of one image
+            if isinstance(output, torch.Tensor) and output.ndim >= 1 and output.shape[0] == 1:
                 if name not in shapes:
                     order.append(name)
                 shapes[name] = tuple(int(s) for s in output.shape[1:])
@@ -213,9 +215,9 @@ def prefix_tokens(model, n_tokens: int) -> int:
     grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
     if p <= 0 or n_tokens <= p:
         return 0
-    if grid is not None:
-        return p if n_tokens == p + math.prod(int(g) for g in grid) else 0
-    n = n_tokens - p
+    if grid is not None and n_tokens == p + math.prod(int(g) for g in grid):
+        return p
+    n = n_tokens - p  # another input size (dynamic_img_size): prefix + a square grid
     return p if math.isqrt(n) ** 2 == n and math.isqrt(n_tokens) ** 2 != n_tokens else 0
 
 
@@ -272,10 +274,15 @@ def tap_columns(model_name: str, model, names: Sequence[str], input_size: int) -
 
     Widths are channels under the tap's detected layout (a Swin stage (H, W, C) is C wide).
     """
+    cols, calls, _ = _columns(model_name, model, names, input_size)
+    return cols, calls
+
+
+def _columns(model_name: str, model, names: Sequence[str], input_size: int):
     info = probe(model, input_size, names)
     missing = [n for n in names if n not in info]
     if missing:
-        raise ValueError(f"layer {missing[0]!r} of {model_name} produces no tensor; list layers with --list-layers")
+        raise ValueError(f"layer {missing[0]!r} of {model_name} produces no per-image tensor (one row per image); list layers with --list-layers")
     layouts = detect_layouts(model, input_size, names, info={n: info[n] for n in names})
     cols, start = [], 0
     for n in names:
@@ -284,7 +291,7 @@ def tap_columns(model_name: str, model, names: Sequence[str], input_size: int) -
         cols.append({"name": n, "width": w, "start": start, "stop": start + w, "layout": lay.kind,
                      "prefix": lay.prefix})
         start += w
-    return cols, sum(info[n].calls for n in names)
+    return cols, sum(info[n].calls for n in names), info
 
 
 def spatial_tap(model_name: str, model, name: str, input_size: int) -> tuple[dict, int, int]:
@@ -292,9 +299,8 @@ def spatial_tap(model_name: str, model, name: str, input_size: int) -> tuple[dic
 
     A layer whose output is not a square spatial map (NCHW, NHWC or a square token grid) is refused.
     """
-    cols, calls = tap_columns(model_name, model, [name], input_size)
-    col = cols[0]
-    shape = probe(model, input_size, [name])[name].shape
+    cols, calls, info = _columns(model_name, model, [name], input_size)
+    col, shape = cols[0], info[name].shape
     side = Layout(col["layout"], col["prefix"]).side(shape)
     if col["layout"] == "NC" or side <= 0:
         raise ValueError(f"{model_name} layer {name!r} is not a square spatial map (output {shape}, "
