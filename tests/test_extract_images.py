@@ -84,3 +84,77 @@ def test_resize_and_crop_geometry(rgb):
     assert np.array_equal(crops[6], crops[1][:, :, ::-1])  # mirror of crop 1
     with pytest.raises(ValueError, match="--crops 3"):
         make_crops(img, 24, 20, 3)
+
+
+# --- torchvision's resize, exactly ---------------------------------------------------------------------
+@pytest.mark.parametrize("wh", [(451, 300), (300, 451), (500, 333), (333, 500), (257, 256), (700, 9)])
+@pytest.mark.parametrize("interp", ["bilinear", "bicubic"])
+def test_resize_matches_torchvision_resize(wh, interp):
+    """Shorter side to 256, the longer one truncated as torchvision's T.Resize(256) (451x300 → 384,
+    not the rounded 385); same pixels, and the centre crop equals T.CenterCrop's."""
+    T = pytest.importorskip("torchvision.transforms")
+    rng = np.random.default_rng(wh[0])
+    img = Image.fromarray(rng.integers(0, 256, (wh[1], wh[0], 3), dtype=np.uint8))
+    mode = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.InterpolationMode.BICUBIC}[interp]
+    want = T.Resize(256, interpolation=mode)(img)
+    got = resize(img, 256, "shorter", interp)
+    assert got.size == want.size
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    if min(want.size) >= 224 and max(want.size) >= 224:
+        crop = T.CenterCrop(224)(want)
+        mine = make_crops(img, 256, 224, 1, "shorter", interp)[0].transpose(1, 2, 0)
+        assert np.array_equal(mine, np.asarray(crop))
+
+
+# --- pixel budgets (issue 19: a thin image must not exhaust memory) -------------------------------------
+def test_pixel_budgets_fail_before_decoding_or_resizing(tmp_path, monkeypatch, rgb):
+    from vsekit.extract.images import ENV_DECODED, ENV_RESIZED, pixel_budgets
+
+    assert pixel_budgets() == (Image.MAX_IMAGE_PIXELS, 16_000_000)
+    Image.fromarray(rgb).save(tmp_path / "ok.png")  # 40x30 = 1200 px
+    monkeypatch.setenv(ENV_DECODED, "1000")
+    with pytest.raises(ImageError, match="40x30 is over the decoded pixel budget"):
+        load_image(tmp_path / "ok.png")
+    monkeypatch.delenv(ENV_DECODED)
+    img = load_image(tmp_path / "ok.png")
+    monkeypatch.setenv(ENV_RESIZED, "500")
+    with pytest.raises(ImageError, match="resized to 32x24 would be over the resized pixel budget"):
+        resize(img, 24)
+    monkeypatch.setenv(ENV_RESIZED, "lots")
+    with pytest.raises(ValueError, match="VSEKIT_MAX_RESIZED_PIXELS"):
+        pixel_budgets()
+
+
+def test_thin_image_is_marked_failed_without_resizing(tmp_path, monkeypatch):
+    """A 20000x2 PNG at --resize 256 would become 2,560,000x256 (655 Mpx, ~2 GB): it is failed with
+    the reason, and PIL's resize is never called with a size over the budget."""
+    pytest.importorskip("torch")
+    from vsekit.extract import extract
+    from vsekit.storage import FeatureStore
+
+    root = tmp_path / "img"
+    root.mkdir()
+    thin = np.zeros((2, 20000, 3), dtype=np.uint8)
+    thin[:, ::7] = 200
+    Image.fromarray(thin).save(root / "thin.png")
+    assert (root / "thin.png").stat().st_size < 10_000  # a tiny file
+    Image.fromarray(np.full((30, 40, 3), 90, np.uint8)).save(root / "ok.png")
+    store = FeatureStore.create(tmp_path / "s.zarr", dataset="t", image_root=root)
+    store.write_images(["a", "b"], ["ok.png", "thin.png"], ["train", "train"])
+    asked = []
+    real = Image.Image.resize
+
+    def spy(self, size, *a, **k):
+        asked.append(tuple(size))
+        assert size[0] * size[1] <= 16_000_000, f"resize to {size} attempted"
+        return real(self, size, *a, **k)
+
+    monkeypatch.setattr(Image.Image, "resize", spy)
+    res = extract(store, "test_resnet", "global", weights="none", input_size=32, resize=256, workers=0,
+                  progress=False)
+    assert res.failed == 1 and res.done == 1
+    reason = res.errors[1]
+    assert "20000x2 resized to 2560000x256" in reason and "resized pixel budget" in reason
+    assert asked == [(341, 256)]  # only the good image was resized
+    fs = FeatureStore.open(store.path).features("test_resnet_global")
+    assert fs.status[:].tolist() == [1, 2] and "resized pixel budget" in fs.errors()[1]

@@ -62,7 +62,7 @@ def test_grid_14_keeps_layer4_whole():
 
 
 def test_unknown_names_list_choices():
-    with pytest.raises(ValueError, match="valid choices: inception_resnet_v2, resnet152, vgg19"):
+    with pytest.raises(ValueError, match="valid choices: inception_resnet_v2, resnet152, vgg16, vgg19"):
         make_plan("no_such_net", "global", weights="none")
     with pytest.raises(ValueError, match="--kind 'pixels'; valid choices: global, fne, grid, regions"):
         make_plan("vgg19", "pixels", weights="none")

@@ -8,7 +8,7 @@ import click
 @click.command("extract")
 @click.option("--store", "store", type=click.Path(file_okay=False), help="The vsekit store (.zarr).")
 @click.option("--model", default="vgg19", show_default=True,
-              help="vgg19 | resnet152 | inception_resnet_v2 | any timm model name.")
+              help="vgg16 (the FNE paper's) | vgg19 | resnet152 | inception_resnet_v2 | any timm model name.")
 @click.option("--kind", default="global", show_default=True, type=click.Choice(["global", "fne", "grid", "regions"]))
 @click.option("--weights", default="imagenet", show_default=True, help="imagenet | none | PATH to a checkpoint.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random initialisation with --weights none.")
@@ -47,10 +47,10 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
         from ..extract import list_layers as _list
 
         rows = _list(model, input_size)
-        click.echo(f"{'layer':40s} {'type':22s} {'shape':18s} {'width':>6s}  FNE default")
+        click.echo(f"{'layer':40s} {'type':22s} {'shape':18s} {'width':>6s} {'layout':6s}  FNE default")
         for r in rows:
             click.echo(f"{r['name']:40s} {r['type']:22s} {str(tuple(r['shape'])):18s} {r['width']:6d}"
-                       f"  {'*' if r['default_tap'] else ''}")
+                       f" {r['layout']:6s}  {'*' if r['default_tap'] else ''}")
         return
     if not store:
         raise click.UsageError("--store is required (unless --list-layers)")

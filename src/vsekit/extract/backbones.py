@@ -1,11 +1,12 @@
-"""Backbones by name: VGG-19 and ResNet-152 (torchvision weights enums), Inception-ResNet-v2 and any
-other timm model (timm pretrained tags).
+"""Backbones by name: VGG-16, VGG-19 and ResNet-152 (torchvision weights enums), Inception-ResNet-v2
+and any other timm model (timm pretrained tags).
 
 A backbone is a small registered spec that knows how to build the network, where its preprocessing
 config lives (the weights' own transforms / timm ``pretrained_cfg``) and which named layers give the
 ``global`` feature, the default FNE taps and the last convolutional map (grids, regions).
 
-Papers: VGG-19 fc7 and the Full-Network Embedding taps (Vilalta et al.), Inception-ResNet-v2
+Papers: the Full-Network Embedding on VGG-16 (Vilalta et al., Sec. 3: 12,416 features), VGG-19 fc7
+(the VSE++ / FNE papers' single-layer baseline), Inception-ResNet-v2
 global pool (SEAM, Wehrmann et al.), ResNet-152 res5c = torchvision ``layer4`` (SMAN, Ji et al.).
 """
 
@@ -70,19 +71,30 @@ def _tv_preprocess(weights_enum) -> Callable[[Any], Preprocess]:
     return resolve
 
 
-def _vgg19_fne(model) -> list[str]:
-    """Every conv layer after its ReLU, plus fc6 and fc7 after ReLU (FNE paper, Sec. 3)."""
+def vgg_fne_taps(model) -> list[str]:
+    """The Full-Network Embedding taps of a torchvision VGG: every conv layer and fc6, fc7, each
+    after its ReLU, spatially averaged (Garcia-Gasulla et al., "An out-of-the-box full-network
+    embedding", Sec. 3; used on VGG-16 by Vilalta et al., Sec. 3: 13 conv + 2 fc = 12,416 features).
+
+    Post-ReLU for both kinds: the FNE reads the layers' activations in the authors' Caffe/TF-slim
+    VGG-16, where each ReLU is fused into (in place on) its conv / fc output, and fc8 is left out.
+    Pre-ReLU values stay reachable with ``--taps`` (``classifier.0``, ``classifier.3``).
+    """
     import torch.nn as nn
 
-    feats = model.features
-    taps = [f"features.{i}" for i, m in enumerate(feats)
-            if isinstance(m, nn.ReLU) and i > 0 and isinstance(feats[i - 1], nn.Conv2d)]
-    return taps + ["classifier.1", "classifier.4"]
+    def relu_after(seq, kind):
+        return [i for i, m in enumerate(seq) if isinstance(m, nn.ReLU) and i > 0 and isinstance(seq[i - 1], kind)]
+
+    return ([f"features.{i}" for i in relu_after(model.features, nn.Conv2d)]
+            + [f"classifier.{i}" for i in relu_after(model.classifier, nn.Linear)])
 
 
-def _build_vgg19(pretrained: bool):
-    from torchvision.models import VGG19_Weights, vgg19
-    return vgg19(weights=VGG19_Weights.IMAGENET1K_V1 if pretrained else None)
+def _tv_build(fn_name: str, weights_name: str) -> Callable[[bool], Any]:
+    def build(pretrained: bool):
+        import torchvision.models as tvm
+        weights = getattr(getattr(tvm, weights_name), "IMAGENET1K_V1") if pretrained else None
+        return getattr(tvm, fn_name)(weights=weights)
+    return build
 
 
 def _build_resnet152(pretrained: bool):
@@ -116,10 +128,12 @@ def block_outputs(model) -> list[str]:
     return names
 
 
-register_backbone(BackboneSpec(
-    name="vgg19", build=_build_vgg19, preprocess=_tv_preprocess(_lazy_enum("VGG19_Weights.IMAGENET1K_V1")),
-    global_tap=lambda m: "classifier.4", conv_tap=lambda m: "features.35", fne_taps=_vgg19_fne,
-    source="torchvision"))
+for _depth in (16, 19):  # VGG-16 is the FNE paper's network, VGG-19 its global fc7 baseline's
+    register_backbone(BackboneSpec(
+        name=f"vgg{_depth}", build=_tv_build(f"vgg{_depth}", f"VGG{_depth}_Weights"),
+        preprocess=_tv_preprocess(_lazy_enum(f"VGG{_depth}_Weights.IMAGENET1K_V1")),
+        global_tap=lambda m: "classifier.4", conv_tap=lambda m: f"features.{len(m.features) - 2}",
+        fne_taps=vgg_fne_taps, source="torchvision"))
 register_backbone(BackboneSpec(
     name="resnet152", build=_build_resnet152,
     preprocess=_tv_preprocess(_lazy_enum("ResNet152_Weights.IMAGENET1K_V1")),
@@ -148,7 +162,8 @@ def _timm_preprocess(model) -> Preprocess:
 
 def _timm_global(model) -> str:
     names = dict(model.named_modules())
-    for cand in ("head_drop", "global_pool", "head.global_pool", "avgpool"):
+    # the pre-logits vector (timm's forward_head(pre_logits=True)): after the head's pooling and norm
+    for cand in ("head_drop", "head.drop", "global_pool", "head.global_pool", "avgpool"):
         if cand in names:
             return cand
     raise ValueError(f"cannot find a pooled layer in {type(model).__name__}; use --kind fne --taps NAME")

@@ -16,9 +16,24 @@ from typing import Any
 import numpy as np
 
 from .plan import Plan
-from .taps import Tapper, keep_map, spatial_mean
+from .taps import Layout, Tapper, grid_pool, keep_map, spatial_mean
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def tap_reducers(plan: Plan) -> dict:
+    """Per tap, the function its hook applies: each works on the tap's own layout (NCHW, NHWC,
+    tokens) and returns a new float32 tensor, never a view an in-place layer could overwrite."""
+    out = {}
+    for t in plan.taps:
+        lay = Layout(t.get("layout", "NCHW"), int(t.get("prefix", 0)))
+        if plan.kind == "grid":
+            out[t["name"]] = lambda o, lay=lay, g=plan.grid: grid_pool(o, lay, g)
+        elif plan.kind == "regions":
+            out[t["name"]] = lambda o, lay=lay: keep_map(o, lay)
+        else:
+            out[t["name"]] = lambda o, lay=lay: spatial_mean(o, lay)
+    return out
 
 
 class Extractor:
@@ -35,16 +50,7 @@ class Extractor:
         self.model = self.model.to(memory_format=torch.channels_last)
         self.mean = torch.tensor(plan.mean, device=self.device).view(1, 3, 1, 1) * 255.0
         self.std = torch.tensor(plan.std, device=self.device).view(1, 3, 1, 1) * 255.0
-        if plan.kind == "grid":
-            g = plan.grid
-
-            def reduce(out):
-                return torch.nn.functional.adaptive_avg_pool2d(out.float(), g)
-        elif plan.kind == "regions":
-            reduce = keep_map
-        else:
-            reduce = spatial_mean
-        self.tapper = Tapper(self.model, plan.tap_names, reduce, total_calls=plan.tap_calls)
+        self.tapper = Tapper(self.model, plan.tap_names, tap_reducers(plan), total_calls=plan.tap_calls)
         self.detector = None
         self.pid = os.getpid()
 

@@ -21,8 +21,37 @@ CROP_CHOICES = (1, 5, 10)
 RESIZE_MODES = ("shorter", "square")
 
 
+MAX_RESIZED_PIXELS = 16_000_000  # 48 MB of RGB: a 250:1 panorama at --resize 256 still fits
+ENV_DECODED, ENV_RESIZED = "VSEKIT_MAX_DECODED_PIXELS", "VSEKIT_MAX_RESIZED_PIXELS"
+
+
 class ImageError(Exception):
     """An image that cannot be used; the message says why."""
+
+
+def pixel_budgets() -> tuple[int, int]:
+    """(decoded, resized) pixel budgets: an image over either is failed before it takes memory.
+
+    Decoded: PIL's decompression-bomb limit ``Image.MAX_IMAGE_PIXELS`` (about 89.5 Mpx) unless
+    ``$VSEKIT_MAX_DECODED_PIXELS`` says otherwise. Resized: ``MAX_RESIZED_PIXELS`` (16 Mpx) unless
+    ``$VSEKIT_MAX_RESIZED_PIXELS``. The second one matters for thin images: a 20000×2 PNG is 40 kpx
+    decoded, but its shorter side resized to 256 would be 2,560,000×256 (655 Mpx, ~2 GB).
+    """
+    import os
+
+    def env(name, default):
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            return int(default)
+        try:
+            value = int(float(raw))
+        except ValueError:
+            raise ValueError(f"${name}={raw!r}: expected a number of pixels") from None
+        if value <= 0:
+            raise ValueError(f"${name}={raw!r}: must be > 0")
+        return value
+
+    return env(ENV_DECODED, Image.MAX_IMAGE_PIXELS or 2 ** 62), env(ENV_RESIZED, MAX_RESIZED_PIXELS)
 
 
 def load_image(path: str | Path) -> Image.Image:
@@ -36,6 +65,11 @@ def load_image(path: str | Path) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
+                budget = pixel_budgets()[0]
+                if img.size[0] * img.size[1] > budget:  # from the header, before any pixel is decoded
+                    raise ImageError(f"image {img.size[0]}x{img.size[1]} is over the decoded pixel budget "
+                                     f"({budget} pixels, PIL's decompression-bomb limit or "
+                                     f"${ENV_DECODED}): {path}")
                 img.load()
                 img = ImageOps.exif_transpose(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -73,16 +107,32 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear") -> Image.Image:
+def resized_size(width: int, height: int, size: int, mode: str = "shorter") -> tuple[int, int]:
+    """(width, height) after the resize, as torchvision's ``T.Resize(size)`` computes it.
+
+    Shorter mode: the shorter side becomes ``size`` and the longer one ``int(size * long / short)``
+    (truncated, as torchvision and timm do, not rounded). Square mode: ``size`` × ``size``.
+    """
     if mode not in RESIZE_MODES:
         raise ValueError(f"--resize-mode {mode!r}; valid choices: {', '.join(RESIZE_MODES)}")
-    w, h = img.size
     if mode == "square":
-        new = (size, size)
-    elif w <= h:
-        new = (size, max(1, int(round(h * size / w))))
-    else:
-        new = (max(1, int(round(w * size / h))), size)
+        return size, size
+    if width <= height:
+        return size, max(1, int(size * height / width))
+    return max(1, int(size * width / height)), size
+
+
+def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear") -> Image.Image:
+    """Resize as torchvision's ``T.Resize`` on a PIL image (same size, same PIL filter).
+
+    Raises ImageError, before resizing, if the result would exceed the resized pixel budget.
+    """
+    w, h = img.size
+    new = resized_size(w, h, size, mode)
+    budget = pixel_budgets()[1]
+    if new[0] * new[1] > budget:
+        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
+                         f"budget ({budget} pixels, ${ENV_RESIZED}); not resized")
     if new == (w, h):
         return img
     return img.resize(new, INTERPOLATIONS[interpolation])

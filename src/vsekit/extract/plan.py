@@ -13,7 +13,7 @@ from typing import Any
 
 from .backbones import get_backbone, weights_kind
 from .images import CROP_CHOICES, INTERPOLATIONS, RESIZE_MODES
-from .taps import probe, select_taps
+from .taps import probe, select_taps, spatial_tap, tap_columns
 
 KINDS = ("global", "fne", "grid", "regions")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -107,7 +107,7 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
     if spatial and (crops != 1 or keep_crops):
         raise ValueError(f"--kind {kind} uses the whole image: --crops must be 1 (got {crops})")
     if spatial:
-        crop_size = int(input_size or SPATIAL_SIZE)
+        crop_size = int(input_size or spatial_size(meta, pre.crop_size))
         rsz, rmode = int(resize or crop_size), resize_mode or "square"
     else:
         crop_size = int(input_size or pre.crop_size)
@@ -124,12 +124,10 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
               precision=precision, store_dtype=store_dtype)
     if spatial:
         conv = spec.conv_tap(meta)
-        info = probe(meta, crop_size, [conv])[conv]
-        if len(info.shape) != 3:
-            raise ValueError(f"{model} layer {conv!r} is not a conv map (shape {info.shape})")
-        if kind == "grid" and not 1 <= grid <= info.shape[1]:
-            raise ValueError(f"--grid {grid}: {model} {conv} is {info.shape[1]}x{info.shape[2]} at input "
-                             f"{crop_size}; choose 1..{info.shape[1]} or a larger --input-size")
+        tap, side, calls = spatial_tap(model, meta, conv, crop_size)
+        if kind == "grid" and not 1 <= grid <= side:
+            raise ValueError(f"--grid {grid}: {model} {conv} is {side}x{side} at input "
+                             f"{crop_size}; choose 1..{side} or a larger --input-size")
         if kind == "regions":
             if not boxes:
                 raise ValueError("--kind regions needs --boxes detector or --boxes FILE (JSON: image id → boxes)")
@@ -138,9 +136,8 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
             if max_regions < 1 or min_regions < 0:
                 raise ValueError("--max-regions must be >= 1 and --min-regions >= 0")
             boxes = boxes if boxes == "detector" else str(Path(boxes).resolve())
-        tap = {"name": conv, "width": info.shape[0], "start": 0, "stop": info.shape[0]}
-        return Plan(**kw, taps=(tap,), tap_calls=info.calls, grid=int(grid) if kind == "grid" else 0,
-                    channels=info.shape[0], boxes=boxes if kind == "regions" else None,
+        return Plan(**kw, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
+                    channels=tap["width"], boxes=boxes if kind == "regions" else None,
                     max_regions=int(max_regions) if kind == "regions" else 0,
                     min_regions=int(min_regions) if kind == "regions" else 0)
     if kind == "global":
@@ -149,16 +146,18 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
         names = [spec.global_tap(meta)]
     else:
         names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
-    info = probe(meta, crop_size, names)
-    missing = [n for n in names if n not in info]
-    if missing:
-        raise ValueError(f"layer {missing[0]!r} of {model} produces no tensor; list layers with --list-layers")
-    cols, start = [], 0
-    for n in names:
-        w = info[n].width
-        cols.append({"name": n, "width": w, "start": start, "stop": start + w})
-        start += w
-    return Plan(**kw, taps=tuple(cols), tap_calls=sum(info[n].calls for n in names))
+    cols, calls = tap_columns(model, meta, names, crop_size)
+    return Plan(**kw, taps=tuple(cols), tap_calls=calls)
+
+
+def spatial_size(meta, native: int) -> int:
+    """Default input of grid / regions: SPATIAL_SIZE (448, SMAN) if the model runs at it, else its
+    native crop size (ViT / Swin built for one input size, e.g. 224 → a 14×14 or 7×7 map)."""
+    try:
+        probe(meta, SPATIAL_SIZE, [])
+    except ValueError:
+        return int(native)
+    return SPATIAL_SIZE
 
 
 def _choice(option: str, value: Any, choices: tuple) -> None:

@@ -1,36 +1,107 @@
 """Named layer taps: forward hooks that reduce a layer's output as soon as it is produced.
 
-For the Full-Network Embedding (Vilalta et al., Sec. 3) every tap of a conv map is its spatial
-average, computed *inside* the hook, so the full activation is never kept; 2-D outputs (fc layers)
-are kept as they are. A module called more than once in a forward pass (e.g. torchvision's shared
-``Bottleneck.relu``) is tapped at its last call. Once the last hook of a pass has fired, the rest of
-the network is skipped.
+For the Full-Network Embedding (Vilalta et al., Sec. 3; Garcia-Gasulla et al., Sec. 3) every tap of a
+spatial map is its spatial average, computed *inside* the hook, so the full activation is never
+kept; vectors (fc layers) are copied as they are. Every hook stores a *new* tensor, never a view of
+the layer's output: a later in-place operation (torchvision VGG's ``ReLU(inplace=True)`` after
+``classifier.0``) would otherwise overwrite the stored value with the next layer's.
+
+Layouts. A 4-D output is ``NCHW`` (torch CNNs) or ``NHWC`` (timm's Swin, MambaOut and other
+channels-last stages); a 3-D output is a token sequence ``NLC`` (ViT blocks), whose leading
+``prefix`` tokens (class / register tokens) are not spatial positions. ``detect_layouts`` decides
+each tap's layout on the meta device from its output shape at a square input (the channel axis is
+the one that is not H == W) and, where that is ambiguous (C == H == W), from a second input size
+(channels stay, positions scale). A layout that cannot be told is refused, never guessed. Every
+reduction works on the NCHW view, so a Swin stage or a ViT block is pooled over its positions,
+exactly like timm's own ``forward_intermediates`` maps.
+
+A module called more than once in a forward pass (e.g. torchvision's shared ``Bottleneck.relu``) is
+tapped at its last call. Once the last hook of a pass has fired, the rest of the network is skipped.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 Reduce = Callable[[Any], Any]
+LAYOUTS = ("NCHW", "NHWC", "NLC", "NC")
 
 
 class _StopForward(Exception):
     """Raised by the last hook of a pass so that layers after the last tap are not computed."""
 
 
-def spatial_mean(out):
-    """(B, C, H, W) → (B, C) average over positions; (B, C) unchanged; other ranks flattened."""
+@dataclass(frozen=True)
+class Layout:
+    """How a tap's output is laid out: ``kind`` in LAYOUTS, ``prefix`` non-spatial leading tokens."""
+
+    kind: str
+    prefix: int = 0
+
+    def width(self, shape: Sequence[int]) -> int:
+        """Channels of an output of ``shape`` (batch dimension excluded)."""
+        return int(shape[-1] if self.kind in ("NHWC", "NLC") else shape[0])
+
+    def side(self, shape: Sequence[int]) -> int:
+        """Spatial side of a square map (0 for vectors, or token counts that are not a square)."""
+        if self.kind == "NCHW":
+            return int(shape[1])
+        if self.kind == "NHWC":
+            return int(shape[0])
+        if self.kind == "NLC":
+            n = int(shape[0]) - self.prefix
+            return math.isqrt(n) if n > 0 and math.isqrt(n) ** 2 == n else 0
+        return 0
+
+
+def to_nchw(out, layout: Layout):
+    """A (B, C, H, W) view of a spatial output; tokens lose their prefix and become a square grid."""
+    if layout.kind == "NCHW":
+        return out
+    if layout.kind == "NHWC":
+        return out.permute(0, 3, 1, 2)
+    if layout.kind == "NLC":
+        t = out[:, layout.prefix:]
+        side = math.isqrt(t.shape[1])
+        if side * side != t.shape[1]:
+            raise ValueError(f"{t.shape[1]} tokens do not form a square grid")
+        return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], side, side)
+    raise ValueError(f"a {layout.kind} output has no spatial positions")
+
+
+def spatial_mean(out, layout: Layout = Layout("NCHW")):
+    """Average over spatial positions (tokens: over the non-prefix tokens) → new (B, C) float32.
+
+    Vectors are copied (``copy=True``): the stored value must not alias the layer's output.
+    """
+    import torch
+
+    if layout.kind == "NC" or out.ndim == 2:
+        return out.to(torch.float32, copy=True).reshape(out.shape[0], -1)
+    if layout.kind == "NLC":
+        return out[:, layout.prefix:].float().mean(dim=1)
+    if layout.kind == "NHWC":
+        return out.float().mean(dim=(1, 2))
     if out.ndim == 4:
         return out.float().mean(dim=(2, 3))
-    if out.ndim == 3:  # token sequences (B, L, C): average over tokens
-        return out.float().mean(dim=1)
-    return out.float().reshape(out.shape[0], -1)
+    return out.to(torch.float32, copy=True).reshape(out.shape[0], -1)
 
 
-def keep_map(out):
-    return out
+def grid_pool(out, layout: Layout, grid: int):
+    """The map as NCHW float32, average-pooled to ``grid`` × ``grid`` (a new tensor)."""
+    import torch
+
+    return torch.nn.functional.adaptive_avg_pool2d(to_nchw(out, layout).float(), grid)
+
+
+def keep_map(out, layout: Layout = Layout("NCHW")):
+    """The whole map as a new NCHW float32 tensor (regions: RoIAlign needs NCHW)."""
+    import torch
+
+    return to_nchw(out, layout).to(torch.float32, copy=True)
 
 
 @dataclass(frozen=True)
@@ -42,13 +113,17 @@ class TapInfo:
 
     @property
     def width(self) -> int:
+        """Channels under the shape-only guess (NCHW / tokens); use ``Layout.width`` for the truth."""
         return int(self.shape[0]) if len(self.shape) in (1, 3) else int(self.shape[-1])
 
 
 class Tapper:
-    """Hooks on ``names`` that store ``reduce(output)`` per name; usable as a context manager."""
+    """Hooks on ``names`` that store ``reduce(output)`` per name; usable as a context manager.
 
-    def __init__(self, model, names: Sequence[str], reduce: Reduce = spatial_mean,
+    ``reduce`` is one function for every tap or a mapping name → function.
+    """
+
+    def __init__(self, model, names: Sequence[str], reduce: Reduce | Mapping[str, Reduce] = spatial_mean,
                  total_calls: int | None = None):
         modules = dict(model.named_modules())
         missing = [n for n in names if n not in modules]
@@ -62,8 +137,10 @@ class Tapper:
         self._handles = [modules[n].register_forward_hook(self._hook(n)) for n in self.names]
 
     def _hook(self, name: str):
+        fn = self.reduce[name] if isinstance(self.reduce, Mapping) else self.reduce
+
         def hook(module, inputs, output):
-            self.values[name] = self.reduce(output)
+            self.values[name] = fn(output)
             self.calls += 1
             if self.total_calls is not None and self.calls >= self.total_calls:
                 raise _StopForward
@@ -106,7 +183,9 @@ def probe(model, input_size: int, names: Sequence[str] | None = None) -> dict[st
 
     def make(name):
         def hook(module, inputs, output):
-            if isinstance(output, torch.Tensor):
+            # per-image outputs only: a window-partitioned (Swin attention) or flattened output
+            # whose first axis is not the batch cannot be a feature of one image
+            if isinstance(output, torch.Tensor) and output.ndim >= 1 and output.shape[0] == 1:
                 if name not in shapes:
                     order.append(name)
                 shapes[name] = tuple(int(s) for s in output.shape[1:])
@@ -117,10 +196,116 @@ def probe(model, input_size: int, names: Sequence[str] | None = None) -> dict[st
     try:
         with torch.no_grad():
             model(torch.empty(1, 3, input_size, input_size, device="meta"))
+    except Exception as exc:  # e.g. a ViT / Swin built for one input size
+        raise ValueError(f"{type(model).__name__} does not run at input size {input_size}x{input_size} "
+                         f"({type(exc).__name__}: {exc}); choose another --input-size") from exc
     finally:
         for h in handles:
             h.remove()
     return {n: TapInfo(n, type(modules[n]).__name__, shapes[n], calls[n]) for n in order}
+
+
+def prefix_tokens(model, n_tokens: int) -> int:
+    """Leading non-spatial tokens (class / register tokens) in a sequence of ``n_tokens``.
+
+    timm ViTs say how many they have (``num_prefix_tokens``); a sequence counts them only if its
+    length is that many plus the patch grid (the patch embedding's own output has none).
+    """
+    p = int(getattr(model, "num_prefix_tokens", 0) or 0)
+    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+    if p <= 0 or n_tokens <= p:
+        return 0
+    if grid is not None and n_tokens == p + math.prod(int(g) for g in grid):
+        return p
+    n = n_tokens - p  # another input size (dynamic_img_size): prefix + a square grid
+    return p if math.isqrt(n) ** 2 == n and math.isqrt(n_tokens) ** 2 != n_tokens else 0
+
+
+def _layout_from_shape(model, shape: tuple[int, ...]) -> Layout | None:
+    if len(shape) == 1:
+        return Layout("NC")
+    if len(shape) == 2:
+        return Layout("NLC", prefix_tokens(model, shape[0]))
+    if len(shape) == 3:
+        nchw, nhwc = shape[1] == shape[2], shape[0] == shape[1]
+        if nchw != nhwc:
+            return Layout("NCHW" if nchw else "NHWC")
+    return None  # C == H == W, a non-square map, or another rank: not decidable from one shape
+
+
+def _layout_from_two(shape: tuple[int, ...], other: tuple[int, ...]) -> Layout | None:
+    """Channels keep their size when the input grows; positions change."""
+    if len(shape) != 3 or len(other) != 3:
+        return None
+    if shape[0] == other[0] and shape[1:] != other[1:]:
+        return Layout("NCHW")
+    if shape[2] == other[2] and shape[:2] != other[:2]:
+        return Layout("NHWC")
+    return None
+
+
+def detect_layouts(model, input_size: int, names: Sequence[str] | None = None,
+                   info: Mapping[str, TapInfo] | None = None) -> dict[str, Layout | None]:
+    """The layout of each layer's output (None: cannot be told), from meta-device forwards."""
+    info = probe(model, input_size, names) if info is None else info
+    out = {n: _layout_from_shape(model, i.shape) for n, i in info.items()}
+    unsure = [n for n, v in out.items() if v is None and len(info[n].shape) == 3]
+    if unsure:
+        try:  # models with a fixed input size (Swin, ViT) refuse another size: stay unsure
+            other = probe(model, input_size + 32, unsure)
+        except Exception:
+            other = {}
+        for n in unsure:
+            if n in other:
+                out[n] = _layout_from_two(info[n].shape, other[n].shape)
+    return out
+
+
+def check_layout(model_name: str, info: TapInfo, layout: Layout | None) -> Layout:
+    """``layout`` or a ValueError naming the layer: an unknown layout is refused, never guessed."""
+    if layout is None:
+        raise ValueError(f"cannot tell the layout (NCHW or NHWC) of {model_name} layer {info.name!r}, "
+                         f"output {info.shape} at this input size; choose another --input-size or tap")
+    return layout
+
+
+def tap_columns(model_name: str, model, names: Sequence[str], input_size: int) -> tuple[list[dict], int]:
+    """Each tap's ``{name, width, start, stop, layout, prefix}`` columns and the hook calls of a pass.
+
+    Widths are channels under the tap's detected layout (a Swin stage (H, W, C) is C wide).
+    """
+    cols, calls, _ = _columns(model_name, model, names, input_size)
+    return cols, calls
+
+
+def _columns(model_name: str, model, names: Sequence[str], input_size: int):
+    info = probe(model, input_size, names)
+    missing = [n for n in names if n not in info]
+    if missing:
+        raise ValueError(f"layer {missing[0]!r} of {model_name} produces no per-image tensor (one row per image); list layers with --list-layers")
+    layouts = detect_layouts(model, input_size, names, info={n: info[n] for n in names})
+    cols, start = [], 0
+    for n in names:
+        lay = check_layout(model_name, info[n], layouts[n])
+        w = lay.width(info[n].shape)
+        cols.append({"name": n, "width": w, "start": start, "stop": start + w, "layout": lay.kind,
+                     "prefix": lay.prefix})
+        start += w
+    return cols, sum(info[n].calls for n in names), info
+
+
+def spatial_tap(model_name: str, model, name: str, input_size: int) -> tuple[dict, int, int]:
+    """The map tap of grid / regions: its column dict, its square side and its hook calls.
+
+    A layer whose output is not a square spatial map (NCHW, NHWC or a square token grid) is refused.
+    """
+    cols, calls, info = _columns(model_name, model, [name], input_size)
+    col, shape = cols[0], info[name].shape
+    side = Layout(col["layout"], col["prefix"]).side(shape)
+    if col["layout"] == "NC" or side <= 0:
+        raise ValueError(f"{model_name} layer {name!r} is not a square spatial map (output {shape}, "
+                         f"layout {col['layout']}); --kind grid and regions need one")
+    return col, side, calls
 
 
 def select_taps(model, pattern: str, input_size: int) -> list[str]:
@@ -143,6 +328,12 @@ def list_layers(model_name: str, input_size: int | None = None) -> list[dict[str
     model = build_model(model_name, "none", device="meta")
     size = input_size or spec.preprocess(model).crop_size
     info = probe(model, size)
+    layouts = detect_layouts(model, size, info=info)
     default = set(spec.fne_taps(model))
-    return [{"name": n, "type": i.module_type, "shape": list(i.shape), "width": i.width,
-             "default_tap": n in default, "calls": i.calls} for n, i in info.items()]
+    rows = []
+    for n, i in info.items():
+        lay = layouts.get(n)
+        rows.append({"name": n, "type": i.module_type, "shape": list(i.shape),
+                     "width": lay.width(i.shape) if lay else i.width, "layout": lay.kind if lay else "?",
+                     "default_tap": n in default, "calls": i.calls})
+    return rows
