@@ -55,6 +55,8 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@click.option("--tensorboard", default=None, type=click.Path(file_okay=False),
+              help="Also write the training curves as TensorBoard events to this folder (needs tensorboard).")
 def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones,
               global_module, **opts):
     """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
