@@ -45,7 +45,11 @@ def check_embeddable(model, name: str) -> str:
     """The similarity of an embedding model, or a ValueError saying why this model has no vectors."""
     from .vse import EmbeddingModel
 
-    if getattr(model, "pairwise", False) or not isinstance(model, EmbeddingModel):
+    if not getattr(model, "pairwise", False) and not isinstance(model, EmbeddingModel):
+        raise ValueError(f"model {name!r} does not expose joint-space vectors to export; embed works for the "
+                         f"embedding models (vse, order, seam-e/c/g); use `vsekit evaluate RUN --save-sims` "
+                         f"for its similarity matrix")
+    if not isinstance(model, EmbeddingModel):
         raise ValueError(f"model {name!r} has no independent image and caption embeddings: its similarity is "
                          f"computed jointly for every image-caption pair (cross attention or alignment between "
                          f"words and regions/cells, as in SMAN, SAF and SGR), so there is no vector per image "
