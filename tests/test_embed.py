@@ -55,7 +55,8 @@ def test_embeddings_reproduce_the_models_scores(store_path, tmp_path, model):
     assert got.shape == sims.shape
     np.testing.assert_allclose(got, sims, rtol=1e-4, atol=1e-5)
     store = FeatureStore.open(store_path)
-    images, captions = pq.read_table(tmp_path / "e" / "images.parquet"), pq.read_table(tmp_path / "e" / "captions.parquet")
+    images = pq.read_table(tmp_path / "e" / "images.parquet")
+    captions = pq.read_table(tmp_path / "e" / "captions.parquet")
     rows = store.split_rows("test")
     assert images.column("image_id").to_pylist() == [str(i) for i in store.image_ids()[rows]]
     owners = store.caption_images()
