@@ -66,3 +66,11 @@ def test_npz_bad_files_are_named(demo_store, tmp_path):
     r = run(main, ["ingest", "npz", str(folder), "--store", str(demo_store.path), "--name", "r2", "--strict"])
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "r2" not in FeatureStore.open(demo_store.path).feature_names()
+
+
+def test_pipeline_treats_npz_ingest_as_a_feature_set_not_a_store():
+    """`vsekit run --force` must replace only the feature set an `ingest npz` stage adds, never the store."""
+    from vsekit.pipeline.outputs import FeaturesOutput, stage_io
+
+    io = stage_io("ingest npz", {"store": "coco.zarr", "name": "bu"}, lambda key: None)
+    assert [type(o) for o in io.outputs] == [FeaturesOutput] and io.outputs[0].name == "bu"
