@@ -68,6 +68,9 @@ def test_ingest_brace_pattern_and_read_in_place(tmp_path):
         assert is_ref(path) and ".tar::" in path
         assert np.array_equal(np.asarray(decode(path)), truth[key][0])  # the pixels, unpacked nowhere
     assert not list((tmp_path / "s.zarr").rglob("*.png"))
+    from vsekit.report.images import load_thumbnail  # the report shows in-shard images too
+
+    assert np.array_equal(np.asarray(load_thumbnail(store.image_file(0), 64)), truth[ids[0]][0])
     splits = store.image_splits()
     assert sorted(np.bincount(splits, minlength=3)[:3].tolist()) == [3, 3, 9]
 
