@@ -120,3 +120,15 @@ def test_tensorboard_curves_equal_metrics_jsonl(store_path, tmp_path):
     assert rsum == [(x["epoch"], pytest.approx(x["val"]["rsum"], rel=1e-6)) for x in log]
     loss = [(e.step, e.value) for e in acc.Scalars("train/loss")]
     assert loss == [(x["epoch"], pytest.approx(x["loss"], rel=1e-6)) for x in log if x["loss"] is not None]
+
+
+def test_tensorboard_resume_does_not_double_the_curves(store_path, tmp_path):
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    kw = dict(FAST, tensorboard=str(tmp_path / "tb"))
+    train(store_path, "pixels", "vse", tmp_path / "run", **kw)
+    train(store_path, "pixels", "vse", tmp_path / "run", resume=True, progress=False, epochs=2,
+          tensorboard=str(tmp_path / "tb"))
+    acc = ea.EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    log = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e.step for e in acc.Scalars("val/rsum")] == [0, 1, 2] == [x["epoch"] for x in log]
