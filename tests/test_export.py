@@ -142,3 +142,120 @@ def test_export_vocab(demo_store, tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "v.json").stat().st_size > 0
     assert "circle" in (tmp_path / "v.json").read_text()
+
+
+# reference-loader compatibility (issue 17) --------------------------------------------------------
+def _coco_like_store(path, n_test=1200, n_train=6, n_restval=4, n_val=3, dim=4):
+    """A COCO-named store whose test split is larger than one 1K fold; 5 captions per image."""
+    counts = {"train": n_train, "restval": n_restval, "val": n_val, "test": n_test}
+    splits = [s for s in ("train", "val", "test", "restval") for _ in range(counts[s])]
+    rng = np.random.default_rng(0)
+    splits = [splits[i] for i in rng.permutation(len(splits))]  # splits interleaved in store order
+    n = len(splits)
+    with FeatureStore.building(path, dataset="coco") as store:
+        store.write_images([str(100 + i) for i in range(n)], [""] * n, splits)
+        words = ["dog", "cat", "red", "car", "man", "tree"]
+        store.write_captions([f"a {words[i % 6]} and {words[(i // 6) % 6]} number {i % 5}" for i in range(5 * n)],
+                             np.repeat(np.arange(n), 5))
+    g = _fill(store, "g", (dim,), np.float32, block_rows=64)
+    return store, g
+
+
+class _PrecompDataset:
+    """The few loading lines of VSE++'s / SCAN's PrecompDataset (data.py), re-implemented."""
+
+    def __init__(self, loc, data_split):
+        with open(f"{loc}/{data_split}_caps.txt", "rb") as f:
+            self.captions = [line.strip() for line in f]
+        self.images = np.load(f"{loc}/{data_split}_ims.npy")
+        self.length = len(self.captions)
+        self.im_div = 5 if self.images.shape[0] != self.length else 1
+        if data_split == "dev":
+            self.length = 5000
+
+    def __getitem__(self, index):
+        return self.images[index // self.im_div], self.captions[index]
+
+
+def test_coco_testall_and_restval_into_train_read_by_reference_loader(tmp_path):
+    store, g = _coco_like_store(tmp_path / "c.zarr")
+    out = tmp_path / "coco_precomp"
+    r = CliRunner().invoke(main, ["export", "vsepp", "--store", str(store.path), "--features", "g",
+                                                  "--out", str(out), "--restval-into-train"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.glob("*_ims.npy")) == ["dev_ims.npy", "test_ims.npy", "testall_ims.npy",
+                                                           "train_ims.npy"]
+    assert "dev has 15 captions, fewer than the 5000" in r.stderr
+    assert "testall has 1200 images" in r.stderr
+    ids, owners, text = store.image_ids(), store.caption_images(), store.caption_text()
+    splits = store.image_splits()
+    test_rows = np.flatnonzero(splits == 2)
+    expect = {"testall": test_rows, "test": test_rows[:1000],
+              "train": np.flatnonzero((splits == 0) | (splits == 3))}
+    for name, rows in expect.items():
+        ds = _PrecompDataset(str(out), name)
+        assert ds.im_div == 5 and len(ds.images) == len(rows) and ds.length == 5 * len(rows)
+        file_ids = (out / f"{name}_ids.txt").read_text().split()
+        assert file_ids == [str(ids[r]) for r in rows]
+        for index in range(0, ds.length, 7):  # every item pairs a caption with its own image
+            image, caption = ds[index]
+            row = rows[index // 5]
+            assert np.array_equal(image, g[row])
+            assert caption.decode() in set(text[owners == row])
+    ds = _PrecompDataset(str(out), "dev")
+    with pytest.raises(IndexError):  # what the warning is about
+        ds[4999]
+    # without COCO in the name (or with --no-testall) test is the whole split
+    summary = export_vsepp(store, "g", tmp_path / "plain", testall=False, splits=["test"])
+    assert list(summary["splits"]) == ["test"] and summary["splits"]["test"]["images"] == 1200
+
+
+def test_vocab_pickle_loads_as_vsepp_vocabulary_and_json_as_scan(demo_store, tmp_path, monkeypatch):
+    import pickle
+    import sys
+    import types
+
+    tok = pytest.importorskip("vsekit.tokenize")
+    tok.tokenize(demo_store.path)
+    _fill(demo_store, "g", (3,), np.float32)
+    r = CliRunner().invoke(main, ["export", "vsepp", "--store", str(demo_store.path), "--features", "g",
+                                  "--out", str(tmp_path / "o"), "--vocab-name", "demo_precomp"])
+    assert r.exit_code == 0, r.output
+
+    # VSE++'s vocab.py: the class their pickle.load needs, re-implemented
+    class Vocabulary:
+        def __init__(self):
+            self.word2idx, self.idx2word, self.idx = {}, {}, 0
+
+        def add_word(self, word):
+            if word not in self.word2idx:
+                self.word2idx[word] = self.idx
+                self.idx2word[self.idx] = word
+                self.idx += 1
+
+        def __call__(self, word):
+            return self.word2idx.get(word, self.word2idx["<unk>"])
+
+        def __len__(self):
+            return len(self.word2idx)
+
+    module = types.ModuleType("vocab")
+    module.Vocabulary = Vocabulary
+    Vocabulary.__module__ = "vocab"
+    monkeypatch.setitem(sys.modules, "vocab", module)
+    with open(tmp_path / "o" / "demo_precomp_vocab.pkl", "rb") as f:
+        v = pickle.load(f)
+    itos = list(demo_store.root["tokens"].attrs["vocabulary"])
+    assert isinstance(v, Vocabulary) and len(v) == len(itos) == v.idx
+    assert [v("<pad>"), v("<start>"), v("<end>"), v("<unk>")] == [0, 1, 2, 3]
+    assert all(v(w) == i and v.idx2word[i] == w for i, w in enumerate(itos))
+    assert v("zzzunseen") == 3
+    # SCAN's deserialize_vocab
+    d = json.loads((tmp_path / "o" / "demo_precomp_vocab.json").read_text())
+    scan_vocab = Vocabulary()
+    scan_vocab.word2idx, scan_vocab.idx2word, scan_vocab.idx = d["word2idx"], d["idx2word"], d["idx"]
+    assert all(scan_vocab(w) == i for i, w in enumerate(itos)) and scan_vocab.idx == len(itos)
+    r = CliRunner().invoke(main, ["export", "vocab", "--store", str(demo_store.path), "--out",
+                                  str(tmp_path / "v.pkl")])
+    assert r.exit_code == 0 and (tmp_path / "v.pkl").read_bytes() == (
+        tmp_path / "o" / "demo_precomp_vocab.pkl").read_bytes()

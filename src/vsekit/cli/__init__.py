@@ -16,7 +16,7 @@ from ..storage.store import StoreError
 from ..version import __version__
 
 # Modules under vsekit.cli that define commands; each exposes ``register(group)``.
-COMMAND_MODULES = ("store", "ingest", "export", "extract", "fne", "tokenize", "train", "pipeline", "report")
+COMMAND_MODULES = ("store", "ingest", "export", "extract", "fne", "tokenize", "train", "pipeline", "report", "embed")
 
 
 class VsekitGroup(click.Group):

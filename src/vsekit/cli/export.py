@@ -11,6 +11,14 @@ def export() -> None:
 
 
 def _precomp_options(f):
+    f = click.option("--vocab-name", default=None,
+                     help="Also write the vocabulary as NAME_vocab.json (SCAN) and NAME_vocab.pkl (VSE++), "
+                          "e.g. coco_precomp.")(f)
+    f = click.option("--restval-into-train", is_flag=True, help="Write restval images into train_* "
+                     "(VSE++/SCAN's 113,287-image COCO train set).")(f)
+    f = click.option("--testall/--no-testall", default=None,
+                     help="testall_* = the whole test split and test_* = its first 1,000 images, as in "
+                          "coco_precomp (default: on for a COCO store with over 1,000 test images).")(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "int8"]), default=None,
                      help="dtype of the .npy files (default: the feature set's).")(f)
     f = click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))(f)
@@ -22,28 +30,36 @@ def _precomp_options(f):
     return f
 
 
-def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype):
+def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype, testall=None,
+                 restval_into_train=False, vocab_name=None):
     from ..storage.interop import export_precomp
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
     summary = export_precomp(store_path, features, out, layout=layout, splits=split_list,
-                             captions_per_image=captions_per_image, dtype=dtype)
+                             captions_per_image=captions_per_image, dtype=dtype, testall=testall,
+                             restval_into_train=restval_into_train, vocab_name=vocab_name)
     for prefix, c in summary["splits"].items():
         click.echo(f"{out}/{prefix}_ims.npy: {c['images']} images, {prefix}_caps.txt: {c['captions']} captions")
+    for path in summary.get("vocab", []):
+        click.echo(f"wrote {path}")
+    for warning in summary["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @export.command("vsepp")
 @_precomp_options
-def vsepp(store_path, features, out, splits, captions_per_image, dtype):
+def vsepp(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name):
     """VSE++ precomp files: {split}_ims.npy (N, D), {split}_caps.txt, {split}_ids.txt."""
-    _run_precomp("vsepp", store_path, features, out, splits, captions_per_image, dtype)
+    _run_precomp("vsepp", store_path, features, out, splits, captions_per_image, dtype, testall,
+                 restval_into_train, vocab_name)
 
 
 @export.command("scan")
 @_precomp_options
-def scan(store_path, features, out, splits, captions_per_image, dtype):
+def scan(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name):
     """SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C), {split}_caps.txt, {split}_ids.txt."""
-    _run_precomp("scan", store_path, features, out, splits, captions_per_image, dtype)
+    _run_precomp("scan", store_path, features, out, splits, captions_per_image, dtype, testall,
+                 restval_into_train, vocab_name)
 
 
 @export.command("hdf5")
@@ -61,9 +77,19 @@ def hdf5(store_path, features, out, level):
 
 @export.command("vocab")
 @click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output vocab.json.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="Output vocab.json, or a .pkl for VSE++'s pickled Vocabulary.")
 def vocab(store_path, out):
-    """The store's tokenizer vocabulary as JSON (written by `vsekit tokenize`)."""
+    """The store's tokenizer vocabulary as JSON (SCAN) or, for a .pkl --out, VSE++'s pickle."""
+    if str(out).lower().endswith(".pkl"):
+        from pathlib import Path
+
+        from ..storage.interop import vsepp_vocab_pickle
+        from ..tokenize.vocab import Vocabulary
+
+        Path(out).write_bytes(vsepp_vocab_pickle(Vocabulary.from_store(store_path).itos))
+        click.echo(f"wrote {out}")
+        return
     from ..storage.store import FeatureStore
 
     try:

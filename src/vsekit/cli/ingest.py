@@ -7,7 +7,8 @@ import click
 
 @click.group("ingest")
 def ingest() -> None:
-    """Create a store from a dataset on disk (karpathy, coco, folder, precomp, butd, hdf5)."""
+    """Create a store from a dataset on disk (karpathy, coco, folder, precomp, butd, hdf5, webdataset,
+    parquet, npz)."""
 
 
 def _common(f):
@@ -128,6 +129,79 @@ def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, ove
 
     _, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
                             default_split=default_split, dtype=dtype, strict=strict, overwrite=overwrite)
+    click.echo(report.summary())
+
+
+def _split_options(f):
+    f = click.option("--seed", default=0, show_default=True, help="Seed of the random split.")(f)
+    f = click.option("--ratios", default="0.8,0.1,0.1", show_default=True,
+                     help="train,val,test ratios of the random split (without --splits/--split).")(f)
+    f = click.option("--split", "split", default=None, type=click.Choice(["train", "val", "test", "restval"]),
+                     help="Put every image in this split.")(f)
+    f = click.option("--splits", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="Split assignment file (Karpathy JSON, {id: split} or id<TAB>split).")(f)
+    return f
+
+
+@ingest.command("webdataset")
+@click.argument("shards", nargs=-1, required=True)
+@_split_options
+@_common
+def webdataset(shards, split_file, split, ratios, seed, store_path, overwrite, strict):
+    """Ingest WebDataset tar SHARDS (img2dataset/open_clip: KEY.jpg + KEY.txt|json); brace patterns
+    like shard-{0000..0009}.tar work. Images stay in the shards and are read in place."""
+    from ..storage.sources.webdataset import ingest_webdataset
+
+    _, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
+                                  seed=seed, strict=strict, overwrite=overwrite)
+    click.echo(report.summary())
+
+
+@ingest.command("parquet")
+@click.argument("files", nargs=-1, required=True)
+@click.option("--image-column", default=None, help="Image bytes, HF image struct, or path column (default: "
+              "the first of jpg, png, webp, image, img, image_bytes, image_path, filepath, path, file_name, filename).")
+@click.option("--caption-column", default=None,
+              help="Caption column, a string or a list of strings (default: caption, captions, sentences, text, txt).")
+@click.option("--id-column", default=None, help="Image id column (default: key, image_id, id, cocoid, img_id, "
+              "imgid; else the image path without extension, else FILE:ROW).")
+@click.option("--split-column", default=None, help="Split column (default: 'split' when present).")
+@click.option("--image-root", type=click.Path(file_okay=False), default=None,
+              help="Folder that image path columns are relative to (default: the first file's folder).")
+@click.option("--no-check-files", is_flag=True, help="Do not check that image path files exist.")
+@_split_options
+@_common
+def parquet(files, image_column, caption_column, id_column, split_column, image_root, no_check_files,
+            split_file, split, ratios, seed, store_path, overwrite, strict):
+    """Ingest parquet FILES (or folders of them): img2dataset's parquet output, HF datasets exports.
+    Image bytes stay in the files and are read in place."""
+    from ..storage.sources.parquet import ingest_parquet
+
+    _, report = ingest_parquet(list(files), store_path, image_column=image_column,
+                               caption_column=caption_column, id_column=id_column, split_column=split_column,
+                               image_root=image_root, check_files=not no_check_files, split_file=split_file,
+                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite)
+    click.echo(report.summary())
+
+
+@ingest.command("npz")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False),
+              help="Existing store to add the region features to (matched by image id).")
+@click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
+@click.option("--match", type=click.Choice(["exact", "number"]), default="exact", show_default=True,
+              help="File stem = image id, or the stem's last number = the (numeric) image id "
+                   "(COCO_val2014_000000391895.npz -> 391895).")
+@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace the feature set NAME.")
+@click.option("--strict", is_flag=True, help="Turn skipped files into errors.")
+def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
+    """Ingest per-image .npz region features (x, bbox, num_bbox, image_h, image_w; bottom-up-attention.pytorch)."""
+    from ..storage.sources.npz import ingest_npz
+
+    _, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
+                           strict=strict, overwrite=overwrite)
     click.echo(report.summary())
 
 

@@ -56,6 +56,8 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@click.option("--tensorboard", default=None, type=click.Path(file_okay=False),
+              help="Also write the training curves as TensorBoard events to this folder (needs tensorboard).")
 def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones,
               global_module, **opts):
     """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
@@ -80,7 +82,9 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
 
 
 @click.command("evaluate")
-@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("runs", nargs=-1, type=click.Path(exists=True, file_okay=False))
+@click.option("--sims", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Score this (images x captions) .npy of --split made elsewhere, instead of RUNS (needs --store).")
 @click.option("--protocol", "protocols", multiple=True, type=click.Choice(["coco-1k", "coco-5k", "1k"]),
               help="Evaluation protocol (repeatable); default coco-1k and coco-5k on COCO, else 1k.")
 @click.option("--split", default="test", show_default=True)
@@ -95,9 +99,21 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for metrics.json (default: the run; metrics_ensemble.json for several runs).")
 @click.option("--progress/--no-progress", default=True)
-def evaluate_cmd(runs, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out, progress):
+def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out,
+                 progress):
     """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""
     from ..train import evaluate
+
+    if sims or not runs:
+        from ..train.external import evaluate_sims
+
+        if runs or not sims or not store:
+            raise click.UsageError("give RUN folders, or --sims FILE.npy with --store (not both)")
+        result = evaluate_sims(sims, store, split=split, protocols=protocols or None,
+                               out=out and f"{out}/metrics.json", progress=progress)
+        click.echo(result["table"])
+        click.echo(f"wrote {result['metrics_path']}")
+        return
 
     result = evaluate(runs, protocols=protocols or None, split=split, store=store, features=features,
                       device=device, batch_size=batch_size, save=save_sims, out=out, progress=progress,

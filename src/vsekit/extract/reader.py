@@ -71,6 +71,10 @@ class RowDataset:
 
 def decode(path: str):
     """Hook point for tests (a decoder that crashes its process); decodes to RGB."""
+    from ..storage.sources import shards
+
+    if shards.is_ref(path):  # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
+        return shards.load_image(path)
     return load_image(path)
 
 

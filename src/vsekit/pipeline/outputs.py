@@ -231,7 +231,7 @@ def stage_io(command: str, values: dict[str, Any], defaults: Callable[[str], Any
     if word == "ingest" and store:
         fmt = command.split()[-1]
         name = str(values.get("name") or defaults("name") or "")
-        if fmt == "butd":  # adds a feature set to the store (which it creates when new)
+        if fmt in ("butd", "npz"):  # adds a feature set to the store (butd creates it when new)
             return StageIO([FeaturesOutput(store, name)], [(store, name)], [], resumable=False)
         makes = [(store, name)] if name and fmt == "precomp" else []
         return StageIO([StoreOutput(store)], makes, [], resumable=False)

@@ -47,6 +47,15 @@ def _data_uri(img, fmt: str = "JPEG") -> str:
 def _open_rgb(path: str, size: int):
     from PIL import Image
 
+    from ..storage.sources import shards
+
+    if shards.is_ref(path):  # an image inside a tar shard or parquet file (ingest webdataset|parquet)
+        try:
+            im = shards.load_image(path)
+        except Exception as exc:
+            raise OSError(str(exc)) from None
+        im.thumbnail((size, size))
+        return im
     with Image.open(path) as im:
         im = im.convert("RGB")
         im.thumbnail((size, size))

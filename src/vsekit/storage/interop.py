@@ -65,8 +65,17 @@ def _captions_by_image(store: FeatureStore, rows: np.ndarray, cpi: int) -> list[
 
 def export_precomp(store: FeatureStore | str | Path, features: str, out: str | Path, *, layout: str = "vsepp",
                    splits: Sequence[str] | None = None, captions_per_image: int = 5,
-                   dtype: str | None = None) -> dict[str, Any]:
-    """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and ``{split}_ids.txt`` for each split."""
+                   dtype: str | None = None, testall: bool | None = None, restval_into_train: bool = False,
+                   vocab_name: str | None = None) -> dict[str, Any]:
+    """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and ``{split}_ids.txt`` for each split.
+
+    ``testall`` (default: on for a COCO store with more than 1,000 test images) writes the whole test
+    split as ``testall_*`` and its first 1,000 images (the first of the five sequential folds) as
+    ``test_*``, as VSE++/SCAN's ``coco_precomp`` has them. ``restval_into_train`` writes train and
+    restval images together as ``train_*``. ``vocab_name`` also writes the store's vocabulary as
+    ``{name}_vocab.json`` (SCAN) and ``{name}_vocab.pkl`` (VSE++). ``summary["warnings"]`` lists the
+    layouts the reference loaders would misread (a ``dev`` that is not 5,000 captions...).
+    """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown precomp layout {layout!r}; valid choices: {', '.join(LAYOUTS)}")
     store = _open(store)
@@ -96,14 +105,12 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
             raise ValueError(f"--splits: unknown split {s!r}; valid choices: {', '.join(SPLITS)}")
     out_dtype = np.dtype(dtype) if dtype else fs.data.dtype
     ids = store.image_ids()
-    summary: dict[str, Any] = {"out": str(out), "layout": layout, "splits": {}}
+    plan = _file_plan(store, wanted, testall, restval_into_train)
+    summary: dict[str, Any] = {"out": str(out), "layout": layout, "splits": {},
+                               "warnings": _loader_warnings(plan, captions_per_image)}
     targets = []
     text = None
-    for s in wanted:
-        rows = store.split_rows(s)
-        if not len(rows):
-            raise StoreError(f"split {s!r} has no images in {store.path}")
-        prefix = SPLIT_PREFIX[s]
+    for prefix, rows in plan:
         caps = _captions_by_image(store, rows, captions_per_image)
         text = store.caption_text() if text is None else text
         with open(out / f"{prefix}_caps.txt", "w", encoding="utf-8") as f:
@@ -130,7 +137,82 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
     finally:
         for _, ims in targets:
             ims.close()
+    if vocab_name:
+        summary["vocab"] = [str(p) for p in export_vocab(store, out, vocab_name)]
     return summary
+
+
+COCO_1K = 1000      # images in coco_precomp's test_* (one fold of testall)
+DEV_CAPTIONS = 5000  # both reference loaders set the dev set's length to 5,000 captions
+
+
+def _file_plan(store: FeatureStore, wanted: Sequence[str], testall: bool | None,
+               restval_into_train: bool) -> list[tuple[str, np.ndarray]]:
+    """(file prefix, sorted image rows) of each file set to write."""
+    if restval_into_train:
+        wanted = [s for s in wanted if s != "restval"]
+    plan = []
+    for s in wanted:
+        rows = store.split_rows(["train", "restval"] if s == "train" and restval_into_train else s)
+        if not len(rows):
+            raise StoreError(f"split {s!r} has no images in {store.path}")
+        if s == "test":
+            on = ("coco" in store.dataset.lower() and len(rows) > COCO_1K) if testall is None else testall
+            if on:
+                plan += [("testall", rows), ("test", rows[:COCO_1K])]
+                continue
+        plan.append((SPLIT_PREFIX[s], rows))
+    return plan
+
+
+def _loader_warnings(plan: list[tuple[str, np.ndarray]], cpi: int) -> list[str]:
+    """What VSE++/SCAN's PrecompDataset and fold-5 evaluation would get wrong with these files."""
+    out = []
+    for prefix, rows in plan:
+        n_caps = len(rows) * cpi
+        if prefix == "dev" and n_caps < DEV_CAPTIONS:
+            out.append(f"dev has {n_caps} captions, fewer than the {DEV_CAPTIONS} that VSE++'s and SCAN's "
+                       f"PrecompDataset assume for dev (data_split == 'dev' sets length 5000): their "
+                       f"validation will fail with an IndexError; patch that line or export a larger val split")
+        elif prefix == "dev" and n_caps > DEV_CAPTIONS:
+            out.append(f"dev has {n_caps} captions; VSE++ and SCAN validate on the first {DEV_CAPTIONS} "
+                       f"only ({DEV_CAPTIONS // cpi} images)")
+        if prefix == "testall" and len(rows) != 5 * COCO_1K:
+            out.append(f"testall has {len(rows)} images; the reference fold5 evaluation slices 5 folds of "
+                       f"{COCO_1K} images (5,000 in all) and would misread it")
+    return out
+
+
+def export_vocab(store: FeatureStore | str | Path, out: str | Path, name: str) -> tuple[Path, Path]:
+    """``{name}_vocab.json`` (SCAN's ``deserialize_vocab`` form) and ``{name}_vocab.pkl`` (VSE++)."""
+    from ..tokenize.vocab import Vocabulary
+
+    vocab = Vocabulary.from_store(_open(store))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, pkl_path = out / f"{name}_vocab.json", out / f"{name}_vocab.pkl"
+    json_path.write_text(json.dumps(vocab.to_vsepp(), ensure_ascii=False), encoding="utf-8")
+    pkl_path.write_bytes(vsepp_vocab_pickle(vocab.itos))
+    return json_path, pkl_path
+
+
+def vsepp_vocab_pickle(itos: Sequence[str]) -> bytes:
+    """A pickle of VSE++'s ``vocab.Vocabulary`` (``word2idx``, ``idx2word`` with int keys, ``idx``).
+
+    VSE++ saves the object itself and loads it with ``pickle.load`` while its own ``vocab`` module is
+    importable. We cannot pickle their class, so the opcodes are written directly: protocol 2
+    (readable by Python 2 and 3), the global ``vocab.Vocabulary``, an instance made without calling
+    ``__init__`` (NEWOBJ), and its ``__dict__`` set by BUILD — exactly what pickling an instance of
+    their class produces. Loading it needs VSE++'s ``vocab.py`` on the path, as their own pickles do.
+    """
+    import pickle
+
+    state = {"word2idx": {w: i for i, w in enumerate(itos)}, "idx2word": dict(enumerate(itos)),
+             "idx": len(itos)}
+    body = pickle.dumps(state, protocol=2)
+    assert body[:2] == b"\x80\x02" and body[-1:] == pickle.STOP
+    return (b"\x80\x02" + pickle.GLOBAL + b"vocab\nVocabulary\n" + pickle.EMPTY_TUPLE + pickle.NEWOBJ
+            + body[2:-1] + pickle.BUILD + pickle.STOP)
 
 
 def export_vsepp(store, features: str, out, **kw) -> dict[str, Any]:

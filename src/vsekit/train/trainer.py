@@ -32,6 +32,7 @@ from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, o
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import HingeLoss
 from .scoring import EnsembleScorer, encode_set
+from .tblog import open_curves
 
 COMMON_ARGS = ("img_shape", "vocab_size", "embed_dim", "word_dim", "similarity", "use_abs")
 
@@ -115,6 +116,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
           log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
     """Train ``model`` on ``features`` of ``store`` into the run folder ``out``; returns a summary."""
     log = log or (lambda msg: None)
+    tensorboard = overrides.pop("tensorboard", None)  # a log folder, not a training setting
     out = Path(out)
     last = out / "checkpoint_last.pt"
     if resume:
@@ -168,6 +170,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
         state["untrained_rsum"] = m0["rsum"]
         _write_log(out, state)
 
+    curves = open_curves(tensorboard, state["history"])
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
         loss_fn = HingeLoss(cfg.margin, max_violation=cfg.max_violation or state["phase"] == "max")
         lr = _lr(cfg, state, epoch - 1)
@@ -219,8 +222,10 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
                 f"from epoch {best['epoch']}")
         _save(last, {"model": net.state_dict(), "optimizer": optim.state_dict(), "state": state, **payload_extra})
         _write_log(out, state)
+        curves.log(entry)
         log(f"epoch {epoch}/{cfg.epochs} [{entry['phase']}] loss {entry['loss']:.4f} val rsum "
             f"{metrics['rsum']:.1f} (best {state['best_rsum']:.1f} @ {state['best_epoch']})")
+    curves.close()
     plot_curves(state["history"], out / "curves.png")
     return {"out": str(out), "epochs": state["epoch"], "best_epoch": state["best_epoch"],
             "best_rsum": state["best_rsum"], "untrained_rsum": state.get("untrained_rsum"),

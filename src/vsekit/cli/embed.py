@@ -1,0 +1,30 @@
+"""``vsekit embed RUN --split S --out DIR``: a trained run's joint-space embeddings (``vsekit.train.embed``)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("embed")
+@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.option("--split", default="test", show_default=True, help="Split to embed.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for images.npy, captions.npy, their .parquet ids and embed.json.")
+@click.option("--store", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Embed this store instead of the run's (same vocabulary).")
+@click.option("--features", default=None, help="Feature set instead of the run's.")
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(1))
+def embed_cmd(run, split, out, store, features, checkpoint, device, batch_size):
+    """Write the images' and captions' embeddings (with ids) of SPLIT, ready for faiss."""
+    from ..train.embed import embed
+
+    doc = embed(run, out, split=split, store=store, features=features, checkpoint=checkpoint, device=device,
+                batch_size=batch_size)
+    click.echo(f"wrote {doc['n_images']} image and {doc['n_captions']} caption embeddings of dimension "
+               f"{doc['dim']} to {out} ({doc['similarity']}: {doc['search']})")
+
+
+def register(group: click.Group) -> None:
+    group.add_command(embed_cmd)

@@ -1,0 +1,216 @@
+"""Parquet tables of captioned images: img2dataset's parquet output and Hugging Face datasets exports.
+
+One row is an image with one caption (a string column) or several (a list-of-strings column).
+Rows that share an image id add captions to that image (caption-per-row exports). The image is
+one of:
+
+* a binary column (img2dataset's ``jpg``): the bytes stay in the file; the store path is
+  ``file.parquet::jpg@ROW`` (see :mod:`.shards`), read in place by extraction;
+* a struct column with ``bytes`` and ``path`` fields (the HF ``Image`` feature): ``bytes`` when
+  present (``file.parquet::image.bytes@ROW``), else ``path``;
+* a string column of paths, relative to ``image_root`` (default: the first file's folder).
+
+Columns are found by name unless given (``--image-column`` ...). The image id is the id column, else
+the image path without its extension, else ``FILE:ROW``. Splits come from a split column (values
+train, val, test, restval), a split file, one ``split``, or a seeded random split. Files are read one
+row group at a time (the image column of one row group is read to see which rows hold an image,
+then dropped), so memory is bounded by a row group, never by the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any, Sequence
+
+from ..store import SPLITS, FeatureStore, split_code
+from .common import IngestError, IngestReport
+from .folder import parse_ratios
+from .shards import parquet_ref
+from .webdataset import _splits
+
+IMAGE_COLUMNS = ("jpg", "png", "webp", "image", "img", "image_bytes", "image_path", "filepath", "path",
+                 "file_name", "filename")
+CAPTION_COLUMNS = ("caption", "captions", "sentences", "text", "txt")
+ID_COLUMNS = ("key", "image_id", "id", "cocoid", "img_id", "imgid")
+
+
+def expand_files(items: Sequence[str | os.PathLike]) -> list[Path]:
+    from braceexpand import braceexpand
+
+    out: list[Path] = []
+    for item in items:
+        for p in braceexpand(str(item)):
+            path = Path(p)
+            if path.is_dir():
+                found = sorted(path.glob("*.parquet"))
+                if not found:
+                    raise IngestError(f"{path}: no .parquet files in this folder")
+                out += found
+            elif path.is_file():
+                out.append(path)
+            else:
+                raise IngestError(f"{path}: no such parquet file")
+    return out
+
+
+def _pick(schema, given: str | None, choices: Sequence[str], what: str, option: str, file: Path) -> str | None:
+    names = list(schema.names)
+    if given is not None:
+        if given not in names:
+            raise IngestError(f"{file}: no column {given!r} ({option}); it has: {', '.join(names)}")
+        return given
+    return next((c for c in choices if c in names), None)
+
+
+def _image_kind(field, file: Path) -> str:
+    import pyarrow as pa
+
+    t = field.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "bytes"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "path"
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+        return "struct"
+    raise IngestError(f"{file}: image column {field.name!r} has type {t}; expected binary image bytes, "
+                      f"a path string, or a struct with 'bytes' and 'path' (HF Image)")
+
+
+def _caption_list(value: Any) -> list[str]:
+    got = [value] if isinstance(value, str) else list(value or [])
+    out = []
+    for c in got:
+        if isinstance(c, dict):  # Karpathy-style sentences: {"raw": ..., "tokens": ...}
+            c = c.get("raw", "")
+        text = " ".join(str(c).split())
+        if text:
+            out.append(text)
+    return out
+
+
+def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *, image_column: str | None = None,
+                   caption_column: str | None = None, id_column: str | None = None,
+                   split_column: str | None = None, image_root: str | os.PathLike | None = None,
+                   check_files: bool = True, split_file: str | Path | None = None, split: str | None = None,
+                   ratios: str | Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0, strict: bool = False,
+                   overwrite: bool = False, dataset: str | None = None) -> tuple[FeatureStore, IngestReport]:
+    """Create a store from parquet files; image bytes are referenced in place, not copied."""
+    import pyarrow.parquet as pq
+
+    paths = expand_files(files)
+    if split is not None:
+        split_code(split)
+    ratios = parse_ratios(ratios)
+    report = IngestReport(strict=strict)
+    root = Path(image_root).resolve() if image_root else paths[0].resolve().parent
+    row_of: dict[str, int] = {}
+    ids, refs, given, texts, owners = [], [], [], [], []
+    for file in paths:
+        try:
+            pf = pq.ParquetFile(file)
+        except Exception as exc:  # pyarrow raises several types for a non-parquet file
+            raise IngestError(f"{file}: not a parquet file ({exc})") from None
+        schema = pf.schema_arrow
+        img_col = _pick(schema, image_column, IMAGE_COLUMNS, "image", "--image-column", file)
+        cap_col = _pick(schema, caption_column, CAPTION_COLUMNS, "caption", "--caption-column", file)
+        if img_col is None or cap_col is None:
+            raise IngestError(f"{file}: no {'image' if img_col is None else 'caption'} column found; name it "
+                              f"with {'--image-column' if img_col is None else '--caption-column'} "
+                              f"(columns: {', '.join(schema.names)})")
+        id_col = _pick(schema, id_column, ID_COLUMNS, "id", "--id-column", file)
+        split_col = _pick(schema, split_column, ("split",), "split", "--split-column", file)
+        kind = _image_kind(schema.field(img_col), file)
+        rel_file = os.path.relpath(file.resolve(), root)
+        read_cols = [c for c in {cap_col, id_col, split_col} if c]
+        if kind == "path":
+            read_cols.append(img_col)
+        start = 0
+        for g in range(pf.metadata.num_row_groups):
+            table = pf.read_row_group(g, columns=sorted(set(read_cols)))
+            present = None
+            if kind != "path":  # which rows have bytes (one row group's image column in memory)
+                col = pf.read_row_group(g, columns=[img_col]).column(img_col).combine_chunks()
+                present = _image_cells(col, kind)
+                del col
+            cols = {c: table.column(c).to_pylist() for c in table.column_names}
+            for i in range(table.num_rows):
+                row = start + i
+                where = f"{file}: row {row}"
+                if kind == "path" or (present[i] is not None and present[i][0] == "path"):
+                    rel = cols[img_col][i] if kind == "path" else present[i][1]
+                    if not rel:
+                        report.skip(f"{where}: empty image path")
+                        continue
+                    rel = PurePosixPath(str(rel).replace("\\", "/")).as_posix()
+                    if check_files and not (root / rel).is_file():
+                        report.skip(f"{where}: image file {root / rel} is missing")
+                        continue
+                    ref = rel
+                elif present[i] is None:
+                    report.skip(f"{where}: no image bytes in column {img_col!r}")
+                    continue
+                else:
+                    ref = parquet_ref(rel_file, img_col + (".bytes" if kind == "struct" else ""), row)
+                if id_col:
+                    image_id = str(cols[id_col][i])
+                elif "::" not in ref:
+                    image_id = str(PurePosixPath(ref).with_suffix(""))
+                else:
+                    image_id = f"{file.stem}:{row}"
+                s = cols[split_col][i] if split_col else None
+                s = {"dev": "val"}.get(s, s)
+                if split_col and s not in SPLITS:
+                    raise IngestError(f"{where}: unknown split {s!r} in column {split_col!r}; "
+                                      f"valid: {', '.join(SPLITS)}")
+                caps = _caption_list(cols[cap_col][i])
+                if image_id not in row_of:
+                    if not caps:
+                        report.skip(f"{where}: image {image_id} has no caption in column {cap_col!r}")
+                        continue
+                    row_of[image_id] = len(ids)
+                    ids.append(image_id)
+                    refs.append(ref)
+                    given.append(s)
+                r = row_of[image_id]
+                if split_col and given[r] != s:
+                    raise IngestError(f"{where}: image {image_id} is in split {s!r} here but {given[r]!r} "
+                                      f"on an earlier row")
+                texts += caps
+                owners += [r] * len(caps)
+            start += table.num_rows
+    if not ids:
+        raise IngestError(f"{', '.join(map(str, paths[:3]))}: no usable rows")
+    if split_col and split is None and split_file is None:
+        splits = given
+    else:
+        splits, ids, refs, texts, owners = _splits(ids, refs, texts, owners, split_file, split, ratios, seed,
+                                                   report)
+    name = dataset or paths[0].parent.name or "parquet"
+    with FeatureStore.building(store_path, overwrite=overwrite, dataset=name, image_root=root,
+                               source_files=[str(p.resolve()) for p in paths]) as store:
+        store.write_images(ids, refs, splits)
+        store.write_captions(texts, owners)
+        store.root.attrs["image_source"] = "parquet"
+    report.counts = {"images": len(ids), "captions": len(texts), "files": len(paths)}
+    return store, report
+
+
+def _image_cells(col, kind: str) -> list[tuple[str, str | None] | None]:
+    """Per row: ("bytes", None) when it holds image bytes, ("path", p) for an HF struct with only a
+    path, None when it has neither (img2dataset's failed downloads)."""
+    out: list[tuple[str, str | None] | None] = []
+    if kind == "bytes":
+        return [("bytes", None) if v.is_valid and len(v.as_buffer() or b"") else None for v in col]
+    data = col.field("bytes")
+    paths = col.field("path") if col.type.get_field_index("path") >= 0 else None
+    for i in range(len(col)):
+        if not col[i].is_valid:
+            out.append(None)
+        elif data[i].is_valid and len(data[i].as_buffer() or b""):
+            out.append(("bytes", None))
+        elif paths is not None and paths[i].is_valid and paths[i].as_py():
+            out.append(("path", paths[i].as_py()))
+        else:
+            out.append(None)
+    return out

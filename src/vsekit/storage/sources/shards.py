@@ -1,0 +1,158 @@
+"""Images that stay inside their container files: tar shards (webdataset) and parquet files.
+
+A store image path of the form ``CONTAINER::ENTRY@LOCATION`` names an image inside a container
+(relative to the store's ``image_root`` like any other image path)::
+
+    shard-0003.tar::000000031.jpg@1536+2048   tar member 000000031.jpg: 2048 bytes at byte 1536
+    part-0.parquet::jpg@17                    row 17 of the binary column ``jpg``
+    part-0.parquet::image.bytes@17            row 17 of the ``bytes`` field of a struct column ``image``
+
+Tar members are read with one seek and one read at the data offset recorded at ingest (tarfile's
+``offset_data``); the 512-byte header before the data is checked against the member's size and name
+so that a shard rewritten since ingest is reported, not decoded as some other image. Parquet cells
+are read one row group of one column at a time; each process keeps the last row group it read, so
+reading rows in store order (as extraction's row blocks do) reads every row group once.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import warnings
+from functools import lru_cache
+from pathlib import Path
+
+SEP = "::"
+CONTAINERS = (".tar", ".parquet")
+
+
+def tar_ref(shard: str, member: str, offset: int, size: int) -> str:
+    return f"{shard}{SEP}{member}@{int(offset)}+{int(size)}"
+
+
+def parquet_ref(file: str, column: str, row: int) -> str:
+    return f"{file}{SEP}{column}@{int(row)}"
+
+
+def is_ref(path: str | Path) -> bool:
+    """Is ``path`` an in-container reference (not a plain image file)?"""
+    text = str(path)
+    if SEP not in text:
+        return False
+    container, _, rest = text.rpartition(SEP)
+    return container.lower().endswith(CONTAINERS) and "@" in rest
+
+
+def parse_ref(path: str | Path) -> tuple[str, str, str]:
+    """``CONTAINER::ENTRY@LOCATION`` → (container, entry, location); ValueError if malformed."""
+    text = str(path)
+    container, _, rest = text.rpartition(SEP)
+    entry, _, location = rest.rpartition("@")
+    if not container or not entry or not location:
+        raise ValueError(f"{text}: not an in-container image reference (CONTAINER::ENTRY@LOCATION)")
+    return container, entry, location
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The encoded image bytes a reference points at."""
+    from ...extract.images import ImageError
+
+    container, entry, location = parse_ref(path)
+    if not Path(container).is_file():
+        raise ImageError(f"missing container file {container} (for {entry})")
+    if container.lower().endswith(".tar"):
+        try:
+            offset, size = (int(x) for x in location.split("+"))
+        except ValueError:
+            raise ImageError(f"{path}: malformed tar location {location!r} (OFFSET+SIZE)") from None
+        return _read_tar_member(container, entry, offset, size)
+    try:
+        row = int(location)
+    except ValueError:
+        raise ImageError(f"{path}: malformed parquet row {location!r}") from None
+    return _read_parquet_cell(container, entry, row)
+
+
+def _read_tar_member(shard: str, member: str, offset: int, size: int) -> bytes:
+    from ...extract.images import ImageError
+
+    with open(shard, "rb") as f:
+        f.seek(max(0, offset - tarfile.BLOCKSIZE))
+        head = f.read(tarfile.BLOCKSIZE) if offset >= tarfile.BLOCKSIZE else b""
+        data = f.read(size)
+    try:
+        info = tarfile.TarInfo.frombuf(head, tarfile.ENCODING, "surrogateescape") if head else None
+    except tarfile.TarError:
+        info = None
+    # long or non-ASCII names live in a pax header before this one, which holds a mangled copy
+    long_name = len(member.encode()) > 99 or not member.isascii()
+    name_ok = info is not None and (info.name == member or long_name)
+    if not name_ok or info.size != size or len(data) != size:
+        raise ImageError(f"{shard}: member {member} is not at byte {offset} ({size} bytes) any more; "
+                         f"the shard changed since it was ingested (ingest it again)")
+    return data
+
+
+@lru_cache(maxsize=16)
+def _parquet_layout(file: str) -> tuple[int, ...]:
+    """Cumulative row counts of a parquet file's row groups (first row of each, then the total)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(file).metadata
+    starts = [0]
+    for g in range(meta.num_row_groups):
+        starts.append(starts[-1] + meta.row_group(g).num_rows)
+    return tuple(starts)
+
+
+@lru_cache(maxsize=1)
+def _row_group_column(file: str, column: str, group: int):
+    """One row group of one column (a struct field as ``column.field``), as a pyarrow array."""
+    import pyarrow.parquet as pq
+
+    top, _, field = column.partition(".")
+    arr = pq.ParquetFile(file).read_row_group(group, columns=[top]).column(top).combine_chunks()
+    return arr.field(field) if field else arr
+
+
+def _read_parquet_cell(file: str, column: str, row: int) -> bytes:
+    from bisect import bisect_right
+
+    from ...extract.images import ImageError
+
+    starts = _parquet_layout(file)
+    if not 0 <= row < starts[-1]:
+        raise ImageError(f"{file}: row {row} is outside its {starts[-1]} rows; the file changed since "
+                         f"it was ingested (ingest it again)")
+    group = bisect_right(starts, row) - 1
+    try:
+        value = _row_group_column(file, column, group)[row - starts[group]].as_py()
+    except KeyError:
+        raise ImageError(f"{file}: no column {column!r} any more; the file changed since it was ingested") from None
+    if not value:
+        raise ImageError(f"{file}: row {row} has no image bytes in column {column!r}")
+    return bytes(value)
+
+
+def load_image(path: str | Path):
+    """Decode the image a reference points at to 8-bit RGB, with the rules of ``extract.images``."""
+    from PIL import Image, ImageOps
+
+    from ...extract.images import ImageError, to_rgb
+
+    data = read_bytes(path)
+    if not data:
+        raise ImageError(f"empty (zero-byte) image {path}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                img = ImageOps.exif_transpose(img)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"image over PIL's decompression-bomb limit: {path} ({exc})") from None
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"not an image PIL can read: {path}") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageError(f"cannot decode {path}: {exc}") from None
+    return to_rgb(img)
