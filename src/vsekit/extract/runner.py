@@ -17,7 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..storage.store import Block, FeatureStore, StoreError
+from ..storage import integrity
+from ..storage.lock import writer_lock
+from ..storage.store import FAILED, PENDING, Block, FeatureSet, FeatureStore, StoreError
 from .plan import Plan, make_plan
 from .reader import Item, RowDataset, block_batches, iter_batches, stack, survive_worker_death
 from .writer import BlockBuffer, BlockWriter
@@ -63,6 +65,51 @@ def default_name(model: str, kind: str) -> str:
     return f"{model}_{kind}"
 
 
+class Interrupted(StoreError):
+    """Ctrl-C: the finished blocks are kept; the message says how many and how to resume."""
+
+
+#: Failure reasons whose cause may go away (the file appears, is replaced or becomes readable).
+RETRYABLE = ("missing file", "empty (zero-byte) file", "cannot read", "cannot decode",
+             "not an image file", "decoding ")
+
+
+def retryable(reason: str) -> bool:
+    return str(reason).startswith(RETRYABLE)
+
+
+def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
+    """Before resuming: re-extract damaged blocks (quick check) and, if asked, retry failed rows."""
+    report = integrity.verify(fs, quick=True)
+    if report.damaged:
+        integrity.repair(fs, report)
+        print(f"note: {len(report.damaged)} damaged block(s) of {fs.name} will be extracted again "
+              f"({'; '.join(f'block {i}: {w}' for i, w in sorted(report.damaged.items())[:3])})")
+    if retry_failed:
+        rows = retry_rows(fs)
+        if rows:
+            status = np.asarray(fs.status[:])
+            status[rows] = PENDING
+            for b in fs.blocks():   # whole status chunks, so the write never reads a chunk back
+                if np.any(status[b.start:b.stop] == PENDING):
+                    fs.status[b.start:b.stop] = status[b.start:b.stop]
+            fs.clear_errors(rows)
+            print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)")
+
+
+def retry_rows(fs: FeatureSet) -> list[int]:
+    """Failed rows whose recorded reason may have gone (a missing or unreadable file)."""
+    status = np.asarray(fs.status[:])
+    errors = fs.errors()
+    return [int(r) for r in np.flatnonzero(status == FAILED) if retryable(errors.get(int(r), "cannot read"))]
+
+
+def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
+    c = fs.counts()
+    return (f"interrupted: kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
+            f"{fs.name!r} ({c['pending']} pending); rerun the same command to resume")
+
+
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global", *,
             weights: str = "imagenet", name: str | None = None, crops: int = 1, keep_crops: bool = False,
             resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
@@ -70,8 +117,15 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             boxes: str | None = None, max_regions: int = 36, min_regions: int = 10, seed: int = 0,
             batch_size: int = 32, workers: int = 2, device: str = "cpu", precision: str = "fp32",
             dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
-            strict: bool = False, overwrite: bool = False, progress: bool = True) -> ExtractResult:
-    """Extract features of every image of ``store`` into ``features/<name>`` (see module doc)."""
+            strict: bool = False, overwrite: bool = False, progress: bool = True,
+            retry_failed: bool = False) -> ExtractResult:
+    """Extract features of every image of ``store`` into ``features/<name>`` (see module doc).
+
+    The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
+    are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
+    ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
+    this run created is removed again if the run fails before any row is done.
+    """
     if device.split(":")[0] not in DEVICES:
         raise ValueError(f"--device {device!r}; valid choices: {', '.join(DEVICES)}")
     if batch_size < 1 or workers < 0:
@@ -96,15 +150,26 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         extra = {"boxes": ((plan.max_regions, 4), "float32"), "count": ((), "int16")}
     if block_rows is None:
         block_rows = max(batch_size, min(256, 8 * batch_size))
-    fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                               block_rows=block_rows, extra=extra, overwrite=overwrite)
-    blocks = fs.pending_blocks()
-    skipped = len(fs.blocks()) - len(blocks)
-    t0 = time.perf_counter()
-    if cluster:
-        runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
-    else:
-        runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
+    with writer_lock(store.path, name, stage="vsekit extract"):
+        existed = store.has_features(name) and not overwrite
+        fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
+                                   block_rows=block_rows, extra=extra, overwrite=overwrite)
+        if existed:
+            resume_checks(fs, retry_failed)
+        blocks = fs.pending_blocks()
+        skipped = len(fs.blocks()) - len(blocks)
+        t0 = time.perf_counter()
+        try:
+            if cluster:
+                runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
+            else:
+                runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
+        except KeyboardInterrupt:
+            raise Interrupted(kept_message(fs, store)) from None
+        except BaseException:
+            if not existed and fs.counts()["pending"] == fs.n_rows:
+                store.delete_features(name)   # nothing done: a retry with other options is not refused
+            raise
     seconds = time.perf_counter() - t0
     counts = fs.counts()
     errors = fs.errors()
@@ -141,14 +206,29 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
     return RowDataset(plan, rows.tolist(), paths, boxes)
 
 
-def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray]:
-    out = {}
+def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray | str]:
+    """The boxes of ``ids`` (K, 4), or the reason an image's boxes are unusable (it is marked failed).
+
+    Refused: anything but a list of [x1, y1, x2, y2] numbers, NaN or infinite coordinates (RoIAlign
+    would crash the process on them), and an empty list (an image without regions is failed rather
+    than a done row with count 0, which the region models would divide by).
+    """
+    out: dict[str, np.ndarray | str] = {}
     for i in ids:
-        if i in raw:
-            try:
-                out[i] = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
-            except (ValueError, TypeError):
-                out[i] = f"boxes of image id {i!r} in {path} are not a list of [x1, y1, x2, y2]"
+        if i not in raw:
+            continue
+        try:
+            b = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
+        except (ValueError, TypeError):
+            out[i] = f"boxes of image id {i!r} in {path} are not a list of [x1, y1, x2, y2]"
+            continue
+        if len(b) == 0:
+            out[i] = f"boxes of image id {i!r} in {path}: the list is empty (no regions)"
+        elif not np.all(np.isfinite(b)):
+            k = int(np.flatnonzero(~np.isfinite(b).all(axis=1))[0])
+            out[i] = f"boxes of image id {i!r} in {path}: box {k} {raw[i][k]} is not finite (NaN or inf)"
+        else:
+            out[i] = b
     return out
 
 
@@ -273,4 +353,4 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
     return runs, builds
 
 
-__all__ = ["ExtractResult", "extract", "extract_block", "default_name", "make_plan"]
+__all__ = ["ExtractResult", "Interrupted", "extract", "extract_block", "default_name", "make_plan"]
