@@ -313,14 +313,20 @@ class FeatureStore:
 
         Ingestion uses this, so a failed ingest leaves nothing behind that looks like a store.
         """
+        from . import lock
+
         path = Path(path)
         if path.exists() and not overwrite:
             raise StoreError(f"{path} already exists; pass --overwrite to replace it")
+        remove_stale_staging(path)
         staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
         store = cls.create(staging, overwrite=True, **create_kw)
+        held = lock.acquire(staging, INGEST_LOCK, "vsekit ingest")   # marks the folder as live
         try:
             yield store
+            point("ingest:complete")
             store.root.attrs["complete"] = True
+            point("ingest:rename")
             if path.exists():
                 trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
                 path.rename(trash)
@@ -330,6 +336,7 @@ class FeatureStore:
                 staging.rename(path)
             store.path = path
             store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
+            lock.release(path, INGEST_LOCK, held)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -572,6 +579,44 @@ class FeatureStore:
 
 
 # helpers ------------------------------------------------------------------------------------------
+INGEST_LOCK = "ingest"
+STALE_STAGING_S = 60.0   # a staging folder without a lock file is a killed ingest's once this old
+
+
+def remove_stale_staging(path: str | os.PathLike) -> list[Path]:
+    """Remove the ``.NAME.partial-*`` / ``.NAME.old-*`` folders killed ingests of ``path`` left.
+
+    A folder whose ingest lock names a live process is kept (another ingest is building it); one
+    without a lock file is removed only when older than a minute (a live ingest writes its lock
+    right after creating the folder).
+    """
+    import time
+
+    from . import lock
+
+    path = Path(path)
+    gone = []
+    if not path.parent.is_dir():
+        return gone
+    for p in path.parent.iterdir():
+        if not (p.name.startswith(f".{path.name}.partial-") or p.name.startswith(f".{path.name}.old-")):
+            continue
+        lock_file = lock.lock_path(p, INGEST_LOCK)
+        if lock_file.exists():
+            if lock.holder(p, INGEST_LOCK) is not None:
+                continue
+        else:
+            try:
+                if time.time() - p.stat().st_mtime < STALE_STAGING_S:
+                    continue
+            except FileNotFoundError:
+                continue
+        shutil.rmtree(p, ignore_errors=True)
+        gone.append(p)
+    return gone
+
+
+
 def _write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
     if name in group:
         del group[name]
