@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..storage import integrity
+from ..storage.faults import point
 from ..storage.lock import writer_lock
 from ..storage.store import FAILED, PENDING, Block, FeatureSet, FeatureStore, StoreError
 from .plan import Plan, make_plan
@@ -278,6 +279,7 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
     current: BlockBuffer | None = None
     try:
         for k, items in zip(owner, iter_batches(dataset, batches, workers)):
+            point("extract:batch")
             if current is None or current.block != blocks[k]:
                 current = BlockBuffer.empty(plan, blocks[k])
             survive_worker_death(run_items, extractor, plan, items, current, strict)

@@ -40,11 +40,20 @@ PAUSE_ENV, PAUSE_FILE_ENV = "VSEKIT_PAUSE", "VSEKIT_PAUSE_FILE"
 
 
 def pause(name: str) -> None:
-    """With ``VSEKIT_PAUSE=NAME`` and ``VSEKIT_PAUSE_FILE=F``: at point NAME, create ``F.reached``
+    """With ``VSEKIT_PAUSE=NAME[@N]`` and ``VSEKIT_PAUSE_FILE=F``: at point NAME (its N-th hit), create ``F.reached``
     and wait until ``F`` exists (at most 120 s). Tests use it to hold a run at a known point while a
     second run starts, without sleeps."""
-    if os.environ.get(PAUSE_ENV) != name:
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
         return
+    want, _, nth = spec.partition("@")
+    if want != name:
+        return
+    with _lock:
+        key = f"pause:{name}"
+        _hits[key] = _hits.get(key, 0) + 1
+        if _hits[key] != int(nth or 1):
+            return
     import time
     from pathlib import Path
 
