@@ -96,9 +96,11 @@ def reference(base_store, tmp_path_factory):
     return snapshot(ref, NAME)
 
 
-EXTRACT_POINTS = ["create_features:arrays", "create_features:attrs", "create_features:rename",
-                  "record_errors", "write_block:data@2", "write_block:sums@2", "write_block:status@2",
-                  "write_block:status@7"]
+_slow = pytest.mark.slow   # each case is three subprocess runs; the unmarked ones cover every stage
+EXTRACT_POINTS = [pytest.param("create_features:arrays", marks=_slow), "create_features:attrs",
+                  pytest.param("create_features:rename", marks=_slow), pytest.param("record_errors", marks=_slow),
+                  pytest.param("write_block:data@2", marks=_slow), pytest.param("write_block:sums@2", marks=_slow),
+                  "write_block:status@2", pytest.param("write_block:status@7", marks=_slow)]
 
 
 @pytest.mark.parametrize("point", EXTRACT_POINTS)

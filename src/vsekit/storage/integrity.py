@@ -168,3 +168,19 @@ def repair(fs: "FeatureSet", report: Report) -> int:
         point("repair:status")
         fs.status[b.start:b.stop] = np.zeros(len(b), dtype=np.uint8)
     return len(report.damaged)
+
+
+def refuse_damaged(fs: "FeatureSet") -> None:
+    """Raise StoreError if the quick check finds damaged blocks (``train`` calls this before reading)."""
+    from .store import StoreError
+
+    from .remake import remake_command
+
+    report = verify(fs, quick=True)
+    if not report.ok:
+        first = sorted(report.damaged.items())[0]
+        raise StoreError(
+            f"feature set {fs.name!r} in {fs.store.path} is damaged: {len(report.damaged)} of "
+            f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). Repair it with "
+            f"`vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
+            f"`{remake_command(fs.store, fs.name)}`")

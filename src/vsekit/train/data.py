@@ -223,6 +223,9 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
     if len(pending):
         raise StoreError(f"feature set {name!r}: {len(pending)} rows needed here are pending "
                          f"(first row {int(pending[0])}); finish the extraction first")
+    from ..storage.integrity import refuse_damaged
+
+    refuse_damaged(fs)   # a deleted or truncated chunk would otherwise train on zeros
     return FeatureSource(fs)
 
 
