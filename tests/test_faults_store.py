@@ -197,8 +197,7 @@ def test_second_writer_with_overwrite_is_refused_and_first_result_is_intact(imag
     flag = tmp_path / "go"
     first = _paused(["extract", "--store", str(image_store), *FAST], "write_block:status@2", flag)
     try:
-        second = run("extract", "--store", str(image_store), *FAST[:-4], "--resize", "40", "--workers", "0",
-                     "--block-rows", "4", "--no-progress", "--overwrite")
+        second = run("extract", "--store", str(image_store), *FAST, "--resize", "40", "--overwrite")
         assert second.returncode == 1
         assert "is being written by vsekit extract (pid" in second.stderr and "Traceback" not in second.stderr
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +86,8 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
     if report.damaged:
         integrity.repair(fs, report)
         print(f"note: {len(report.damaged)} damaged block(s) of {fs.name} will be extracted again "
-              f"({'; '.join(f'block {i}: {w}' for i, w in sorted(report.damaged.items())[:3])})")
+              f"({'; '.join(f'block {i}: {w}' for i, w in sorted(report.damaged.items())[:3])})",
+              file=sys.stderr)
     if retry_failed:
         rows = retry_rows(fs)
         if rows:
@@ -95,7 +97,8 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
                 if np.any(status[b.start:b.stop] == PENDING):
                     fs.status[b.start:b.stop] = status[b.start:b.stop]
             fs.clear_errors(rows)
-            print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)")
+            print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)",
+                  file=sys.stderr)
 
 
 def retry_rows(fs: FeatureSet) -> list[int]:

@@ -163,8 +163,18 @@ class FeatureSet:
     def block_done(self, block: Block) -> bool:
         return bool(np.all(self.status[block.start:block.stop] != PENDING))
 
+    def status_values(self) -> np.ndarray:
+        """All status codes; a damaged status chunk is a StoreError naming the repair command."""
+        try:
+            return np.asarray(self.status[:])
+        except Exception as exc:  # zarr's codec error on a truncated or garbled chunk
+            raise StoreError(
+                f"feature set {self.name!r} in {self.store.path}: a status chunk is unreadable "
+                f"({type(exc).__name__}: {exc}); {integrity.repair_command(self.store.path, self.name)}"
+            ) from None
+
     def pending_blocks(self) -> list[Block]:
-        status = self.status[:]
+        status = self.status_values()
         return [b for b in self.blocks() if np.any(status[b.start:b.stop] == PENDING)]
 
     def write_block(self, block: Block | int, data: np.ndarray | None = None,
@@ -190,7 +200,7 @@ class FeatureSet:
         self.status[block.start:block.stop] = np.asarray(status, dtype=np.uint8)
 
     def counts(self) -> dict[str, int]:
-        status = self.status[:]
+        status = self.status_values()
         return {name: int(np.sum(status == code)) for code, name in STATUS_NAMES.items()}
 
     def is_complete(self) -> bool:

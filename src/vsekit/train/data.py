@@ -217,15 +217,15 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
     fs = store.features(name)
     if fs.n_rows != store.n_images:
         raise StoreError(f"feature set {name!r} has {fs.n_rows} rows but the store has {store.n_images} images")
+    from ..storage.integrity import refuse_damaged
+
+    refuse_damaged(fs)   # a deleted or truncated chunk would otherwise be read as zeros
     status = np.asarray(fs.status[:])
     pending = rows[status[rows] != DONE]
     pending = pending[status[pending] != FAILED]
     if len(pending):
         raise StoreError(f"feature set {name!r}: {len(pending)} rows needed here are pending "
                          f"(first row {int(pending[0])}); finish the extraction first")
-    from ..storage.integrity import refuse_damaged
-
-    refuse_damaged(fs)   # a deleted or truncated chunk would otherwise train on zeros
     return FeatureSource(fs)
 
 
