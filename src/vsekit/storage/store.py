@@ -533,20 +533,21 @@ class FeatureStore:
         Ingesters that add a set to an existing store use this, so a failure part-way leaves no
         half-written set behind (the store's other contents are untouched).
         """
-        if self.has_features(name) and not overwrite:
-            raise StoreError(f"feature set {name!r} already exists in {self.path}; "
-                             f"pass --overwrite to replace it or --name to write a new set")
-        staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
-        fs = self.create_features(staging, row_shape, dtype, **create_kw)
-        try:
-            yield fs
-            self.delete_features(name)
-            os.rename(self.path / "features" / staging, self.path / "features" / name)
-            fs.name, fs.group = name, self.root[f"features/{name}"]
-        except BaseException:
-            if staging in set(self.root["features"].group_keys()):
-                del self.root["features"][staging]
-            raise
+        from .lock import writer_lock
+
+        with writer_lock(self.path, name, stage="vsekit ingest"):
+            if self.has_features(name) and not overwrite:
+                raise StoreError(f"feature set {name!r} already exists in {self.path}; "
+                                 f"pass --overwrite to replace it or --name to write a new set")
+            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+            fs = self.create_features(staging, row_shape, dtype, **create_kw)
+            try:
+                yield fs
+                self._replace(name, staging)
+                fs.name, fs.group = name, self.root[f"features/{name}"]
+            except BaseException:
+                shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
+                raise
 
     def delete_features(self, name: str) -> None:
         if self.has_features(name):
@@ -565,7 +566,7 @@ class FeatureStore:
             shutil.rmtree(old, ignore_errors=True)
 
     def remove_leftovers(self, name: str) -> list[str]:
-        """Remove hidden ``.NAME.creating-*`` / ``.NAME.old-*`` folders a killed run left behind.
+        """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` folders a killed run left behind.
 
         Call only while holding ``name``'s writer lock (no live run is then building it).
         """
@@ -574,7 +575,7 @@ class FeatureStore:
             return []
         gone = []
         for p in base.iterdir():
-            if p.name.startswith(f".{name}.creating-") or p.name.startswith(f".{name}.old-"):
+            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-")):
                 shutil.rmtree(p, ignore_errors=True)
                 gone.append(p.name)
         return gone
