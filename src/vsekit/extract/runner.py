@@ -168,11 +168,13 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
                 runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
             else:
                 runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
-        except KeyboardInterrupt:
-            raise Interrupted(kept_message(fs, store)) from None
-        except BaseException:
+        except BaseException as exc:
             if not existed and fs.counts()["pending"] == fs.n_rows:
                 store.delete_features(name)   # nothing done: a retry with other options is not refused
+                if isinstance(exc, KeyboardInterrupt):
+                    raise Interrupted(f"interrupted before any row of {name!r} was done; nothing kept") from None
+            elif isinstance(exc, KeyboardInterrupt):
+                raise Interrupted(kept_message(fs, store)) from None
             raise
     seconds = time.perf_counter() - t0
     counts = fs.counts()
