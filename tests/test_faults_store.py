@@ -180,6 +180,19 @@ def test_standardize_overwrite_killed_mid_swap_keeps_a_whole_set(tmp_path):
     assert not [p for p in (path / "features").iterdir() if p.name.startswith(".")]
 
 
+def test_standardize_rerun_rewrites_a_deleted_chunk_of_its_output(tmp_path):
+    from vsekit.fne import standardize
+    from vsekit.storage.integrity import _chunk_file
+
+    path = _parent_store(tmp_path)
+    standardize(path, "p")
+    before = snapshot(path, "p.z")
+    _chunk_file(FeatureStore.open(path).features("p.z"), "data", 3).unlink()
+    result = standardize(path, "p")
+    assert result.blocks_written == 1
+    assert_same(snapshot(path, "p.z"), before)
+
+
 # one writer per set --------------------------------------------------------------------------------
 def _paused(args: list[str], point: str, flag: Path) -> subprocess.Popen:
     proc = subprocess.Popen(vsekit_cmd(*args), env=env_for(VSEKIT_PAUSE=point, VSEKIT_PAUSE_FILE=str(flag)),

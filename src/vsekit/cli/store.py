@@ -11,7 +11,8 @@ import click
 @click.option("--verify", is_flag=True,
               help="Re-read every finished block and compare it with its recorded checksum.")
 @click.option("--repair", is_flag=True,
-              help="With --verify: mark damaged blocks pending, so a rerun of the command that made the set rewrites them.")
+              help="With --verify: mark damaged blocks pending, so a rerun of the command that made "
+                   "the set rewrites them.")
 def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
     """Print a store's tree, shapes, dtypes, chunks, provenance and done/failed/pending rows."""
     from ..storage.info import describe, verify_store

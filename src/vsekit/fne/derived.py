@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..storage import integrity
 from ..storage.store import FAILED, FeatureSet, FeatureStore, ProvenanceError, config_hash, _jsonable
 
 #: Parent attrs a derived set carries over (the shared schema: kind and taps, plus model provenance).
@@ -66,6 +67,10 @@ def copy_errors(parent: FeatureSet, child: FeatureSet) -> None:
 
 
 def pending_indices(fs: FeatureSet) -> frozenset:
+    """The blocks still to write; damaged blocks (missing or truncated chunk files) count as pending."""
+    report = integrity.verify(fs, quick=True)
+    if report.damaged:
+        integrity.repair(fs, report)
     return frozenset(b.index for b in fs.pending_blocks())
 
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..storage.store import FAILED, FeatureSet, FeatureStore, StoreError, write_array
 from ..storage.faults import point
 from ..storage.lock import writer_lock
+from ..storage.store import FAILED, FeatureSet, FeatureStore, StoreError, write_array
 from . import derived, passes
 from . import stats as st
 from .stats import SUB_ROWS
