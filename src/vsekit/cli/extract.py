@@ -38,10 +38,12 @@ import click
 @click.option("--cluster", default=None, help="local:N or tcp://HOST:PORT.")
 @click.option("--strict", is_flag=True, help="Stop at the first bad image.")
 @click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming.")
+@click.option("--retry-failed", is_flag=True,
+              help="Try again the rows that failed on a missing or unreadable image file.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resize, resize_mode, input_size,
                 interpolation, taps, list_layers, grid, boxes, max_regions, min_regions, batch_size, workers,
-                device, precision, dtype, block_rows, cluster, strict, overwrite, no_progress):
+                device, precision, dtype, block_rows, cluster, strict, overwrite, retry_failed, no_progress):
     """Extract image features (global, FNE, grid or regions) into the store."""
     if list_layers:
         from ..extract import list_layers as _list
@@ -55,14 +57,19 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
     if not store:
         raise click.UsageError("--store is required (unless --list-layers)")
     from ..extract import extract
+    from ..extract.runner import Interrupted
 
-    result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
-                     resize=resize, resize_mode=resize_mode, input_size=input_size,
-                     interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
-                     max_regions=max_regions, min_regions=min_regions, seed=seed, batch_size=batch_size,
-                     workers=workers, device=device, precision=precision, dtype=dtype,
-                     block_rows=block_rows, cluster=cluster, strict=strict, overwrite=overwrite,
-                     progress=not no_progress)
+    try:
+        result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
+                         resize=resize, resize_mode=resize_mode, input_size=input_size,
+                         interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
+                         max_regions=max_regions, min_regions=min_regions, seed=seed, batch_size=batch_size,
+                         workers=workers, device=device, precision=precision, dtype=dtype,
+                         block_rows=block_rows, cluster=cluster, strict=strict, overwrite=overwrite,
+                         progress=not no_progress, retry_failed=retry_failed)
+    except Interrupted as exc:
+        click.echo(str(exc), err=True)
+        raise SystemExit(130) from None
     click.echo(result.summary())
 
 

@@ -18,6 +18,11 @@ def _common(f):
     return f
 
 
+_outside = click.option("--allow-outside-root", is_flag=True,
+                        help="Read image paths that leave the image root (absolute, ../, symlinks out); "
+                             "refused by default.")
+
+
 @ingest.command("karpathy")
 @click.argument("json_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--image-root", type=click.Path(file_okay=False), default=None,
@@ -25,8 +30,10 @@ def _common(f):
 @click.option("--restval-as-train/--keep-restval", default=False, show_default=True,
               help="Put COCO's restval images into train (the common 113,287-image practice).")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
+@_outside
 @_common
-def karpathy(json_path, image_root, restval_as_train, no_check_files, store_path, overwrite, strict):
+def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
+             overwrite, strict):
     """Ingest a Karpathy split file (dataset_coco.json, dataset_flickr30k.json, ...)."""
     from pathlib import Path
 
@@ -34,7 +41,8 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, store_path
 
     root = image_root or str(Path(json_path).parent)
     _, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
-                                strict=strict, check_files=not no_check_files, overwrite=overwrite)
+                                strict=strict, check_files=not no_check_files, overwrite=overwrite,
+                                allow_outside_root=allow_outside_root)
     click.echo(report.summary())
 
 
@@ -49,8 +57,10 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, store_path
 @click.option("--restval-as-train/--keep-restval", default=False, show_default=True,
               help="Put restval images into train.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
+@_outside
 @_common
-def coco(annotations, split_file, image_root, restval_as_train, no_check_files, store_path, overwrite, strict):
+def coco(annotations, split_file, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
+         overwrite, strict):
     """Ingest official COCO captions_*.json files with a split assignment file."""
     from pathlib import Path
 
@@ -58,7 +68,8 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 
     root = image_root or str(Path(annotations[0]).parent)
     _, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
-                            strict=strict, check_files=not no_check_files, overwrite=overwrite)
+                            strict=strict, check_files=not no_check_files, overwrite=overwrite,
+                            allow_outside_root=allow_outside_root)
     click.echo(report.summary())
 
 
@@ -69,13 +80,15 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
               help="train,val,test ratios used when the caption file has no split column.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
+@_outside
 @_common
-def folder(image_dir, captions, ratios, seed, no_check_files, store_path, overwrite, strict):
+def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, strict):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder
 
     _, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
-                              check_files=not no_check_files, overwrite=overwrite)
+                              check_files=not no_check_files, overwrite=overwrite,
+                              allow_outside_root=allow_outside_root)
     click.echo(report.summary())
 
 

@@ -8,11 +8,24 @@ import click
 @click.command("info")
 @click.argument("store", type=click.Path(exists=True, file_okay=False))
 @click.argument("name", required=False)
-def info(store: str, name: str | None) -> None:
+@click.option("--verify", is_flag=True,
+              help="Re-read every finished block and compare it with its recorded checksum.")
+@click.option("--repair", is_flag=True,
+              help="With --verify: mark damaged blocks pending, so a rerun of the command that made "
+                   "the set rewrites them.")
+def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
     """Print a store's tree, shapes, dtypes, chunks, provenance and done/failed/pending rows."""
-    from ..storage.info import describe
+    from ..storage.info import describe, verify_store
     from ..storage.store import FeatureStore
 
+    if repair and not verify:
+        raise click.UsageError("--repair needs --verify")
+    if verify:
+        text, ok = verify_store(FeatureStore.open(store, mode="r+" if repair else "r"), name, repair=repair)
+        click.echo(text)
+        if not ok:
+            raise SystemExit(1)
+        return
     click.echo(describe(FeatureStore.open(store), name))
 
 

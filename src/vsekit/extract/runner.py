@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +20,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..storage.store import Block, FeatureStore, StoreError
+from ..storage import integrity
+from ..storage.faults import point
+from ..storage.lock import writer_lock
+from ..storage.store import FAILED, PENDING, Block, FeatureSet, FeatureStore, StoreError
 from .plan import Plan, make_plan
 from .reader import Item, RowDataset, block_batches, iter_batches, stack, survive_worker_death
 from .writer import BlockBuffer, BlockWriter
@@ -63,6 +69,53 @@ def default_name(model: str, kind: str) -> str:
     return f"{model}_{kind}"
 
 
+class Interrupted(StoreError):
+    """Ctrl-C: the finished blocks are kept; the message says how many and how to resume."""
+
+
+#: Failure reasons whose cause may go away (the file appears, is replaced or becomes readable).
+RETRYABLE = ("missing file", "empty (zero-byte) file", "cannot read", "cannot decode",
+             "not an image file", "decoding ")
+
+
+def retryable(reason: str) -> bool:
+    return str(reason).startswith(RETRYABLE)
+
+
+def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
+    """Before resuming: re-extract damaged blocks (quick check) and, if asked, retry failed rows."""
+    report = integrity.verify(fs, quick=True)
+    if report.damaged:
+        integrity.repair(fs, report)
+        print(f"note: {len(report.damaged)} damaged block(s) of {fs.name} will be extracted again "
+              f"({'; '.join(f'block {i}: {w}' for i, w in sorted(report.damaged.items())[:3])})",
+              file=sys.stderr)
+    if retry_failed:
+        rows = retry_rows(fs)
+        if rows:
+            status = np.asarray(fs.status[:])
+            status[rows] = PENDING
+            for b in fs.blocks():   # whole status chunks, so the write never reads a chunk back
+                if np.any(status[b.start:b.stop] == PENDING):
+                    fs.status[b.start:b.stop] = status[b.start:b.stop]
+            fs.clear_errors(rows)
+            print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)",
+                  file=sys.stderr)
+
+
+def retry_rows(fs: FeatureSet) -> list[int]:
+    """Failed rows whose recorded reason may have gone (a missing or unreadable file)."""
+    status = np.asarray(fs.status[:])
+    errors = fs.errors()
+    return [int(r) for r in np.flatnonzero(status == FAILED) if retryable(errors.get(int(r), "cannot read"))]
+
+
+def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
+    c = fs.counts()
+    return (f"interrupted: kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
+            f"{fs.name!r} ({c['pending']} pending); rerun the same command to resume")
+
+
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global", *,
             weights: str = "imagenet", name: str | None = None, crops: int = 1, keep_crops: bool = False,
             resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
@@ -70,8 +123,15 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             boxes: str | None = None, max_regions: int = 36, min_regions: int = 10, seed: int = 0,
             batch_size: int = 32, workers: int = 2, device: str = "cpu", precision: str = "fp32",
             dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
-            strict: bool = False, overwrite: bool = False, progress: bool = True) -> ExtractResult:
-    """Extract features of every image of ``store`` into ``features/<name>`` (see module doc)."""
+            strict: bool = False, overwrite: bool = False, progress: bool = True,
+            retry_failed: bool = False) -> ExtractResult:
+    """Extract features of every image of ``store`` into ``features/<name>`` (see module doc).
+
+    The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
+    are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
+    ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
+    this run created is removed again if the run fails before any row is done.
+    """
     if device.split(":")[0] not in DEVICES:
         raise ValueError(f"--device {device!r}; valid choices: {', '.join(DEVICES)}")
     if batch_size < 1 or workers < 0:
@@ -96,15 +156,28 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         extra = {"boxes": ((plan.max_regions, 4), "float32"), "count": ((), "int16")}
     if block_rows is None:
         block_rows = max(batch_size, min(256, 8 * batch_size))
-    fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                               block_rows=block_rows, extra=extra, overwrite=overwrite)
-    blocks = fs.pending_blocks()
-    skipped = len(fs.blocks()) - len(blocks)
-    t0 = time.perf_counter()
-    if cluster:
-        runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
-    else:
-        runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
+    with writer_lock(store.path, name, stage="vsekit extract"):
+        existed = store.has_features(name) and not overwrite
+        fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
+                                   block_rows=block_rows, extra=extra, overwrite=overwrite)
+        if existed:
+            resume_checks(fs, retry_failed)
+        blocks = fs.pending_blocks()
+        skipped = len(fs.blocks()) - len(blocks)
+        t0 = time.perf_counter()
+        try:
+            if cluster:
+                runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
+            else:
+                runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
+        except BaseException as exc:
+            if not existed and fs.counts()["pending"] == fs.n_rows:
+                store.delete_features(name)   # nothing done: a retry with other options is not refused
+                if isinstance(exc, KeyboardInterrupt):
+                    raise Interrupted(f"interrupted before any row of {name!r} was done; nothing kept") from None
+            elif isinstance(exc, KeyboardInterrupt):
+                raise Interrupted(kept_message(fs, store)) from None
+            raise
     seconds = time.perf_counter() - t0
     counts = fs.counts()
     errors = fs.errors()
@@ -141,14 +214,29 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
     return RowDataset(plan, rows.tolist(), paths, boxes)
 
 
-def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray]:
-    out = {}
+def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray | str]:
+    """The boxes of ``ids`` (K, 4), or the reason an image's boxes are unusable (it is marked failed).
+
+    Refused: anything but a list of [x1, y1, x2, y2] numbers, NaN or infinite coordinates (RoIAlign
+    would crash the process on them), and an empty list (an image without regions is failed rather
+    than a done row with count 0, which the region models would divide by).
+    """
+    out: dict[str, np.ndarray | str] = {}
     for i in ids:
-        if i in raw:
-            try:
-                out[i] = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
-            except (ValueError, TypeError):
-                out[i] = f"boxes of image id {i!r} in {path} are not a list of [x1, y1, x2, y2]"
+        if i not in raw:
+            continue
+        try:
+            b = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
+        except (ValueError, TypeError):
+            out[i] = f"boxes of image id {i!r} in {path} are not a list of [x1, y1, x2, y2]"
+            continue
+        if len(b) == 0:
+            out[i] = f"boxes of image id {i!r} in {path}: the list is empty (no regions)"
+        elif not np.all(np.isfinite(b)):
+            k = int(np.flatnonzero(~np.isfinite(b).all(axis=1))[0])
+            out[i] = f"boxes of image id {i!r} in {path}: box {k} {raw[i][k]} is not finite (NaN or inf)"
+        else:
+            out[i] = b
     return out
 
 
@@ -196,8 +284,10 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
                smoothing=0.1)
     writer = BlockWriter(fs)
     current: BlockBuffer | None = None
+    restore = _sigint_stops_decoders() if workers > 0 else (lambda: None)
     try:
         for k, items in zip(owner, iter_batches(dataset, batches, workers)):
+            point("extract:batch")
             if current is None or current.block != blocks[k]:
                 current = BlockBuffer.empty(plan, blocks[k])
             survive_worker_death(run_items, extractor, plan, items, current, strict)
@@ -206,10 +296,56 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
                 writer.submit(current)
                 runs[current.block.index] = runs.get(current.block.index, 0) + 1
                 current = None
+    except KeyboardInterrupt:
+        _stop_decoders()
+        raise
+    except RuntimeError as exc:   # torch noticed the workers _stop_decoders killed on Ctrl-C
+        if _INTERRUPTED.is_set():
+            raise KeyboardInterrupt from exc
+        raise
     finally:
+        restore()
         bar.close()
         writer.close()
     return runs, {os.getpid(): 1}
+
+
+_INTERRUPTED = threading.Event()
+
+
+def _sigint_stops_decoders():
+    """While the loop runs, Ctrl-C first kills the decoding workers, then raises KeyboardInterrupt.
+
+    Without this the KeyboardInterrupt lands inside the DataLoader, whose graceful shutdown waits
+    for every worker (5 s each, longer when one is blocked on a full pipe): tens of seconds.
+    Returns the function that puts the previous handler back.
+    """
+    _INTERRUPTED.clear()
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        _INTERRUPTED.set()
+        try:
+            _stop_decoders()
+        except RuntimeError:   # torch's SIGCHLD handler reporting the workers just killed
+            pass
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handler)
+    return lambda: signal.signal(signal.SIGINT, previous)
+
+
+def _stop_decoders() -> None:
+    """Ctrl-C: end the decoding worker processes at once. Their graceful shutdown waits for each
+    worker (torch joins with a 5 s timeout per worker, and a worker blocked on a full result pipe
+    never answers), which made an interrupted extract take tens of seconds to exit."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.kill()
+    for child in multiprocessing.active_children():
+        child.join(timeout=1)
 
 
 # --- dask ----------------------------------------------------------------------------------------
@@ -273,4 +409,4 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
     return runs, builds
 
 
-__all__ = ["ExtractResult", "extract", "extract_block", "default_name", "make_plan"]
+__all__ = ["ExtractResult", "Interrupted", "extract", "extract_block", "default_name", "make_plan"]

@@ -1,7 +1,7 @@
 """The writer: a background thread that writes finished row blocks, so the model never waits on Zarr.
 
-A block's data and auxiliary arrays go first, then its status (FeatureSet.write_block), then the
-reasons of its failed rows (the driver process is the only writer of attrs).
+The reasons of a block's failed rows go first (the driver process is the only writer of attrs), then
+its data and auxiliary arrays, then its status (FeatureSet.write_block).
 """
 
 from __future__ import annotations
@@ -57,9 +57,11 @@ class BlockBuffer:
         return self.filled == len(self.block)
 
     def write(self, fs: FeatureSet, record_errors: bool = True) -> None:
-        fs.write_block(self.block, self.data, self.status, **self.extra)
+        """The failure reasons go first: a kill between them and the block leaves the block pending
+        (its reasons are rewritten on the rerun), never failed rows without a reason."""
         if record_errors:
             fs.record_errors(self.errors)
+        fs.write_block(self.block, self.data, self.status, **self.extra)
 
 
 class BlockWriter:

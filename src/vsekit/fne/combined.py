@@ -11,6 +11,7 @@ import os
 from typing import Sequence
 
 from ..storage.store import FeatureStore
+from ..storage.lock import writer_lock
 from . import derived, passes
 from . import discretize as disc
 from . import standardize as stdz
@@ -25,7 +26,8 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
 
     store = passes.open_store(store)
     disc.check_thresholds(thresholds)
-    with cluster_client(cluster) as client:
+    with writer_lock(store.path, f"{features}.z", f"{features}.z.fne", stage="vsekit fne"), \
+            cluster_client(cluster) as client:
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
                                                overwrite=overwrite, client=client)
         qset, qfn = disc.prepare(store, zset.name, thresholds=thresholds, pack_bits=pack,
@@ -33,8 +35,8 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
         outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset)),
                    passes.Output(qset.name, qfn, derived.pending_indices(qset))]
         passes.write_pass(parent, outputs, client, check=False)  # the scan checked the values
-    derived.copy_errors(parent, zset)
-    derived.copy_errors(zset, qset)
+        derived.copy_errors(parent, zset)
+        derived.copy_errors(zset, qset)
     blocks = len(zset.blocks())
     z = derived.Result(zset.name, parent.name, zset.n_rows, zset.counts()["failed"],
                        len(outputs[0].pending), blocks,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..storage import integrity
 from ..storage.store import FAILED, FeatureSet, FeatureStore, ProvenanceError, config_hash, _jsonable
 
 #: Parent attrs a derived set carries over (the shared schema: kind and taps, plus model provenance).
@@ -33,6 +34,8 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
     if overwrite or not store.has_features(name):
         return None
     fs = FeatureSet(store, name)
+    if "config_hash" not in fs.attrs:   # left half-made by an older vsekit that was killed: not started
+        return None
     if (fs.attrs.get("config_hash") == attrs["config_hash"] and fs.shape == tuple(shape)
             and fs.data.dtype == np.dtype(dtype) and fs.chunk_rows == block_rows):
         return fs
@@ -43,11 +46,14 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
 
 
 def create(store: FeatureStore, name: str, parent: FeatureSet, width: int, dtype: Any,
-           attrs: Mapping[str, Any]) -> FeatureSet:
-    """A fresh derived set with the parent's row blocks (so one task reads one chunk and writes one)."""
-    store.delete_features(name)
+           attrs: Mapping[str, Any], init: Callable[[FeatureSet], None] | None = None) -> FeatureSet:
+    """A fresh derived set with the parent's row blocks (so one task reads one chunk and writes one).
+
+    It replaces any set ``name`` only once it is complete (``init`` writes its statistics first).
+    """
     return store.create_features(name, (width,), dtype, attrs=attrs, n_rows=parent.n_rows,
-                                 block_rows=parent.chunk_rows, parent=parent.name)
+                                 block_rows=parent.chunk_rows, parent=parent.name, overwrite=True,
+                                 init=init)
 
 
 def copy_errors(parent: FeatureSet, child: FeatureSet) -> None:
@@ -61,6 +67,10 @@ def copy_errors(parent: FeatureSet, child: FeatureSet) -> None:
 
 
 def pending_indices(fs: FeatureSet) -> frozenset:
+    """The blocks still to write; damaged blocks (missing or truncated chunk files) count as pending."""
+    report = integrity.verify(fs, quick=True)
+    if report.damaged:
+        integrity.repair(fs, report)
     return frozenset(b.index for b in fs.pending_blocks())
 
 

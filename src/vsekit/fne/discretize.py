@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..storage.lock import writer_lock
 from ..storage.store import FeatureSet, FeatureStore, StoreError
 from . import derived, passes
 from .pack import pack, packed_width
@@ -80,10 +81,12 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     store = passes.open_store(store)
     parent = store.features(features)
     parent.check(complete=True)
-    fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
-                     overwrite=overwrite, parent=parent)
-    with cluster_client(cluster) as client:
-        written = passes.write_pass(parent, [passes.Output(fs.name, fn, derived.pending_indices(fs))], client)
-    derived.copy_errors(parent, fs)
+    with writer_lock(store.path, name or f"{features}.fne", stage="vsekit discretize"):
+        fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
+                         overwrite=overwrite, parent=parent)
+        with cluster_client(cluster) as client:
+            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
+            written = passes.write_pass(parent, outputs, client)
+        derived.copy_errors(parent, fs)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"thresholds": f"{fn.lo} {fn.hi}", "packed": fn.packed})

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..storage.faults import point
+from ..storage.lock import writer_lock
 from ..storage.store import FAILED, FeatureSet, FeatureStore, StoreError, write_array
 from . import derived, passes
 from . import stats as st
@@ -173,12 +175,16 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
                 "stats_failed_excluded": None}
     else:
         stats, info = compute_stats(parent, split, client)
-    fs = derived.create(store, out, parent, width, np.float32, attrs)
-    write_array(fs.group, "mean", stats.mean)
-    write_array(fs.group, "std", stats.std)
-    write_array(fs.group, "count", stats.count)
     info["zero_std_features"] = stats.zero_std
-    fs.update_attrs(stats_ready=True, stats_source=stats.source, **info)
+
+    def init(staged: FeatureSet) -> None:  # the statistics are in the set before it appears
+        point("standardize:stats")
+        write_array(staged.group, "mean", stats.mean)
+        write_array(staged.group, "std", stats.std)
+        write_array(staged.group, "count", stats.count)
+        staged.update_attrs(stats_ready=True, stats_source=stats.source, **info)
+
+    fs = derived.create(store, out, parent, width, np.float32, attrs, init=init)
     return parent, fs, Standardize(stats.mean, stats.std), info
 
 
@@ -189,11 +195,12 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
     from ..cluster import cluster_client
 
     store = passes.open_store(store)
-    with cluster_client(cluster) as client:
+    with writer_lock(store.path, name or f"{features}.z", stage="vsekit standardize"), \
+            cluster_client(cluster) as client:
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
                                        overwrite=overwrite, client=client)
         outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
         written = passes.write_pass(parent, outputs, client, check=False)  # the scan checked the values
-    derived.copy_errors(parent, fs)
+        derived.copy_errors(parent, fs)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"split": None if stats_from else split, "stats_from": stats_from, **info})

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from . import integrity
 from .store import SPLITS, FeatureStore
 
 _HIDDEN_ATTRS = {"errors"}
@@ -66,10 +67,15 @@ def describe(store: FeatureStore, name: str | None = None) -> str:
 
 def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
     fs = store.features(name)
-    c = fs.counts()
     attrs = fs.attrs
-    head = (f"    {name}: {attrs.get('kind', '?')} {tuple(fs.shape)} {fs.data.dtype}  "
-            f"done {c['done']} / failed {c['failed']} / pending {c['pending']}")
+    try:
+        c = fs.counts()
+        progress = f"done {c['done']} / failed {c['failed']} / pending {c['pending']}"
+    except Exception as exc:  # a damaged status chunk
+        c = None
+        progress = (f"DAMAGED: status unreadable ({type(exc).__name__}); "
+                    f"{integrity.repair_command(store.path, name)}")
+    head = f"    {name}: {attrs.get('kind', '?')} {tuple(fs.shape)} {fs.data.dtype}  {progress}"
     if attrs.get("parent"):
         head += f"  (from {attrs['parent']})"
     lines = [head]
@@ -89,4 +95,35 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
         for row, reason in sorted(errors.items())[:20]:
             label = f"{row} ({ids[row]})" if ids is not None else str(row)
             lines.append(f"        {label}: {reason}")
+        from .interop import retry_advice
+
+        lines.append(f"      {retry_advice(store, name)}")
     return lines
+
+
+def verify_store(store: FeatureStore, name: str | None = None, *, repair: bool = False,
+                 quick: bool = False) -> tuple[str, bool]:
+    """Check the checksums of one feature set (or all); with ``repair`` mark damaged blocks pending.
+
+    Returns the report text and whether every set is sound (after the repair, if asked: a repaired
+    set is sound once its blocks are rewritten, which the text says how to do).
+    """
+    from .lock import writer_lock
+
+    names = [name] if name else store.feature_names()
+    lines, ok = [], True
+    for n in names:
+        fs = store.features(n)
+        report = integrity.verify(fs, quick=quick)
+        lines.append(report.summary(store.path))
+        if report.ok:
+            continue
+        if not repair:
+            ok = False
+            continue
+        with writer_lock(store.path, n, stage="vsekit info --repair"):
+            count = integrity.repair(fs, report)
+        from .remake import remake_command
+
+        lines.append(f"repaired: {count} block(s) of {n} marked pending; now run: {remake_command(store, n)}")
+    return "\n".join(lines) if lines else "no feature sets", ok

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .integrity import SUMS
 from .store import SPLITS, FeatureStore, StoreError, write_array, write_strings
 
 SPLIT_PREFIX = {"train": "train", "val": "dev", "test": "test", "restval": "restval"}
@@ -32,6 +33,22 @@ def _open(store: FeatureStore | str | Path) -> FeatureStore:
     return store if isinstance(store, FeatureStore) else FeatureStore.open(store)
 
 
+def retry_advice(store: FeatureStore, name: str) -> str:
+    """How to retry the failed rows of ``name``: the extract command with --retry-failed (and the
+    derived stages after it, with --overwrite)."""
+    from .remake import remake_command, root_set
+
+    root = root_set(store, name)
+    text = f"Fix the files, then retry those rows: {remake_command(store, root, '--retry-failed')}"
+    if root != name:
+        chain, seen = [], name
+        while seen != root:
+            chain.append(remake_command(store, seen, "--overwrite"))
+            seen = store.features(seen).attrs["parent"]
+        text += " and remake the derived sets: " + " ; ".join(reversed(chain))
+    return text
+
+
 def _complete_set(store: FeatureStore, features: str):
     fs = store.features(features, complete=True)
     failed = fs.counts()["failed"]
@@ -39,7 +56,7 @@ def _complete_set(store: FeatureStore, features: str):
         first = sorted(fs.errors().items())[:1]
         why = f" (first: row {first[0][0]}: {first[0][1]})" if first else ""
         raise StoreError(f"feature set {features!r} has {failed} failed rows{why}; exports need every "
-                         f"row, so rerun the stage that makes it or export another set")
+                         f"row. {retry_advice(store, features)}, or export another set")
     if fs.n_rows != store.n_images:
         raise StoreError(f"feature set {features!r} has {fs.n_rows} rows but the store has "
                          f"{store.n_images} images")
@@ -297,7 +314,8 @@ def export_hdf5(store: FeatureStore | str | Path, out: str | Path, *, features: 
             hg = fg.create_group(n)
             _set_attrs(hg, fs.attrs)
             for key, arr in _arrays(fs.group):
-                _copy_to_h5(hg, key, arr, level)
+                if key != SUMS:   # checksums of this store's chunk files; the import records its own
+                    _copy_to_h5(hg, key, arr, level)
     tmp.replace(out)
     return {"out": str(out), "features": names}
 
@@ -332,7 +350,7 @@ def ingest_hdf5(h5_path: str | Path, store_path: str | Path, *, overwrite: bool 
             for name, hg in h5.get("features", {}).items():
                 fattrs = _get_attrs(hg)
                 data = hg["data"]
-                extra = {k: (ds.shape[1:], ds.dtype) for k, ds in hg.items() if k not in ("data", "status")}
+                extra = {k: (ds.shape[1:], ds.dtype) for k, ds in hg.items() if k not in ("data", "status", SUMS)}
                 fs = store.create_features(name, data.shape[1:], data.dtype, attrs=fattrs,
                                            n_rows=data.shape[0], block_rows=fattrs.get("block_rows"),
                                            extra=extra)

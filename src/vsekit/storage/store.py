@@ -10,8 +10,10 @@ Layout (see DESIGN.md)::
     features/<name>/status (N,) uint8 0 pending, 1 done, 2 failed
 
 A feature set is written in *row blocks* aligned to the chunks of its arrays: a block is the unit of
-work, distribution and resume. A block's data is written before its status, so a block whose status
-rows are all non-zero is complete, and a rerun skips it. Two writers never touch the same chunk.
+work, distribution and resume. A block's data is written before its checksums and its status, so a
+block whose status rows are all non-zero is complete, and a rerun skips it. Two writers never touch
+the same chunk. A new set is built complete (arrays and attrs) under a hidden name and renamed into
+place, so a killed creation leaves nothing that looks like a set (see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import zarr
 
 from ..version import __version__
+from . import integrity
+from .faults import point
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -159,8 +163,18 @@ class FeatureSet:
     def block_done(self, block: Block) -> bool:
         return bool(np.all(self.status[block.start:block.stop] != PENDING))
 
+    def status_values(self) -> np.ndarray:
+        """All status codes; a damaged status chunk is a StoreError naming the repair command."""
+        try:
+            return np.asarray(self.status[:])
+        except Exception as exc:  # zarr's codec error on a truncated or garbled chunk
+            raise StoreError(
+                f"feature set {self.name!r} in {self.store.path}: a status chunk is unreadable "
+                f"({type(exc).__name__}: {exc}); {integrity.repair_command(self.store.path, self.name)}"
+            ) from None
+
     def pending_blocks(self) -> list[Block]:
-        status = self.status[:]
+        status = self.status_values()
         return [b for b in self.blocks() if np.any(status[b.start:b.stop] == PENDING)]
 
     def write_block(self, block: Block | int, data: np.ndarray | None = None,
@@ -173,15 +187,20 @@ class FeatureSet:
         if isinstance(block, int):
             block = self.blocks()[block]
         for name, values in arrays.items():
+            point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
         if data is not None:
+            point("write_block:data")
             self.data[block.start:block.stop] = data
         if status is None:
             status = np.full(len(block), DONE, dtype=np.uint8)
+        point("write_block:sums")
+        integrity.record(self, block)
+        point("write_block:status")
         self.status[block.start:block.stop] = np.asarray(status, dtype=np.uint8)
 
     def counts(self) -> dict[str, int]:
-        status = self.status[:]
+        status = self.status_values()
         return {name: int(np.sum(status == code)) for code, name in STATUS_NAMES.items()}
 
     def is_complete(self) -> bool:
@@ -191,8 +210,16 @@ class FeatureSet:
     def record_errors(self, errors: Mapping[int, str]) -> None:
         if not errors:
             return
+        point("record_errors")
         current = dict(self.group.attrs.get("errors", {}))
         current.update({str(int(k)): str(v) for k, v in errors.items()})
+        self.group.attrs["errors"] = current
+
+    def clear_errors(self, rows: Iterable[int]) -> None:
+        """Forget the failure reasons of ``rows`` (they are being tried again)."""
+        current = dict(self.group.attrs.get("errors", {}))
+        for r in rows:
+            current.pop(str(int(r)), None)
         self.group.attrs["errors"] = current
 
     def errors(self) -> dict[int, str]:
@@ -296,14 +323,20 @@ class FeatureStore:
 
         Ingestion uses this, so a failed ingest leaves nothing behind that looks like a store.
         """
+        from . import lock
+
         path = Path(path)
         if path.exists() and not overwrite:
             raise StoreError(f"{path} already exists; pass --overwrite to replace it")
+        remove_stale_staging(path)
         staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
         store = cls.create(staging, overwrite=True, **create_kw)
+        held = lock.acquire(staging, INGEST_LOCK, "vsekit ingest")   # marks the folder as live
         try:
             yield store
+            point("ingest:complete")
             store.root.attrs["complete"] = True
+            point("ingest:rename")
             if path.exists():
                 trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
                 path.rename(trash)
@@ -313,6 +346,7 @@ class FeatureStore:
                 staging.rename(path)
             store.path = path
             store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
+            lock.release(path, INGEST_LOCK, held)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -422,14 +456,18 @@ class FeatureStore:
                         attrs: Mapping[str, Any], n_rows: int | None = None,
                         block_rows: int | None = None, parent: str | None = None,
                         extra: Mapping[str, tuple[Sequence[int], Any]] | None = None,
-                        overwrite: bool = False, compressors: Any = "auto") -> FeatureSet:
+                        overwrite: bool = False, compressors: Any = "auto",
+                        init: Callable[[FeatureSet], None] | None = None) -> FeatureSet:
         """Create (or reopen, for resume) the feature set ``name``.
 
         ``row_shape`` is the shape of one row (``(D,)``, ``(G, G, C)``, ``(K, C)``). ``extra``
         names auxiliary per-row arrays (``{"boxes": ((K, 4), "float32")}``), chunked like ``data``.
         If the set exists with the same ``config_hash`` it is reopened so a rerun resumes; with a
         different hash it is refused unless ``overwrite``. ``compressors="auto"`` picks
-        :func:`default_compressors`.
+        :func:`default_compressors`. ``init(fs)`` may write more arrays and attrs (standardize's
+        statistics) before the set appears: the set is built under a hidden name and renamed into
+        place, so it is either absent or complete (a kill at any point leaves no half-made set).
+        Callers that write hold the set's lock (:mod:`vsekit.storage.lock`).
         """
         if not name or "/" in name:
             raise StoreError(f"invalid feature set name {name!r}")
@@ -443,6 +481,11 @@ class FeatureStore:
             if not self.has_features(parent):
                 raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
             attrs["parent"] = parent
+        self.remove_leftovers(name)
+        if self.has_features(name):
+            existing = FeatureSet(self, name)
+            if "config_hash" not in existing.attrs:   # an older vsekit was killed while creating it
+                self.delete_features(name)
         if self.has_features(name):
             existing = FeatureSet(self, name)
             same = (existing.attrs.get("config_hash") == attrs["config_hash"]
@@ -454,14 +497,15 @@ class FeatureStore:
                     f"feature set {name!r} already exists in {self.path} with different settings "
                     f"(config_hash {existing.attrs.get('config_hash')} != {attrs['config_hash']}); "
                     f"pass --overwrite to replace it or --name to write a new set")
-            del self.root["features"][name]
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
-        g = self.root.require_group("features").create_group(name)
+        staging = f".{name}.creating-{uuid.uuid4().hex[:8]}"
+        g = self.root.require_group("features").create_group(staging)
         if compressors == "auto":
             compressors = default_compressors(row_shape, dtype, attrs.get("kind"))
         kw = {} if compressors == "auto" else {"compressors": compressors}
+        point("create_features:arrays")
         g.create_array("data", shape=(n_rows, *row_shape), dtype=dtype,
                        chunks=(block_rows, *row_shape), fill_value=0, **kw)
         g.create_array("status", shape=(n_rows,), dtype=np.uint8, chunks=(block_rows,), fill_value=0)
@@ -469,8 +513,16 @@ class FeatureStore:
             shape = tuple(int(s) for s in shape)
             g.create_array(aux, shape=(n_rows, *shape), dtype=np.dtype(aux_dtype),
                            chunks=(block_rows, *shape), fill_value=0)
+        integrity.create_sums(g, ["data", *(extra or {})], n_rows, block_rows)
         attrs["block_rows"] = block_rows
+        point("create_features:attrs")
         g.attrs.update(attrs)
+        fs = FeatureSet.__new__(FeatureSet)
+        fs.store, fs.name, fs.group = self, staging, g
+        if init is not None:
+            init(fs)
+        point("create_features:rename")
+        self._replace(name, staging)
         return FeatureSet(self, name)
 
     @contextlib.contextmanager
@@ -481,24 +533,52 @@ class FeatureStore:
         Ingesters that add a set to an existing store use this, so a failure part-way leaves no
         half-written set behind (the store's other contents are untouched).
         """
-        if self.has_features(name) and not overwrite:
-            raise StoreError(f"feature set {name!r} already exists in {self.path}; "
-                             f"pass --overwrite to replace it or --name to write a new set")
-        staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
-        fs = self.create_features(staging, row_shape, dtype, **create_kw)
-        try:
-            yield fs
-            self.delete_features(name)
-            os.rename(self.path / "features" / staging, self.path / "features" / name)
-            fs.name, fs.group = name, self.root[f"features/{name}"]
-        except BaseException:
-            if staging in set(self.root["features"].group_keys()):
-                del self.root["features"][staging]
-            raise
+        from .lock import writer_lock
+
+        with writer_lock(self.path, name, stage="vsekit ingest"):
+            if self.has_features(name) and not overwrite:
+                raise StoreError(f"feature set {name!r} already exists in {self.path}; "
+                                 f"pass --overwrite to replace it or --name to write a new set")
+            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+            fs = self.create_features(staging, row_shape, dtype, **create_kw)
+            try:
+                yield fs
+                self._replace(name, staging)
+                fs.name, fs.group = name, self.root[f"features/{name}"]
+            except BaseException:
+                shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
+                raise
 
     def delete_features(self, name: str) -> None:
         if self.has_features(name):
             del self.root["features"][name]
+
+    def _replace(self, name: str, staging: str) -> None:
+        """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
+        base = self.path / "features"
+        old = None
+        if (base / name).exists():
+            old = base / f".{name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(base / name, old)
+        point("create_features:swap")
+        os.rename(base / staging, base / name)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def remove_leftovers(self, name: str) -> list[str]:
+        """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` folders a killed run left behind.
+
+        Call only while holding ``name``'s writer lock (no live run is then building it).
+        """
+        base = self.path / "features"
+        if not base.is_dir():
+            return []
+        gone = []
+        for p in base.iterdir():
+            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-")):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p.name)
+        return gone
 
     # tokens ---------------------------------------------------------------------------------------
     @property
@@ -510,6 +590,44 @@ class FeatureStore:
 
 
 # helpers ------------------------------------------------------------------------------------------
+INGEST_LOCK = "ingest"
+STALE_STAGING_S = 60.0   # a staging folder without a lock file is a killed ingest's once this old
+
+
+def remove_stale_staging(path: str | os.PathLike) -> list[Path]:
+    """Remove the ``.NAME.partial-*`` / ``.NAME.old-*`` folders killed ingests of ``path`` left.
+
+    A folder whose ingest lock names a live process is kept (another ingest is building it); one
+    without a lock file is removed only when older than a minute (a live ingest writes its lock
+    right after creating the folder).
+    """
+    import time
+
+    from . import lock
+
+    path = Path(path)
+    gone = []
+    if not path.parent.is_dir():
+        return gone
+    for p in path.parent.iterdir():
+        if not (p.name.startswith(f".{path.name}.partial-") or p.name.startswith(f".{path.name}.old-")):
+            continue
+        lock_file = lock.lock_path(p, INGEST_LOCK)
+        if lock_file.exists():
+            if lock.holder(p, INGEST_LOCK) is not None:
+                continue
+        else:
+            try:
+                if time.time() - p.stat().st_mtime < STALE_STAGING_S:
+                    continue
+            except FileNotFoundError:
+                continue
+        shutil.rmtree(p, ignore_errors=True)
+        gone.append(p)
+    return gone
+
+
+
 def _write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
     if name in group:
         del group[name]

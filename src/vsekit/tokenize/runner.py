@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import zarr
 
+from ..storage.faults import point
+from ..storage.lock import writer_lock
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
 from .text import tokenize_caption
@@ -90,6 +92,17 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     ``progress(done, total)`` is called after each chunk of captions.
     """
     store = FeatureStore.open(store.path if isinstance(store, FeatureStore) else store, mode="r+")
+    with writer_lock(store.path, "tokens", stage="vsekit tokenize"):
+        return _tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
+                         lowercase=lowercase, bos_eos=bos_eos, max_len=max_len, workers=workers,
+                         cluster=cluster, chunk_captions=chunk_captions, chunk_tokens=chunk_tokens,
+                         progress=progress)
+
+
+def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowercase, bos_eos, max_len,
+              workers, cluster, chunk_captions, chunk_tokens, progress) -> TokenizeSummary:
+    """The body of :func:`tokenize`, run while holding the store's ``tokens`` writer lock (one
+    tokenize at a time: a second run would delete the first one's ``tokens_partial``)."""
     n_captions = store.n_captions
     if n_captions == 0:
         raise StoreError(f"{store.path} has no captions to tokenize; ingest a captioned dataset first")
@@ -105,8 +118,11 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
                 "max_len": None if max_len is None else int(max_len)}
 
     root = store.root
-    if STAGING in root:
+    point("tokenize:staging")
+    if STAGING in root:   # left by a killed run (no live one: we hold the lock)
         del root[STAGING]
+    for old in Path(store.path).glob(".tokens-old-*"):
+        shutil.rmtree(old, ignore_errors=True)
     staging = root.create_group(STAGING)
     staging.create_group("stage")
     bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
@@ -156,6 +172,7 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
                                     "tokenizer": _nltk_version()}),
     })
     del staging["stage"]
+    point("tokenize:swap")
     _swap_into_place(store)
     return TokenizeSummary(store=str(store.path), captions=n_captions, tokens=n_tokens,
                            vocabulary=len(vocab), vocab_splits=splits, vocab_captions=vocab_captions,

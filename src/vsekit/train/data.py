@@ -217,6 +217,9 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
     fs = store.features(name)
     if fs.n_rows != store.n_images:
         raise StoreError(f"feature set {name!r} has {fs.n_rows} rows but the store has {store.n_images} images")
+    from ..storage.integrity import refuse_damaged
+
+    refuse_damaged(fs)   # a deleted or truncated chunk would otherwise be read as zeros
     status = np.asarray(fs.status[:])
     pending = rows[status[rows] != DONE]
     pending = pending[status[pending] != FAILED]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..store import FeatureStore
-from .common import IngestError, IngestReport, read_json, read_split_file
+from .common import IngestError, IngestReport, read_json, read_split_file, check_inside_root, no_images_error
 
 
 def _candidates(file_name: str) -> list[str]:
@@ -28,7 +28,7 @@ def _candidates(file_name: str) -> list[str]:
 def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, image_root: str | Path,
                 store_path: str | Path, *, restval_as_train: bool = False, strict: bool = False,
                 check_files: bool = True, overwrite: bool = False,
-                dataset: str = "coco") -> tuple[FeatureStore, IngestReport]:
+                dataset: str = "coco", allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store from COCO caption annotation files; returns the store and a skip report."""
     if not annotation_files:
         raise IngestError("ingest coco: give at least one captions_*.json file")
@@ -42,6 +42,7 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
     first_seen: dict[str, str] = {}
     texts: list[str] = []
     owners: list[int] = []
+    looked_for = None
     for ann_path in map(Path, annotation_files):
         doc = read_json(ann_path)
         if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) \
@@ -63,9 +64,11 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
             if split == "restval" and restval_as_train:
                 split = "train"
             options = _candidates(str(rec["file_name"]))
+            check_inside_root(image_root, options[0], f"{where}.file_name", allow_outside_root)
             rel = next((c for c in options if (image_root / c).is_file()), None)
             if rel is None:
                 if check_files:
+                    looked_for = looked_for or image_root / options[0]
                     report.skip(f"{where}: image file {image_root / options[0]} is missing")
                     continue
                 rel = options[0]
@@ -90,7 +93,7 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
             texts.append(" ".join(text.split()))
             owners.append(row_of[image_id])
     if not ids:
-        raise IngestError(f"{', '.join(map(str, annotation_files))}: no usable images")
+        raise no_images_error(", ".join(map(str, annotation_files)), image_root, looked_for)
     sources = [str(Path(p).resolve()) for p in annotation_files] + [str(Path(split_file).resolve())]
     with FeatureStore.building(store_path, overwrite=overwrite, dataset=dataset, image_root=image_root,
                                source_files=sources) as store:

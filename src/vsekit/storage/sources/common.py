@@ -121,3 +121,36 @@ def read_text_lines(path: str | Path) -> list[str]:
             except UnicodeDecodeError as exc:
                 raise IngestError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start})") from None
     return out
+
+
+def outside_root(image_root: str | Path, rel: str) -> str | None:
+    """Why ``rel`` leaves ``image_root`` (absolute, ``..``, or a symlink pointing out), else None.
+
+    A dataset file from elsewhere must not make vsekit read arbitrary files of the machine; the
+    final path is resolved (symlinks followed) and must stay under the resolved root.
+    """
+    if Path(rel).is_absolute() or rel.startswith(("/", "\\")):
+        return "is an absolute path"
+    root = Path(image_root).resolve()
+    target = (root / rel).resolve()
+    if target != root and root not in target.parents:
+        return f"resolves to {target}, outside the image root {root}"
+    return None
+
+
+def check_inside_root(image_root: str | Path, rel: str, where: str, allow_outside: bool) -> None:
+    """Refuse an image path outside the root unless ``allow_outside`` (``--allow-outside-root``)."""
+    if allow_outside:
+        return
+    why = outside_root(image_root, rel)
+    if why:
+        raise IngestError(f"{where}: image path {rel!r} {why}; refusing to read files outside the "
+                          f"image root (pass --allow-outside-root if this is intended)")
+
+
+def no_images_error(source: str | Path, image_root: str | Path, looked_for: Path | None) -> IngestError:
+    """The error for an ingest that found no image files: name the path it looked for."""
+    if looked_for is None:
+        return IngestError(f"{source}: no usable images")
+    return IngestError(f"{source}: no usable images: no image file was found under the image root "
+                       f"{Path(image_root).resolve()} (looked for e.g. {looked_for}); check --image-root")

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ..store import SPLITS, FeatureStore
-from .common import IngestError, IngestReport
+from .common import IngestError, IngestReport, check_inside_root, no_images_error
 
 
 def parse_ratios(text: str | Sequence[float]) -> tuple[float, float, float]:
@@ -52,8 +52,11 @@ def assign_splits(n: int, ratios: tuple[float, float, float], seed: int) -> list
 def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: str | Path, *,
                   ratios: str | Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0, strict: bool = False,
                   check_files: bool = True, overwrite: bool = False,
-                  dataset: str | None = None) -> tuple[FeatureStore, IngestReport]:
-    """Create a store from an image folder and a caption table; returns the store and a skip report."""
+                  dataset: str | None = None, allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
+    """Create a store from an image folder and a caption table; returns the store and a skip report.
+
+    Image paths that leave ``image_dir`` (absolute, ``..``, symlinks out) are refused unless
+    ``allow_outside_root``."""
     image_dir, captions_file = Path(image_dir), Path(captions_file)
     if not captions_file.is_file():
         raise IngestError(f"{captions_file}: no such file")
@@ -68,6 +71,7 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
     missing: set[str] = set()
     has_split_column: bool | None = None
     first_line: list[int] = []
+    looked_for = None
     with open(captions_file, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             where = f"{captions_file}:{lineno}"
@@ -100,7 +104,9 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
             if rel in missing:
                 continue
             if rel not in row_of:
+                check_inside_root(image_dir, rel, f"{where}: path column", allow_outside_root)
                 if check_files and not (image_dir / rel).is_file():
+                    looked_for = looked_for or image_dir / rel
                     missing.add(rel)
                     report.skip(f"{where}: image file {image_dir / rel} is missing")
                     continue
@@ -118,7 +124,7 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
             texts.append(text)
             owners.append(row)
     if not paths:
-        raise IngestError(f"{captions_file}: no usable images")
+        raise no_images_error(captions_file, image_dir, looked_for)
     splits = given_split if has_split_column else assign_splits(len(paths), ratios, seed)
     ids = [str(PurePosixPath(p).with_suffix("")) for p in paths]
     seen: dict[str, int] = {}

@@ -11,12 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..store import SPLITS, FeatureStore
-from .common import IngestError, IngestReport, read_json
+from .common import IngestError, IngestReport, check_inside_root, no_images_error, read_json
 
 
 def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: str | Path, *,
                     restval_as_train: bool = False, strict: bool = False, check_files: bool = True,
-                    overwrite: bool = False, dataset: str | None = None) -> tuple[FeatureStore, IngestReport]:
+                    overwrite: bool = False, dataset: str | None = None,
+                    allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
+    """Create a store from a Karpathy split file; malformed records are errors naming the image
+    index and field, and image paths that leave ``image_root`` are refused unless
+    ``allow_outside_root``."""
     json_path, image_root = Path(json_path), Path(image_root)
     doc = read_json(json_path)
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
@@ -24,10 +28,12 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
     report = IngestReport(strict=strict)
     ids, paths, splits, texts, owners = [], [], [], [], []
     seen: dict[str, int] = {}
+    looked_for = None
     for pos, rec in enumerate(doc["images"]):
         where = f"{json_path}: images[{pos}]"
         if not isinstance(rec, dict) or "filename" not in rec or "split" not in rec:
             raise IngestError(f"{where}: an image record needs 'filename' and 'split'")
+        _check_types(rec, where)
         image_id = str(rec.get("cocoid", rec.get("imgid", Path(rec["filename"]).stem)))
         if image_id in seen:
             raise IngestError(f"{where}: duplicate image id {image_id} (first at images[{seen[image_id]}])")
@@ -38,7 +44,9 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         if split == "restval" and restval_as_train:
             split = "train"
         rel = str(Path(rec.get("filepath", "")) / rec["filename"])
+        check_inside_root(image_root, rel, f"{where}.filepath/filename", allow_outside_root)
         if check_files and not (image_root / rel).is_file():
+            looked_for = looked_for or image_root / rel
             report.skip(f"{where}: image file {image_root / rel} is missing")
             continue
         sentences = rec.get("sentences") or []
@@ -56,7 +64,7 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         texts.extend(caps)
         owners.extend([row] * len(caps))
     if not ids:
-        raise IngestError(f"{json_path}: no usable images")
+        raise no_images_error(json_path, image_root, looked_for)
     name = dataset or doc.get("dataset") or json_path.stem.replace("dataset_", "")
     with FeatureStore.building(store_path, overwrite=overwrite, dataset=name, image_root=image_root,
                                source_files=[str(json_path.resolve())]) as store:
@@ -65,3 +73,16 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         store.root.attrs["restval_as_train"] = bool(restval_as_train)
     report.counts = {"images": len(ids), "captions": len(texts)}
     return store, report
+
+
+def _check_types(rec: dict, where: str) -> None:
+    """Refuse fields of the wrong JSON type (an int filename, a null filepath, int sentences)."""
+    if not isinstance(rec["filename"], str) or not rec["filename"].strip():
+        raise IngestError(f"{where}: field 'filename' must be a non-empty string, got {rec['filename']!r}")
+    if "filepath" in rec and not isinstance(rec["filepath"], str):
+        raise IngestError(f"{where}: field 'filepath' must be a string, got {rec['filepath']!r}")
+    if not isinstance(rec["split"], str):
+        raise IngestError(f"{where}: field 'split' must be a string, got {rec['split']!r}")
+    if rec.get("sentences") is not None and not isinstance(rec["sentences"], list):
+        raise IngestError(f"{where}: field 'sentences' must be a list of {{'raw': text}}, "
+                          f"got {type(rec['sentences']).__name__} {rec['sentences']!r}")

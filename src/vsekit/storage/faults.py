@@ -1,0 +1,64 @@
+"""Deterministic fault injection for the reliability tests (see docs/reliability.md).
+
+Code calls :func:`point` just before each write that matters (``point("write_block:status")``).
+With ``VSEKIT_FAULT=NAME`` in the environment the process ends there at once with
+``os._exit(137)`` (the exit code of ``kill -9``): no ``finally`` blocks, no atexit handlers, no
+flushes, exactly like a killed process. ``VSEKIT_FAULT=NAME@N`` ends it at the N-th time the point
+is reached (1-based), so a test can let the first row block finish and kill the second.
+Without the variable a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+ENV = "VSEKIT_FAULT"
+KILLED = 137
+
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def point(name: str) -> None:
+    """End the process here if ``VSEKIT_FAULT`` names this point (and its hit count is reached)."""
+    pause(name)
+    spec = os.environ.get(ENV)
+    if not spec:
+        return
+    want, _, nth = spec.partition("@")
+    if want != name:
+        return
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        hit = _hits[name]
+    if hit >= int(nth or 1):
+        os._exit(KILLED)
+
+
+PAUSE_ENV, PAUSE_FILE_ENV = "VSEKIT_PAUSE", "VSEKIT_PAUSE_FILE"
+
+
+def pause(name: str) -> None:
+    """With ``VSEKIT_PAUSE=NAME[@N]`` and ``VSEKIT_PAUSE_FILE=F``: at point NAME (its N-th hit), create ``F.reached``
+    and wait until ``F`` exists (at most 120 s). Tests use it to hold a run at a known point while a
+    second run starts, without sleeps."""
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
+        return
+    want, _, nth = spec.partition("@")
+    if want != name:
+        return
+    with _lock:
+        key = f"pause:{name}"
+        _hits[key] = _hits.get(key, 0) + 1
+        if _hits[key] != int(nth or 1):
+            return
+    import time
+    from pathlib import Path
+
+    flag = Path(os.environ[PAUSE_FILE_ENV])
+    Path(f"{flag}.reached").touch()
+    deadline = time.monotonic() + 120
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)

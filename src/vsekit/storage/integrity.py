@@ -1,0 +1,186 @@
+"""Per-block checksums of a feature set's stored bytes: detect deleted, truncated or altered chunks.
+
+When a row block is written (``FeatureSet.write_block``), before its status marks it done, the CRC-32
+and byte size of each of its chunk files (``data`` and the auxiliary per-row arrays such as
+``boxes``/``count``) go into the set's ``blocksums`` array, one chunk per block (so parallel block
+writers never share a chunk). A chunk zarr did not write (all fill value) is recorded as absent.
+
+:func:`verify` compares the files with the record: ``quick`` checks presence and sizes only (a
+``stat`` per chunk: what ``extract`` does on resume and ``train`` before it opens a set), the full
+check also re-reads every byte and compares CRCs (``vsekit info --verify``). It also reads every
+``status`` chunk, so a truncated status chunk is reported instead of failing later. :func:`repair`
+marks damaged blocks pending again; a rerun of the command that made the set rewrites them.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import Block, FeatureSet
+
+SUMS = "blocksums"
+UNRECORDED = -2   # fill value: no checksum recorded (block not written yet, or an older vsekit)
+ABSENT = -1       # size of a chunk zarr did not store (all fill value)
+
+
+def create_sums(group, arrays: Sequence[str], n_rows: int, block_rows: int) -> None:
+    """The ``blocksums`` array of a new set: (blocks, 2 × arrays) int64, CRC and size per array."""
+    n_blocks = max(1, -(-n_rows // max(1, block_rows)))
+    group.create_array(SUMS, shape=(n_blocks, 2 * len(arrays)), dtype=np.int64,
+                       chunks=(1, 2 * len(arrays)), fill_value=UNRECORDED)
+    group.attrs["checksummed"] = list(arrays)
+
+
+def _chunk_file(fs: "FeatureSet", array: str, index: int) -> Path:
+    arr = fs.group[array]
+    coords = (index,) + (0,) * (arr.ndim - 1)
+    key = arr.metadata.encode_chunk_key(coords)
+    return Path(fs.store.path) / "features" / fs.name / array / Path(*key.split("/"))
+
+
+def _file_sum(path: Path, crc: bool) -> tuple[int, int]:
+    try:
+        if not crc:
+            return 0, path.stat().st_size
+        value, size = 0, 0
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                value = zlib.crc32(chunk, value)
+                size += len(chunk)
+        return value, size
+    except FileNotFoundError:
+        return 0, ABSENT
+
+
+def record(fs: "FeatureSet", block: "Block") -> None:
+    """Record the checksums of ``block``'s chunk files (just written) in ``blocksums``."""
+    names = fs.group.attrs.get("checksummed")
+    if not names or not fs.has_array(SUMS):
+        return  # a set made by an older vsekit: nothing to record into
+    row = []
+    for name in names:
+        row.extend(_file_sum(_chunk_file(fs, name, block.index), crc=True))
+    fs.group[SUMS][block.index] = np.asarray(row, dtype=np.int64)
+
+
+@dataclass
+class Report:
+    """What :func:`verify` found: damaged blocks with the reason, and blocks with nothing to check."""
+
+    name: str
+    blocks: int
+    damaged: dict[int, str] = field(default_factory=dict)
+    unrecorded: int = 0
+    full: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return not self.damaged
+
+    def summary(self, store_path: str | os.PathLike) -> str:
+        how = "checksums" if self.full else "chunk sizes"
+        if self.ok:
+            extra = (f"; {self.unrecorded} finished blocks have no checksum (written by an older vsekit)"
+                     if self.unrecorded else "")
+            return f"{self.name}: {self.blocks} blocks, {how} verified, no damage found{extra}"
+        lines = [f"{self.name}: {len(self.damaged)} of {self.blocks} blocks are damaged:"]
+        for i, why in sorted(self.damaged.items())[:20]:
+            lines.append(f"  block {i}: {why}")
+        if len(self.damaged) > 20:
+            lines.append(f"  ... and {len(self.damaged) - 20} more")
+        lines.append(f"repair: {repair_command(store_path, self.name)}")
+        return "\n".join(lines)
+
+
+def repair_command(store_path: str | os.PathLike, name: str) -> str:
+    return (f"`vsekit info {store_path} {name} --verify --repair` (marks the damaged blocks pending), "
+            f"then rerun the command that made {name!r} with the same options to rewrite them")
+
+
+def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
+    try:
+        return np.asarray(fs.status[block.start:block.stop])
+    except Exception as exc:  # a truncated or garbled chunk: zarr's codec error
+        return f"status chunk unreadable ({type(exc).__name__}: {exc})"
+
+
+def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
+    """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
+    from .store import PENDING
+
+    blocks = fs.blocks()
+    report = Report(fs.name, len(blocks), full=not quick)
+    names = fs.group.attrs.get("checksummed") or []
+    has_sums = bool(names) and fs.has_array(SUMS)
+    for b in blocks:
+        status = _status_block(fs, b)
+        if isinstance(status, str):
+            report.damaged[b.index] = status
+            continue
+        if np.any(status > 2):
+            report.damaged[b.index] = f"status chunk holds invalid codes {sorted(set(status[status > 2].tolist()))}"
+            continue
+        if np.any(status == PENDING):
+            continue  # not finished: the next run writes it anyway
+        if not has_sums:
+            report.unrecorded += 1
+            continue
+        try:
+            want = np.asarray(fs.group[SUMS][b.index])
+        except Exception as exc:
+            report.damaged[b.index] = f"checksum chunk unreadable ({type(exc).__name__})"
+            continue
+        if np.all(want == UNRECORDED):
+            report.unrecorded += 1
+            continue
+        for k, name in enumerate(names):
+            crc, size = _file_sum(_chunk_file(fs, name, b.index), crc=not quick)
+            wcrc, wsize = int(want[2 * k]), int(want[2 * k + 1])
+            if size != wsize:
+                what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
+                if wsize == ABSENT:
+                    what = f"{size} bytes where none were written"
+                report.damaged[b.index] = f"{name} chunk file {what}"
+                break
+            if not quick and crc != wcrc:
+                report.damaged[b.index] = f"{name} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}"
+                break
+    return report
+
+
+def repair(fs: "FeatureSet", report: Report) -> int:
+    """Mark the damaged blocks of ``report`` pending (status and checksums reset); returns how many."""
+    from .faults import point
+
+    blocks = fs.blocks()
+    for i in sorted(report.damaged):
+        b = blocks[i]
+        if fs.has_array(SUMS):
+            point("repair:sums")
+            fs.group[SUMS][i] = np.full(fs.group[SUMS].shape[1], UNRECORDED, dtype=np.int64)
+        point("repair:status")
+        fs.status[b.start:b.stop] = np.zeros(len(b), dtype=np.uint8)
+    return len(report.damaged)
+
+
+def refuse_damaged(fs: "FeatureSet") -> None:
+    """Raise StoreError if the quick check finds damaged blocks (``train`` calls this before reading)."""
+    from .store import StoreError
+
+    from .remake import remake_command
+
+    report = verify(fs, quick=True)
+    if not report.ok:
+        first = sorted(report.damaged.items())[0]
+        raise StoreError(
+            f"feature set {fs.name!r} in {fs.store.path} is damaged: {len(report.damaged)} of "
+            f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). Repair it with "
+            f"`vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
+            f"`{remake_command(fs.store, fs.name)}`")
