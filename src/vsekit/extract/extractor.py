@@ -105,7 +105,7 @@ class Extractor:
         return out
 
     def detect(self, image) -> list[np.ndarray]:
-        """Boxes from a torchvision Faster R-CNN on the (resized) input images, best first."""
+        """Boxes of ``--detector coco-frcnn`` (torchvision's COCO Faster R-CNN) on the input images."""
         from .regions import build_detector, detect_boxes
 
         if self.detector is None:
@@ -125,6 +125,7 @@ def cached_extractor(plan: Plan, device: str) -> Extractor:
     key = json.dumps([plan.to_dict(), device], sort_keys=True, default=str)
     if key not in _CACHE:
         _CACHE.clear()
-        _CACHE[key] = Extractor(plan, device)
+        from .butd import ButdExtractor
+        _CACHE[key] = (ButdExtractor if plan.detector == "butd-r101" else Extractor)(plan, device)
         BUILDS["count"] += 1
     return _CACHE[key]
