@@ -181,7 +181,12 @@ class ButdDetector:
         """The selected regions of one uint8 RGB image (3, H, W)."""
         import torch
 
-        boxes, pooled, cls_prob, attr_prob = self.forward(rgb)
+        return self.select(*self.forward(rgb))
+
+    def select(self, boxes, pooled, cls_prob, attr_prob) -> Regions:
+        """The regions kept from :meth:`forward`'s outputs by generate_tsv.py's selection."""
+        import torch
+
         with torch.inference_mode():
             conf = sel.region_confidence(boxes, cls_prob)
             keep = sel.select_regions(conf, self.min_boxes, self.max_boxes)
@@ -200,8 +205,10 @@ class ButdExtractor:
 
     def __init__(self, plan, device: str = "cpu"):
         self.plan = plan
+        # module constants read here, so a test can shrink the scale and the proposal count
         self.detector = ButdDetector(plan.detector_weights, device, seed=plan.seed, min_boxes=plan.min_regions,
-                                     max_boxes=plan.max_regions, precision=plan.precision)
+                                     max_boxes=plan.max_regions, precision=plan.precision, target=TARGET_SIZE,
+                                     max_size=MAX_SIZE, post_nms=sel.RPN_POST_NMS)
 
     def put_items(self, items, buf) -> None:
         """Detect each item's image and put its regions into the block buffer."""

@@ -176,13 +176,15 @@ class ButdR101(nn.Module):
 
 def init_random(model: ButdR101, seed: int) -> ButdR101:
     """Random weights from ``seed`` (``--detector-weights none``): He-normal convs, identity norms
-    except each residual branch's last, scaled by 0.2 (keeps 33 blocks of random activations
-    finite), Caffe's N(0, 0.01) fillers for the RPN and the heads."""
+    except the stem's, scaled by 1/64 (Caffe feeds pixels minus the mean, not divided by a std),
+    and each residual branch's last, scaled by 0.2 (keeps 33 random blocks O(1)); Caffe's
+    N(0, 0.01) fillers for the RPN and the heads."""
     gen = torch.Generator().manual_seed(int(seed))
     with torch.no_grad():
         for name, m in model.named_modules():
             if isinstance(m, FrozenBN):
-                m.weight.fill_(0.2 if name.endswith("conv3.norm") else 1.0)
+                m.weight.fill_(0.2 if name.endswith("conv3.norm") else 1.0 / 64 if name.startswith("backbone.stem")
+                               else 1.0)
                 m.bias.zero_()
                 m.running_mean.zero_()
                 m.running_var.fill_(1.0)
