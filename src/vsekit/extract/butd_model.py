@@ -164,7 +164,8 @@ class ButdR101(nn.Module):
         for s in range(0, rois.shape[0], chunk):
             r = rois[s:s + chunk]
             idx = torch.zeros((r.shape[0], 1), dtype=r.dtype, device=r.device)
-            x = roi_pool(fmap, torch.cat([idx, r], dim=1).to(fmap.dtype), POOL_SIZE, SPATIAL_SCALE)
+            # float32 boxes and map: low-precision box coordinates would move the pooling bins
+            x = roi_pool(fmap.float(), torch.cat([idx, r], dim=1).float(), POOL_SIZE, SPATIAL_SCALE)
             out.append(self.roi_heads.res5(x).float().mean(dim=(2, 3)))
         if not out:
             return fmap.new_zeros((0, 2048), dtype=torch.float32)
