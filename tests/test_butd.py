@@ -125,14 +125,16 @@ def _np_select(boxes, cls_prob, min_boxes, max_boxes):
     return keep, max_conf
 
 
-@pytest.mark.parametrize("min_boxes,max_boxes,sharp", [(10, 100, 9.0), (36, 36, 4.0), (2, 5, 9.0)])
-def test_selection_matches_generate_tsv(min_boxes, max_boxes, sharp):
+@pytest.mark.parametrize("min_boxes,max_boxes,sharp,common", [(10, 100, 9.0, 0), (36, 36, 4.0, 0), (2, 5, 9.0, 0),
+                                                               (10, 100, 3.0, 12.0)])
+def test_selection_matches_generate_tsv(min_boxes, max_boxes, sharp, common):
     rng = np.random.default_rng(int(sharp) + max_boxes)
     r = 48
-    xy = rng.uniform(0, 400, (r, 2))
-    wh = rng.uniform(20, 200, (r, 2))
+    xy = rng.integers(0, 60, (r, 2)).astype(np.float64)       # small integer boxes: the +1 of
+    wh = rng.integers(3, 30, (r, 2)).astype(np.float64)       # inclusive pixels moves many IoUs
     boxes = np.concatenate([xy, xy + wh], 1).astype(np.float32)
     logits = rng.normal(0, 1, (r, butd_model.NUM_CLASSES)) * sharp
+    logits[:, 7] += common   # one class dominating every box: the confidences hinge on its NMS
     prob = np.exp(logits - logits.max(1, keepdims=True))
     prob = (prob / prob.sum(1, keepdims=True)).astype(np.float32)
     want_keep, want_conf = _np_select(boxes, prob, min_boxes, max_boxes)
@@ -140,6 +142,14 @@ def test_selection_matches_generate_tsv(min_boxes, max_boxes, sharp):
     keep = sel.select_regions(conf, min_boxes, max_boxes)
     np.testing.assert_allclose(conf.numpy(), want_conf, rtol=1e-6)
     np.testing.assert_array_equal(keep.numpy(), want_keep)
+
+
+def test_nms_caffe_uses_inclusive_pixels():
+    # inclusive pixels: IoU = 5*10 / (100 + 100 - 50) = 0.333 > 0.3, suppressed;
+    # exclusive (x2 - x1) would give 4*9 / (81 + 81 - 36) = 0.286 and keep both
+    boxes = torch.tensor([[0.0, 0.0, 9.0, 9.0], [5.0, 0.0, 14.0, 9.0]])
+    assert sel.nms_caffe(boxes, torch.tensor([0.9, 0.8]), 0.3).tolist() == [0]
+    assert sel.nms_caffe(boxes, torch.tensor([0.9, 0.8]), 0.34).tolist() == [0, 1]
 
 
 def test_select_regions_hand_case():
