@@ -98,6 +98,8 @@ def test_coco_weights_that_cannot_be_loaded_stop_the_run(tmp_path, monkeypatch):
     (["--detector", "butd-r101", "--detector-weights", "nope.pth"], "--detector-weights 'nope.pth': not"),
     (["--boxes", "BOXES", "--detector", "coco-frcnn"], "both give the boxes"),
     (["--boxes", "BOXES", "--detector-weights", "none"], "--detector-weights needs --detector"),
+    (["--detector", "butd-r101", "--detector-weights", "none", "--input-size", "448"],
+     "does its own preprocessing (BGR minus Caffe means, shorter side 600, longer <= 1000); drop --input-size"),
 ])
 def test_detector_option_errors(tmp_path, args, message):
     store = _store(tmp_path)

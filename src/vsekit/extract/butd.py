@@ -223,9 +223,18 @@ class ButdExtractor:
 
 
 def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions: int | None,
-              precision: str, store_dtype: str | None):
-    """The extraction plan of ``--detector butd-r101`` (the ``--model``/``--weights`` backbone is unused)."""
+              precision: str, store_dtype: str | None, unused: dict | None = None):
+    """The extraction plan of ``--detector butd-r101`` (the ``--model``/``--weights`` backbone is unused).
+
+    ``unused``: preprocessing options the caller set; BUTD has its own (Caffe scale), so any set
+    one is a ValueError rather than silently ignored.
+    """
     from .plan import Plan
+
+    given = [k for k, v in (unused or {}).items() if v is not None]
+    if given:
+        raise ValueError(f"--detector butd-r101 does its own preprocessing (BGR minus Caffe means, shorter "
+                         f"side {TARGET_SIZE}, longer <= {MAX_SIZE}); drop {', '.join(given)}")
 
     min_regions = max_regions if min_regions is None else int(min_regions)
     if max_regions < 1 or not 0 <= min_regions <= max_regions:
