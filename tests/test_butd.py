@@ -362,7 +362,8 @@ def test_load_checkpoint_with_exactly_the_table(tmp_path):
 
 
 @pytest.mark.parametrize("change,match", [
-    (lambda s: s.pop("roi_heads.box_predictor.attr_linear2.bias"), "missing keys: roi_heads.box_predictor.attr_linear2.bias"),
+    (lambda s: s.pop("roi_heads.box_predictor.attr_linear2.bias"),
+     "missing keys: roi_heads.box_predictor.attr_linear2.bias"),
     (lambda s: s.__setitem__("roi_heads.box_predictor.cls_score.weight", torch.zeros(1600, 2048)),
      r"wrong shapes: roi_heads.box_predictor.cls_score.weight \(1600, 2048\) \(expected \(1601, 2048\)\)"),
     (lambda s: s.__setitem__("roi_heads.box_head.fc6.weight", torch.zeros(2)), "unknown keys: roi_heads.box_head.fc6"),

@@ -135,7 +135,7 @@ def test_butd_r101_through_the_cli(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     fs = FeatureStore.open(store.path).features("butd-r101_regions")
     a = fs.attrs
-    assert (a["model"], a["detector"], a["detector_weights"], a["kind"]) == ("butd-r101", "butd-r101", "none", "regions")
+    assert (a["model"], a["detector"], a["detector_weights"]) == ("butd-r101", "butd-r101", "none")
     assert a["butd"]["class_nms"] == 0.3 and a["butd"]["conf_thresh"] == 0.2 and fs.shape == (2, 5, 2048)
     count = fs.array("count")[:]
     for name in ("labels", "label_scores", "attrs", "attr_scores", "boxes"):

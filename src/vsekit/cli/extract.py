@@ -48,8 +48,8 @@ import click
 @click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resize, resize_mode, input_size,
-                interpolation, taps, list_layers, grid, boxes, detector, detector_weights, max_regions, min_regions, batch_size, workers,
-                device, precision, dtype, block_rows, cluster, strict, overwrite, no_progress):
+                interpolation, taps, list_layers, grid, boxes, detector, detector_weights, max_regions, min_regions,
+                batch_size, workers, device, precision, dtype, block_rows, cluster, strict, overwrite, no_progress):
     """Extract image features (global, FNE, grid or regions) into the store."""
     if list_layers:
         from ..extract import list_layers as _list
