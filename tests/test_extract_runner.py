@@ -207,7 +207,7 @@ def test_regions_from_the_detector(tmp_path):
     imgs = {f"{k}.png": Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)) for k in range(2)}
     store = _store_of(tmp_path, imgs)
     res = extract(store, "test_resnet", "regions", weights="none", boxes="detector", input_size=64,
-                  max_regions=6, min_regions=3, workers=0, progress=False)
+                  max_regions=6, min_regions=3, workers=0, progress=False, detector_weights="none")
     assert res.done == 2, res.summary()
     fs = store.features(res.name)
     assert fs.attrs["boxes"] == "detector" and fs.shape == (2, 6, 96)

@@ -25,9 +25,17 @@ import click
 @click.option("--taps", default=None, help="FNE layers: comma-separated glob patterns (see --list-layers).")
 @click.option("--list-layers", is_flag=True, help="List the model's layers and widths, then exit.")
 @click.option("--grid", default=7, show_default=True, help="Grid side G for --kind grid (14 keeps layer4 whole).")
-@click.option("--boxes", default=None, help="Regions: 'detector' or a JSON file {image_id: [[x1,y1,x2,y2], ...]}.")
+@click.option("--boxes", default=None,
+              help="Regions: a JSON file {image_id: [[x1,y1,x2,y2], ...]}, or 'detector' (= --detector coco-frcnn).")
+@click.option("--detector", type=click.Choice(["butd-r101", "coco-frcnn"]), default=None,
+              help="Regions from a detector: butd-r101 (bottom-up-attention boxes and features) or "
+                   "coco-frcnn (COCO boxes, --model features). See docs/extract.md.")
+@click.option("--detector-weights", default=None,
+              help="imagenet (coco-frcnn: torchvision's COCO weights) | none (random) | PATH "
+                   "[default: imagenet for coco-frcnn; butd-r101 needs PATH or none].")
 @click.option("--max-regions", default=36, show_default=True)
-@click.option("--min-regions", default=10, show_default=True, help="Floor of detector boxes per image.")
+@click.option("--min-regions", type=int, default=None,
+              help="Floor of detector boxes per image [default: 10; butd-r101: = --max-regions].")
 @click.option("--batch-size", default=32, show_default=True, help="Images per forward pass.")
 @click.option("--workers", default=2, show_default=True, help="Decoding worker processes (0: in-process).")
 @click.option("--device", default="cpu", show_default=True)
@@ -42,7 +50,8 @@ import click
               help="Try again the rows that failed on a missing or unreadable image file.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resize, resize_mode, input_size,
-                interpolation, taps, list_layers, grid, boxes, max_regions, min_regions, batch_size, workers,
+                interpolation, taps, list_layers, grid, boxes, detector, detector_weights, max_regions, min_regions,
+                batch_size, workers,
                 device, precision, dtype, block_rows, cluster, strict, overwrite, retry_failed, no_progress):
     """Extract image features (global, FNE, grid or regions) into the store."""
     if list_layers:
@@ -66,7 +75,8 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
                          max_regions=max_regions, min_regions=min_regions, seed=seed, batch_size=batch_size,
                          workers=workers, device=device, precision=precision, dtype=dtype,
                          block_rows=block_rows, cluster=cluster, strict=strict, overwrite=overwrite,
-                         progress=not no_progress, retry_failed=retry_failed)
+                         progress=not no_progress, retry_failed=retry_failed,
+                         detector=detector, detector_weights=detector_weights)
     except Interrupted as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(130) from None

@@ -37,5 +37,30 @@ def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, 
     click.echo(f"open {s.path.resolve().as_uri()}")
 
 
+@click.command("report-boxes")
+@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.argument("name")
+@click.option("--rows", default="0", show_default=True, help="Comma-separated image rows.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Folder for the PNGs.")
+@click.option("--objects-vocab", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="BUTD objects_vocab.txt (labels are shown as indices without it).")
+@click.option("--attributes-vocab", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="BUTD attributes_vocab.txt.")
+@click.option("--max-boxes", type=int, default=None, help="Draw at most this many boxes per image.")
+def report_boxes(store, name, rows, out, objects_vocab, attributes_vocab, max_boxes) -> None:
+    """Draw the region boxes (and detector labels) of feature set NAME over their images."""
+    from ..report.boxes import regions_png
+
+    try:
+        picked = [int(r) for r in rows.split(",") if r.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{rows!r} is not a comma-separated list of rows", param_hint="--rows")
+    for r in picked:
+        path = regions_png(store, name, r, f"{out}/{name}_{r}.png", objects_vocab=objects_vocab,
+                           attributes_vocab=attributes_vocab, max_boxes=max_boxes)
+        click.echo(f"wrote {path}")
+
+
 def register(group: click.Group) -> None:
     group.add_command(report)
+    group.add_command(report_boxes)

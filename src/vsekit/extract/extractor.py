@@ -4,8 +4,9 @@ device, with bf16/fp16 autocast on CUDA when asked.
 ``global``/``fne``: taps reduced to their spatial mean inside the hooks (Full-Network Embedding,
 Vilalta et al.), concatenated in tap order and averaged over crops (10-crop protocol) unless crops
 are kept. ``grid``: the last conv map average-pooled to G×G (SMAN: 14×14 → 7×7 by 2×2 pooling).
-``regions``: RoIAlign of each box on the last conv map, averaged over its 7×7 samples
-(bottom-up-attention style 2048-d region features, T-EMDE / SGRAF inputs).
+``regions``: RoIAlign of each box (from a file or ``--detector coco-frcnn``) on the last conv map,
+averaged over its 7×7 samples; ImageNet-backbone features, not the bottom-up-attention ones
+(those come from ``--detector butd-r101``, :mod:`.butd`).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class Extractor:
         return out
 
     def detect(self, image) -> list[np.ndarray]:
-        """Boxes from a torchvision Faster R-CNN on the (resized) input images, best first."""
+        """Boxes of ``--detector coco-frcnn`` (torchvision's COCO Faster R-CNN) on the input images."""
         from .regions import build_detector, detect_boxes
 
         if self.detector is None:
@@ -131,6 +132,7 @@ def cached_extractor(plan: Plan, device: str) -> Extractor:
     key = json.dumps([plan.to_dict(), device], sort_keys=True, default=str)
     if key not in _CACHE:
         _CACHE.clear()
-        _CACHE[key] = Extractor(plan, device)
+        from .butd import ButdExtractor
+        _CACHE[key] = (ButdExtractor if plan.detector == "butd-r101" else Extractor)(plan, device)
         BUILDS["count"] += 1
     return _CACHE[key]

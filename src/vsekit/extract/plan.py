@@ -43,6 +43,8 @@ class Plan:
     boxes: str | None = None    # "detector" or a JSON file (regions)
     max_regions: int = 0
     min_regions: int = 0
+    detector: str | None = None           # regions.DETECTORS (regions with boxes="detector")
+    detector_weights: str | None = None   # imagenet | none | absolute path
     store_dtype: str = "float32"
     extra: dict = field(default_factory=dict)
 
@@ -68,7 +70,8 @@ class Plan:
         if self.kind == "grid":
             a["grid"] = self.grid
         if self.kind == "regions":
-            a.update(boxes=self.boxes, max_regions=self.max_regions, min_regions=self.min_regions)
+            a.update(boxes=self.boxes, max_regions=self.max_regions, min_regions=self.min_regions,
+                     detector=self.detector, detector_weights=self.detector_weights, **self.extra)
         return a
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,13 +89,27 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
               crops: int = 1, keep_crops: bool = False, resize: int | None = None,
               resize_mode: str | None = None, input_size: int | None = None,
               interpolation: str | None = None, taps: str | None = None, grid: int = 7,
-              boxes: str | None = None, max_regions: int = 36, min_regions: int = 10,
-              precision: str = "fp32", store_dtype: str | None = None) -> Plan:
+              boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None,
+              precision: str = "fp32", store_dtype: str | None = None, detector: str | None = None,
+              detector_weights: str | None = None) -> Plan:
     """Check every option and resolve the defaults; raises ValueError naming the bad option."""
     from .backbones import build_model
+    from .regions import resolve_detector
 
     _choice("--kind", kind, KINDS)
     _choice("--precision", precision, PRECISIONS)
+    if kind == "regions":
+        boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)
+        if detector == "butd-r101":
+            from .butd import butd_plan
+            return butd_plan(detector_weights=detector_weights, seed=seed, max_regions=max_regions,
+                             min_regions=min_regions, precision=precision, store_dtype=store_dtype,
+                             unused={"--resize": resize, "--resize-mode": resize_mode, "--input-size": input_size,
+                                     "--interpolation": interpolation, "--taps": taps,
+                                     "--crops": None if crops == 1 else crops, "--keep-crops": keep_crops or None})
+    elif detector or detector_weights:
+        raise ValueError("--detector / --detector-weights apply to --kind regions only")
+    min_regions = 10 if min_regions is None else min_regions
     _choice("--crops", crops, CROP_CHOICES)
     if resize_mode is not None:
         _choice("--resize-mode", resize_mode, RESIZE_MODES)
@@ -139,7 +156,9 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
         return Plan(**kw, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
                     channels=tap["width"], boxes=boxes if kind == "regions" else None,
                     max_regions=int(max_regions) if kind == "regions" else 0,
-                    min_regions=int(min_regions) if kind == "regions" else 0)
+                    min_regions=int(min_regions) if kind == "regions" else 0,
+                    detector=detector if kind == "regions" else None,
+                    detector_weights=detector_weights if kind == "regions" else None)
     if kind == "global":
         if taps:
             raise ValueError("--taps applies to --kind fne only")

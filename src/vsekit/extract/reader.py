@@ -56,6 +56,8 @@ class RowDataset:
         if p.kind != "regions":
             crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
             return Item(row, crops)
+        if p.detector == "butd-r101":  # the detector scales the original image itself (butd.preprocess)
+            return Item(row, np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)[None].copy())
         w, h = img.size
         small = resize(img, p.crop_size, "square", p.interpolation)
         crops = np.asarray(small, dtype=np.uint8).transpose(2, 0, 1)[None].copy()

@@ -1,13 +1,87 @@
-"""Region boxes for ``--kind regions``: from a JSON file of boxes per image id, or from a
-torchvision Faster R-CNN (top ``max_regions`` by score with a floor of ``min_regions``, as the
-bottom-up-attention features of 10-100 / 36 boxes per image used by SCAN, SGRAF and T-EMDE).
+"""Region boxes for ``--kind regions``: from a JSON file of boxes per image id, or from a detector.
+
+Detectors (``--detector``, with their own ``--detector-weights``; the backbone's ``--weights``
+never decides them):
+
+- ``butd-r101``: the bottom-up-attention Visual Genome Faster R-CNN (:mod:`.butd`); boxes *and*
+  2048-d features come from the detector, as the BUTD features SCAN, SGRAF and T-EMDE train on.
+- ``coco-frcnn``: torchvision's COCO Faster R-CNN (ResNet-50 FPN) proposes the boxes (best first
+  above score 0.2, at least ``min_regions``, at most ``max_regions``) and the ``--model`` backbone
+  (ImageNet weights by default) gives the features by RoIAlign: COCO boxes with ImageNet features,
+  *not* BUTD features. ``--detector-weights imagenet`` means torchvision's COCO weights.
+
+``--boxes detector`` is kept as an alias of ``--detector coco-frcnn`` (what it always ran).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 SCORE_THRESHOLD = 0.2
+DETECTORS = ("butd-r101", "coco-frcnn")
+DETECTOR_WEIGHTS = ("imagenet", "none")
+
+
+def resolve_detector(boxes: str | None, detector: str | None, detector_weights: str | None):
+    """(boxes, detector, detector_weights) checked and resolved; raises ValueError naming the option.
+
+    ``detector_weights`` comes back as ``imagenet``, ``none`` or an absolute path; it defaults to
+    ``imagenet`` for coco-frcnn and has no default for butd-r101 (its weights cannot be downloaded).
+    """
+    if detector is not None and detector not in DETECTORS:
+        raise ValueError(f"--detector {detector!r}; valid choices: {', '.join(DETECTORS)}")
+    if boxes == "detector":
+        detector = detector or "coco-frcnn"
+    elif boxes and detector:
+        raise ValueError(f"--boxes {boxes!r} and --detector {detector} both give the boxes; use one")
+    elif detector:
+        boxes = "detector"
+    if detector is None:
+        if detector_weights is not None:
+            raise ValueError("--detector-weights needs --detector butd-r101|coco-frcnn")
+        return boxes, None, None
+    w = detector_weights
+    if w is None:
+        if detector == "butd-r101":
+            raise ValueError("--detector butd-r101 needs --detector-weights PATH (the converted Caffe "
+                             "checkpoint, see docs/extract.md) or --detector-weights none (random)")
+        w = "imagenet"
+    if w == "imagenet" and detector == "butd-r101":
+        raise ValueError("--detector butd-r101 has no downloadable weights: pass --detector-weights PATH "
+                         "(the converted Caffe checkpoint, see docs/extract.md) or none")
+    if w not in DETECTOR_WEIGHTS:
+        if not Path(w).is_file():
+            raise ValueError(f"--detector-weights {w!r}: not 'imagenet', 'none' or an existing checkpoint file")
+        w = str(Path(w).resolve())
+    return boxes, detector, w
+
+
+def region_arrays(plan) -> dict:
+    """The auxiliary per-row arrays of a regions set: boxes and count, and for butd-r101 each
+    box's object label, attribute and their probabilities (padding rows are 0)."""
+    k = plan.max_regions
+    arrays = {"boxes": ((k, 4), "float32"), "count": ((), "int16")}
+    if getattr(plan, "detector", None) == "butd-r101":
+        arrays.update(labels=((k,), "int16"), label_scores=((k,), "float32"),
+                      attrs=((k,), "int16"), attr_scores=((k,), "float32"))
+    return arrays
+
+
+def put_regions(buf, plan, row: int, features: np.ndarray, boxes: np.ndarray, **per_box: np.ndarray) -> None:
+    """Put one image's regions into a block buffer, with its optional per-box arrays."""
+    k = plan.max_regions
+    feats = np.zeros((k, features.shape[1]), dtype=np.float32)
+    feats[:len(features)] = features
+    buf.put(row, feats, boxes=boxes)
+    i = row - buf.block.start
+    shapes = region_arrays(plan)
+    for name, values in per_box.items():
+        if name not in buf.extra:
+            shape, dtype = shapes[name]
+            buf.extra[name] = np.zeros((len(buf.block), *shape), dtype=dtype)
+        buf.extra[name][i, :len(values)] = values
 
 
 def check_boxes(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -23,22 +97,47 @@ def check_boxes(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 def build_detector(plan, device):
-    """Faster R-CNN (ResNet-50 FPN): COCO weights for ``--weights imagenet``, else random from seed."""
+    """torchvision's Faster R-CNN (ResNet-50 FPN) for ``--detector coco-frcnn``.
+
+    ``plan.detector_weights``: ``imagenet`` = torchvision's COCO weights (its download cache),
+    ``none`` = random from ``plan.seed``, or a local state dict of ``fasterrcnn_resnet50_fpn``.
+    Never the backbone's ``--weights``, and never random unless ``none`` was asked.
+    """
     import torch
     from torchvision.models.detection import FasterRCNN_ResNet50_FPN_Weights, fasterrcnn_resnet50_fpn
 
     kw = dict(min_size=plan.crop_size, max_size=plan.crop_size, box_score_thresh=0.0,
               box_detections_per_img=max(plan.max_regions, 100))
-    if plan.weights == "imagenet":
+    w = getattr(plan, "detector_weights", None)
+    if w == "imagenet":
         try:
             model = fasterrcnn_resnet50_fpn(weights=FasterRCNN_ResNet50_FPN_Weights.COCO_V1, **kw)
         except Exception as exc:
-            raise ValueError(f"cannot load the Faster R-CNN COCO weights ({exc}); use --boxes FILE") from exc
-    else:
+            raise ValueError(f"cannot load torchvision's Faster R-CNN COCO weights ({type(exc).__name__}: "
+                             f"{exc}); pass --detector-weights PATH to a saved state dict, "
+                             f"--detector-weights none (random), or --boxes FILE") from exc
+    elif w == "none" or w:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(plan.seed)
             model = fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, **kw)
+        if w != "none":
+            _load_frcnn(model, w)
+    else:
+        raise ValueError("coco-frcnn detector without weights setting; pass --detector-weights imagenet|none|PATH")
     return model.eval().to(device)
+
+
+def _load_frcnn(model, path: str) -> None:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and isinstance(state.get("model"), dict):
+            state = state["model"]
+        model.load_state_dict(state, strict=True)
+    except Exception as exc:
+        raise ValueError(f"--detector-weights {path}: not a state dict of torchvision's "
+                         f"fasterrcnn_resnet50_fpn ({type(exc).__name__}: {str(exc)[:300]})") from None
 
 
 def detect_boxes(detector, images, device, max_regions: int, min_regions: int) -> list[np.ndarray]:

@@ -25,6 +25,7 @@ from ..storage.faults import point
 from ..storage.lock import writer_lock
 from ..storage.store import FAILED, PENDING, Block, FeatureSet, FeatureStore, StoreError
 from .plan import Plan, make_plan
+from .regions import region_arrays
 from .reader import Item, RowDataset, block_batches, iter_batches, stack, survive_worker_death
 from .writer import BlockBuffer, BlockWriter
 
@@ -120,11 +121,12 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             weights: str = "imagenet", name: str | None = None, crops: int = 1, keep_crops: bool = False,
             resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
             interpolation: str | None = None, taps: str | None = None, grid: int = 7,
-            boxes: str | None = None, max_regions: int = 36, min_regions: int = 10, seed: int = 0,
+            boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None, seed: int = 0,
             batch_size: int = 32, workers: int = 2, device: str = "cpu", precision: str = "fp32",
             dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
-            retry_failed: bool = False) -> ExtractResult:
+            retry_failed: bool = False, detector: str | None = None,
+            detector_weights: str | None = None) -> ExtractResult:
     """Extract features of every image of ``store`` into ``features/<name>`` (see module doc).
 
     The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
@@ -149,11 +151,9 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
                      resize=resize, resize_mode=resize_mode, input_size=input_size,
                      interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
                      max_regions=max_regions, min_regions=min_regions, precision=precision,
-                     store_dtype=dtype)
-    name = name or default_name(model, kind)
-    extra = None
-    if kind == "regions":
-        extra = {"boxes": ((plan.max_regions, 4), "float32"), "count": ((), "int16")}
+                     store_dtype=dtype, detector=detector, detector_weights=detector_weights)
+    name = name or default_name(plan.model, kind)
+    extra = region_arrays(plan) if kind == "regions" else None
     if block_rows is None:
         block_rows = max(batch_size, min(256, 8 * batch_size))
     with writer_lock(store.path, name, stage="vsekit extract"):
@@ -250,6 +250,8 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
         buf.put(it.row, None, it.error)
     if not ok:
         return
+    if plan.detector == "butd-r101":  # original-size images, one at a time (butd.ButdExtractor)
+        return extractor.put_items(ok, buf)
     x = stack(ok)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]

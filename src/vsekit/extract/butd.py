@@ -1,0 +1,256 @@
+"""``--detector butd-r101``: bottom-up-attention region features (Anderson et al., CVPR 2018) without
+Caffe: the Visual Genome Faster R-CNN of :mod:`.butd_model`, the proposals and selection of
+:mod:`.butd_select`, and the preprocessing of py-faster-rcnn's ``_get_image_blob``:
+
+1. the image as BGR float minus the Caffe pixel means (102.9801, 115.9465, 122.7717), no std;
+2. scaled by s = 600 / shorter side, or 1000 / longer side when round(s × longer) > 1000, with
+   OpenCV's INTER_LINEAR (no antialiasing; output side round(s × side), source coordinate
+   (d + 0.5) / s - 0.5 clamped to the image), see :func:`resize_linear`;
+3. res4 → RPN proposals → RoIPool 14×14 → res5 → mean = ``pool5`` (2048) per proposal, class and
+   attribute probabilities, then the selection of ``generate_tsv.py``;
+4. the kept proposals (unregressed, as generate_tsv.py stores them) divided by s: boxes in
+   original pixels, with their ``pool5`` features, object label and attribute (argmax excluding
+   background / "no attribute", 0-based into the 1,600 / 400 vocabularies) and their probabilities.
+
+Weights: the converted Caffe checkpoint (``--detector-weights PATH``) loaded by
+:func:`load_checkpoint`; docs/extract.md says where to get it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import butd_select as sel
+
+PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
+TARGET_SIZE = 600
+MAX_SIZE = 1000
+IGNORED_KEYS = ("pixel_mean", "pixel_std")   # detectron2 keeps the input normalisation as buffers
+
+
+def caffe_scale(height: int, width: int, target: int = TARGET_SIZE, max_size: int = MAX_SIZE) -> float:
+    """py-faster-rcnn's test scale: shorter side to ``target`` unless the longer would pass ``max_size``."""
+    scale = float(target) / min(height, width)
+    if round(scale * max(height, width)) > max_size:
+        scale = float(max_size) / max(height, width)
+    return scale
+
+
+def resize_linear(img, scale: float):
+    """(C, H, W) float → (C, round(H·s), round(W·s)) by OpenCV's INTER_LINEAR with factor ``s``.
+
+    Each output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to [0, side - 1], and
+    interpolates its two neighbours on each axis (no antialiasing when shrinking, as cv2.resize).
+    """
+    import torch
+
+    c, h, w = img.shape
+    oh, ow = int(round(h * scale)), int(round(w * scale))
+
+    def axis(n_out, n_in):
+        src = ((torch.arange(n_out, dtype=torch.float64, device=img.device) + 0.5) / scale - 0.5)
+        src = src.clamp(0, n_in - 1)
+        i0 = src.floor().long()
+        i1 = (i0 + 1).clamp(max=n_in - 1)
+        return i0, i1, (src - i0).float()
+
+    y0, y1, wy = axis(oh, h)
+    x0, x1, wx = axis(ow, w)
+    rows = img[:, y0] * (1 - wy).view(1, -1, 1) + img[:, y1] * wy.view(1, -1, 1)
+    return rows[:, :, x0] * (1 - wx) + rows[:, :, x1] * wx
+
+
+def preprocess(rgb, target: int = TARGET_SIZE, max_size: int = MAX_SIZE):
+    """uint8 RGB (3, H, W) → float (1, 3, h, w) mean-subtracted BGR at the Caffe scale, and the scale."""
+    import torch
+
+    h, w = rgb.shape[-2:]
+    scale = caffe_scale(h, w, target, max_size)
+    mean = torch.tensor(PIXEL_MEANS_BGR, dtype=torch.float32, device=rgb.device).view(3, 1, 1)
+    bgr = rgb.flip(0).float() - mean
+    return resize_linear(bgr, scale)[None], scale
+
+
+def load_checkpoint(model, path: str | Path) -> None:
+    """Load the converted Caffe checkpoint at ``path`` into ``model`` (``torch.load(weights_only=True)``).
+
+    Accepts a plain state dict or one under ``"model"`` / ``"state_dict"``, ``module.`` prefixes,
+    and ignores ``num_batches_tracked`` and detectron2's ``pixel_mean``/``pixel_std`` buffers. A
+    ``cls_embed`` with 1,602 rows (MILVLG builds ``Embedding(num_classes + 1)``) keeps its first
+    1,601, the only rows an argmax over 1,601 classes can index. Any other missing, unknown or
+    mis-shaped key is a ValueError naming it: a partial load would give silently wrong features.
+    """
+    import torch
+
+    path = Path(path)
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"--detector-weights {path}: cannot read it as a torch checkpoint "
+                         f"({type(exc).__name__}: {exc})") from None
+    for key in ("model", "state_dict"):
+        if isinstance(raw, dict) and isinstance(raw.get(key), dict):
+            raw = raw[key]
+    if not isinstance(raw, dict):
+        raise ValueError(f"--detector-weights {path}: not a state dict (got {type(raw).__name__})")
+    state = {}
+    for k, v in raw.items():
+        k = k[len("module."):] if k.startswith("module.") else k
+        if k.endswith("num_batches_tracked") or k in IGNORED_KEYS or not torch.is_tensor(v):
+            continue
+        state[k] = v
+    want = model.state_dict()
+    emb = "roi_heads.box_predictor.cls_embed.weight"
+    if emb in state and state[emb].shape[0] == want[emb].shape[0] + 1:
+        state[emb] = state[emb][:want[emb].shape[0]]
+    missing = [k for k in want if k not in state]
+    unknown = [k for k in state if k not in want]
+    bad = [f"{k} {tuple(state[k].shape)} (expected {tuple(want[k].shape)})"
+           for k in want if k in state and tuple(state[k].shape) != tuple(want[k].shape)]
+    for what, items in (("missing keys", missing), ("unknown keys", unknown), ("wrong shapes", bad)):
+        if items:
+            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+            raise ValueError(f"--detector-weights {path} is not the converted BUTD ResNet-101 checkpoint: "
+                             f"{what}: {', '.join(items[:5])}{more} (see docs/extract.md)")
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
+
+
+@dataclass
+class Regions:
+    """The kept regions of one image (K boxes)."""
+
+    boxes: np.ndarray          # (K, 4) float32, original pixels, x1 y1 x2 y2
+    features: np.ndarray       # (K, 2048) float32, pool5
+    labels: np.ndarray         # (K,) int16, object class 0..1599
+    label_scores: np.ndarray   # (K,) float32
+    attrs: np.ndarray          # (K,) int16, attribute 0..399
+    attr_scores: np.ndarray    # (K,) float32
+
+
+class ButdDetector:
+    """The BUTD detector on one device; :meth:`detect` runs one image (the original runs batch 1)."""
+
+    def __init__(self, weights: str, device: str = "cpu", seed: int = 0, min_boxes: int = 36,
+                 max_boxes: int = 36, precision: str = "fp32", target: int = TARGET_SIZE,
+                 max_size: int = MAX_SIZE, post_nms: int = sel.RPN_POST_NMS):
+        import torch
+
+        from .butd_model import build_empty, init_random
+
+        self.device = torch.device(device)
+        model = build_empty("cpu")
+        if weights == "none":
+            init_random(model, seed)
+        else:
+            load_checkpoint(model, weights)
+        self.model = model.to(self.device).eval()
+        self.min_boxes, self.max_boxes = int(min_boxes), int(max_boxes)
+        self.precision, self.target, self.max_size, self.post_nms = precision, target, max_size, post_nms
+
+    def _autocast(self):
+        import contextlib
+
+        import torch
+
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def forward(self, rgb):
+        """uint8 RGB (3, H, W) → proposals (R, 4, original pixels), pool5 (R, 2048), class
+        probabilities (R, 1601), attribute probabilities (R, 401); all proposals, before selection."""
+        import torch
+
+        with torch.inference_mode():
+            x, scale = preprocess(rgb.to(self.device), self.target, self.max_size)
+            with self._autocast():
+                fmap = self.model.backbone(x)
+                logits, deltas = self.model.rpn(fmap)
+            rois, _ = sel.rpn_proposals(logits, deltas, x.shape[-2], x.shape[-1], scale, post_nms=self.post_nms)
+            with self._autocast():
+                pooled = self.model.pooled_features(fmap, rois)
+                cls_logits, _, attr_prob = self.model.heads(pooled)
+            cls_prob = torch.softmax(cls_logits.float(), dim=1)
+        return rois / scale, pooled.float(), cls_prob, attr_prob.float()
+
+    def detect(self, rgb) -> Regions:
+        """The selected regions of one uint8 RGB image (3, H, W)."""
+        import torch
+
+        return self.select(*self.forward(rgb))
+
+    def select(self, boxes, pooled, cls_prob, attr_prob) -> Regions:
+        """The regions kept from :meth:`forward`'s outputs by generate_tsv.py's selection."""
+        import torch
+
+        with torch.inference_mode():
+            conf = sel.region_confidence(boxes, cls_prob)
+            keep = sel.select_regions(conf, self.min_boxes, self.max_boxes)
+            lab_s, lab = cls_prob[keep, 1:].max(dim=1)
+            att_s, att = attr_prob[keep, 1:].max(dim=1)
+
+        def np_(t, dtype):
+            return t.cpu().numpy().astype(dtype)
+
+        return Regions(np_(boxes[keep], np.float32), np_(pooled[keep], np.float32), np_(lab, np.int16),
+                       np_(lab_s, np.float32), np_(att, np.int16), np_(att_s, np.float32))
+
+
+class ButdExtractor:
+    """The runner's extractor for ``--detector butd-r101``: items of original images → regions."""
+
+    def __init__(self, plan, device: str = "cpu"):
+        self.plan = plan
+        # module constants read here, so a test can shrink the scale and the proposal count
+        self.detector = ButdDetector(plan.detector_weights, device, seed=plan.seed, min_boxes=plan.min_regions,
+                                     max_boxes=plan.max_regions, precision=plan.precision, target=TARGET_SIZE,
+                                     max_size=MAX_SIZE, post_nms=sel.RPN_POST_NMS)
+
+    def put_items(self, items, buf) -> None:
+        """Detect each item's image and put its regions into the block buffer."""
+        import torch
+
+        from .regions import put_regions
+
+        for it in items:
+            r = self.detector.detect(torch.from_numpy(it.crops[0]))
+            put_regions(buf, self.plan, it.row, r.features, r.boxes, labels=r.labels,
+                        label_scores=r.label_scores, attrs=r.attrs, attr_scores=r.attr_scores)
+
+
+def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions: int | None,
+              precision: str, store_dtype: str | None, unused: dict | None = None):
+    """The extraction plan of ``--detector butd-r101`` (the ``--model``/``--weights`` backbone is unused).
+
+    ``unused``: preprocessing options the caller set; BUTD has its own (Caffe scale), so any set
+    one is a ValueError rather than silently ignored.
+    """
+    from .plan import Plan
+
+    given = [k for k, v in (unused or {}).items() if v is not None]
+    if given:
+        raise ValueError(f"--detector butd-r101 does its own preprocessing (BGR minus Caffe means, shorter "
+                         f"side {TARGET_SIZE}, longer <= {MAX_SIZE}); drop {', '.join(given)}")
+
+    min_regions = max_regions if min_regions is None else int(min_regions)
+    if max_regions < 1 or not 0 <= min_regions <= max_regions:
+        raise ValueError(f"--min-regions {min_regions} / --max-regions {max_regions}: need "
+                         f"0 <= min <= max and max >= 1 (BUTD: 10 and 100, or 36 and 36)")
+    store_dtype = store_dtype or "float16"
+    if store_dtype not in ("float32", "float16"):
+        raise ValueError(f"--dtype {store_dtype!r}; valid choices: float32, float16")
+    tap = {"name": "roi_heads.res5 (mean of 14x14)", "width": 2048, "start": 0, "stop": 2048}
+    settings = {"pixel_means_bgr": list(PIXEL_MEANS_BGR), "scale": f"shorter {TARGET_SIZE}, longer <= {MAX_SIZE}",
+                "rpn": {"pre_nms": sel.RPN_PRE_NMS, "post_nms": sel.RPN_POST_NMS, "nms": sel.RPN_NMS,
+                        "min_size": sel.RPN_MIN_SIZE}, "class_nms": sel.CLASS_NMS,
+                "conf_thresh": sel.CONF_THRESH}
+    return Plan(model="butd-r101", kind="regions", weights=detector_weights, seed=int(seed), crops=1,
+                keep_crops=False, resize=TARGET_SIZE, resize_mode="caffe", crop_size=MAX_SIZE,
+                mean=PIXEL_MEANS_BGR, std=(1.0, 1.0, 1.0), interpolation="bilinear", precision=precision,
+                taps=(tap,), tap_calls=0, channels=2048, boxes="detector", max_regions=int(max_regions),
+                min_regions=min_regions, store_dtype=store_dtype, detector="butd-r101",
+                detector_weights=detector_weights, extra={"butd": settings})
