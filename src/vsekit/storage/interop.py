@@ -39,6 +39,10 @@ def retry_advice(store: FeatureStore, name: str) -> str:
     from .remake import remake_command, root_set
 
     root = root_set(store, name)
+    ra = store.features(root).attrs
+    if "crop_size" not in ra or ra.get("stage"):   # made by an ingester, not by `vsekit extract`
+        return (f"The failed rows of {root!r} were not extracted by vsekit (see `vsekit info "
+                f"{store.path} {root}`); fix its source and ingest it again")
     text = f"Fix the files, then retry those rows: {remake_command(store, root, '--retry-failed')}"
     if root != name:
         chain, seen = [], name

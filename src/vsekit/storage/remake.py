@@ -59,7 +59,7 @@ def remake_command(store, name: str, *extra: str) -> str:
                 args.append("--pack")
         args += ["--name", name]
         return shlex.join([*args, *extra])
-    if a.get("model") and a.get("kind") and not a.get("parent"):
+    if "crop_size" in a and not a.get("parent"):   # made by `vsekit extract`
         return extract_command(store.path, name, a, *extra)
     return f"the command that made {name!r} (see `vsekit info {store.path} {name}`)"
 
