@@ -322,3 +322,20 @@ def test_no_checkpoint_payload_needs_pickled_objects(trained):
     for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
         assert plain(torch.load(trained / name, weights_only=True))
     assert np.isfinite(json.loads((trained / "metrics.jsonl").read_text().splitlines()[-1])["val"]["rsum"])
+
+
+# protocols ----------------------------------------------------------------------------------------
+def test_a_small_split_is_labelled_all_and_coco_protocols_warn(trained, tmp_path):
+    from vsekit.storage.store import FeatureStore
+
+    run = _copy(trained, tmp_path)
+    res = ok(["evaluate", run, "--no-progress"])
+    doc = json.loads((run / "metrics.json").read_text())
+    n = doc["n_images"]
+    assert n == len(FeatureStore.open(doc["store"]).split_rows("test")) and n != 1000
+    assert list(doc["protocols"]) == ["all"] and " all " in res.output and " 1k " not in res.output
+    res = ok(["evaluate", run, "--no-progress", "--protocol", "coco-5k", "--protocol", "1k"])
+    assert f"warning: --protocol coco-5k is defined on a 5000-image test split, but split 'test' has {n}" in res.output
+    assert "warning: --protocol 1k is defined on a 1000-image" in res.output
+    res = invoke(["evaluate", run, "--no-progress", "--split", "tset"])
+    assert res.exit_code == 2 and "tset" in res.output

@@ -45,6 +45,7 @@ class Plan:
     min_regions: int = 0
     store_dtype: str = "float32"
     extra: dict = field(default_factory=dict)
+    weights_sha256: str | None = None   # --weights PATH: its content digest (part of the config hash)
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -65,6 +66,8 @@ class Plan:
              "resize_mode": self.resize_mode, "crop_size": self.crop_size, "mean": list(self.mean),
              "std": list(self.std), "interpolation": self.interpolation, "precision": self.precision,
              "taps": [dict(t) for t in self.taps], "dtype": self.store_dtype}
+        if self.weights_sha256:
+            a["weights_sha256"] = self.weights_sha256
         if self.kind == "grid":
             a["grid"] = self.grid
         if self.kind == "regions":
@@ -122,9 +125,13 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
               keep_crops=bool(keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
               mean=pre.mean, std=pre.std, interpolation=interpolation or pre.interpolation,
               precision=precision, store_dtype=store_dtype)
+    if wkind == "path":
+        from ..digest import file_digest
+
+        kw["weights_sha256"] = file_digest(weights)
     if spatial:
         conv = spec.conv_tap(meta)
-        info = probe(meta, crop_size, [conv])[conv]
+        info = _probe(model, meta, crop_size, [conv])[conv]
         if len(info.shape) != 3:
             raise ValueError(f"{model} layer {conv!r} is not a conv map (shape {info.shape})")
         if kind == "grid" and not 1 <= grid <= info.shape[1]:
@@ -149,7 +156,7 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
         names = [spec.global_tap(meta)]
     else:
         names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
-    info = probe(meta, crop_size, names)
+    info = _probe(model, meta, crop_size, names)
     missing = [n for n in names if n not in info]
     if missing:
         raise ValueError(f"layer {missing[0]!r} of {model} produces no tensor; list layers with --list-layers")
@@ -159,6 +166,16 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
         cols.append({"name": n, "width": w, "start": start, "stop": start + w})
         start += w
     return Plan(**kw, taps=tuple(cols), tap_calls=sum(info[n].calls for n in names))
+
+
+def _probe(model: str, meta, crop_size: int, names):
+    """``probe``, with a model that cannot run at this input size (a ViT's fixed 224) as a ValueError."""
+    try:
+        return probe(meta, crop_size, names)
+    except (AssertionError, RuntimeError) as exc:
+        raise ValueError(f"{model} cannot run at input size {crop_size} ({exc}); pass --input-size the model "
+                         f"takes (spatial kinds default to {SPATIAL_SIZE}), or choose a convolutional model "
+                         f"for --kind grid/regions") from None
 
 
 def _choice(option: str, value: Any, choices: tuple) -> None:
