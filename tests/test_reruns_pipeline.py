@@ -158,3 +158,43 @@ def test_deleted_run_folder_reruns_and_copied_run_is_not_taken_for_current(store
     shutil.rmtree(tmp_path / "run")
     out = vrun(path)
     assert "train: its output does not exist yet" in out and "--overwrite" not in train_line(out)
+
+
+# the recipes ship with the package -----------------------------------------------------------------
+def test_packaged_recipes_equal_the_repository_file():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    assert (repo / "src/vsekit/data/pipelines.yaml").read_bytes() == (repo / "pipelines.yaml").read_bytes()
+    import tomllib
+
+    data = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["vsekit"]
+    assert "data/*" in data
+
+
+def test_run_list_works_from_an_installed_package(tmp_path):
+    """The package alone (as a wheel installs it, no checkout around it): --list, and --file wins."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import vsekit
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(vsekit.__file__).parent, site / "vsekit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("VSEKIT_PIPELINES", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(site)
+    code = "import sys; from vsekit.cli import main; sys.exit(main(sys.argv[1:]))"
+    res = subprocess.run([sys.executable, "-c", code, "run", "--list"], cwd=work, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert f"pipelines in {site / 'vsekit' / 'data' / 'pipelines.yaml'}" in res.stdout and " demo " in res.stdout
+    (work / "mine.yaml").write_text("pipelines:\n  only:\n    description: mine\n    stages:\n"
+                                    "      - {stage: info, store: x}\n")
+    res = subprocess.run([sys.executable, "-c", code, "run", "--list", "--file", "mine.yaml"], cwd=work,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "only" in res.stdout and " demo " not in res.stdout, res.stdout + res.stderr

@@ -31,6 +31,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import click
@@ -245,14 +246,22 @@ def list_pipelines(pf: PipelineFile) -> str:
     return "\n".join(lines)
 
 
-def default_file() -> str:
-    """``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``, else the one at the vsekit checkout's root."""
-    from pathlib import Path
+PACKAGED = Path(__file__).resolve().parents[1] / "data" / "pipelines.yaml"
 
+
+def default_file() -> str:
+    """``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``, else the recipes shipped inside the package.
+
+    The packaged copy (``vsekit/data/pipelines.yaml``, package data of the wheel) is kept identical to
+    the repository's ``pipelines.yaml`` by a test, so ``vsekit run --list`` works from an installed
+    wheel as from a checkout; ``--file`` always wins.
+    """
     if Path("pipelines.yaml").is_file():
         return "pipelines.yaml"
     if os.environ.get("VSEKIT_PIPELINES"):
         return os.environ["VSEKIT_PIPELINES"]
+    if PACKAGED.is_file():
+        return str(PACKAGED)
     repo = Path(__file__).resolve().parents[3] / "pipelines.yaml"
     return str(repo) if repo.is_file() else "pipelines.yaml"
 
