@@ -339,3 +339,33 @@ def test_a_small_split_is_labelled_all_and_coco_protocols_warn(trained, tmp_path
     assert "warning: --protocol 1k is defined on a 1000-image" in res.output
     res = invoke(["evaluate", run, "--no-progress", "--split", "tset"])
     assert res.exit_code == 2 and "tset" in res.output
+
+
+# the HTML report ------------------------------------------------------------------------------------
+def test_report_shows_the_ensemble_row_and_one_colour_per_run(store_path, trained, tmp_path):
+    import re
+
+    a = _copy(trained, tmp_path)
+    b = tmp_path / "b"
+    ok(base(store_path, b, "--epochs", "1", "--seed", "1"))
+    res = ok(["evaluate", a, b, "--no-progress"])          # SGRAF-style: mean of the runs' similarities
+    row = next(x for x in res.output.splitlines() if x.startswith("copy + b"))
+    rsum = float(row.split()[-1])
+    ok(["report", a, b, "--out", tmp_path / "rep", "--captions", "1", "--images", "1", "--attention", "0"])
+    html = (tmp_path / "rep" / "index.html").read_text()
+    cell = re.search(r'data-run="copy \+ b" data-protocol="all" data-metric="rsum" data-value="([^"]+)"', html)
+    assert cell, "no ensemble row in the HTML report"
+    assert float(cell.group(1)) == pytest.approx(rsum, abs=0.051)
+    # R@1 chart: each run one colour (both directions), each direction one line style
+    chart = re.search(r'<svg[^>]*aria-label="validation R@1".*?</svg>', html).group(0)
+    lines_ = re.findall(r'<polyline fill="none" stroke="(#\w+)" stroke-width="1.8"( stroke-dasharray="[^"]+")?', chart)
+    assert len(lines_) == 4
+    (ca1, da1), (ca2, da2), (cb1, db1), (cb2, db2) = lines_
+    assert ca1 == ca2 and cb1 == cb2 and ca1 != cb1
+    assert da1 == db1 == "" and da2 == db2 != ""
+
+
+def test_chart_colours_stay_distinct_beyond_the_palette():
+    from vsekit.report.plots import colour
+
+    assert len({colour(i) for i in range(40)}) == 40
