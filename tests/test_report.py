@@ -432,7 +432,7 @@ def test_cli_writes_the_report_and_rejects_bad_input(small_store, tmp_path):
     r = CliRunner().invoke(main, ["report", str(tmp_path / "bad"), "--out", str(tmp_path / "o3")])
     assert r.exit_code == 1 and "config.json is not valid JSON" in r.output
     r = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "o4"), "--top-k", "0"])
-    assert r.exit_code == 1 and "--top-k must be >= 1" in r.output
+    assert r.exit_code == 2 and "--top-k" in r.output and "0 is not in the range x>=1" in r.output  # a usage error
 
 
 def test_wrong_sized_sims_file_is_reported_not_used(small_store, tmp_path):

@@ -369,3 +369,13 @@ def test_chart_colours_stay_distinct_beyond_the_palette():
     from vsekit.report.plots import colour
 
     assert len({colour(i) for i in range(40)}) == 40
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_resuming_a_cuda_run_on_a_cpu_machine_says_how(store_path, trained, tmp_path):
+    run = _copy(trained, tmp_path)
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["train"]["device"] = "cuda"
+    (run / "config.json").write_text(json.dumps(cfg))
+    res = invoke(base(store_path, run, "--epochs", "2", "--resume"))
+    assert res.exit_code == 1 and "--device cpu" in res.output, res.output

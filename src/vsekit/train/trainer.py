@@ -300,6 +300,9 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
         cfg, changed = _resume_config(saved, model, presets, dict(overrides))
     else:
         cfg = resolve_config(model, presets, **overrides)
+    if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
+                         f"{'resume' if resume else 'train'} with --device cpu")
     fstore = FeatureStore.open(store)
     tokens = Tokens.from_store(fstore)
     source = open_features(fstore, features, fstore.split_rows(cfg.train_split))
