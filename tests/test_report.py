@@ -432,7 +432,7 @@ def test_cli_writes_the_report_and_rejects_bad_input(small_store, tmp_path):
     r = CliRunner().invoke(main, ["report", str(tmp_path / "bad"), "--out", str(tmp_path / "o3")])
     assert r.exit_code == 1 and "config.json is not valid JSON" in r.output
     r = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "o4"), "--top-k", "0"])
-    assert r.exit_code == 1 and "--top-k must be >= 1" in r.output
+    assert r.exit_code == 2 and "--top-k" in r.output and "0 is not in the range x>=1" in r.output  # a usage error
 
 
 def test_wrong_sized_sims_file_is_reported_not_used(small_store, tmp_path):
@@ -574,3 +574,25 @@ def test_end_to_end_trained_sman_run_shows_grid_steps(small_store, tmp_path):
     assert ("grid", "grid weights, step 1") in kinds and ("grid", "grid weights, step 2") in kinds
     assert [t for k, t in kinds if k == "words"] == ["word weights, step 1", "word weights, step 2"]
     assert s.path.read_text().count('class="heat"') == 2
+
+
+@pytest.mark.parametrize("n_words", [4, 5])
+def test_sman_word_weights_are_never_taken_for_grid_maps(n_words):
+    """A caption with as many words as the grid has cells (here 2x2 = 4) gives the same grid views as
+    any other: each grid map is a softmax over cells (sums to 1 over G*G), never the word softmax."""
+    from vsekit.report.attention import pair_attention
+    from vsekit.train.base import create_model
+
+    torch.manual_seed(0)
+    model = create_model("sman", img_shape=(2, 2, 8), vocab_size=30, embed_dim=16, word_dim=8).eval()
+    feats = torch.randn(1, 2, 2, 8)
+    tokens = torch.arange(1, n_words + 1)[None]
+    views = pair_attention(model, feats, None, tokens, torch.tensor([n_words]))
+    grids = [v for v in views if v.kind == "grid"]
+    words = [v for v in views if v.kind == "words"]
+    assert [v.title for v in grids] == ["grid weights, step 1", "grid weights, step 2"]
+    assert words and all(v.weights.shape[-1] == n_words for v in words)
+    for g in grids:
+        assert g.weights.shape == (2, 2) and np.isclose(g.weights.sum(), 1.0)
+        assert not any(w.weights.size == 4 and np.allclose(np.sort(w.weights.ravel()), np.sort(g.weights.ravel()))
+                       for w in words)

@@ -18,7 +18,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.command("run")
 @click.argument("pipeline", required=False)
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
-              help="Pipelines file (default: ./pipelines.yaml, $VSEKIT_PIPELINES, or the checkout's).")
+              help="Pipelines file (default: ./pipelines.yaml, $VSEKIT_PIPELINES, or the recipes shipped with vsekit).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Set a ${KEY} variable (wins over the environment and the file's variables).")
 @click.option("--from", "from_stage", metavar="STAGE", default=None,

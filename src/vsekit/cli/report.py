@@ -9,18 +9,21 @@ import click
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Folder to write index.html (and report.json) into.")
-@click.option("--split", default="test", show_default=True, help="Split the retrieval examples come from.")
-@click.option("--captions", "n_captions", default=8, show_default=True, help="Sampled caption queries.")
-@click.option("--images", "n_images", default=6, show_default=True, help="Sampled image queries.")
-@click.option("--attention", "n_attention", default=3, show_default=True,
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
+              help="Split the retrieval examples come from.")
+@click.option("--captions", "n_captions", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Sampled caption queries.")
+@click.option("--images", "n_images", default=6, show_default=True, type=click.IntRange(min=0),
+              help="Sampled image queries.")
+@click.option("--attention", "n_attention", default=3, show_default=True, type=click.IntRange(min=0),
               help="Caption-image pairs to show attention maps for.")
-@click.option("--top-k", "k", default=5, show_default=True, help="Results shown per query.")
+@click.option("--top-k", "k", default=5, show_default=True, type=click.IntRange(min=1), help="Results shown per query.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the example sample.")
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="Store to read (default: the one in each run's config.json).")
 @click.option("--device", default="cpu", show_default=True, help="Device to score examples on (cpu|cuda).")
-@click.option("--block", default=256, show_default=True, help="Rows scored per block.")
-@click.option("--thumb-size", default=96, show_default=True, help="Thumbnail side in pixels.")
+@click.option("--block", default=256, show_default=True, type=click.IntRange(min=1), help="Rows scored per block.")
+@click.option("--thumb-size", default=96, show_default=True, type=click.IntRange(min=8), help="Thumbnail side in pixels.")
 @click.option("--title", default=None, help="Page title.")
 def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, device, block, thumb_size,
            title) -> None:

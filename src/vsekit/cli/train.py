@@ -85,15 +85,18 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
 @click.argument("runs", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @click.option("--sims", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Score this (images x captions) .npy of --split made elsewhere, instead of RUNS (needs --store).")
-@click.option("--protocol", "protocols", multiple=True, type=click.Choice(["coco-1k", "coco-5k", "1k"]),
-              help="Evaluation protocol (repeatable); default coco-1k and coco-5k on COCO, else 1k.")
-@click.option("--split", default="test", show_default=True)
+@click.option("--protocol", "protocols", multiple=True, type=click.Choice(["coco-1k", "coco-5k", "1k", "all"]),
+              help="Evaluation protocol (repeatable): coco-1k (5 folds of 1000 of COCO's 5000 test "
+                   "images), coco-5k, 1k (a 1000-image split, as Flickr30K's), all (every image of the "
+                   "split, whatever its size). Default: coco-1k and coco-5k on a 5000-image COCO test "
+                   "split, 1k on a 1000-image split, else all.")
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]))
 @click.option("--store", "store", default=None, type=click.Path(exists=True, file_okay=False),
               help="Evaluate on this store instead of the run's.")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--batch-size", default=256, show_default=True)
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
 @click.option("--save-sims/--no-save-sims", default=None,
               help="Write sims_<split>.npy (default: only when small).")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
@@ -111,6 +114,8 @@ def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, devi
             raise click.UsageError("give RUN folders, or --sims FILE.npy with --store (not both)")
         result = evaluate_sims(sims, store, split=split, protocols=protocols or None,
                                out=out and f"{out}/metrics.json", progress=progress)
+        for warning in result["warnings"]:
+            click.echo(f"warning: {warning}", err=True)
         click.echo(result["table"])
         click.echo(f"wrote {result['metrics_path']}")
         return
@@ -118,6 +123,8 @@ def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, devi
     result = evaluate(runs, protocols=protocols or None, split=split, store=store, features=features,
                       device=device, batch_size=batch_size, save=save_sims, out=out, progress=progress,
                       checkpoint=checkpoint)
+    for warning in result.get("warnings", ()):
+        click.echo(f"warning: {warning}", err=True)
     click.echo(result["table"])
     click.echo(f"wrote {result['metrics_path']}")
 

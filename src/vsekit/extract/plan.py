@@ -47,6 +47,7 @@ class Plan:
     detector_weights: str | None = None   # imagenet | none | absolute path
     store_dtype: str = "float32"
     extra: dict = field(default_factory=dict)
+    weights_sha256: str | None = None   # --weights PATH: its content digest (part of the config hash)
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -67,6 +68,8 @@ class Plan:
              "resize_mode": self.resize_mode, "crop_size": self.crop_size, "mean": list(self.mean),
              "std": list(self.std), "interpolation": self.interpolation, "precision": self.precision,
              "taps": [dict(t) for t in self.taps], "dtype": self.store_dtype}
+        if self.weights_sha256:
+            a["weights_sha256"] = self.weights_sha256
         if self.kind == "grid":
             a["grid"] = self.grid
         if self.kind == "regions":
@@ -139,6 +142,10 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
               keep_crops=bool(keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
               mean=pre.mean, std=pre.std, interpolation=interpolation or pre.interpolation,
               precision=precision, store_dtype=store_dtype)
+    if wkind == "path":
+        from ..digest import file_digest
+
+        kw["weights_sha256"] = file_digest(weights)
     if spatial:
         conv = spec.conv_tap(meta)
         tap, side, calls = spatial_tap(model, meta, conv, crop_size)

@@ -10,6 +10,16 @@ A stage is skipped when its output exists and records the same fingerprint. When
 output that exists but records nothing (an interrupted run), it runs as is and resumes by row
 block; when the output is stale (another fingerprint, ``--force``, ``--from`` or an earlier stage
 ran) ``--overwrite`` is added for the commands that have it.
+
+Before a stage runs, its outputs that exist get a *running* record (the new fingerprint, and
+whether ``--overwrite`` was passed); it is replaced by the finished record when the stage ends. A
+stage's ``--overwrite`` removes the old output together with its records, so after an interrupt:
+
+- no record (the overwrite happened, or the output is new): the stage resumes (``train --resume``);
+- a running record with the same fingerprint and no overwrite: it resumes;
+- a running record that asked for an overwrite: the overwrite never happened; it runs with it again.
+
+This is what makes "changed option → rerun → Ctrl-C → ``vsekit run``" resume instead of starting over.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import click
@@ -104,10 +115,11 @@ def plan(stages: list[ResolvedStage], pipeline: str, *, from_stage: str | None =
         previous = fp
         outputs = stage.io.outputs
         exists = bool(outputs) and all(o.exists() for o in outputs)
-        records = [o.read(record_key(pipeline, stage)) for o in outputs] if exists else []
+        any_output = any(o.exists() or getattr(o, "incomplete", lambda: False)() for o in outputs)
+        records = [o.read(record_key(pipeline, stage)) for o in outputs] if any_output else []
         recorded = bool(records) and all(r is not None for r in records)
         same = recorded and all(r.get("fingerprint") == fp for r in records)
-        any_output = any(o.exists() or getattr(o, "incomplete", lambda: False)() for o in outputs)
+        running = recorded and any(r.get("state") == RUNNING for r in records)
         stale = False
         if start is not None and i < start:
             steps.append(Step(stage, "skip", f"before --from {from_stage}", fp))
@@ -122,13 +134,19 @@ def plan(stages: list[ResolvedStage], pipeline: str, *, from_stage: str | None =
             action, reason, stale = "run", f"an earlier stage ({cascade}) runs", True
         elif not any_output:
             action, reason = "run", "its output does not exist yet"
+        elif recorded and not same:
+            action, reason, stale = "run", "its options or inputs changed", True
+        elif running and any(r.get("overwrite") for r in records):
+            # the stage's own overwrite removes this record with the old output: it never got that far
+            action, reason, stale = "run", "it was interrupted before it replaced its old output", True
+        elif running:
+            action, reason = "run", "it was interrupted with these options: resuming"
+            stale = not stage.io.resumable
         elif not exists:
             action, reason = "run", "its output is incomplete: resuming"
         elif not recorded:
             action, reason = "run", "its output exists but this stage has no record of making it: resuming"
             stale = not stage.io.resumable
-        elif not same:
-            action, reason, stale = "run", "its options or inputs changed", True
         else:
             action, reason = "skip", "up to date"
         overwrite = (action == "run" and stale and any_output and has_option(stage.command, "overwrite")
@@ -143,6 +161,9 @@ def plan(stages: list[ResolvedStage], pipeline: str, *, from_stage: str | None =
     return steps
 
 
+RUNNING = "running"
+
+
 def record_key(pipeline: str, stage: ResolvedStage) -> str:
     """Records are kept per pipeline and stage, so two pipelines never take each other's for theirs."""
     return f"{pipeline}/{stage.id}"
@@ -152,6 +173,13 @@ def _record(step: Step, pipeline: str) -> dict[str, Any]:
     return {"fingerprint": step.fingerprint, "pipeline": pipeline, "stage": step.stage.id,
             "command": step.command_line(), "vsekit": __version__,
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _running_record(step: Step, pipeline: str) -> dict[str, Any]:
+    """Written before a stage runs: a later plan sees these options were started and not finished."""
+    return {"fingerprint": step.fingerprint, "pipeline": pipeline, "stage": step.stage.id, "state": RUNNING,
+            "overwrite": step.overwrite, "command": step.command_line(), "vsekit": __version__,
+            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str, str] | None = None,
@@ -181,6 +209,8 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
             continue
         echo(f"[{k}/{n}] {step.stage.id}: {step.reason}")
         echo(f"  {step.command_line()}")
+        for out in step.stage.io.outputs:   # an output that does not exist yet takes no record
+            out.write(record_key(pipeline.name, step.stage), _running_record(step, pipeline.name))
         _invoke(cli, step, pipeline.name)
         for out in step.stage.io.outputs:
             out.write(record_key(pipeline.name, step.stage), _record(step, pipeline.name))
@@ -216,14 +246,22 @@ def list_pipelines(pf: PipelineFile) -> str:
     return "\n".join(lines)
 
 
-def default_file() -> str:
-    """``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``, else the one at the vsekit checkout's root."""
-    from pathlib import Path
+PACKAGED = Path(__file__).resolve().parents[1] / "data" / "pipelines.yaml"
 
+
+def default_file() -> str:
+    """``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``, else the recipes shipped inside the package.
+
+    The packaged copy (``vsekit/data/pipelines.yaml``, package data of the wheel) is kept identical to
+    the repository's ``pipelines.yaml`` by a test, so ``vsekit run --list`` works from an installed
+    wheel as from a checkout; ``--file`` always wins.
+    """
     if Path("pipelines.yaml").is_file():
         return "pipelines.yaml"
     if os.environ.get("VSEKIT_PIPELINES"):
         return os.environ["VSEKIT_PIPELINES"]
+    if PACKAGED.is_file():
+        return str(PACKAGED)
     repo = Path(__file__).resolve().parents[3] / "pipelines.yaml"
     return str(repo) if repo.is_file() else "pipelines.yaml"
 

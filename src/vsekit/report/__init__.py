@@ -27,8 +27,8 @@ from ..version import __version__
 from .examples import Examples, SimsFileSource, retrieval_examples
 from .images import heatmap_uri, thumbnail_uri
 from .page import _figure, metrics_table, page, word_strip
-from .plots import line_chart
-from .runs import RunInfo, load_run
+from .plots import DASHES, line_chart
+from .runs import RunInfo, load_ensembles, load_run
 
 __all__ = ["report", "ReportSummary", "load_run"]
 
@@ -77,7 +77,8 @@ def report(runs: Sequence[str | Path], out: str | Path, *, split: str = "test", 
     summary = ReportSummary(path=out / "index.html", runs=[str(r.path) for r in infos])
     notes = [f"{r.name}: {n}" for r in infos for n in r.notes]
 
-    sections = [("Test metrics", metrics_table(infos)), ("Learning curves", _curves(infos))]
+    ensembles = load_ensembles(infos)   # `vsekit evaluate A B` (SGRAF = SAF + SGR): a row as in the terminal
+    sections = [("Test metrics", metrics_table(infos + ensembles)), ("Learning curves", _curves(infos))]
     results = [_examples_of(r, split=split, n_captions=n_captions, n_images=n_images,
                             n_attention=n_attention, k=k, seed=seed, store=store, device=device,
                             block=block, notes=notes) for r in infos]
@@ -117,13 +118,14 @@ def _xs(history: list[dict[str, float]]) -> list[float]:
 
 def _curves(infos: list[RunInfo]) -> str:
     r1, rsum, loss, marks = [], [], [], []
-    for r in infos:
+    for i, r in enumerate(infos):   # one colour per run in every chart; one line style per direction
         xs = _xs(r.history)
         marks += [(x, f"{r.name}: switch to the max loss") for x, h in zip(xs, r.history) if h.get("switch")]
         for d, label in (("i2t", "i→t"), ("t2i", "t→i")):
-            r1.append((f"{r.name} {label}", xs, [h.get(f"{d}.r1") for h in r.history]))
-        rsum.append((r.name, xs, [h.get("rsum") for h in r.history]))
-        loss.append((r.name, xs, [h.get("loss") for h in r.history]))
+            r1.append((f"{r.name} {label}", xs, [h.get(f"{d}.r1") for h in r.history],
+                       {"group": i, "dash": DASHES[d]}))
+        rsum.append((r.name, xs, [h.get("rsum") for h in r.history], {"group": i}))
+        loss.append((r.name, xs, [h.get("loss") for h in r.history], {"group": i}))
     charts = [line_chart(r1, title="validation R@1", ylabel="R@1 (%)"),
               line_chart(rsum, title="validation rsum", ylabel="rsum", marks=marks),
               line_chart(loss, title="training loss", ylabel="loss")]

@@ -163,7 +163,14 @@ def pair_attention(model, feats, counts, tokens, lengths) -> list[AttentionView]
             titles[i] = steps[-1]
         views.append(AttentionView("words", titles[i] + (f", {len(r)} hops" if len(r) > 1 else ""), r))
     if grid_side:
-        grids = [r for r, _ in first if r.shape[-1] == grid_side * grid_side]
+        # a softmax over G*G cells keeps its size when the caption is padded; one over words (a
+        # 49-word caption against SMAN's 7x7 grid) grows, and is never taken for a grid map
+        cells = grid_side * grid_side
+        if len(first) == len(second):
+            grids = [r for (r, _), (r2, _) in zip(first, second) if r.shape[-1] == cells and r2.shape[-1] == cells]
+        else:
+            taken = {id(r) for r, _ in words}
+            grids = [r for r, _ in first if r.shape[-1] == cells and id(r) not in taken]
         for i, r in enumerate(grids, 1):
             title = f"grid weights, step {i}" if len(grids) > 1 else "grid weights"
             views.append(AttentionView("grid", title, r.mean(axis=0).reshape(grid_side, grid_side)))

@@ -84,6 +84,23 @@ def features_name(run: RunInfo) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def safe_load(path, device: str = "cpu"):
+    """A checkpoint loaded with ``weights_only=True`` (a hostile pickle is refused, never run)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        from ..train.trainer import refusal
+
+        raise StoreError(refusal(path, exc)) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise StoreError(f"{path}: not a readable checkpoint (damaged or truncated?): "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
+
+
 def load_model(run: RunInfo, device: str = "cpu"):
     """The run's trained model in eval mode.
 
@@ -91,8 +108,6 @@ def load_model(run: RunInfo, device: str = "cpu"):
     trainer's own ``load_run``; any other run folder through the model registry, with the
     config's ``model`` and ``model_kwargs`` and the checkpoint's ``model`` state dict.
     """
-    import torch
-
     ckpt = run.checkpoint
     if ckpt is None:
         raise StoreError(f"{run.path} has no checkpoint_best.pt or checkpoint_last.pt")
@@ -105,7 +120,7 @@ def load_model(run: RunInfo, device: str = "cpu"):
 
     kwargs = _first(run.config, "model_kwargs", "model_args") or {}
     model = create_model(run.model_name, **kwargs)
-    state = torch.load(ckpt, map_location=device, weights_only=False)
+    state = safe_load(ckpt, device)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
     model.load_state_dict(state)

@@ -11,6 +11,17 @@ from html import escape
 from typing import Sequence
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+DASHES = {"i2t": "", "t2i": "6 3"}   # line style per retrieval direction: solid i→t, dashed t→i
+
+
+def colour(i: int) -> str:
+    """A distinct colour for run ``i``: the palette, then hues spread by the golden angle (never repeats)."""
+    if i < len(PALETTE):
+        return PALETTE[i]
+    import colorsys
+
+    r, g, b = colorsys.hls_to_rgb(((i - len(PALETTE)) * 0.381966 + 0.05) % 1.0, 0.42, 0.75)
+    return f"#{int(r * 255):02x}{int(g * 255):02x}{int(b * 255):02x}"
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> list[float]:
@@ -41,11 +52,16 @@ def _fmt(v: float) -> str:
 def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float | None]]], *, title: str,
                xlabel: str = "epoch", ylabel: str = "", width: int = 380, height: int = 240,
                marks: Sequence[tuple[float, str]] = ()) -> str:
-    """An SVG chart of ``(label, xs, ys)`` series; None values are gaps. Empty → a note instead.
+    """An SVG chart of ``(label, xs, ys[, style])`` series; None values are gaps. Empty → a note instead.
+
+    ``style`` (optional dict): ``group`` picks the colour (one per run, so a run's two directions
+    share it) and ``dash`` an SVG dash pattern (one per direction); by default series ``i`` gets
+    colour ``i``, solid.
 
     ``marks`` are ``(x, label)`` vertical dashed lines (e.g. the curriculum's switch epoch).
     """
-    pts = [(x, y) for _, xs, ys in series for x, y in zip(xs, ys) if y is not None]
+    series = [(s[0], s[1], s[2], s[3] if len(s) > 3 else {}) for s in series]
+    pts = [(x, y) for _, xs, ys, _ in series for x, y in zip(xs, ys) if y is not None]
     if not pts:
         return (f'<div class="nochart"><b>{escape(title)}</b><br>'
                 f'not logged in metrics.jsonl</div>')
@@ -87,8 +103,10 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float | Non
         if x0 <= x <= x1:
             out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="#888" '
                        f'stroke-dasharray="4 3"><title>{escape(label)}</title></line>')
-    for i, (label, xs, ys) in enumerate(series):
-        colour = PALETTE[i % len(PALETTE)]
+    for i, (label, xs, ys, style) in enumerate(series):
+        stroke = colour(int(style.get("group", i)))
+        dash = style.get("dash") or ""
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         segs, cur = [], []
         for x, y in zip(xs, ys):
             if y is None:
@@ -101,10 +119,11 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float | Non
             segs.append(cur)
         for seg in segs:
             d = " ".join(f"{x:.1f},{y:.1f}" for x, y in seg)
-            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.8" points="{d}"/>')
-            out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.4" fill="{colour}"/>' for x, y in seg)
+            out.append(f'<polyline fill="none" stroke="{stroke}" stroke-width="1.8"{dash_attr} points="{d}"/>')
+            out.extend(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.4" fill="{stroke}"/>' for x, y in seg)
         ly = top + ph + 48 + 13 * i
-        out.append(f'<rect x="{left}" y="{ly - 6}" width="14" height="3" fill="{colour}"/>'
+        out.append(f'<line x1="{left}" x2="{left + 16}" y1="{ly - 5}" y2="{ly - 5}" stroke="{stroke}" '
+                   f'stroke-width="2.5"{dash_attr}/>'
                    f'<text x="{left + 20}" y="{ly - 2}" class="lg">{escape(label)}</text>')
     out.append("</svg>")
     return "".join(out)

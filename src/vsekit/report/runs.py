@@ -247,3 +247,23 @@ def load_run(path: str | Path) -> RunInfo:
     if run.checkpoint is None:
         run.notes.append("no checkpoint: retrieval examples only from a saved similarity matrix, no attention")
     return run
+
+
+def load_ensembles(infos: list[RunInfo]) -> list[RunInfo]:
+    """The ensembles evaluated from these run folders (``metrics_ensemble.json`` of ``vsekit evaluate
+    A B``), each as a metrics-only row named as the terminal names it (``A + B``)."""
+    out: list[RunInfo] = []
+    seen: set[tuple[str, ...]] = set()
+    for info in infos:
+        path = info.path / "metrics_ensemble.json"
+        if not path.is_file():
+            continue
+        doc = _read_json(path)
+        runs = tuple(Path(r).name for r in (doc.get("runs") or [])) if isinstance(doc, dict) else ()
+        metrics = parse_metrics(doc)
+        if not runs or not metrics or runs in seen:
+            continue
+        seen.add(runs)
+        out.append(RunInfo(path=info.path, name=" + ".join(runs), metrics=metrics, raw_metrics=doc,
+                           config={"model": "ensemble: mean of similarities"}))
+    return out

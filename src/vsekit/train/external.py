@@ -20,7 +20,7 @@ import torch
 
 from ..storage.store import FeatureStore, StoreError
 from .data import EvalSet
-from .evaluation import PROTOCOLS, evaluate_protocol, format_table
+from .evaluation import evaluate_protocol, format_table
 
 
 def load_sims(path: str | Path, n_images: int, n_captions: int, split: str) -> np.ndarray:
@@ -60,9 +60,11 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
     ``out`` (default: ``<sims stem>_metrics.json`` beside the matrix) receives the same document
     ``vsekit evaluate`` writes. Returns it with the printed ``table`` added.
     """
+    from .runs import ALL_PROTOCOLS, default_protocols, protocol_warnings
+
     for p in protocols or ():
-        if p not in PROTOCOLS:
-            raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(PROTOCOLS)}")
+        if p not in ALL_PROTOCOLS:
+            raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(ALL_PROTOCOLS)}")
     fstore = store if isinstance(store, FeatureStore) else FeatureStore.open(store)
     es = EvalSet.from_store(fstore, split)
     sims = load_sims(sims_path, len(es.rows), len(es.captions), split)
@@ -72,15 +74,18 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
         block = np.asarray(sims[img_sel])[:, cap_sel]
         return torch.from_numpy(np.array(block, dtype=np.float32, order="C"))  # a writable copy
 
-    from .runs import default_protocols
-
-    results = {p: evaluate_protocol(scorer, len(es.rows), es.caption_image, p, progress=progress)
-               for p in protocols or default_protocols(fstore)}
+    n_img = len(es.rows)
+    protocols = list(protocols or default_protocols(fstore, n_img))
+    warnings = protocol_warnings(protocols, n_img, split)
+    # "all" is the whole split in one fold, as "1k" computes it
+    results = {p: evaluate_protocol(scorer, n_img, es.caption_image, "1k" if p == "all" else p,
+                                    progress=progress)
+               for p in protocols}
     label = Path(sims_path).name
     doc = {"sims": str(sims_path), "split": split, "store": str(fstore.path), "n_images": int(len(es.rows)),
            "n_captions": int(len(es.captions)), "dtype": str(sims.dtype), "protocols": results}
     out_path = Path(out) if out else Path(sims_path).with_name(Path(sims_path).stem + "_metrics.json")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=2))
-    return {**doc, "table": format_table([(label, p, m) for p, m in results.items()]),
+    return {**doc, "warnings": warnings, "table": format_table([(label, p, m) for p, m in results.items()]),
             "metrics_path": str(out_path)}

@@ -72,10 +72,40 @@ def check_model_args(model: str, keys: list[str]) -> None:
             raise ValueError(f"--model-arg {key}: model {model!r} takes no such argument; valid: {', '.join(valid)}")
 
 
+def check_model_arg_types(model: str, args: dict[str, Any]) -> None:
+    """Refuse a ``--model-arg`` value of another type than the factory's default (``hops=many``)."""
+    model_names()
+    if model not in _MODELS:
+        create_model(model)
+    params = inspect.signature(_MODELS[model]).parameters
+    for key, value in args.items():
+        default = params[key].default if key in params else inspect.Parameter.empty
+        if default is inspect.Parameter.empty or default is None:
+            continue
+        if isinstance(default, bool):
+            ok, want = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        elif isinstance(default, str):
+            ok, want = isinstance(value, str), "a string"
+        else:
+            continue
+        if not ok:
+            raise ValueError(f"--model-arg {key}={value!r}: model {model!r} expects {want} "
+                             f"(default {default!r})")
+
+
 def build_model(cfg: TrainConfig, img_shape, vocab_size: int) -> tuple[RetrievalModel, dict[str, Any]]:
     kw = model_kwargs(cfg, img_shape, vocab_size)
+    check_model_arg_types(cfg.model, {k: v for k, v in cfg.model_args.items() if k in kw})
     torch.manual_seed(cfg.seed)
-    return create_model(cfg.model, **kw), kw
+    try:
+        return create_model(cfg.model, **kw), kw
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"cannot build model {cfg.model!r} with {kw}: {exc}; check --model-arg and "
+                         f"the dimension options") from exc
 
 
 # validation ---------------------------------------------------------------------------------------
@@ -88,16 +118,61 @@ def validate(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evals
 
 
 # checkpoints --------------------------------------------------------------------------------------
+def _plain(obj: Any) -> Any:
+    """``obj`` as tensors, dicts, lists, str, numbers, bools and None only (what ``weights_only`` loads)."""
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (str, bool, int, float)):
+        return obj
+    if isinstance(obj, dict):
+        return {(k if isinstance(k, (str, int)) else str(k)): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    return str(obj)
+
+
 def _save(path: Path, payload: dict[str, Any]) -> None:
+    """Write atomically (temporary file, then rename) a checkpoint that ``weights_only=True`` loads."""
     tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
+    torch.save(_plain(payload), tmp)
     tmp.replace(path)
 
 
+def refusal(path: Path, exc: Exception) -> str:
+    """The message for a checkpoint that holds more than plain data (naming the object it wanted)."""
+    import re
+
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    what = f" ({found.group(1)})" if found else ""
+    return (f"{path}: refused to load: it holds a Python object{what} besides plain tensors and data, "
+            f"and loading it could run code; vsekit only loads checkpoints that load with "
+            f"torch.load(weights_only=True), as the ones it writes do")
+
+
 def load_checkpoint(path: Path, device: str = "cpu") -> dict[str, Any]:
+    """Load a run checkpoint safely: ``weights_only=True`` never runs code from the file.
+
+    Tensors are mapped to ``device``, so a run trained on CUDA loads on a CPU-only machine. A file
+    that is damaged, truncated or holds anything but plain data is refused with a ``StoreError``.
+    """
+    import pickle
+
+    path = Path(path)
     if not path.is_file():
         raise StoreError(f"no checkpoint {path}")
-    return torch.load(path, map_location=device, weights_only=False)
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise StoreError(refusal(path, exc)) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise StoreError(f"{path}: not a readable checkpoint (damaged or truncated?): "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}; "
+                         f"delete it and retrain, or resume from the other checkpoint") from None
+    if not isinstance(ck, dict) or not isinstance(ck.get("model"), dict):
+        raise StoreError(f"{path}: not a vsekit run checkpoint (expected a dict with a 'model' state dict)")
+    return ck
 
 
 def make_optimizer(cfg: TrainConfig, params, lr: float) -> torch.optim.Optimizer:
@@ -110,30 +185,131 @@ def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
     return base * cfg.lr_decay ** sum(1 for m in cfg.lr_milestones if since >= int(m))
 
 
+# resuming -----------------------------------------------------------------------------------------
+# options that may change when a run resumes: where it runs and how long, not what it learns
+RESUMABLE = ("epochs", "device", "eval_batch")
+OPTION_NAMES = {"lr_milestones": "--lr-update", "use_abs": "--abs/--no-abs",
+                "max_violation": "--max-violation/--sum-violation", "curriculum": "--curriculum/--no-curriculum"}
+
+
+def option_name(key: str) -> str:
+    return OPTION_NAMES.get(key, "--" + key.replace("_", "-"))
+
+
+def _resume_config(saved: dict[str, Any], model: str | None, presets, overrides: dict[str, Any]
+                   ) -> tuple[TrainConfig, dict[str, list]]:
+    """The saved config with the options that may change on resume applied; refuses any other change.
+
+    Returns the config and ``{key: [old, new]}`` of what changed. An option given with the value the
+    run already has is accepted, so rerunning the same command with ``--resume`` works.
+    """
+    from .config import MODEL_DEFAULT_PRESET, PRESETS, _validate
+
+    cfg = TrainConfig.from_json(saved["train"])
+    refused: list[str] = []
+    if model and model != cfg.model:
+        refused.append(f"--model {model} (the run trains {cfg.model})")
+    if presets:
+        given = list(presets)
+        if cfg.model in MODEL_DEFAULT_PRESET and not any(PRESETS.get(p, {}).get("model") for p in given):
+            given.insert(0, MODEL_DEFAULT_PRESET[cfg.model])
+        if given != list(cfg.presets) and list(presets) != list(cfg.presets):
+            refused.append(f"--preset {' '.join(presets)} (the run used {' '.join(cfg.presets) or 'none'})")
+    for key, value in (overrides.pop("model_args", None) or {}).items():
+        if cfg.model_args.get(key) != value:
+            refused.append(f"--model-arg {key}={value} (the run has {cfg.model_args.get(key)!r})")
+    changed: dict[str, list] = {}
+    for key, value in overrides.items():
+        if value is None or not hasattr(cfg, key):
+            continue
+        old = getattr(cfg, key)
+        same = (list(old) == list(value)) if isinstance(old, (list, tuple)) else old == value
+        if same:
+            continue
+        if key in RESUMABLE:
+            changed[key] = [old, value]
+            setattr(cfg, key, type(old)(value) if old is not None else value)
+        else:
+            refused.append(f"{option_name(key)} {value} (the run has {old})")
+    if refused:
+        raise ValueError("--resume continues a run with its own settings; these options differ from the "
+                         "run's and cannot change on resume: " + "; ".join(refused) + ". Only "
+                         + ", ".join(option_name(k) for k in RESUMABLE) + " (and --progress) may change; "
+                         "drop the others, or start a new run with --overwrite or another --out")
+    _validate(cfg)
+    return cfg, changed
+
+
+def _check_same_features(saved: dict[str, Any], features: str, source) -> None:
+    """Refuse to resume on another feature set, or on the same one re-made with other settings or weights."""
+    if features != saved.get("features"):
+        raise ValueError(f"--features {features}: the run was trained on {saved.get('features')!r}; "
+                         f"resume with --features {saved.get('features')}")
+    then = saved.get("feature_attrs") or {}
+    now = {k: source.fs.attrs.get(k) for k in then}
+    diff = [k for k in then if then[k] != now[k]]
+    if diff:
+        raise ValueError(f"feature set {features!r} changed since the run started (" + ", ".join(
+            f"{k}: {then[k]!r} -> {now[k]!r}" for k in diff) + "); a resumed run must read the same "
+            f"features: restore them, or start again with --overwrite")
+
+
+def _feature_attrs(source) -> dict[str, Any]:
+    """The provenance of the training features that a resume must find unchanged."""
+    keys = ("kind", "model", "config_hash", "parent", "weights", "weights_sha256")
+    return {k: source.fs.attrs.get(k) for k in keys}
+
+
+def _start_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to start over a trained run without ``--overwrite``; a resume needs a checkpoint."""
+    from .rundir import holds_trained_run
+
+    if resume:
+        if not (out / "checkpoint_last.pt").is_file():
+            raise StoreError(f"--resume: {out} has no checkpoint_last.pt to resume from")
+        if not (out / "config.json").is_file():
+            raise StoreError(f"--resume: {out} has no config.json; it is not a vsekit run folder")
+    elif holds_trained_run(out) and not overwrite:
+        raise StoreError(f"{out} already holds a training run; pass --resume to continue it or "
+                         f"--overwrite to start again")
+
+
 # the training loop --------------------------------------------------------------------------------
 def train(store: str | Path, features: str, model: str | None, out: str | Path, *, presets=(),
           resume: bool = False, overwrite: bool = False, progress: bool = True,
           log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
-    """Train ``model`` on ``features`` of ``store`` into the run folder ``out``; returns a summary."""
+    """Train ``model`` on ``features`` of ``store`` into the run folder ``out``; returns a summary.
+
+    ``resume`` continues from ``checkpoint_last.pt``: only ``RESUMABLE`` options may differ from the
+    run's (they are applied and recorded in ``config.json``); any other differing option is refused.
+    ``overwrite`` replaces a run: once the new run's inputs and model are checked, every file of the
+    old run is removed (see ``rundir``).
+    """
+    from .rundir import clear_run
+
     log = log or (lambda msg: None)
     tensorboard = overrides.pop("tensorboard", None)  # a log folder, not a training setting
     out = Path(out)
     last = out / "checkpoint_last.pt"
+    _start_folder(out, resume, overwrite)
+    saved: dict[str, Any] = {}
+    changed: dict[str, list] = {}
     if resume:
-        if not last.is_file():
-            raise StoreError(f"--resume: {out} has no checkpoint_last.pt to resume from")
-        saved = json.loads((out / "config.json").read_text())
-        cfg = TrainConfig.from_json(saved["train"])
-        if overrides.get("epochs"):
-            cfg.epochs = int(overrides["epochs"])
+        try:
+            saved = json.loads((out / "config.json").read_text())
+        except ValueError as exc:
+            raise StoreError(f"{out / 'config.json'} is not valid JSON ({exc})") from None
+        cfg, changed = _resume_config(saved, model, presets, dict(overrides))
     else:
         cfg = resolve_config(model, presets, **overrides)
-        if last.exists() and not overwrite:
-            raise StoreError(f"{out} already holds a training run; pass --resume to continue it or "
-                             f"--overwrite to start again")
+    if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
+                         f"{'resume' if resume else 'train'} with --device cpu")
     fstore = FeatureStore.open(store)
     tokens = Tokens.from_store(fstore)
     source = open_features(fstore, features, fstore.split_rows(cfg.train_split))
+    if resume:
+        _check_same_features(saved, features, source)
     train_rows = usable_rows(fstore, source, cfg.train_split)
     evalset = EvalSet.from_store(fstore, cfg.val_split, source)
     net, kw = build_model(cfg, source.row_shape, tokens.vocab_size)
@@ -143,14 +319,23 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     net.to(cfg.device)
     stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
                         captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed)
-    out.mkdir(parents=True, exist_ok=True)
     if not resume:
-        (out / "config.json").write_text(json.dumps({
+        removed = clear_run(out)   # the new run has started: nothing of an old one may remain
+        if removed:
+            log(f"--overwrite: removed {len(removed)} file(s) of the previous run in {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    if resume:
+        if changed:
+            saved["train"] = cfg.to_json()
+            saved.setdefault("resumed", []).append({"changed": changed})
+            _write_json(out / "config.json", saved)
+            log("resume: " + ", ".join(f"{option_name(k)} {v[0]} -> {v[1]}" for k, v in changed.items()))
+    else:
+        _write_json(out / "config.json", {
             "train": cfg.to_json(), "store": str(Path(store).resolve()), "features": features,
-            "model_kwargs": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
-            "feature_set": describe_source(source),
-            "feature_attrs": {k: source.fs.attrs.get(k) for k in ("kind", "model", "config_hash", "parent")},
-            "vocab_size": tokens.vocab_size, "vsekit_version": __version__}, indent=2))
+            "model_kwargs": _plain(kw), "feature_set": describe_source(source),
+            "feature_attrs": _feature_attrs(source),
+            "vocab_size": tokens.vocab_size, "vsekit_version": __version__})
 
     state: dict[str, Any] = {"epoch": 0, "phase": "sum" if cfg.curriculum else "single", "phase_start": 0,
                              "best_rsum": -math.inf, "best_epoch": 0, "stall": 0, "history": [],
@@ -162,6 +347,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
         state = ck["state"]
         optim = make_optimizer(cfg, net.parameters(), _lr(cfg, state, state["epoch"]))
         optim.load_state_dict(ck["optimizer"])
+        _write_log(out, state)   # the log of the saved epochs, even if the kill came before its write
         log(f"resuming {out} after epoch {state['epoch']}")
     else:
         m0 = validate(net, source, tokens, evalset, cfg)
@@ -230,6 +416,12 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     return {"out": str(out), "epochs": state["epoch"], "best_epoch": state["best_epoch"],
             "best_rsum": state["best_rsum"], "untrained_rsum": state.get("untrained_rsum"),
             "switched_at": state.get("switched_at"), "model": cfg.model}
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.replace(path)
 
 
 def _write_log(out: Path, state: dict[str, Any]) -> None:

@@ -78,10 +78,12 @@ def parse_line(raw: bytes, where: str, max_boxes: int) -> tuple[str, int, int, i
 
 
 def _scan(paths: list[Path], max_boxes: int, report: IngestReport) -> tuple[list[_Line], int]:
-    """First pass: check every line, remember where it is; returns the lines and the feature width."""
-    lines: list[_Line] = []
-    width = None
-    first: dict[str, str] = {}
+    """First pass: check every line, remember where it is; returns the lines and the feature width.
+
+    The width is the one most lines have (not the first line's): a truncated or damaged first line
+    must not turn every good line after it into a skip. Lines of another width are skipped.
+    """
+    parsed: list[tuple[_Line, int, str]] = []
     for fi, path in enumerate(paths):
         if not path.is_file():
             raise IngestError(f"{path}: no such file")
@@ -98,21 +100,25 @@ def _scan(paths: list[Path], max_boxes: int, report: IngestReport) -> tuple[list
                 where = f"{path}:{lineno}"
                 try:
                     image_id, w, h, n, _, feats = parse_line(raw, where, max_boxes)
-                    if width is None:
-                        width = feats.shape[1]
-                    elif feats.shape[1] != width:
-                        raise IngestError(f"{where}: {feats.shape[1]} features per box, but earlier "
-                                          f"lines have {width}; truncated line?")
                 except IngestError as exc:
                     report.skip(str(exc))
                     continue
-                if image_id in first:
-                    raise IngestError(f"{where}: duplicate image id {image_id} (first at {first[image_id]})")
-                first[image_id] = where
-                lines.append(_Line(fi, offset, lineno, image_id, w, h, n))
-    if not lines:
+                parsed.append((_Line(fi, offset, lineno, image_id, w, h, n), feats.shape[1], where))
+    if not parsed:
         raise IngestError(f"{', '.join(map(str, paths))}: no usable BUTD lines")
-    return lines, int(width)
+    widths, votes = np.unique([wd for _, wd, _ in parsed], return_counts=True)
+    width = int(widths[np.argmax(votes)])
+    lines: list[_Line] = []
+    first: dict[str, str] = {}
+    for ln, wd, where in parsed:
+        if wd != width:
+            report.skip(f"{where}: {wd} features per box, but most lines have {width}; truncated line?")
+            continue
+        if ln.image_id in first:
+            raise IngestError(f"{where}: duplicate image id {ln.image_id} (first at {first[ln.image_id]})")
+        first[ln.image_id] = where
+        lines.append(ln)
+    return lines, width
 
 
 def ingest_butd(tsv_files: Sequence[str | Path], store_path: str | Path, *, name: str = "regions",
