@@ -57,8 +57,10 @@ def test_sims_match_independent_ranking_uneven_captions_and_folds(tmp_path):
     sims[cap_image, np.arange(len(cap_image))] += 1.0  # a weakly informative model
     np.save(tmp_path / "clip_sims.npy", sims)
     r = CliRunner().invoke(main, ["evaluate", "--sims", str(tmp_path / "clip_sims.npy"), "--store",
-                                  str(store.path), "--split", "test", "--no-progress"])
+                                  str(store.path), "--split", "test", "--no-progress",
+                                  "--protocol", "coco-1k", "--protocol", "coco-5k"])
     assert r.exit_code == 0, r.output
+    assert "defined on a 5000-image test split" in r.output  # a 10-image split is not COCO 5K
     doc = json.loads((tmp_path / "clip_sims_metrics.json").read_text())
     assert set(doc["protocols"]) == {"coco-1k", "coco-5k"}
     ref = _numpy_metrics(sims.astype(np.float64), cap_image)
@@ -81,7 +83,7 @@ def test_ties_count_against_the_query(tmp_path):
     sims[0, np.flatnonzero(cap_image == 0)] = 1.0  # image 0's caption strictly best everywhere
     np.save(tmp_path / "s.npy", sims)
     res = evaluate_sims(tmp_path / "s.npy", store, out=tmp_path / "m.json")
-    m = res["protocols"]["1k"]
+    m = res["protocols"]["all"]  # a 3-image split is labelled as what it is
     # hand count: i2t ranks: image 0 -> 0; images 1, 2 -> 2 (two non-matching scores tie at 0)
     assert m["i2t_r1"] == pytest.approx(100 / 3) and m["i2t_meanr"] == pytest.approx(1 + 4 / 3)
     # t2i: image 0's caption ranks image 0 first; another caption's column is all zeros: rank 2
