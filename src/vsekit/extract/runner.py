@@ -219,51 +219,72 @@ def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start
 
     The model is built once per worker process (cached in ``extractor._CACHE``). A task that dies
     with its worker is retried elsewhere; a half-written block is still pending, so the retry
-    rewrites it whole.
+    rewrites it whole (see :mod:`vsekit.extract.distribute`).
     """
-    from .extractor import BUILDS, cached_extractor
+    from .distribute import run_rows
 
-    plan = Plan.from_dict(plan_dict)
-    store = FeatureStore.open(store_path, mode="r+")
-    fs = store.features(name)
-    block = Block(index, start, stop)
-    extractor = cached_extractor(plan, device)
-    dataset = block_dataset(store, plan, [block])
-    buf = BlockBuffer.empty(plan, block)
-    for items in iter_batches(dataset, block_batches(0, len(block), batch_size), 0):
-        run_items(extractor, plan, items, buf, strict)
-    buf.write(fs, record_errors=False)
-    return {"index": index, "errors": buf.errors, "pid": os.getpid(), "builds": BUILDS["count"],
-            "rows": len(block)}
+    return run_rows(store_path, name, plan_dict, (index, start, stop), start, stop, device, batch_size,
+                    strict, write=True)
 
 
 def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, progress):
+    """One task per pending block on the cluster of ``spec``; a block whose task keeps killing its
+    workers is bisected to find the row that does (it is marked failed, the rest extracted)."""
     from tqdm.auto import tqdm
 
-    from ..cluster import cluster_client
+    from ..cluster import cluster_client, parse_cluster
+    from ..devices import is_cuda, worker_device
+    from .distribute import bisect_block, is_killed_worker, report, run_rows
 
     if not blocks:
         return {}, {}
-    gpu = device.startswith("cuda")
+    gpu = is_cuda(device)
+    resources = {"GPU": 1} if gpu else None
+    # local workers are pinned to one GPU each (CUDA_VISIBLE_DEVICES): there it is their cuda:0
+    task_device = worker_device(device) if parse_cluster(spec)[0] == "local" else device
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
-    with cluster_client(spec, resources={"GPU": 1} if gpu else None) as client:
+    path = str(store.path.resolve())
+    with cluster_client(spec, resources=resources, device=device) as client:
         from distributed import as_completed
 
         token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
-        futures = [client.submit(extract_block, str(store.path.resolve()), fs.name, plan.to_dict(),
-                                 b.index, b.start, b.stop, device, batch_size, strict,
-                                 key=f"vsekit-extract-{fs.name}-{b.index}-{token}", retries=2,
-                                 resources={"GPU": 1} if gpu else None, pure=False)
-                   for b in blocks]
+        by_key = {}
+        futures = []
+        for b in blocks:
+            fut = client.submit(extract_block, path, fs.name, plan.to_dict(), b.index, b.start, b.stop,
+                                task_device, batch_size, strict, key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
+                                retries=2, resources=resources, pure=False)
+            by_key[fut.key] = b
+            futures.append(fut)
+
+        def submit_rows(b):
+            def submit(lo, hi):
+                return client.submit(run_rows, path, fs.name, plan.to_dict(), (b.index, b.start, b.stop), lo,
+                                     hi, task_device, batch_size, strict, False, resources=resources,
+                                     key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}", pure=False)
+            return submit
+
         bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
                    disable=not progress, smoothing=0.1)
         try:
             for fut in as_completed(futures):
-                res = fut.result()
+                try:
+                    res = fut.result()
+                except Exception as exc:
+                    if not is_killed_worker(exc):
+                        raise
+                    b = by_key[fut.key]
+                    report(f"block {b.index} (rows {b.start}-{b.stop - 1}) killed the dask workers that ran it "
+                           f"({exc}); splitting it to find the image")
+                    buf = bisect_block(client, submit_rows(b), plan, b)
+                    buf.write(fs, record_errors=False)
+                    res = {"index": b.index, "errors": buf.errors, "pid": os.getpid(), "builds": 0,
+                           "rows": len(b)}
                 fs.record_errors(res["errors"])
                 runs[res["index"]] = runs.get(res["index"], 0) + 1
-                builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
+                if res["builds"]:
+                    builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
                 bar.update(res["rows"])
         except BaseException:
             client.cancel(futures)
