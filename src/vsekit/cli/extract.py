@@ -30,7 +30,8 @@ import click
 @click.option("--min-regions", default=10, show_default=True, help="Floor of detector boxes per image.")
 @click.option("--batch-size", default=32, show_default=True, help="Images per forward pass.")
 @click.option("--workers", default=2, show_default=True, help="Decoding worker processes (0: in-process).")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="auto", show_default=True,
+              help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N.")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype [default: float32 global/fne, float16 grid/regions].")

@@ -68,19 +68,16 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
             interpolation: str | None = None, taps: str | None = None, grid: int = 7,
             boxes: str | None = None, max_regions: int = 36, min_regions: int = 10, seed: int = 0,
-            batch_size: int = 32, workers: int = 2, device: str = "cpu", precision: str = "fp32",
+            batch_size: int = 32, workers: int = 2, device: str = "auto", precision: str = "fp32",
             dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
             strict: bool = False, overwrite: bool = False, progress: bool = True) -> ExtractResult:
     """Extract features of every image of ``store`` into ``features/<name>`` (see module doc)."""
-    if device.split(":")[0] not in DEVICES:
-        raise ValueError(f"--device {device!r}; valid choices: {', '.join(DEVICES)}")
+    from ..devices import resolve_device
+
+    device = resolve_device(device)  # auto -> cuda|cpu; an unusable device is one Error: line
     if batch_size < 1 or workers < 0:
         raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-    if device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available here")
-    elif precision == "fp16":
+    if not device.startswith("cuda") and precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
@@ -98,6 +95,7 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         block_rows = max(batch_size, min(256, 8 * batch_size))
     fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
                                block_rows=block_rows, extra=extra, overwrite=overwrite)
+    fs.update_attrs(device=device)  # the resolved device of the latest run (not part of the config hash)
     blocks = fs.pending_blocks()
     skipped = len(fs.blocks()) - len(blocks)
     t0 = time.perf_counter()
