@@ -170,10 +170,7 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
         if key in s:
             kw[key] = s.pop(key)
     if "host" in s:
-        host = s.pop("host")
-        kw["scheduler_options"] = {"host": host}
-        kw.setdefault("interface", None)
-        kw["host"] = host
+        kw["scheduler_options"] = {"host": s.pop("host")}
     return kw
 
 
