@@ -33,7 +33,7 @@ SLURM_KEYS = {
     "cores": "CPU cores per job (and decoding threads of its worker)",
     "memory": "memory per job, e.g. 16GB",
     "gpus": "GPUs per job (--gres=gpu:G); the job's worker declares GPU=G",
-    "processes": "dask worker processes per job (default 1)",
+    "processes": "dask worker processes per job (default: cores on CPU, 1 with a GPU)",
     "host": "address the scheduler listens on (default: dask-jobqueue's choice)",
     "interface": "network interface of scheduler and workers, e.g. ib0",
     "python": "python executable on the nodes (default: this one)",
@@ -153,7 +153,11 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
     s = dict(settings)
     gpus = int(s.pop("gpus", 1 if is_cuda(device) else 0) or 0)
     cores = int(s.pop("cores", 1))
-    processes = int(s.pop("processes", 1))
+    # CPU jobs: one single-threaded worker per core (as local:N); GPU jobs: one worker per job
+    processes = int(s.pop("processes", 1 if gpus else cores))
+    if gpus > 1:
+        raise ValueError(f"cluster setting gpus: {gpus}: a job's workers would all share its first GPU; "
+                         f"use gpus: 1 and more jobs (slurm:N with N = the number of GPUs)")
     kw: dict[str, Any] = {"cores": cores, "processes": processes, "memory": s.pop("memory", "4GB"),
                           "job_extra_directives": list(s.pop("job_extra", []) or []),
                           "job_script_prologue": list(s.pop("prologue", []) or []),
