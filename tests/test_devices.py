@@ -134,3 +134,43 @@ def test_local_cluster_pins_each_worker_to_its_own_gpu():
         assert sorted(envs.values()) == ["0", "1"]
         got = client.gather(client.map(visible, range(6), resources={"GPU": 1}, pure=False))
     assert {v for _, v in got} <= {"0", "1"}
+
+
+# --- vsekit run: --device and the `cluster:` section ---------------------------------------------------
+def test_run_device_sets_every_stage(gpus):
+    gpus(0)
+    res = CliRunner().invoke(main, ["run", "demo", "--dry-run", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    cmds = [ln.strip() for ln in res.output.splitlines() if ln.strip().startswith("vsekit ")]
+    with_device = [c for c in cmds if c.split()[1] in ("extract", "train", "evaluate")]
+    assert len(with_device) >= 10 and all("--device cpu" in c for c in with_device)
+    bad = CliRunner().invoke(main, ["run", "demo", "--dry-run", "--device", "cuda:1"])
+    assert bad.exit_code == 1 and bad.output.strip().splitlines()[-1].startswith("Error: --device cuda:1")
+
+
+def test_pipeline_cluster_section(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from vsekit.cli.pipeline import _cluster_settings
+    from vsekit.pipeline import load_file
+    from vsekit.pipeline.spec import PipelineError
+
+    f = tmp_path / "p.yaml"
+    f.write_text("cluster: {queue: cpu, walltime: '01:00:00', cores: 4}\n"
+                 "pipelines:\n"
+                 "  a:\n"
+                 "    cluster: {queue: gpu, gpus: 1}\n"
+                 "    stages: [{stage: info, store: x}]\n"
+                 "  b:\n"
+                 "    stages: [{stage: info, store: x}]\n")
+    pf = load_file(str(f))
+    assert pf.get("a").cluster == {"queue": "gpu", "walltime": "01:00:00", "cores": 4, "gpus": 1}
+    assert pf.get("b").cluster == {"queue": "cpu", "walltime": "01:00:00", "cores": 4}
+    monkeypatch.delenv("VSEKIT_CLUSTER_CONFIG", raising=False)
+    with _cluster_settings(pf, "a"):
+        assert json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])["queue"] == "gpu"
+    assert "VSEKIT_CLUSTER_CONFIG" not in os.environ
+    f.write_text("pipelines:\n  a:\n    cluster:\n      partition: gpu\n    stages: [{stage: info, store: x}]\n")
+    with pytest.raises(PipelineError, match=r"line 4: cluster: unknown key 'partition'; valid: queue"):
+        load_file(str(f))
