@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,101 +23,17 @@ import pytest
 pytest.importorskip("dask_jobqueue", reason="dask-jobqueue not installed (pip install 'vsekit[slurm]')")
 torch = pytest.importorskip("torch")
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
-SBIN = ("/usr/sbin", "/usr/bin", "/sbin")
-
-
-def _which(name: str) -> str | None:
-    return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-SLURM_CONF = """\
-ClusterName=vsekittest
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctl_port}
-SlurmdPort={d_port}
-AuthType=auth/munge
-AuthInfo=socket={dir}/munge.sock
-CredType=cred/munge
-SlurmUser={user}
-SlurmdUser=root
-StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
-SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
-SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-MpiDefault=none
-ReturnToService=2
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MailProg=/bin/true
-NodeName=vsekitnode NodeHostname={host} NodeAddr=127.0.0.1 CPUs=4 RealMemory=16000 State=UNKNOWN
-PartitionName=vsekit Nodes=vsekitnode Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
-"""
+import slurm_local  # noqa: E402  (tests/slurm_local.py)
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """A running one-node SLURM on 127.0.0.1; yields the environment its clients need."""
-    missing = [p for p in PROGRAMS if _which(p) is None]
-    if missing:
-        pytest.skip(f"SLURM is not installed here (missing {', '.join(missing)}; "
-                    f"apt-get install slurm-wlm munge, as .ci/run does)")
-    if os.geteuid() != 0:
-        pytest.skip("the test SLURM's slurmd must run as root (it starts jobs as their user)")
-    d = tmp_path_factory.mktemp("slurm")
-    (d / "state").mkdir()
-    (d / "spool").mkdir()
-    key = d / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    conf = d / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(host=socket.gethostname().split(".")[0], dir=d, user="root",
-                                      ctl_port=_free_port(), d_port=_free_port()))
-    env = dict(os.environ, SLURM_CONF=str(conf))
-    log = open(d / "daemons.log", "w")
-
-    def start(*args):
-        subprocess.run(args, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=60)
-
-    try:
-        start(_which("munged"), f"--key-file={key}", f"--socket={d}/munge.sock", f"--pid-file={d}/munged.pid",
-              f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed", "--force")
-        start(_which("slurmctld"), "-f", str(conf))
-        start(_which("slurmd"), "-f", str(conf), "-N", "vsekitnode")
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            out = subprocess.run([_which("sinfo"), "-h", "-o", "%T"], env=env, capture_output=True, text=True)
-            if out.stdout.strip() in ("idle", "mixed", "allocated"):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the test SLURM did not come up: sinfo says {out.stdout!r} {out.stderr!r}; "
-                        f"logs in {d}")
-        yield {"env": env, "dir": d}
-    finally:
-        subprocess.run([_which("scancel"), "--user", "root"], env=env, capture_output=True)
-        for name in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
-            pid_file = d / name
-            if pid_file.exists():
-                try:
-                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
-                except (ProcessLookupError, ValueError):
-                    pass
-        log.close()
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield {"env": env}
 
 
 @pytest.fixture()
@@ -136,8 +49,7 @@ def on_slurm(slurm, monkeypatch, tmp_path):
 
 
 def _squeue(env) -> list[str]:
-    out = subprocess.run([_which("squeue"), "-h", "-o", "%i"], env=env, capture_output=True, text=True)
-    return out.stdout.split()
+    return slurm_local.jobs(env)
 
 
 OPTS = dict(model="test_resnet", kind="fne", weights="none", seed=3, input_size=64, resize=72,
@@ -205,7 +117,7 @@ def test_scancel_mid_run_retries_and_writes_every_block_once(on_slurm, demo_stor
         jobs = _squeue(env)
         if status is not None and 2 <= int((status != 0).sum()) < len(status) - 6 and len(jobs) == 2:
             cancelled = jobs[0]
-            subprocess.run([_which("scancel"), cancelled], env=env, check=True)
+            subprocess.run([slurm_local.which("scancel"), cancelled], env=env, check=True)
             break
         time.sleep(0.05)
     t.join(300)
