@@ -83,7 +83,7 @@ def jobs(env) -> list[str]:
 def local_slurm(d: Path, cpus: int = 4, timeout: float = 60) -> Iterator[dict[str, str]]:
     """Start the daemons with their files in ``d``; yield the environment (SLURM_CONF) of clients."""
     d = Path(d)
-    (d / "state").mkdir(exist_ok=True)
+    (d / "state").mkdir(parents=True, exist_ok=True)
     (d / "spool").mkdir(exist_ok=True)
     key = d / "munge.key"
     key.write_bytes(os.urandom(1024))

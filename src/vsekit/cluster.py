@@ -115,7 +115,7 @@ def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, floa
     specs = {}
     for k, env in enumerate(local_worker_env(n_workers, device, n_gpus)):
         options: dict[str, Any] = {"nthreads": 1, "host": "127.0.0.1", "dashboard_address": None,
-                                   "resources": dict(resources or {})}
+                                   "resources": dict(resources or {}), "silence_logs": 40}
         if env:
             options["env"] = env
         specs[f"vsekit-{k}"] = {"cls": Nanny, "options": options}

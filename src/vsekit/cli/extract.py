@@ -29,7 +29,12 @@ import click
 @click.option("--max-regions", default=36, show_default=True)
 @click.option("--min-regions", default=10, show_default=True, help="Floor of detector boxes per image.")
 @click.option("--batch-size", default=32, show_default=True, help="Images per forward pass.")
-@click.option("--workers", default=2, show_default=True, help="Decoding worker processes (0: in-process).")
+@click.option("--workers", default="auto", show_default=True,
+              help="Decoding worker processes (0: in-process; auto: 2 on CPU, 6 per GPU, capped by the cores).")
+@click.option("--pin-memory", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Page-locked batches and asynchronous host-to-GPU copies (auto: on with CUDA).")
+@click.option("--channels-last/--no-channels-last", default=True, show_default=True,
+              help="NHWC layout of the model and its inputs (faster convolutions on GPUs).")
 @click.option("--device", default="auto", show_default=True,
               help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N.")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
@@ -42,7 +47,8 @@ import click
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resize, resize_mode, input_size,
                 interpolation, taps, list_layers, grid, boxes, max_regions, min_regions, batch_size, workers,
-                device, precision, dtype, block_rows, cluster, strict, overwrite, no_progress):
+                device, precision, dtype, block_rows, cluster, strict, overwrite, no_progress, pin_memory,
+                channels_last):
     """Extract image features (global, FNE, grid or regions) into the store."""
     if list_layers:
         from ..extract import list_layers as _list
@@ -55,8 +61,13 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
         return
     if not store:
         raise click.UsageError("--store is required (unless --list-layers)")
+    from ..devices import resolve_device
     from ..extract import extract
+    from ..extract.throughput import apply, decode_workers
 
+    device = resolve_device(device)
+    apply(pin=pin_memory, channels_last=channels_last)
+    workers = decode_workers(workers, device)  # in-process: one GPU
     result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
                      resize=resize, resize_mode=resize_mode, input_size=input_size,
                      interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,

@@ -43,15 +43,18 @@ class _KillingDataset:
 
 
 def run_rows(store_path: str, name: str, plan_dict: dict, block: tuple[int, int, int], lo: int, hi: int,
-             device: str, batch_size: int, strict: bool, write: bool) -> dict[str, Any]:
+             device: str, batch_size: int, strict: bool, write: bool,
+             throughput: dict[str, str] | None = None) -> dict[str, Any]:
     """Extract rows ``[lo, hi)`` of ``block`` = (index, start, stop); write the block, or return its rows.
 
     The rows are cut into the block's own batches (those of ``block_batches``), so a row's batch
     neighbours, hence its bits, are the same as in a whole-block run wherever possible.
     """
+    from . import throughput as tp
     from .extractor import BUILDS, cached_extractor
     from .runner import block_dataset, run_items
 
+    tp.apply(throughput)  # the driver's --pin-memory / --channels-last
     plan = Plan.from_dict(plan_dict)
     store = FeatureStore.open(store_path, mode="r+")
     blk = Block(*block)

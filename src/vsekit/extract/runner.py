@@ -212,7 +212,8 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
 
 # --- dask ----------------------------------------------------------------------------------------
 def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start: int, stop: int,
-                  device: str, batch_size: int, strict: bool) -> dict[str, Any]:
+                  device: str, batch_size: int, strict: bool,
+                  throughput: dict[str, str] | None = None) -> dict[str, Any]:
     """One dask task: extract and write row block ``[start, stop)``; returns its failures.
 
     The model is built once per worker process (cached in ``extractor._CACHE``). A task that dies
@@ -222,7 +223,7 @@ def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start
     from .distribute import run_rows
 
     return run_rows(store_path, name, plan_dict, (index, start, stop), start, stop, device, batch_size,
-                    strict, write=True)
+                    strict, write=True, throughput=throughput)
 
 
 def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, progress):
@@ -233,6 +234,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
     from ..cluster import cluster_client, parse_cluster
     from ..devices import is_cuda, worker_device
     from .distribute import bisect_block, is_killed_worker, report, run_rows
+    from .throughput import settings
 
     if not blocks:
         return {}, {}
@@ -243,6 +245,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
     path = str(store.path.resolve())
+    tput = settings()
     with cluster_client(spec, resources=resources, device=device) as client:
         from distributed import as_completed
 
@@ -251,7 +254,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
         futures = []
         for b in blocks:
             fut = client.submit(extract_block, path, fs.name, plan.to_dict(), b.index, b.start, b.stop,
-                                task_device, batch_size, strict, key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
+                                task_device, batch_size, strict, tput, key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
                                 retries=2, resources=resources, pure=False)
             by_key[fut.key] = b
             futures.append(fut)
@@ -259,7 +262,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
         def submit_rows(b):
             def submit(lo, hi):
                 return client.submit(run_rows, path, fs.name, plan.to_dict(), (b.index, b.start, b.stop), lo,
-                                     hi, task_device, batch_size, strict, False, resources=resources,
+                                     hi, task_device, batch_size, strict, False, tput, resources=resources,
                                      key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}", pure=False)
             return submit
 
