@@ -66,7 +66,7 @@ def main() -> None:
                 resize=args.input_size, crops=1, batch_size=16, block_rows=16, workers=1, device="cpu",
                 progress=False)
     rows: list[tuple[str, str, float | None, str]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         make_store(root, args.images)  # the images, made once
         best = lambda spec: max(leg(root, args.images, opts, spec) for _ in range(args.repeat))  # noqa: E731

@@ -115,10 +115,21 @@ def local_slurm(d: Path, cpus: int = 4, timeout: float = 60) -> Iterator[dict[st
     finally:
         subprocess.run([which("scancel"), "--user", "root"], env=env, capture_output=True)
         for name in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
-            pid_file = d / name
-            if pid_file.exists():
-                try:
-                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGTERM)
-                except (ProcessLookupError, ValueError):
-                    pass
+            _stop(d / name)
         log.close()
+
+
+def _stop(pid_file: Path, wait: float = 15) -> None:
+    """SIGTERM the daemon of ``pid_file`` and wait until it has exited (it saves its state first)."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        os.kill(pid, signal.SIGTERM)
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
