@@ -55,7 +55,8 @@ def test_slurm_without_dask_jobqueue_names_the_extra():
 
 
 def test_cluster_settings_refuse_unknown_keys(monkeypatch):
-    from vsekit.cluster import cluster_settings, parse_cluster, slurm_kwargs
+    pytest.importorskip("dask_jobqueue")
+    from vsekit.cluster import cluster_client, cluster_settings, parse_cluster, slurm_kwargs
 
     assert parse_cluster("slurm:3") == ("slurm", 3)
     with pytest.raises(ValueError, match="slurm:N with N >= 1"):
@@ -71,6 +72,10 @@ def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     assert cpu["processes"] == 4 and not any("gres" in d for d in cpu["job_extra_directives"])
     with pytest.raises(ValueError, match="gpus: 1 and more jobs"):
         slurm_kwargs({"gpus": 2}, "cuda", None)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ValueError, match="`sbatch` is not on the PATH"):
+        with cluster_client("slurm:1", settings={}):
+            pass
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", "{not json")
     with pytest.raises(ValueError, match="VSEKIT_CLUSTER_CONFIG"):
         cluster_settings()

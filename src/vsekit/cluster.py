@@ -184,7 +184,12 @@ def _slurm(n: int, device: str, resources, settings) -> Iterator[Any]:
         from dask_jobqueue import SLURMCluster
     except ImportError:
         raise ValueError("--cluster slurm:N needs dask-jobqueue: pip install 'vsekit[slurm]'") from None
+    import shutil
+
     kw = slurm_kwargs(cluster_settings(settings), device, resources)
+    if shutil.which("sbatch") is None:
+        raise ValueError(f"--cluster slurm:{n}: `sbatch` is not on the PATH; run vsekit where SLURM jobs "
+                         f"can be submitted (a login node)")
     try:
         cluster = SLURMCluster(**kw)
     except (OSError, RuntimeError) as exc:
