@@ -149,3 +149,4 @@ def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store,
     assert sorted(res.block_runs) == [b.index for b in fs.blocks()] and set(res.block_runs.values()) == {1}
     err = capfd.readouterr().err
     assert "killed the dask workers" in err and f"row {bad_row}:" in err
+    assert "died during the run" in err  # each dead worker is reported

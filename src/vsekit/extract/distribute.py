@@ -89,6 +89,21 @@ def report(message: str) -> None:
     print(f"vsekit: {message}", file=sys.stderr, flush=True)
 
 
+def report_deaths(client, since: float) -> int:
+    """Report each dask worker that died (left unexpectedly) since ``since``; returns how many."""
+    try:
+        events = client.get_events("all")
+    except Exception:  # an old scheduler without the event log: nothing to say
+        return 0
+    dead = [e for t, e in events if t >= since and isinstance(e, dict)
+            and e.get("action") == "remove-worker" and e.get("expected") is False]
+    for e in dead:
+        n = len(e.get("processing-tasks") or ())
+        report(f"dask worker {e.get('worker', '?')} died during the run"
+               + (f" with {n} task(s) in progress; they ran again elsewhere" if n else ""))
+    return len(dead)
+
+
 def bisect_block(client, submit: Callable[[int, int], Any], plan: Plan, block: Block) -> BlockBuffer:
     """Run ``block`` in ever smaller row ranges until every row is extracted or known to kill workers.
 

@@ -233,7 +233,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
 
     from ..cluster import cluster_client, parse_cluster
     from ..devices import is_cuda, worker_device
-    from .distribute import bisect_block, is_killed_worker, report, run_rows
+    from .distribute import bisect_block, is_killed_worker, report, report_deaths, run_rows
     from .throughput import settings
 
     if not blocks:
@@ -249,6 +249,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
     with cluster_client(spec, resources=resources, device=device) as client:
         from distributed import as_completed
 
+        started = time.time()
         token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
         by_key = {}
         futures = []
@@ -292,6 +293,7 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
             raise
         finally:
             bar.close()
+        report_deaths(client, started)
     return runs, builds
 
 
