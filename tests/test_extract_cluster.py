@@ -122,3 +122,31 @@ def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         log.close()
+
+
+def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store, reference, monkeypatch, capfd):
+    """A file whose decoding ends the worker process (test hook; a codec segfault or the OOM killer
+    in real life) must not take the run down with KilledWorker: its block is bisected, that one row
+    is marked failed with the reason, every other row is extracted, and the deaths are reported."""
+    import dask
+
+    paths = [str(p) for p in demo_store.root["images/path"][:]]
+    bad_row = 5
+    monkeypatch.setenv("VSEKIT_TEST_KILL_ON", paths[bad_row].rsplit("/", 1)[-1])
+    opts = dict(OPTS, block_rows=4)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        res = extract(demo_store, cluster="local:2", **opts)
+    fs = demo_store.features(res.name)
+    status = fs.status[:]
+    assert np.flatnonzero(status == 2).tolist() == [bad_row]
+    assert int((status == 1).sum()) == demo_store.n_images - 1
+    assert list(res.errors) == [bad_row] and "killed" in res.errors[bad_row]
+    assert fs.errors() == res.errors
+    ok = status == 1
+    # rows bisected out of their batch may run at another batch size: equal up to float rounding
+    np.testing.assert_allclose(fs.data[:][ok], reference[ok], rtol=1e-4, atol=1e-5)
+    assert not fs.data[bad_row].any()
+    assert sorted(res.block_runs) == [b.index for b in fs.blocks()] and set(res.block_runs.values()) == {1}
+    err = capfd.readouterr().err
+    assert "killed the dask workers" in err and f"row {bad_row}:" in err
+    assert "died during the run" in err  # each dead worker is reported

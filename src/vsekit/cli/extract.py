@@ -37,8 +37,14 @@ import click
 @click.option("--min-regions", type=int, default=None,
               help="Floor of detector boxes per image [default: 10; butd-r101: = --max-regions].")
 @click.option("--batch-size", default=32, show_default=True, help="Images per forward pass.")
-@click.option("--workers", default=2, show_default=True, help="Decoding worker processes (0: in-process).")
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--workers", default="auto", show_default=True,
+              help="Decoding worker processes (0: in-process; auto: 2 on CPU, 6 per GPU, capped by the cores).")
+@click.option("--pin-memory", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Page-locked batches and asynchronous host-to-GPU copies (auto: on with CUDA).")
+@click.option("--channels-last/--no-channels-last", default=True, show_default=True,
+              help="NHWC layout of the model and its inputs (faster convolutions on GPUs).")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N.")
 @click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype [default: float32 global/fne, float16 grid/regions].")
@@ -52,7 +58,8 @@ import click
 def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resize, resize_mode, input_size,
                 interpolation, taps, list_layers, grid, boxes, detector, detector_weights, max_regions, min_regions,
                 batch_size, workers,
-                device, precision, dtype, block_rows, cluster, strict, overwrite, retry_failed, no_progress):
+                device, precision, dtype, block_rows, cluster, strict, overwrite, retry_failed, no_progress, pin_memory,
+                channels_last):
     """Extract image features (global, FNE, grid or regions) into the store."""
     if list_layers:
         from ..extract import list_layers as _list
@@ -65,6 +72,7 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
         return
     if not store:
         raise click.UsageError("--store is required (unless --list-layers)")
+    from ..devices import resolve_device
     from ..extract import extract
     from ..extract.runner import Interrupted
 

@@ -26,9 +26,11 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--force", is_flag=True, help="Rerun every stage, even those up to date.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (what runs, what is skipped and why) and stop.")
 @click.option("--list", "list_", is_flag=True, help="List the pipelines in the file.")
-@click.option("--cluster", default=None, metavar="local:N|tcp://HOST:PORT",
-              help="Pass --cluster to every stage that accepts it.")
-def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster):
+@click.option("--cluster", default=None, metavar="local:N|slurm:N|tcp://HOST:PORT",
+              help="Pass --cluster to every stage that accepts it (slurm:N uses the file's `cluster:`).")
+@click.option("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
+              help="Set ${DEVICE}, the device of every stage that has --device [default: auto].")
+def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device):
     """Run the named PIPELINE: skip stages that are up to date, rerun changed ones and those after them."""
     from ..pipeline import default_file, list_pipelines, load_file
     from ..pipeline import run as run_pipeline
@@ -39,8 +41,33 @@ def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster):
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
         return
-    run_pipeline(pipeline, file=file, sets=_parse_sets(sets), from_stage=from_stage, force=force,
-                 dry_run=dry_run, cluster=cluster)
+    sets = _parse_sets(sets)
+    if device is not None:
+        from ..devices import resolve_device
+
+        resolve_device(device)  # refuse a device this machine lacks now, in one line
+        sets["DEVICE"] = device.strip().lower()
+    with _cluster_settings(load_file(file or default_file()), pipeline):
+        run_pipeline(pipeline, file=file, sets=sets, from_stage=from_stage, force=force,
+                     dry_run=dry_run, cluster=cluster)
+
+
+def _cluster_settings(pf, name: str):
+    """The pipeline's `cluster:` section, handed to --cluster slurm:N as $VSEKIT_CLUSTER_CONFIG."""
+    import contextlib
+    import json
+    import os
+
+    from ..cluster import ENV_SETTINGS
+
+    settings = pf.pipelines[name].cluster if name in pf.pipelines else {}
+    if not settings:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    old = os.environ.get(ENV_SETTINGS)
+    os.environ[ENV_SETTINGS] = json.dumps(settings)
+    stack.callback(lambda: os.environ.pop(ENV_SETTINGS) if old is None else os.environ.update({ENV_SETTINGS: old}))
+    return stack
 
 
 def register(group: click.Group) -> None:

@@ -21,14 +21,18 @@ import click
 @click.option("--seed", default=0, show_default=True, help="Seed of the example sample.")
 @click.option("--store", default=None, type=click.Path(file_okay=False),
               help="Store to read (default: the one in each run's config.json).")
-@click.option("--device", default="cpu", show_default=True, help="Device to score examples on (cpu|cuda).")
+@click.option("--device", default="auto", show_default=True,
+              help="Device to score examples on: auto | cpu | cuda | cuda:N.")
 @click.option("--block", default=256, show_default=True, type=click.IntRange(min=1), help="Rows scored per block.")
 @click.option("--thumb-size", default=96, show_default=True, type=click.IntRange(min=8), help="Thumbnail side in pixels.")
 @click.option("--title", default=None, help="Page title.")
 def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, device, block, thumb_size,
            title) -> None:
     """Write a self-contained HTML report of RUNS (metrics, curves, retrieval examples, attention)."""
+    from ..devices import resolve_device
     from ..report import report as make_report
+
+    device = resolve_device(device)
 
     s = make_report(list(runs), out, split=split, n_captions=n_captions, n_images=n_images,
                     n_attention=n_attention, k=k, seed=seed, store=store, device=device, block=block,

@@ -52,7 +52,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--global-module", type=click.Choice(["self-attention", "t-emde", "none"]), default=None,
               help="SAF/SGR global similarity node: self-attention (SGRAF), T-EMDE sketches, or none.")
 @click.option("--seed", type=int, default=None)
-@click.option("--device", default=None, help="cpu or cuda.")
+@click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
@@ -64,6 +64,10 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
     from ..train import train
     from ..train.trainer import check_model_args
 
+    from ..devices import resolve_device
+
+    if opts.get("device") is not None or not resume:
+        opts["device"] = resolve_device(opts.get("device"))  # recorded resolved in config.json
     margs = _model_args(model_arg)
     if global_module is not None:
         margs["global_module"] = global_module
@@ -95,7 +99,7 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
               help="Evaluate on this store instead of the run's.")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N.")
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
 @click.option("--save-sims/--no-save-sims", default=None,
               help="Write sims_<split>.npy (default: only when small).")
@@ -105,8 +109,10 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
 def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out,
                  progress):
     """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""
+    from ..devices import resolve_device
     from ..train import evaluate
 
+    device = resolve_device(device)
     if sims or not runs:
         from ..train.external import evaluate_sims
 

@@ -45,10 +45,14 @@ class Extractor:
 
         from .backbones import build_model
 
+        from .throughput import current, memory_format
+
         self.plan = plan
         self.device = torch.device(device)
+        self.pinned, channels_last = current(str(self.device))  # throughput options (throughput.py)
+        self.layout = memory_format(channels_last)
         self.model = build_model(plan.model, plan.weights, seed=plan.seed, device=str(self.device))
-        self.model = self.model.to(memory_format=torch.channels_last)
+        self.model = self.model.to(memory_format=self.layout)
         self.mean = torch.tensor(plan.mean, device=self.device).view(1, 3, 1, 1) * 255.0
         self.std = torch.tensor(plan.std, device=self.device).view(1, 3, 1, 1) * 255.0
         self.tapper = Tapper(self.model, plan.tap_names, tap_reducers(plan), total_calls=plan.tap_calls)
@@ -67,9 +71,11 @@ class Extractor:
     def _normalise(self, x):
         import torch
 
-        x = x.to(self.device, non_blocking=True).float()
+        from .throughput import to_device
+
+        x = to_device(x, self.device, self.pinned).float()
         x = (x - self.mean) / self.std
-        return x.contiguous(memory_format=torch.channels_last)
+        return x.contiguous(memory_format=self.layout)
 
     def forward(self, x) -> list[Any]:
         import torch
@@ -129,7 +135,9 @@ BUILDS = {"count": 0}
 def cached_extractor(plan: Plan, device: str) -> Extractor:
     import json
 
-    key = json.dumps([plan.to_dict(), device], sort_keys=True, default=str)
+    from .throughput import current
+
+    key = json.dumps([plan.to_dict(), device, current(device)], sort_keys=True, default=str)
     if key not in _CACHE:
         _CACHE.clear()
         from .butd import ButdExtractor

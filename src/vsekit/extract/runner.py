@@ -122,7 +122,7 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
             interpolation: str | None = None, taps: str | None = None, grid: int = 7,
             boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None, seed: int = 0,
-            batch_size: int = 32, workers: int = 2, device: str = "cpu", precision: str = "fp32",
+            batch_size: int = 32, workers: int = 2, device: str = "auto", precision: str = "fp32",
             dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
             strict: bool = False, overwrite: bool = False, progress: bool = True,
             retry_failed: bool = False, detector: str | None = None,
@@ -134,15 +134,12 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
     ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
     this run created is removed again if the run fails before any row is done.
     """
-    if device.split(":")[0] not in DEVICES:
-        raise ValueError(f"--device {device!r}; valid choices: {', '.join(DEVICES)}")
+    from ..devices import resolve_device
+
+    device = resolve_device(device)  # auto -> cuda|cpu; an unusable device is one Error: line
     if batch_size < 1 or workers < 0:
         raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-    if device.startswith("cuda"):
-        import torch
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda: no CUDA device is available here")
-    elif precision == "fp16":
+    if not device.startswith("cuda") and precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
@@ -162,6 +159,7 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
                                    block_rows=block_rows, extra=extra, overwrite=overwrite)
         if existed:
             resume_checks(fs, retry_failed)
+        fs.update_attrs(device=device)  # the resolved device of the latest run (not part of the config hash)
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
         t0 = time.perf_counter()
@@ -352,62 +350,88 @@ def _stop_decoders() -> None:
 
 # --- dask ----------------------------------------------------------------------------------------
 def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start: int, stop: int,
-                  device: str, batch_size: int, strict: bool) -> dict[str, Any]:
+                  device: str, batch_size: int, strict: bool,
+                  throughput: dict[str, str] | None = None) -> dict[str, Any]:
     """One dask task: extract and write row block ``[start, stop)``; returns its failures.
 
     The model is built once per worker process (cached in ``extractor._CACHE``). A task that dies
     with its worker is retried elsewhere; a half-written block is still pending, so the retry
-    rewrites it whole.
+    rewrites it whole (see :mod:`vsekit.extract.distribute`).
     """
-    from .extractor import BUILDS, cached_extractor
+    from .distribute import run_rows
 
-    plan = Plan.from_dict(plan_dict)
-    store = FeatureStore.open(store_path, mode="r+")
-    fs = store.features(name)
-    block = Block(index, start, stop)
-    extractor = cached_extractor(plan, device)
-    dataset = block_dataset(store, plan, [block])
-    buf = BlockBuffer.empty(plan, block)
-    for items in iter_batches(dataset, block_batches(0, len(block), batch_size), 0):
-        run_items(extractor, plan, items, buf, strict)
-    buf.write(fs, record_errors=False)
-    return {"index": index, "errors": buf.errors, "pid": os.getpid(), "builds": BUILDS["count"],
-            "rows": len(block)}
+    return run_rows(store_path, name, plan_dict, (index, start, stop), start, stop, device, batch_size,
+                    strict, write=True, throughput=throughput)
 
 
 def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, progress):
+    """One task per pending block on the cluster of ``spec``; a block whose task keeps killing its
+    workers is bisected to find the row that does (it is marked failed, the rest extracted)."""
     from tqdm.auto import tqdm
 
-    from ..cluster import cluster_client
+    from ..cluster import cluster_client, parse_cluster
+    from ..devices import is_cuda, worker_device
+    from .distribute import bisect_block, is_killed_worker, report, report_deaths, run_rows
+    from .throughput import settings
 
     if not blocks:
         return {}, {}
-    gpu = device.startswith("cuda")
+    gpu = is_cuda(device)
+    resources = {"GPU": 1} if gpu else None
+    # local workers are pinned to one GPU each (CUDA_VISIBLE_DEVICES): there it is their cuda:0
+    task_device = worker_device(device) if parse_cluster(spec)[0] == "local" else device
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
-    with cluster_client(spec, resources={"GPU": 1} if gpu else None) as client:
+    path = str(store.path.resolve())
+    tput = settings()
+    with cluster_client(spec, resources=resources, device=device) as client:
         from distributed import as_completed
 
+        started = time.time()
         token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
-        futures = [client.submit(extract_block, str(store.path.resolve()), fs.name, plan.to_dict(),
-                                 b.index, b.start, b.stop, device, batch_size, strict,
-                                 key=f"vsekit-extract-{fs.name}-{b.index}-{token}", retries=2,
-                                 resources={"GPU": 1} if gpu else None, pure=False)
-                   for b in blocks]
+        by_key = {}
+        futures = []
+        for b in blocks:
+            fut = client.submit(extract_block, path, fs.name, plan.to_dict(), b.index, b.start, b.stop,
+                                task_device, batch_size, strict, tput, key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
+                                retries=2, resources=resources, pure=False)
+            by_key[fut.key] = b
+            futures.append(fut)
+
+        def submit_rows(b):
+            def submit(lo, hi):
+                return client.submit(run_rows, path, fs.name, plan.to_dict(), (b.index, b.start, b.stop), lo,
+                                     hi, task_device, batch_size, strict, False, tput, resources=resources,
+                                     key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}", pure=False)
+            return submit
+
         bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
                    disable=not progress, smoothing=0.1)
         try:
             for fut in as_completed(futures):
-                res = fut.result()
+                try:
+                    res = fut.result()
+                except Exception as exc:
+                    if not is_killed_worker(exc):
+                        raise
+                    b = by_key[fut.key]
+                    report(f"block {b.index} (rows {b.start}-{b.stop - 1}) killed the dask workers that ran it "
+                           f"({exc}); splitting it to find the image")
+                    buf = bisect_block(client, submit_rows(b), plan, b)
+                    buf.write(fs, record_errors=False)
+                    res = {"index": b.index, "errors": buf.errors, "pid": os.getpid(), "builds": 0,
+                           "rows": len(b)}
                 fs.record_errors(res["errors"])
                 runs[res["index"]] = runs.get(res["index"], 0) + 1
-                builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
+                if res["builds"]:
+                    builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
                 bar.update(res["rows"])
         except BaseException:
             client.cancel(futures)
             raise
         finally:
             bar.close()
+        report_deaths(client, started)
     return runs, builds
 
 

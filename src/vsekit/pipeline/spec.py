@@ -117,6 +117,7 @@ class PipelineSpec:
     defaults: dict[str, Located]
     stages: list[StageSpec]
     file: str
+    cluster: dict[str, Any] = field(default_factory=dict)  # `cluster:` settings for --cluster slurm:N
 
 
 @dataclass
@@ -131,8 +132,8 @@ class PipelineFile:
         return self.pipelines[name]
 
 
-_TOP_KEYS = {"variables", "defaults", "pipelines", "version"}
-_PIPELINE_KEYS = {"description", "variables", "defaults", "stages"}
+_TOP_KEYS = {"variables", "defaults", "pipelines", "version", "cluster"}
+_PIPELINE_KEYS = {"description", "variables", "defaults", "stages", "cluster"}
 META_KEYS = {"stage", "id"}
 
 
@@ -188,9 +189,25 @@ def load_file(path: str | os.PathLike) -> PipelineFile:
         stages = [_stage(name, i, s, file) for i, s in enumerate(stages_loc.value, start=1)]
         _number_ids(name, stages, file)
         desc = body.get("description")
+        cluster = {**_cluster(top, file), **_cluster(body, file)}
         pipelines[str(name)] = PipelineSpec(str(name), ploc.line, str(desc.value) if desc else "",
-                                            variables, defaults, stages, file)
+                                            variables, defaults, stages, file, cluster)
     return PipelineFile(file, pipelines)
+
+
+def _cluster(body: dict[str, Located], file: str) -> dict[str, Any]:
+    """A `cluster:` section (SLURM settings of --cluster slurm:N), checked against vsekit.cluster's keys."""
+    from ..cluster import SLURM_KEYS
+
+    loc = body.get("cluster")
+    if loc is None:
+        return {}
+    section = _expect_mapping(loc, "cluster", file)
+    for key, value in section.items():
+        if key.replace("-", "_") not in SLURM_KEYS:
+            raise PipelineError(f"{file}, line {loc.key_lines.get(key, value.line)}: cluster: unknown key "
+                                f"{key!r}; valid: {', '.join(SLURM_KEYS)}")
+    return {k.replace("-", "_"): plain(v) for k, v in section.items()}
 
 
 def _stage(pipeline: str, index: int, loc: Located, file: str) -> StageSpec:

@@ -1,0 +1,89 @@
+"""Throughput settings of extraction on a GPU: decoding processes sized to the GPUs, pinned host
+memory with non-blocking copies, channels-last layout. None changes what is computed beyond float
+rounding, so none is part of a feature set's settings hash; each can be switched off.
+
+- ``--workers auto``: decoding processes beside the model. On CUDA, ``DECODERS_PER_GPU`` per GPU in
+  use, capped by the CPU cores less one for the driver; on the CPU, 2 (the model needs the cores).
+- ``--pin-memory auto|on|off``: on CUDA (``auto``), each uint8 batch is copied into page-locked
+  memory so that the host-to-device copy runs asynchronously (``non_blocking=True``) instead of
+  through a hidden staging copy. Meaningless on the CPU (``auto`` is off there).
+- ``--channels-last/--no-channels-last``: NHWC layout of the model and its inputs, what cuDNN's
+  tensor-core convolutions (and oneDNN on CPU) want; off keeps NCHW.
+"""
+
+from __future__ import annotations
+
+import os
+
+DECODERS_PER_GPU = 6
+PIN_CHOICES = ("auto", "on", "off")
+
+
+def decode_workers(spec: int | str | None, device: str, n_gpus: int = 1, cpus: int | None = None) -> int:
+    """``--workers`` as a number of decoding processes (``auto``: sized to the device, see module doc)."""
+    if spec is None or str(spec).strip().lower() == "auto":
+        cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+        if str(device).startswith("cuda"):
+            return max(1, min(DECODERS_PER_GPU * max(1, n_gpus), cpus - 1))
+        return max(0, min(2, cpus - 1))
+    try:
+        n = int(spec)
+    except (TypeError, ValueError):
+        raise ValueError(f"--workers {spec!r}: expected a number of decoding processes (0: in-process) "
+                         f"or auto") from None
+    if n < 0:
+        raise ValueError(f"--workers {n}: expected >= 0 (0 decodes in-process)")
+    return n
+
+
+def pin_memory(spec: str | bool | None, device: str) -> bool:
+    """Whether batches go through pinned memory: ``auto`` → on CUDA only."""
+    if isinstance(spec, bool):
+        return spec
+    s = "auto" if spec is None else str(spec).strip().lower()
+    if s not in PIN_CHOICES:
+        raise ValueError(f"--pin-memory {spec!r}; valid choices: {', '.join(PIN_CHOICES)}")
+    if s == "auto":
+        return str(device).startswith("cuda")
+    return s == "on"
+
+
+def to_device(x, device, pinned: bool):
+    """Copy a host tensor to ``device``: through page-locked memory and asynchronously when ``pinned``."""
+    if pinned and str(device).startswith("cuda") and not x.is_pinned():
+        x = x.pin_memory()
+    return x.to(device, non_blocking=pinned)
+
+
+def memory_format(channels_last: bool):
+    import torch
+
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
+# the options of the running process (set by extract(), read by the Extractor each worker builds)
+_ENV = {"pin": "VSEKIT_PIN_MEMORY", "channels_last": "VSEKIT_CHANNELS_LAST"}
+
+
+def settings() -> dict[str, str]:
+    """This process's throughput settings, to hand to cluster workers (they apply them with ``apply``)."""
+    return {v: os.environ[v] for v in _ENV.values() if v in os.environ}
+
+
+def apply(values: dict[str, str] | None = None, *, pin: str | None = None,
+          channels_last: bool | None = None) -> None:
+    """Set this process's throughput settings (the CLI's options; a worker's from the driver)."""
+    if values:
+        os.environ.update(values)
+    if pin is not None:
+        pin_memory(pin, "cpu")  # validates
+        os.environ[_ENV["pin"]] = str(pin).lower()
+    if channels_last is not None:
+        os.environ[_ENV["channels_last"]] = "1" if channels_last else "0"
+
+
+def current(device: str) -> tuple[bool, bool]:
+    """(pinned, channels_last) for this process: from the environment that extract() sets, else defaults."""
+    pinned = pin_memory(os.environ.get(_ENV["pin"], "auto"), device)
+    channels_last = os.environ.get(_ENV["channels_last"], "1") not in ("0", "off", "false")
+    return pinned, channels_last

@@ -1,0 +1,133 @@
+"""``--cluster slurm:N`` against a real single-node SLURM (Debian's slurm-wlm + munge), started here on
+127.0.0.1: munged, slurmctld and slurmd with a minimal slurm.conf in a temporary folder.
+
+Extraction, FNE standardisation and tokenisation on SLURM must equal the in-process result, and a
+job cancelled with ``scancel`` mid-run (seen from the store, not after a sleep) must have its blocks
+retried with every block reported done exactly once. ``.ci/run`` installs the packages with apt;
+elsewhere the tests skip, saying which program is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dask_jobqueue", reason="dask-jobqueue not installed (pip install 'vsekit[slurm]')")
+torch = pytest.importorskip("torch")
+
+import slurm_local  # noqa: E402  (tests/slurm_local.py)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A running one-node SLURM on 127.0.0.1; yields the environment its clients need."""
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield {"env": env}
+
+
+@pytest.fixture()
+def on_slurm(slurm, monkeypatch, tmp_path):
+    """Route ``slurm:N`` to the test SLURM: its config, loopback only, logs in tmp_path."""
+    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
+        "interface": "lo", "cores": 1, "memory": "2GB", "walltime": "00:20:00", "queue": "vsekit",
+        "python": sys.executable, "log_directory": str(tmp_path / "jobs")}))
+    return slurm
+
+
+def _squeue(env) -> list[str]:
+    return slurm_local.jobs(env)
+
+
+OPTS = dict(model="test_resnet", kind="fne", weights="none", seed=3, input_size=64, resize=72,
+            crops=1, batch_size=2, block_rows=2, progress=False, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, demo_dir):
+    from vsekit.extract import extract
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    torch.set_num_threads(1)
+    store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir,
+                               tmp_path_factory.mktemp("ref") / "ref.zarr")
+    res = extract(store, workers=0, **OPTS)
+    assert res.done == store.n_images
+    return store
+
+
+def test_extract_standardize_tokenize_on_slurm_equal_in_process(on_slurm, demo_store, reference):
+    from vsekit.fne import standardize
+    from vsekit.extract import extract
+    from vsekit.tokenize import tokenize
+
+    res = extract(demo_store, cluster="slurm:2", **OPTS)
+    fs = demo_store.features(res.name)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference.features(res.name).data[:])  # bit for bit
+    assert set(res.block_runs.values()) == {1} and len(res.model_builds) >= 1
+
+    z_ref = standardize(reference, res.name)
+    z = standardize(demo_store, res.name, cluster="slurm:2")
+    assert np.array_equal(demo_store.features(z.name).data[:], reference.features(z_ref.name).data[:])
+
+    tokenize(reference, min_count=1)
+    tokenize(demo_store, min_count=1, cluster="slurm:1", chunk_captions=32)
+    for arr in ("tokens/ids", "tokens/offsets"):
+        assert np.array_equal(demo_store.root[arr][:], reference.root[arr][:])
+    assert demo_store.root["tokens"].attrs["vocabulary"] == reference.root["tokens"].attrs["vocabulary"]
+    assert not _squeue(on_slurm["env"])  # every job ended with its cluster
+
+
+def test_scancel_mid_run_retries_and_writes_every_block_once(on_slurm, demo_store, reference):
+    from vsekit.extract import extract
+    from vsekit.storage import FeatureStore
+
+    result: dict = {}
+
+    def run():
+        try:
+            result["res"] = extract(demo_store, cluster="slurm:2", **OPTS)
+        except BaseException as exc:  # surfaced below
+            result["exc"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    name, env = "test_resnet_fne", on_slurm["env"]
+    cancelled = None
+    deadline = time.time() + 240
+    while time.time() < deadline and t.is_alive():  # cancel one job once some blocks, not all, are done
+        try:
+            status = FeatureStore.open(demo_store.path).features(name).status[:]
+        except Exception:  # the set is being created
+            status = None
+        jobs = _squeue(env)
+        if status is not None and 2 <= int((status != 0).sum()) < len(status) - 6 and len(jobs) == 2:
+            cancelled = jobs[0]
+            subprocess.run([slurm_local.which("scancel"), cancelled], env=env, check=True)
+            break
+        time.sleep(0.05)
+    t.join(300)
+    assert not t.is_alive()
+    if "exc" in result:
+        raise result["exc"]
+    assert cancelled is not None, "the run finished before a job could be cancelled mid-run"
+    res = result["res"]
+    fs = demo_store.features(res.name)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference.features(res.name).data[:])
+    assert sorted(res.block_runs) == [b.index for b in fs.blocks()]
+    assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
