@@ -414,7 +414,7 @@ def _recipe_env(tmp_path: Path) -> dict[str, str]:
             "RUNS_DIR": str(tmp_path / "runs"), "DEMO_DIR": str(tmp_path / "demo")}
 
 
-RECIPES = ["coco-fne-vgg19", "coco-seam-irv2", "coco-seam-vgg19", "f30k-sman-r152", "coco-sgraf-butd", "demo"]
+RECIPES = ["coco-fne-vgg16", "coco-seam-irv2", "coco-seam-vgg19", "f30k-sman-r152", "coco-sgraf-butd", "demo"]
 
 
 def test_pipelines_yaml_has_the_recipes():
