@@ -18,7 +18,6 @@ from vsekit.cli import main
 
 torch.set_num_threads(1)
 
-DEVICE_XFAIL = "device resolver in cluster branch"
 
 
 def all_commands() -> list[str]:
@@ -70,7 +69,8 @@ def env(tmp_path_factory):
 
 
 def dev(*args):
-    return pytest.param(list(args), marks=pytest.mark.xfail(reason=DEVICE_XFAIL, strict=False))
+    """A device case: the command name first, as the table's other cases omit it."""
+    return list(args)[1:]
 
 
 TRAIN = ["train", "--store", "{S}", "--features", "pixels", "--out", "{OUT}/t", "--preset", "demo", "--epochs", "1",
@@ -84,6 +84,9 @@ CASES = {
     "evaluate": [["{RUN}", "--protocol", "coco-7k"], ["{RUN}", "--split", "tset"], ["{EMPTY}"], ["{BROKEN}"],
                  ["{RUN}", "--batch-size", "0"], ["{RUN}", "--features", "nope"], ["{RUN}", "--store", "{EMPTY}"],
                  dev("evaluate", "{RUN}", "--device", "gpu"), dev("evaluate", "{RUN}", "--device", "cuda:7")],
+    "embed": [["{EMPTY}", "--out", "{OUT}/e"], ["{BROKEN}", "--out", "{OUT}/e"],
+              ["{RUN}", "--out", "{OUT}/e", "--split", "tset"], ["{RUN}", "--out", "{OUT}/e", "--batch-size", "0"],
+              dev("embed", "{RUN}", "--out", "{OUT}/e", "--device", "gpu")],
     "export hdf5": [["--store", "{S}", "--features", "nope", "--out", "{OUT}/x.h5"], ["--store", "{EMPTY}"]],
     "export scan": [["--store", "{S}", "--features", "nope", "--out", "{OUT}/scan"],
                     ["--store", "{S}", "--features", "pixels", "--out", "{OUT}/scan", "--splits", "tset"]],
@@ -95,8 +98,8 @@ CASES = {
                 ["--store", "{S}", "--model", "resnet18", "--weights", "{ROOT}/missing.pth", "--no-progress"],
                 ["--store", "{S}", "--model", "resnet18", "--weights", "none", "--crops", "7"],
                 ["--store", "{S}", "--model", "resnet18", "--weights", "none", "--batch-size", "0", "--no-progress"],
-                ["--store", "{S}", "--model", "vit_tiny_patch16_224", "--kind", "grid", "--weights", "none",
-                 "--no-progress"],
+                ["--store", "{S}", "--model", "vit_tiny_patch16_224", "--kind", "grid", "--grid", "99",
+                 "--weights", "none", "--no-progress"],
                 ["--store", "{S}", "--model", "resnet18", "--kind", "regions", "--boxes", "{JSON}", "--weights",
                  "none", "--no-progress"],
                 dev("extract", "--store", "{S}", "--model", "resnet18", "--weights", "none", "--device", "gpu",
@@ -111,10 +114,17 @@ CASES = {
     "ingest karpathy": [["{JSON}", "--store", "{OUT}/k.zarr"], ["{LIST}", "--store", "{OUT}/k.zarr"],
                         ["{KJSON}", "--image-root", "{ROOT}/missing", "--store", "{OUT}/k.zarr"],
                         ["{KJSON}", "--store", "{S}"]],
+    "ingest npz": [["{EMPTY}", "--store", "{S}"], ["{ROOT}/missing", "--store", "{S}"],
+                   ["{EMPTY}", "--store", "{ROOT}/missing.zarr"]],
+    "ingest parquet": [["{BIN}", "--store", "{OUT}/pq.zarr"], ["{EMPTY}", "--store", "{OUT}/pq.zarr"]],
+    "ingest webdataset": [["{BIN}", "--store", "{OUT}/w.zarr"], ["{ROOT}/missing-{{0..3}}.tar", "--store",
+                                                                    "{OUT}/w.zarr"]],
     "ingest precomp": [["{EMPTY}", "--store", "{OUT}/p.zarr"]],
     "report": [["{RUN}", "--out", "{OUT}/r", "--split", "tset"], ["{EMPTY}", "--out", "{OUT}/r"],
                ["{RUN}", "--out", "{OUT}/r", "--top-k", "0"], ["{RUN}", "--out", "{BIN}"],
                dev("report", "{RUN}", "--out", "{OUT}/r", "--device", "gpu")],
+    "report-boxes": [["{S}", "nope", "--out", "{OUT}/rb"], ["{ROOT}/missing.zarr", "x", "--out", "{OUT}/rb"],
+                     ["{S}", "pixels", "--out", "{OUT}/rb"], ["{S}", "pixels", "--rows", "a,b", "--out", "{OUT}/rb"]],
     "run": [["nope", "--file", "{YAML}"], ["--file", "{ROOT}/missing.yaml", "--list"], ["t", "--set", "novalue"],
             ["nope", "--file", "{JSON}"]],
     "standardize": [["--store", "{S}", "--features", "nope"],
@@ -137,13 +147,8 @@ def test_the_table_names_every_command():
 def _params():
     for command, cases in CASES.items():
         for i, case in enumerate(cases):
-            if isinstance(case, list):
-                args = (TRAIN + case[0:]) if command == "train" else [*command.split(), *case]
-                yield pytest.param(args, id=f"{command}-{i}")
-            else:  # a pytest.param (xfail): already the whole command line
-                args = case.values[0]
-                args = (TRAIN + args[1:]) if command == "train" else (command.split() + args[len(command.split()):])
-                yield pytest.param(args, marks=case.marks, id=f"{command}-{i}")
+            args = (TRAIN + case) if command == "train" else [*command.split(), *case]
+            yield pytest.param(args, id=f"{command}-{i}")
 
 
 @pytest.mark.parametrize("args", list(_params()))

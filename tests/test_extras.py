@@ -28,7 +28,7 @@ def test_order_similarity_without_numba_matches_numpy():
         "import numpy as np, torch\n"
         "import vsekit.cli, vsekit.train, vsekit.extract, vsekit.fne, vsekit.tokenize\n"
         "from vsekit.train import kernels\n"
-        "from vsekit.train.losses import order_sim\n"
+        "from vsekit.models.losses import order_sim\n"
         "assert not kernels.available() and 'numba' not in sys.modules\n"
         "rng = np.random.default_rng(0)\n"
         "img, cap = np.abs(rng.normal(size=(5, 8))).astype('f4'), np.abs(rng.normal(size=(6, 8))).astype('f4')\n"

@@ -581,7 +581,7 @@ def test_sman_word_weights_are_never_taken_for_grid_maps(n_words):
     """A caption with as many words as the grid has cells (here 2x2 = 4) gives the same grid views as
     any other: each grid map is a softmax over cells (sums to 1 over G*G), never the word softmax."""
     from vsekit.report.attention import pair_attention
-    from vsekit.train.base import create_model
+    from vsekit.models.base import create_model
 
     torch.manual_seed(0)
     model = create_model("sman", img_shape=(2, 2, 8), vocab_size=30, embed_dim=16, word_dim=8).eval()

@@ -14,12 +14,15 @@ import click
               help="Embed this store instead of the run's (same vocabulary).")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N.")
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(1))
 def embed_cmd(run, split, out, store, features, checkpoint, device, batch_size):
     """Write the images' and captions' embeddings (with ids) of SPLIT, ready for faiss."""
     from ..train.embed import embed
 
+    from ..devices import resolve_device
+
+    device = resolve_device(device)
     doc = embed(run, out, split=split, store=store, features=features, checkpoint=checkpoint, device=device,
                 batch_size=batch_size)
     click.echo(f"wrote {doc['n_images']} image and {doc['n_captions']} caption embeddings of dimension "

@@ -75,7 +75,11 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
     from ..devices import resolve_device
     from ..extract import extract
     from ..extract.runner import Interrupted
+    from ..extract.throughput import apply, decode_workers
 
+    device = resolve_device(device)
+    apply(pin=pin_memory, channels_last=channels_last)
+    workers = decode_workers(workers, device)  # in-process: one GPU
     try:
         result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
                          resize=resize, resize_mode=resize_mode, input_size=input_size,

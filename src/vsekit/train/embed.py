@@ -31,7 +31,7 @@ import torch
 
 from ..storage.store import FeatureStore
 from .data import EvalSet, Tokens, image_batches, open_features
-from .losses import similarity as similarity_fn
+from ..models.losses import similarity as similarity_fn
 
 
 def _vectors(model, enc: Any) -> torch.Tensor:
@@ -43,7 +43,7 @@ def _vectors(model, enc: Any) -> torch.Tensor:
 
 def check_embeddable(model, name: str) -> str:
     """The similarity of an embedding model, or a ValueError saying why this model has no vectors."""
-    from .vse import EmbeddingModel
+    from ..models.vse import EmbeddingModel
 
     if not getattr(model, "pairwise", False) and not isinstance(model, EmbeddingModel):
         raise ValueError(f"model {name!r} does not expose joint-space vectors to export; embed works for the "
