@@ -27,7 +27,7 @@ def test_order_similarity_without_numba_matches_numpy():
     code = (
         "import numpy as np, torch\n"
         "import vsekit.cli, vsekit.train, vsekit.extract, vsekit.fne, vsekit.tokenize\n"
-        "from vsekit.train import kernels\n"
+        "from vsekit.models import kernels\n"
         "from vsekit.models.losses import order_sim\n"
         "assert not kernels.available() and 'numba' not in sys.modules\n"
         "rng = np.random.default_rng(0)\n"

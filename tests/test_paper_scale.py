@@ -48,7 +48,8 @@ CASES = [("vse", "vse++", "vgg"), ("vse", "mh", "fne"), ("order", "order0", "vgg
 
 def test_every_registered_model_has_a_paper_scale_case():
     covered = {c.values[0] if hasattr(c, "values") else c[0] for c in CASES}
-    assert set(model_names()) <= covered, sorted(set(model_names()) - covered)
+    public = {n for n in model_names() if not n.startswith("_")}  # "_...": toy models other tests register
+    assert public <= covered, sorted(public - covered)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ the vectors are the model's output. The folder written holds::
     embed.json      run, checkpoint, split, similarity and how to search it
 
 With the cosine similarity the vectors are L2-normalised, so the inner product is the model's score
-(faiss ``IndexFlatIP``); with the order similarity the score is ``-||max(0, c - i)||^2``, which no
+(faiss ``IndexFlatIP``); with the order similarities the score is ``-||max(0, c - i)||^2`` (``order``) or its
+square root (``order-norm``, VSE++'s), which no
 faiss metric computes. Before writing, the model's own ``score`` on a block is compared with the
 similarity of the written vectors, so a model whose vectors do not give its scores is refused.
 Pairwise models (SMAN, SAF, SGR) have no such vectors: their score is computed from each pair
@@ -125,10 +126,13 @@ def embed(run: str | Path, out: str | Path, *, split: str = "test", store: str |
            "files": ["images.npy", "captions.npy", *tables],
            "search": ("L2-normalised vectors: inner product = the model's cosine score (faiss IndexFlatIP)"
                       if similarity == "cosine" else
-                      "order embeddings: score(i, c) = -||max(0, c - i)||^2, not an inner product or L2 "
-                      "distance; score candidates with that formula")}
+                      f"order embeddings: score(i, c) = {ORDER_SCORES.get(similarity, similarity)}, not an inner "
+                      "product or L2 distance; score candidates with that formula")}
     (out / "embed.json").write_text(json.dumps(doc, indent=2))
     return doc
+
+
+ORDER_SCORES = {"order": "-||max(0, c - i)||^2", "order-norm": "-||max(0, c - i)||"}
 
 
 def _write_tables(out: Path, tables: dict[str, dict[str, Any]]) -> list[str]:
