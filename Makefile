@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench install clean
+.PHONY: demo test test-slow bench install clean
 
 install: $(STAMP)
 
@@ -22,8 +22,13 @@ demo: $(STAMP)
 	$(BIN)/vsekit report $(DEMO_DIR)/runs/fne-sh $(DEMO_DIR)/runs/seam-e $(DEMO_DIR)/runs/sman \
 		$(DEMO_DIR)/runs/saf $(DEMO_DIR)/runs/sgr-temde --out $(DEMO_DIR)/report
 
+# `make test` leaves out the tests marked slow (the paper-dimension SAF/SGR/SMAN cases and the
+# kill-at-every-write-point sweep: ~30 min on 2 cores); `make test-slow` runs just those.
 test: $(STAMP)
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python -P $$f || exit 1; done
