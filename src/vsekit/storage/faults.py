@@ -20,19 +20,24 @@ _hits: dict[str, int] = {}
 _lock = threading.Lock()
 
 
+def _hit(env: str, name: str, key: str) -> tuple[int, int]:
+    """How many times point ``name`` was reached, if ``env`` (``NAME[@N]``) names it, and N; else (0, 0)."""
+    spec = os.environ.get(env)
+    if not spec:
+        return 0, 0
+    want, _, nth = spec.partition("@")
+    if want != name:
+        return 0, 0
+    with _lock:
+        _hits[key] = _hits.get(key, 0) + 1
+        return _hits[key], int(nth or 1)
+
+
 def point(name: str) -> None:
     """End the process here if ``VSEKIT_FAULT`` names this point (and its hit count is reached)."""
     pause(name)
-    spec = os.environ.get(ENV)
-    if not spec:
-        return
-    want, _, nth = spec.partition("@")
-    if want != name:
-        return
-    with _lock:
-        _hits[name] = _hits.get(name, 0) + 1
-        hit = _hits[name]
-    if hit >= int(nth or 1):
+    hit, nth = _hit(ENV, name, name)
+    if hit and hit >= nth:
         os._exit(KILLED)
 
 
@@ -43,17 +48,9 @@ def pause(name: str) -> None:
     """With ``VSEKIT_PAUSE=NAME[@N]`` and ``VSEKIT_PAUSE_FILE=F``: at point NAME (its N-th hit), create ``F.reached``
     and wait until ``F`` exists (at most 120 s). Tests use it to hold a run at a known point while a
     second run starts, without sleeps."""
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec:
+    hit, nth = _hit(PAUSE_ENV, name, f"pause:{name}")
+    if not hit or hit != nth:
         return
-    want, _, nth = spec.partition("@")
-    if want != name:
-        return
-    with _lock:
-        key = f"pause:{name}"
-        _hits[key] = _hits.get(key, 0) + 1
-        if _hits[key] != int(nth or 1):
-            return
     import time
     from pathlib import Path
 
