@@ -42,7 +42,7 @@ def _timm_twin(name: str, ex: Extractor):
     return ref.eval()
 
 
-def _close(got, want, what=""):
+def assert_features_close(got, want, what=""):
     want = np.asarray(want, dtype=np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())),
                                err_msg=what)
@@ -85,7 +85,7 @@ def test_timm_global_fne_grid_equal_timm_own_features(name, build_once):
     with torch.no_grad():
         pre_logits = ref.forward_head(ref.forward_features(x), pre_logits=True)
     assert got.shape == tuple(pre_logits.shape)
-    _close(got, pre_logits, "global")
+    assert_features_close(got, pre_logits, "global")
 
     fplan = make_plan(name, "fne", weights="none", seed=3)
     fex = Extractor(fplan)
@@ -97,7 +97,7 @@ def test_timm_global_fne_grid_equal_timm_own_features(name, build_once):
     assert all(m.ndim == 4 for m in maps)
     want = torch.cat([m.mean(dim=(2, 3)) for m in maps], dim=1)
     assert fplan.row_shape == (want.shape[1],)
-    _close(fgot, want, "fne")
+    assert_features_close(fgot, want, "fne")
     if name == SWIN:  # the figure: 4 stages of 96, 192, 384, 768 channels
         assert fplan.row_shape == (1440,) and [t["layout"] for t in fplan.taps] == ["NHWC"] * 4
     else:  # 12 blocks of 192 channels, averaged over the 196 patch tokens (class token left out)
@@ -111,7 +111,7 @@ def test_timm_global_fne_grid_equal_timm_own_features(name, build_once):
     last = maps[-1]
     want = torch.nn.functional.adaptive_avg_pool2d(last, 7).permute(0, 2, 3, 1)
     assert ggot.shape == (2, 7, 7, last.shape[1]) == (2, *gplan.row_shape)
-    _close(ggot, want, "grid")
+    assert_features_close(ggot, want, "grid")
 
 
 # --- a CNN (NCHW) against timm ------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def test_timm_cnn_global_fne_grid_equal_timm_own_features():
     ref = _timm_twin(name, ex)
     x = _normalised(crops, plan)
     with torch.no_grad():
-        _close(got, ref.forward_head(ref.forward_features(x), pre_logits=True), "global")
+        assert_features_close(got, ref.forward_head(ref.forward_features(x), pre_logits=True), "global")
         stages = ref.forward_intermediates(x, intermediates_only=True)  # act1, layer1..layer4
     fplan = make_plan(name, "fne", weights="none", seed=3, input_size=64, resize=64,
                       taps="layer1,layer2,layer3,layer4")
@@ -129,7 +129,7 @@ def test_timm_cnn_global_fne_grid_equal_timm_own_features():
     fex.model.load_state_dict(ex.model.state_dict())
     fgot = fex.features(crops)
     fex.tapper.close()
-    _close(fgot, torch.cat([m.mean(dim=(2, 3)) for m in stages[1:]], dim=1), "fne")
+    assert_features_close(fgot, torch.cat([m.mean(dim=(2, 3)) for m in stages[1:]], dim=1), "fne")
     gplan = make_plan(name, "grid", weights="none", seed=3, input_size=128, grid=2)
     gex = Extractor(gplan)
     gex.model.load_state_dict(ex.model.state_dict())
@@ -138,7 +138,7 @@ def test_timm_cnn_global_fne_grid_equal_timm_own_features():
     gex.tapper.close()
     with torch.no_grad():
         last = ref.forward_intermediates(_normalised(gcrops, gplan), intermediates_only=True)[-1]
-    _close(ggot, torch.nn.functional.adaptive_avg_pool2d(last, 2).permute(0, 2, 3, 1), "grid")
+    assert_features_close(ggot, torch.nn.functional.adaptive_avg_pool2d(last, 2).permute(0, 2, 3, 1), "grid")
 
 
 # --- torchvision VGG: the FNE paper's VGG-16 and the in-place ReLU after a Linear tap -----------------
@@ -178,11 +178,11 @@ def test_vgg16_fne_values_equal_torchvision_by_hand(vgg16_fne):
         fc6 = torch.relu(model.classifier[0](torch.flatten(model.avgpool(model.features(x)), 1)))
         fc7 = torch.relu(model.classifier[3](fc6))
     a, b = cols["features.3"]
-    _close(got[:, a:b], conv2.mean(dim=(2, 3)), "conv1_2")
+    assert_features_close(got[:, a:b], conv2.mean(dim=(2, 3)), "conv1_2")
     a, b = cols["classifier.1"]
-    _close(got[:, a:b], fc6, "fc6")
+    assert_features_close(got[:, a:b], fc6, "fc6")
     a, b = cols["classifier.4"]
-    _close(got[:, a:b], fc7, "fc7")
+    assert_features_close(got[:, a:b], fc7, "fc7")
 
 
 def test_linear_tap_before_inplace_relu_keeps_pre_relu_values():
@@ -198,8 +198,8 @@ def test_linear_tap_before_inplace_relu_keeps_pre_relu_values():
         fc6 = m.classifier[0](torch.flatten(m.avgpool(m.features(_normalised(crops, plan))), 1))
         fc7 = m.classifier[3](torch.relu(fc6))
     assert (fc6 < 0).any()  # else the test could not see a ReLU
-    _close(got[:, :4096], fc6, "classifier.0 (fc6 before ReLU)")
-    _close(got[:, 4096:], fc7, "classifier.3 (fc7 before ReLU)")
+    assert_features_close(got[:, :4096], fc6, "classifier.0 (fc6 before ReLU)")
+    assert_features_close(got[:, 4096:], fc7, "classifier.3 (fc7 before ReLU)")
 
 
 def test_vgg19_still_13696():
@@ -268,7 +268,7 @@ def test_timm_global_is_timms_pre_logits(name):
     ref = _timm_twin(name, ex)
     with torch.no_grad():
         want = ref.forward_head(ref.forward_features(_normalised(crops, plan)), pre_logits=True)
-    _close(got, want, name)
+    assert_features_close(got, want, name)
 
 
 def test_swin_window_partitioned_layers_are_not_taps():
