@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..store import DONE, FAILED, FeatureStore, split_code
-from .common import IngestError, IngestReport, read_split_file
+from ..store import FeatureStore, split_code
+from .common import IngestError, IngestReport, RegionBlock, read_split_file
 
 FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
 
@@ -186,29 +186,21 @@ def _write(fs, rows: list[tuple[int, _Line]], paths: list[Path]) -> None:
     """Second pass: fill each chunk-aligned block from its lines; rows without a line are failed."""
     by_row = dict(rows)
     handles = [open(p, "rb") for p in paths]
-    k, width = fs.shape[1], fs.shape[2]
+    k = fs.shape[1]
     errors = {}
     try:
         for block in fs.blocks():
-            n = len(block)
-            data = np.zeros((n, k, width), dtype=fs.data.dtype)
-            boxes = np.zeros((n, k, 4), dtype=np.float32)
-            count = np.zeros(n, dtype=np.int16)
-            size = np.zeros((n, 2), dtype=np.int32)
-            status = np.full(n, FAILED, dtype=np.uint8)
+            rb = RegionBlock(fs, block)
             todo = sorted((by_row[r].file, by_row[r].offset, r) for r in range(block.start, block.stop)
                           if r in by_row)
             for fi, offset, r in todo:
-                ln = by_row[r]
                 handles[fi].seek(offset)
-                _, w, h, nb, b, feats = parse_line(handles[fi].readline(), f"{paths[fi]}:{ln.lineno}",
+                _, w, h, nb, b, feats = parse_line(handles[fi].readline(), f"{paths[fi]}:{by_row[r].lineno}",
                                                    k)
-                i = r - block.start
-                data[i, :nb], boxes[i, :nb], count[i], size[i] = feats, b, nb, (w, h)
-                status[i] = DONE
-            for i in np.flatnonzero(status == FAILED):
-                errors[block.start + int(i)] = "no line for this image in the BUTD files"
-            fs.write_block(block, data, status=status, boxes=boxes, count=count, image_size=size)
+                rb.put(r, feats, b, w, h)
+            for r in rb.failed_rows():
+                errors[r] = "no line for this image in the BUTD files"
+            rb.write(fs)
     finally:
         for h in handles:
             h.close()

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..store import StoreError
+import numpy as np
+
+from ..store import DONE, FAILED, StoreError
 
 
 class IngestError(StoreError):
@@ -154,3 +156,29 @@ def no_images_error(source: str | Path, image_root: str | Path, looked_for: Path
         return IngestError(f"{source}: no usable images")
     return IngestError(f"{source}: no usable images: no image file was found under the image root "
                        f"{Path(image_root).resolve()} (looked for e.g. {looked_for}); check --image-root")
+
+
+class RegionBlock:
+    """One row block of a padded regions set being filled (ingest butd / npz): every row starts
+    failed, ``put`` fills one image's regions and marks it done, ``write`` stores the block."""
+
+    def __init__(self, fs, block):
+        n, k, width = len(block), fs.shape[1], fs.shape[2]
+        self.block = block
+        self.data = np.zeros((n, k, width), dtype=fs.data.dtype)
+        self.boxes = np.zeros((n, k, 4), dtype=np.float32)
+        self.count = np.zeros(n, dtype=np.int16)
+        self.size = np.zeros((n, 2), dtype=np.int32)
+        self.status = np.full(n, FAILED, dtype=np.uint8)
+
+    def put(self, row: int, feats, boxes, width: int, height: int) -> None:
+        i, nb = row - self.block.start, len(boxes)
+        self.data[i, :nb], self.boxes[i, :nb], self.count[i], self.size[i] = feats, boxes, nb, (width, height)
+        self.status[i] = DONE
+
+    def failed_rows(self) -> list[int]:
+        return [self.block.start + int(i) for i in np.flatnonzero(self.status == FAILED)]
+
+    def write(self, fs) -> None:
+        fs.write_block(self.block, self.data, status=self.status, boxes=self.boxes, count=self.count,
+                       image_size=self.size)

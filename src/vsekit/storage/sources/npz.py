@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store import DONE, FAILED, FeatureStore
-from .common import IngestError, IngestReport
+from ..store import FeatureStore
+from .common import IngestError, IngestReport, RegionBlock
 
 KEYS = ("x", "bbox", "num_bbox", "image_h", "image_w")
 
@@ -137,17 +137,10 @@ def ingest_npz(folder: str | Path, store_path: str | Path, *, name: str = "regio
 
 
 def _write(fs, by_row: dict[int, _File]) -> None:
-    k, width = fs.shape[1], fs.shape[2]
     errors = {}
     for block in fs.blocks():
-        n = len(block)
-        data = np.zeros((n, k, width), dtype=fs.data.dtype)
-        boxes = np.zeros((n, k, 4), dtype=np.float32)
-        count = np.zeros(n, dtype=np.int16)
-        size = np.zeros((n, 2), dtype=np.int32)
-        status = np.full(n, FAILED, dtype=np.uint8)
+        rb = RegionBlock(fs, block)
         for r in range(block.start, block.stop):
-            i = r - block.start
             f = by_row.get(r)
             if f is None:
                 errors[r] = "no .npz file for this image"
@@ -157,7 +150,6 @@ def _write(fs, by_row: dict[int, _File]) -> None:
             if not (np.all(np.isfinite(x)) and np.all(np.isfinite(b))):
                 errors[r] = f"{f.path}: non-finite values in x or bbox"
                 continue
-            data[i, :f.n], boxes[i, :f.n], count[i], size[i] = x, b, f.n, (f.w, f.h)
-            status[i] = DONE
-        fs.write_block(block, data, status=status, boxes=boxes, count=count, image_size=size)
+            rb.put(r, x, b, f.w, f.h)
+        rb.write(fs)
     fs.record_errors(errors)
