@@ -158,15 +158,17 @@ def _split_options(f):
 
 @ingest.command("webdataset")
 @click.argument("shards", nargs=-1, required=True)
+@_outside
 @_split_options
 @_common
-def webdataset(shards, split_file, split, ratios, seed, store_path, overwrite, strict):
+def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, strict):
     """Ingest WebDataset tar SHARDS (img2dataset/open_clip: KEY.jpg + KEY.txt|json); brace patterns
     like shard-{0000..0009}.tar work. Images stay in the shards and are read in place."""
     from ..storage.sources.webdataset import ingest_webdataset
 
     _, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
-                                  seed=seed, strict=strict, overwrite=overwrite)
+                                  seed=seed, strict=strict, overwrite=overwrite,
+                                  allow_outside_root=allow_outside_root)
     click.echo(report.summary())
 
 
@@ -182,10 +184,11 @@ def webdataset(shards, split_file, split, ratios, seed, store_path, overwrite, s
 @click.option("--image-root", type=click.Path(file_okay=False), default=None,
               help="Folder that image path columns are relative to (default: the first file's folder).")
 @click.option("--no-check-files", is_flag=True, help="Do not check that image path files exist.")
+@_outside
 @_split_options
 @_common
 def parquet(files, image_column, caption_column, id_column, split_column, image_root, no_check_files,
-            split_file, split, ratios, seed, store_path, overwrite, strict):
+            allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, strict):
     """Ingest parquet FILES (or folders of them): img2dataset's parquet output, HF datasets exports.
     Image bytes stay in the files and are read in place."""
     from ..storage.sources.parquet import ingest_parquet
@@ -193,7 +196,8 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
     _, report = ingest_parquet(list(files), store_path, image_column=image_column,
                                caption_column=caption_column, id_column=id_column, split_column=split_column,
                                image_root=image_root, check_files=not no_check_files, split_file=split_file,
-                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite)
+                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite,
+                               allow_outside_root=allow_outside_root)
     click.echo(report.summary())
 
 

@@ -10,6 +10,12 @@ one of:
   present (``file.parquet::image.bytes@ROW``), else ``path``;
 * a string column of paths, relative to ``image_root`` (default: the first file's folder).
 
+An image path (a path column, or an HF struct's ``path``) must lead to a file under the image root
+once symlinks are followed; an absolute path inside the root is stored relative to it. A path that
+leaves the root (absolute elsewhere, ``../``, a symlink out) is refused unless
+``allow_outside_root``. When no row is usable because no image file was found, the error names a
+few of the paths looked for and points at ``--image-root``.
+
 Columns are found by name unless given (``--image-column`` ...). The image id is the id column, else
 the image path without its extension, else ``FILE:ROW``. Splits come from a split column (values
 train, val, test, restval), a split file, one ``split``, or a seeded random split. Files are read one
@@ -94,7 +100,8 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
                    split_column: str | None = None, image_root: str | os.PathLike | None = None,
                    check_files: bool = True, split_file: str | Path | None = None, split: str | None = None,
                    ratios: str | Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0, strict: bool = False,
-                   overwrite: bool = False, dataset: str | None = None) -> tuple[FeatureStore, IngestReport]:
+                   overwrite: bool = False, dataset: str | None = None,
+                   allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store from parquet files; image bytes are referenced in place, not copied."""
     import pyarrow.parquet as pq
 
@@ -104,6 +111,7 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
     ratios = parse_ratios(ratios)
     report = IngestReport(strict=strict)
     root = Path(image_root).resolve() if image_root else paths[0].resolve().parent
+    paths_to = _ImagePaths(root, image_root is not None, allow_outside_root, check_files, report)
     row_of: dict[str, int] = {}
     ids, refs, given, texts, owners = [], [], [], [], []
     for file in paths:
@@ -138,15 +146,9 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
                 row = start + i
                 where = f"{file}: row {row}"
                 if kind == "path" or (present[i] is not None and present[i][0] == "path"):
-                    rel = cols[img_col][i] if kind == "path" else present[i][1]
-                    if not rel:
-                        report.skip(f"{where}: empty image path")
+                    ref = paths_to.ref(cols[img_col][i] if kind == "path" else present[i][1], where, img_col)
+                    if ref is None:
                         continue
-                    rel = PurePosixPath(str(rel).replace("\\", "/")).as_posix()
-                    if check_files and not (root / rel).is_file():
-                        report.skip(f"{where}: image file {root / rel} is missing")
-                        continue
-                    ref = rel
                 elif present[i] is None:
                     report.skip(f"{where}: no image bytes in column {img_col!r}")
                     continue
@@ -180,7 +182,7 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
                 owners += [r] * len(caps)
             start += table.num_rows
     if not ids:
-        raise IngestError(f"{', '.join(map(str, paths[:3]))}: no usable rows")
+        raise paths_to.no_rows_error(f"{', '.join(map(str, paths[:3]))}")
     if split_col and split is None and split_file is None:
         splits = given
     else:
@@ -194,6 +196,75 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
         store.root.attrs["image_source"] = "parquet"
     report.counts = {"images": len(ids), "captions": len(texts), "files": len(paths)}
     return store, report
+
+
+class _ImagePaths:
+    """Image paths of a parquet table → store paths relative to the image root: refuses paths that
+    leave the root (unless allowed), skips missing files, and remembers a few it looked for."""
+
+    def __init__(self, root: Path, root_given: bool, allow_outside: bool, check_files: bool,
+                 report: IngestReport):
+        self.root, self.root_given, self.allow_outside = root, root_given, allow_outside
+        self.check_files, self.report = check_files, report
+        self.looked_for: list[Path] = []
+        self.missing = 0
+        self.column = ""
+
+    def ref(self, raw: Any, where: str, column: str) -> str | None:
+        """The store path of one row's image path, or None when the row is skipped."""
+        if not raw:
+            self.report.skip(f"{where}: empty image path")
+            return None
+        text = str(raw).replace("\\", "/")
+        rel = self.inside(text)
+        if rel is None:
+            if not self.allow_outside:
+                raise IngestError(f"{where}: image path {text!r} in column {column!r} "
+                                  f"{_why_outside(self.root, text)}; refusing to read files outside the image "
+                                  f"root (pass --image-root DIR for the folder that holds the images, or "
+                                  f"--allow-outside-root if this is intended)")
+            rel = PurePosixPath(text).as_posix()
+        if self.check_files and not (self.root / rel).is_file():
+            self.missing += 1
+            self.column = column
+            if len(self.looked_for) < 3:
+                self.looked_for.append(self.root / rel)
+            self.report.skip(f"{where}: image file {self.root / rel} is missing")
+            return None
+        return rel
+
+    def inside(self, text: str) -> str | None:
+        """``text`` relative to the root when, with symlinks followed, it names a path under the root."""
+        path = Path(text)
+        target = (self.root / path).resolve()
+        if target != self.root and self.root not in target.parents:
+            return None
+        if not path.is_absolute():
+            return PurePosixPath(text).as_posix()
+        try:  # keep the given name when it is spelled under the root
+            lexical = PurePosixPath(path.relative_to(self.root).as_posix())
+            if ".." not in lexical.parts:
+                return lexical.as_posix()
+        except ValueError:
+            pass
+        return target.relative_to(self.root).as_posix()
+
+    def no_rows_error(self, files: str) -> IngestError:
+        """The error when no row was usable; names the image files looked for when that is why."""
+        if not self.missing:
+            return IngestError(f"{files}: no usable rows")
+        tried = ", ".join(map(str, self.looked_for)) + (", ..." if self.missing > len(self.looked_for) else "")
+        hint = ("check --image-root" if self.root_given
+                else "pass --image-root DIR, the folder they are relative to (default: the first file's folder)")
+        return IngestError(f"{files}: no usable rows: none of the {self.missing} image paths in column "
+                           f"{self.column!r} names a file under the image root {self.root} (looked for "
+                           f"{tried}); {hint}")
+
+
+def _why_outside(root: Path, text: str) -> str:
+    target = (root / text).resolve()
+    what = "is an absolute path" if Path(text).is_absolute() else "leaves the image root"
+    return f"{what} that resolves to {target}, outside the image root {root}"
 
 
 def _image_cells(col, kind: str) -> list[tuple[str, str | None] | None]:

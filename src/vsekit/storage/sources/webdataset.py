@@ -11,6 +11,11 @@ Images are not unpacked: an image's store path is ``shard.tar::KEY.jpg@OFFSET+SI
 :mod:`.shards`), read back with one seek by extraction. Shards must be uncompressed tars (what
 img2dataset writes); ``.tar.gz`` shards cannot be read in place and are refused. Splits come from a
 split file (id → split), one ``split`` for everything, or a seeded random split by ``ratios``.
+
+The store's image root is the shards' common folder (symlinks followed), so every shard lies under
+it. A member name that would leave its shard's folder if unpacked (absolute, or with a ``..``
+part) is refused unless ``allow_outside_root``, as every ingest refuses image paths outside its
+root; symlink and hard-link members are never read (only regular files are images).
 """
 
 from __future__ import annotations
@@ -75,7 +80,17 @@ def _captions(shard: Path, key: str, files: dict, tf: tarfile.TarFile) -> list[s
     return []
 
 
-def scan_shard(shard: Path, report: IngestReport) -> list[tuple[str, str, int, int, list[str]]]:
+def _outside_name(name: str) -> str | None:
+    """Why a member name leaves its shard's folder (absolute or ``..``), else None."""
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[/\\]", name):
+        return "is an absolute path"
+    if ".." in re.split(r"[/\\]", name):
+        return "climbs out with '..'"
+    return None
+
+
+def scan_shard(shard: Path, report: IngestReport,
+               allow_outside_root: bool = False) -> list[tuple[str, str, int, int, list[str]]]:
     """(key, image member, data offset, size, captions) of each usable sample of one shard."""
     try:
         tf = tarfile.open(shard, mode="r:")
@@ -87,6 +102,10 @@ def scan_shard(shard: Path, report: IngestReport) -> list[tuple[str, str, int, i
             for info in tf:
                 if not info.isfile():
                     continue
+                why = None if allow_outside_root else _outside_name(info.name)
+                if why:
+                    raise IngestError(f"{shard}: member name {info.name!r} {why}, outside the shard's folder; "
+                                      f"refusing it (pass --allow-outside-root if this is intended)")
                 m = _KEY.match(info.name)
                 if not m:
                     continue
@@ -113,7 +132,8 @@ def scan_shard(shard: Path, report: IngestReport) -> list[tuple[str, str, int, i
 def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Path, *,
                       split_file: str | Path | None = None, split: str | None = None,
                       ratios: str | Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0, strict: bool = False,
-                      overwrite: bool = False, dataset: str | None = None) -> tuple[FeatureStore, IngestReport]:
+                      overwrite: bool = False, dataset: str | None = None,
+                      allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store whose images stay in ``shards`` (paths or brace patterns)."""
     paths = expand_shards(shards)
     if split is not None:
@@ -124,7 +144,7 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
     ids, refs, texts, owners, where = [], [], [], [], {}
     for shard in paths:
         rel = os.path.relpath(shard.resolve(), root)
-        for key, member, offset, size, caps in scan_shard(shard, report):
+        for key, member, offset, size, caps in scan_shard(shard, report, allow_outside_root):
             if key in where:
                 raise IngestError(f"{shard}: sample key {key} is also in {where[key]}; keys must be unique "
                                   f"across shards (they become image ids)")
