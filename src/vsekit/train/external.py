@@ -58,7 +58,8 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
     """Metrics of every protocol for an external (images x captions) matrix; writes a metrics JSON.
 
     ``out`` (default: ``<sims stem>_metrics.json`` beside the matrix) receives the same document
-    ``vsekit evaluate`` writes. Returns it with the printed ``table`` added.
+    ``vsekit evaluate`` writes, protocol ``warnings`` included. Returns it with the printed ``table``
+    added.
     """
     from .runs import ALL_PROTOCOLS, default_protocols, protocol_warnings
 
@@ -83,9 +84,10 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
                for p in protocols}
     label = Path(sims_path).name
     doc = {"sims": str(sims_path), "split": split, "store": str(fstore.path), "n_images": int(len(es.rows)),
-           "n_captions": int(len(es.captions)), "dtype": str(sims.dtype), "protocols": results}
+           "n_captions": int(len(es.captions)), "dtype": str(sims.dtype), "protocols": results,
+           "warnings": warnings}  # saved under the key plain `vsekit evaluate` uses
     out_path = Path(out) if out else Path(sims_path).with_name(Path(sims_path).stem + "_metrics.json")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=2))
-    return {**doc, "warnings": warnings, "table": format_table([(label, p, m) for p, m in results.items()]),
+    return {**doc, "table": format_table([(label, p, m) for p, m in results.items()]),
             "metrics_path": str(out_path)}
