@@ -17,6 +17,7 @@ the same image ids. Everything is streamed one store chunk at a time.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -218,22 +219,48 @@ def export_vocab(store: FeatureStore | str | Path, out: str | Path, name: str) -
 
 
 def vsepp_vocab_pickle(itos: Sequence[str]) -> bytes:
-    """A pickle of VSE++'s ``vocab.Vocabulary`` (``word2idx``, ``idx2word`` with int keys, ``idx``).
+    """A pickle of VSE++'s ``vocab.Vocabulary`` holding ``itos`` (``word2idx``, ``idx2word`` with int
+    keys, ``idx``), protocol 2 (readable by Python 2 and 3).
 
     VSE++ saves the object itself and loads it with ``pickle.load`` while its own ``vocab`` module is
-    importable. We cannot pickle their class, so the opcodes are written directly: protocol 2
-    (readable by Python 2 and 3), the global ``vocab.Vocabulary``, an instance made without calling
-    ``__init__`` (NEWOBJ), and its ``__dict__`` set by BUILD — exactly what pickling an instance of
-    their class produces. Loading it needs VSE++'s ``vocab.py`` on the path, as their own pickles do.
+    importable. vsekit builds an object of the same shape (:class:`_VseppVocabulary`: their
+    ``__init__`` and ``add_word``) and pickles it with Python's own pickler, naming the class
+    ``vocab.Vocabulary``; so the bytes are those of ``pickle.dumps(their_vocab, protocol=2)`` for
+    their object built from the same words under Python 3, memo and all. Loading it needs VSE++'s
+    ``vocab.py`` on the path, as their own pickles do.
     """
-    import pickle
+    import io
 
-    state = {"word2idx": {w: i for i, w in enumerate(itos)}, "idx2word": dict(enumerate(itos)),
-             "idx": len(itos)}
-    body = pickle.dumps(state, protocol=2)
-    assert body[:2] == b"\x80\x02" and body[-1:] == pickle.STOP
-    return (b"\x80\x02" + pickle.GLOBAL + b"vocab\nVocabulary\n" + pickle.EMPTY_TUPLE + pickle.NEWOBJ
-            + body[2:-1] + pickle.BUILD + pickle.STOP)
+    buf = io.BytesIO()
+    _VocabPickler(buf, protocol=2).dump(_VseppVocabulary(itos))
+    return buf.getvalue()
+
+
+class _VseppVocabulary:
+    """An object with the attribute layout of VSE++'s ``vocab.Vocabulary``, filled as its
+    ``add_word`` fills it (so ``__dict__`` holds word2idx, idx2word, idx in that order)."""
+
+    def __init__(self, itos: Sequence[str]):
+        self.word2idx: dict[str, int] = {}
+        self.idx2word: dict[int, str] = {}
+        self.idx = 0
+        for word in itos:
+            if word not in self.word2idx:
+                self.word2idx[word] = self.idx
+                self.idx2word[self.idx] = word
+                self.idx += 1
+
+
+class _VocabPickler(pickle._Pickler):
+    """Python's own (pure-Python) pickler, writing :class:`_VseppVocabulary` as the global
+    ``vocab.Vocabulary``: VSE++'s module must be importable to read the pickle, not to write it."""
+
+    def save_global(self, obj, name=None):
+        if obj is _VseppVocabulary:
+            self.write(pickle.GLOBAL + b"vocab\nVocabulary\n")
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
 
 
 def export_vsepp(store, features: str, out, **kw) -> dict[str, Any]:
