@@ -297,10 +297,13 @@ def test_examples_match_the_similarity_matrix_and_images_decode(small_store, tmp
                   int(i["data-image"]) == c["image"]]
         assert marked == [c["image"]]
     for block, e in zip(p.imgq, data["images"]):
-        assert [int(li["data-caption"]) for li in block["caps"]] == e["top"]
-        assert [li.get("class") == "ok" for li in block["caps"]] == e["matches"]
+        listed = [li for li in block["caps"] if "data-correct" not in li]  # the top k; then the correct one
+        assert [int(li["data-caption"]) for li in listed] == e["top"]
+        assert [li.get("class") == "ok" for li in listed] == e["matches"]
         texts = small_store.caption_text()[test_caps[e["top"]]]
-        assert [li["text"].split(" (")[0].strip() for li in block["caps"]] == [str(t) for t in texts]
+        assert [li["text"].split(" (")[0].strip() for li in listed] == [str(t) for t in texts]
+        extra = [int(li["data-caption"]) for li in block["caps"] if "data-correct" in li]
+        assert extra == ([] if any(e["matches"]) else [e["correct"]])
     assert p.imgs and not p.missing
     for img in p.imgs:
         assert int(img["data-image-row"]) in set(test_imgs.tolist())
@@ -596,3 +599,148 @@ def test_sman_word_weights_are_never_taken_for_grid_maps(n_words):
         assert g.weights.shape == (2, 2) and np.isclose(g.weights.sum(), 1.0)
         assert not any(w.weights.size == 4 and np.allclose(np.sort(w.weights.ravel()), np.sort(g.weights.ravel()))
                        for w in words)
+
+
+# issue 24: what a reader of the page sees ----------------------------------------------------------
+class Cards(HTMLParser):
+    """The attention cards (div.att) with their images, and the no-attention notes."""
+
+    def __init__(self):
+        super().__init__()
+        self.cards: list[dict] = []
+        self.notes: list[str] = []
+        self._depth = 0
+        self._in_note = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        if tag == "div" and "att" in classes:
+            self.cards.append(dict(a, imgs=[]))
+            self._depth = 1
+        elif tag == "div" and self._depth:
+            self._depth += 1
+        if tag == "img" and self._depth:
+            self.cards[-1]["imgs"].append(a)
+        if tag == "div" and "noatt" in classes:
+            self._in_note = True
+            self.notes.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "div" and self._depth:
+            self._depth -= 1
+        if tag == "div":
+            self._in_note = False
+
+    def handle_data(self, data):
+        if self._in_note:
+            self.notes[-1] += data
+
+
+def _cards(path: Path) -> Cards:
+    c = Cards()
+    c.feed(path.read_text())
+    return c
+
+
+def _sgraf_run(tmp_path, store, mode, global_module, name=None):
+    from vsekit.models.base import create_model
+
+    kw = {"img_shape": [4, 8], "vocab_size": len(store.root["tokens"].attrs["vocabulary"]), "embed_dim": 16,
+          "word_dim": 8, "sim_dim": 8, "global_module": global_module, "temde_divisions": 2,
+          "temde_centroids": 4, "temde_dim": 2}
+    torch.manual_seed(0)
+    model = create_model(mode, **kw).eval()
+    return make_run(tmp_path / (name or f"{mode}-{global_module}"), store, model=model, name=mode,
+                    model_kwargs=kw, features="regions", metrics=METRICS_A)
+
+
+@pytest.mark.parametrize("other, shared", [(14.96, True), (14.94, False)])
+def test_best_mark_goes_to_every_run_showing_the_best_value(small_store, tmp_path, other, shared):
+    import copy
+
+    ma, mb = copy.deepcopy(METRICS_A), copy.deepcopy(METRICS_A)
+    ma["coco-1k"]["i2t"]["r1"], mb["coco-1k"]["i2t"]["r1"] = 15.04, other
+    a = make_run(tmp_path / "a", small_store, metrics=ma)
+    b = make_run(tmp_path / "b", small_store, metrics=mb)
+    html = report([a, b], tmp_path / "out", n_captions=0, n_images=0, n_attention=0).path.read_text()
+    found = re.findall(r'<td class="([a-z]*)" data-run="(a|b)" data-protocol="coco-1k" '
+                       r'data-metric="i2t\.r1"[^>]*>([^<]*)</td>', html)
+    shown = {run: text for _, run, text in found}
+    starred = {run for cls, run, _ in found if cls == "best"}
+    assert shown["a"] == "15.0" and shown["b"] == ("15.0" if shared else "14.9")
+    assert starred == ({"a", "b"} if shared else {"a"})
+
+
+def test_attention_cards_show_the_image_they_name(small_store, tmp_path):
+    run = _sgraf_run(tmp_path, small_store, "saf", "self-attention")
+    s = report([run], tmp_path / "out", n_captions=3, n_images=0, n_attention=3)
+    data = json.loads((tmp_path / "out" / "report.json").read_text())["runs"][0]
+    rows = small_store.split_rows("test")
+    cards = _cards(s.path).cards
+    assert len(cards) == 3 and len(data["attention"]) == 3
+    html = s.path.read_text()
+    assert html.count("with its image") == 3
+    for card, att in zip(cards, data["attention"]):
+        assert att["views"] and int(card["data-caption"]) == att["caption"]
+        assert [int(i["data-image-row"]) for i in card["imgs"]] == [int(rows[att["image"]])]
+        assert card["imgs"][0]["src"].startswith("data:image/jpeg;base64,")
+
+
+def test_models_without_word_attention_are_described_as_what_they_are(small_store, tmp_path):
+    sgr = _sgraf_run(tmp_path, small_store, "sgr", "t-emde")
+    saf = _sgraf_run(tmp_path, small_store, "saf", "none")
+    s = report([sgr, saf], tmp_path / "out", n_captions=1, n_images=0, n_attention=1)
+    notes = _cards(s.path).notes
+    assert len(notes) == 2
+    assert "similarity graph reasoning over its local (word–region) and global alignment vectors" in notes[0]
+    assert "T-EMDE" in notes[0] and "embedding model" not in notes[0]
+    assert "SAF scores a pair by filtering its local (word–region) alignment vectors" in notes[1]
+    assert "embedding model" not in s.path.read_text()
+
+
+def test_image_query_shows_its_correct_caption_below_the_top_k(small_store, tmp_path):
+    test_caps = small_store.captions_of_split("test")
+    test_imgs = small_store.split_rows("test")
+    cap_img = np.searchsorted(test_imgs, small_store.caption_images()[test_caps])
+    sims = np.random.default_rng(7).uniform(0.5, 1.0, size=(6, 30))
+    for g in range(6):
+        own = np.flatnonzero(cap_img == g)
+        sims[g, own] = 0.1 + 0.01 * np.arange(len(own))  # its own captions score lowest
+    best_own = {g: int(np.flatnonzero(cap_img == g)[-1]) for g in range(6)}
+    sims[1, :] = 0.3                                   # image 1: every caption tied
+    best_own[1] = int(np.flatnonzero(cap_img == 1)[0])  # ties go to the lower index
+    run = make_run(tmp_path / "run", small_store, metrics=METRICS_A, sims=sims)
+    s = report([run], tmp_path / "out", n_captions=0, n_images=6, k=5)
+    p = parse_page(s.path)
+    assert len(p.imgq) == 6
+    texts = small_store.caption_text()
+    for block in p.imgq:
+        g = int(block["data-image"])
+        (li,) = [li for li in block["caps"] if "data-correct" in li]
+        j = best_own[g]
+        assert int(li["data-caption"]) == j and "ok" in li["class"].split()
+        rank = 1 + int(np.sum(sims[g] > sims[g, j]))
+        place = 1 + int(np.sum(sims[g] > sims[g, j])) + int(np.sum(sims[g, :j] == sims[g, j]))
+        assert int(li["data-rank"]) == rank and int(li["value"]) == place
+        assert li["text"].startswith(str(texts[test_caps[j]]))
+        assert f"correct, rank {rank}" in li["text"]
+        if g == 1:
+            assert rank == 1 and place == j + 1 > 5 and "tied" in li["text"]
+        else:
+            assert rank == 26 and place == 26  # 25 other captions score higher
+
+
+def test_saf_plus_sgr_ensemble_row_is_called_sgraf(small_store, tmp_path):
+    saf = make_run(tmp_path / "saf", small_store, metrics=METRICS_A, name="saf")
+    sgr = make_run(tmp_path / "sgr-temde", small_store, metrics=METRICS_B, name="sgr")
+    vse = make_run(tmp_path / "vse2", small_store, metrics=METRICS_B, name="vse")
+    doc = {"runs": ["runs/saf", "runs/sgr-temde"], "protocols": METRICS_B}  # paths as evaluate was given them
+    (saf / "metrics_ensemble.json").write_text(json.dumps(doc))
+    (vse / "metrics_ensemble.json").write_text(json.dumps({"runs": [str(vse), str(saf)], "protocols": METRICS_B}))
+    html = report([saf, sgr, vse], tmp_path / "out", n_captions=0, n_images=0,
+                  n_attention=0).path.read_text()
+    rows = re.findall(r'<tr><td class="run">([^<]*)</td><td class="run">([^<]*)</td>', html)
+    assert ("SGRAF (saf + sgr-temde)", "SGRAF: mean of the SAF and SGR similarities") in rows
+    assert ("vse2 + saf", "ensemble: mean of similarities") in rows
+    assert 'data-run="SGRAF (saf + sgr-temde)"' in html

@@ -55,6 +55,7 @@ class _RunExamples:
     texts: dict[int, str] = field(default_factory=dict)
     attention: list[tuple[int, int, list]] = field(default_factory=list)  # (caption, image, views)
     words: dict[int, list[str]] = field(default_factory=dict)
+    no_attention: str = ""                 # why the model shows no attention view
 
 
 def report(runs: Sequence[str | Path], out: str | Path, *, split: str = "test", n_captions: int = 8,
@@ -178,7 +179,7 @@ def _examples_of(run: RunInfo, *, split, n_captions, n_images, n_attention, k, s
         notes.append(f"{run.name}: retrieval examples failed: {exc}")
         return res
     for e in res.examples.images:  # the texts of the captions shown for image queries
-        for j in e.top:
+        for j in e.top + ([] if e.correct is None else [e.correct]):
             cap_text[j]
     res.texts = cap_text.cache
     if model is not None and n_attention:
@@ -203,8 +204,9 @@ class _LazyTexts:
 
 def _attention_of(res: _RunExamples, model, feats: str, n: int, device: str, notes: list[str]) -> None:
     from . import model_io
-    from .attention import pair_attention
+    from .attention import no_attention_reason, pair_attention
 
+    res.no_attention = no_attention_reason(model, res.run.model_name)
     vocab = model_io.vocabulary(res.data.store)
     pairs = [(c.caption, c.image) for c in res.examples.captions][:n]
     try:
@@ -233,9 +235,11 @@ def _examples_html(res: _RunExamples, size: int, missing: set[str], summary: Rep
         for rank, (g, s) in enumerate(zip(c.top, c.top_scores), 1):
             figs.append(_thumb(data, g, f"#{rank} {'✓ ' if g == c.image else ''}{s:.3f}", g == c.image,
                                size, missing, f'data-image="{g}" data-rank="{rank}"'))
-        if c.rank > len(c.top):
-            figs.append(_thumb(data, c.image, f"correct: rank {c.rank}", True, size, missing,
-                               f'data-image="{c.image}" data-rank="{c.rank}" data-correct="1"'))
+        if c.image not in c.top:  # below the top k (a tie can put rank k behind the k shown)
+            tied = f", tied, #{c.position} in order" if c.position != c.rank else ""
+            figs.append(_thumb(data, c.image, f"correct: rank {c.rank}{tied}", True, size, missing,
+                               f'data-image="{c.image}" data-rank="{c.rank}" data-position="{c.position}" '
+                               f'data-correct="1"'))
         out.append(f'<div class="ex capq" data-run="{escape(run.name)}" data-caption="{c.caption}" '
                    f'data-caption-row="{int(data.caption_rows[c.caption])}" data-correct="{c.image}" '
                    f'data-correct-rank="{c.rank}"><div>“{escape(c.text)}” '
@@ -246,6 +250,12 @@ def _examples_html(res: _RunExamples, size: int, missing: set[str], summary: Rep
             f'<li class="{"ok" if m else ""}" data-caption="{j}">{escape(res.texts.get(j, ""))} '
             f'<span class="sub">({s:.3f})</span></li>'
             for j, s, m in zip(e.top, e.top_scores, e.matches))
+        if e.correct is not None and not any(e.matches):  # its best own caption, below the top k
+            tied = ", tied with captions listed before it" if e.correct_position != e.rank else ""
+            items += (f'<li class="ok" value="{e.correct_position}" data-caption="{e.correct}" '
+                      f'data-rank="{e.rank}" data-position="{e.correct_position}" data-correct="1">'
+                      f'{escape(res.texts.get(e.correct, ""))} <span class="sub">({e.correct_score:.3f}; '
+                      f'correct, rank {e.rank}{tied})</span></li>')
         fig = _thumb(data, e.image, f"image {int(data.image_rows[e.image])}", False, size, missing,
                      f'data-image="{e.image}"')
         out.append(f'<div class="ex imgq" data-run="{escape(run.name)}" data-image="{e.image}" '
@@ -271,11 +281,13 @@ def _attention_html(res: _RunExamples, size: int, missing: set[str], summary: Re
     if not res.attention:
         return head + '<div class="note">no attention maps for this run</div>'
     if not any(views for _, _, views in res.attention):
-        return head + (f'<div class="note">{escape(run.model_name)} has no attention over words or grid cells '
-                       f'(an embedding model without attention, or a sketch coder)</div>')
+        return head + (f'<div class="note noatt">{escape(run.model_name)} has no attention over words or grid '
+                       f'cells: {escape(res.no_attention)}</div>')
     out = [head]
     for cap, img, views in res.attention:
         words = res.words.get(cap, [])
+        fig = _thumb(res.data, img, f"image {int(res.data.image_rows[img])}", False, size, missing,
+                     f'data-image="{img}"')
         parts = [f'<div class="sub">caption “{escape(res.texts.get(cap, ""))}” with its image</div>']
         grids = []
         for v in views:
@@ -289,7 +301,8 @@ def _attention_html(res: _RunExamples, size: int, missing: set[str], summary: Re
                              f'alt="{escape(v.title)}"><figcaption>{escape(v.title)}</figcaption></figure>')
         if grids:
             parts.append(f'<div class="grids">{"".join(grids)}</div>')
-        out.append(f'<div class="ex att" data-run="{escape(run.name)}" data-caption="{cap}">{"".join(parts)}</div>')
+        out.append(f'<div class="ex att" data-run="{escape(run.name)}" data-caption="{cap}" data-image="{img}">'
+                   f'<div class="attpair">{fig}<div>{"".join(parts)}</div></div></div>')
         summary.n_attention += len(views)
     return "".join(out)
 
@@ -307,7 +320,8 @@ def _json_summary(infos, results, notes, split) -> dict[str, Any]:
                               "image": c.image, "top": c.top, "scores": c.top_scores, "rank": c.rank}
                              for c in res.examples.captions],
                 "images": [{"image": e.image, "image_row": int(d.image_rows[e.image]), "top": e.top,
-                            "scores": e.top_scores, "matches": e.matches, "rank": e.rank}
+                            "scores": e.top_scores, "matches": e.matches, "rank": e.rank,
+                            "correct": e.correct}
                            for e in res.examples.images]}
             item["attention"] = [{"caption": c, "image": i, "views": [
                 {"kind": v.kind, "title": v.title, "shape": list(v.weights.shape)} for v in views]}

@@ -23,8 +23,10 @@ the title); that is used first. Otherwise the report *observes* the model: it ru
 - grid attention: the softmaxes over the G×G cells of a grid feature, in call order (SMAN: step 1
   in ``encode_images``, step 2 in the pairwise ``score``).
 
-The model's code is never changed, and a model without attention (VSE++, Order, T-EMDE's sketch)
-shows none.
+The model's code is never changed, and a model without such attention shows none, with the reason
+(:func:`no_attention_reason`): VSE++ and Order embed without attention; SGR (similarity graph
+reasoning over local and global alignment vectors) and SAF with the T-EMDE or no global module have
+no softmax over the caption's words (their softmaxes are over regions and graph edges).
 """
 
 from __future__ import annotations
@@ -175,3 +177,23 @@ def pair_attention(model, feats, counts, tokens, lengths) -> list[AttentionView]
             title = f"grid weights, step {i}" if len(grids) > 1 else "grid weights"
             views.append(AttentionView("grid", title, r.mean(axis=0).reshape(grid_side, grid_side)))
     return views
+
+
+def no_attention_reason(model, name: str) -> str:
+    """Why ``model`` (registry name ``name``) has no attention view, in its paper's terms."""
+    mode, glob = getattr(model, "mode", None), getattr(model, "global_module", None)
+    if mode in ("sgr", "saf"):
+        vectors = "local (word–region) alignment vectors" if glob == "none" else \
+            "local (word–region) and global alignment vectors"
+        how = ("similarity graph reasoning over its " + vectors if mode == "sgr"
+               else "filtering its " + vectors + " with sigmoid weights")
+        why = ("its global vectors come from T-EMDE sketches, not from the text self-attention that weights the "
+               "words" if glob == "t-emde" else "it has no global node (--global-module none), so no text "
+               "self-attention" if glob == "none" else "no text self-attention softmax was recorded")
+        return (f"{mode.upper()} scores a pair by {how}; {why}. Its other softmaxes (each word's alignment over "
+                f"the regions{', the graph edges' if mode == 'sgr' else ''}) are not weights over the caption's "
+                f"words or grid cells, so there is nothing to show here")
+    if name in ("vse", "order"):
+        return (f"{name} embeds images and captions without attention (VSE++ / order embeddings), so there is "
+                f"nothing to show here")
+    return f"{name}: no softmax over the caption's words or the grid cells was recorded"

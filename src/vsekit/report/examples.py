@@ -5,7 +5,9 @@ for n sampled captions that is an (N_images, n) matrix, never the full (N_images
 one, so a COCO-5K test set costs a few encoder passes, not 125M scores held at once.
 
 Ordering is by score descending, ties broken by the lower index (as a stable sort of ``-S``).
-Ranks are 1-based: ``1 + #{items scoring strictly higher than the correct one}``.
+Ranks are 1-based: ``1 + #{items scoring strictly higher than the correct one}``; a correct item's
+*position* is its place in that ordering (ties put it behind the lower indices), which is where the
+page shows it when it is not among the top k.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class CaptionExample:
     top: list[int]               # local image indices, best first
     top_scores: list[float]
     rank: int                    # rank of the correct image
+    position: int = 0            # its place in the ordering (> rank when tied with lower indices)
 
 
 @dataclass
@@ -89,6 +92,14 @@ class ImageExample:
     matches: list[bool]          # whether each top caption belongs to the image
     rank: int                    # rank of its best-ranked caption
     n_captions: int              # how many captions the image has
+    correct: int | None = None   # its best-ranked own caption (local index), None if it has none
+    correct_score: float | None = None
+    correct_position: int = 0    # its place in the ordering
+
+
+def position(row: np.ndarray, j: int) -> int:
+    """1-based place of item ``j`` when ``row`` is ordered by score, ties to the lower index."""
+    return 1 + int(np.sum(row > row[j])) + int(np.sum(row[:j] == row[j]))
 
 
 @dataclass
@@ -122,14 +133,19 @@ def retrieval_examples(src: ScoreSource, caption_image: np.ndarray, caption_text
             g = int(caption_image[c])
             ex.captions.append(CaptionExample(
                 caption=int(c), text=str(caption_text[c]), image=g, top=[int(i) for i in best],
-                top_scores=[float(row[i]) for i in best], rank=1 + int(np.sum(row > row[g]))))
+                top_scores=[float(row[i]) for i in best], rank=1 + int(np.sum(row > row[g])),
+                position=position(row, g)))
     imgs = sample(src.n_images, n_images, seed + 1)
     if len(imgs):
         rows = src.image_rows(imgs)  # (n, n_captions)
         for g, row, best in zip(imgs, rows, top_k(rows, k)):
             own = np.flatnonzero(caption_image == g)
-            rank = 1 + int(np.sum(row > row[own].max())) if len(own) else 0
+            # its best own caption, ties to the lower index (the order of the top-k list)
+            correct = int(own[np.argmax(row[own])]) if len(own) else None
+            rank = 1 + int(np.sum(row > row[correct])) if len(own) else 0
             ex.images.append(ImageExample(
                 image=int(g), top=[int(i) for i in best], top_scores=[float(row[i]) for i in best],
-                matches=[bool(caption_image[i] == g) for i in best], rank=rank, n_captions=len(own)))
+                matches=[bool(caption_image[i] == g) for i in best], rank=rank, n_captions=len(own),
+                correct=correct, correct_score=None if correct is None else float(row[correct]),
+                correct_position=0 if correct is None else position(row, correct)))
     return ex

@@ -37,7 +37,7 @@ figure.ok img,figure.ok .missing{border-color:#2a9d2a}figure.ok figcaption{color
 .missing{width:96px;height:96px;display:flex;align-items:center;justify-content:center;background:#eee;
 border:3px dashed #c66;color:#933;font-size:10px;word-break:break-all;padding:2px;box-sizing:border-box}
 ol.caps{margin:4px 0 0 0;padding-left:22px}ol.caps li.ok{color:#2a7d2a;font-weight:600}
-ol.caps li.ok::after{content:" \\2714"}.imgq{display:flex;gap:12px;align-items:flex-start}
+ol.caps li.ok::after{content:" \\2714"}.imgq,.attpair{display:flex;gap:12px;align-items:flex-start}
 table.strip{border-collapse:collapse;font-size:12px;margin:4px 0}table.strip td{padding:2px 4px;text-align:center}
 table.strip td.h{color:#666;text-align:right;font-size:10px}.grids{display:flex;gap:10px;flex-wrap:wrap}
 code{background:#eee;padding:0 3px}
@@ -55,15 +55,19 @@ def _fmt(v: float | None, metric: str) -> str:
 
 
 def best_cells(rows: Sequence[dict[str, float]], columns: Sequence[str]) -> dict[str, set[int]]:
-    """For each column, the indices of the rows holding its best value (max, or min for ranks)."""
+    """For each column, the indices of the rows holding its best value (max, or min for ranks).
+
+    Ties are judged on the value as the table shows it: two runs that both show "15.0" (15.04 and
+    14.96) share the mark, since the reader cannot tell them apart.
+    """
     best: dict[str, set[int]] = {}
     for col in columns:
         vals = [(i, r[col]) for i, r in enumerate(rows) if r.get(col) is not None]
         if len(vals) < 2:
             best[col] = set()
             continue
-        target = (max if HIGHER_IS_BETTER[col] else min)(v for _, v in vals)
-        best[col] = {i for i, v in vals if np.isclose(v, target, rtol=0, atol=1e-9)}
+        target = _fmt((max if HIGHER_IS_BETTER[col] else min)(v for _, v in vals), col)
+        best[col] = {i for i, v in vals if _fmt(v, col) == target}
     return best
 
 

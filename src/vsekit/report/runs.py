@@ -251,19 +251,40 @@ def load_run(path: str | Path) -> RunInfo:
 
 def load_ensembles(infos: list[RunInfo]) -> list[RunInfo]:
     """The ensembles evaluated from these run folders (``metrics_ensemble.json`` of ``vsekit evaluate
-    A B``), each as a metrics-only row named as the terminal names it (``A + B``)."""
+    A B``), each as a metrics-only row named as the terminal names it (``A + B``). A SAF run with an
+    SGR run is SGRAF, the paper's name for that average: the row is called ``SGRAF (A + B)``."""
     out: list[RunInfo] = []
     seen: set[tuple[str, ...]] = set()
+    by_path = {i.path.resolve(): i for i in infos}
     for info in infos:
         path = info.path / "metrics_ensemble.json"
         if not path.is_file():
             continue
         doc = _read_json(path)
-        runs = tuple(Path(r).name for r in (doc.get("runs") or [])) if isinstance(doc, dict) else ()
+        paths = [Path(r) for r in (doc.get("runs") or [])] if isinstance(doc, dict) else []
+        runs = tuple(p.name for p in paths)
         metrics = parse_metrics(doc)
         if not runs or not metrics or runs in seen:
             continue
         seen.add(runs)
-        out.append(RunInfo(path=info.path, name=" + ".join(runs), metrics=metrics, raw_metrics=doc,
-                           config={"model": "ensemble: mean of similarities"}))
+        name, model = " + ".join(runs), "ensemble: mean of similarities"
+        if sorted(_model_of(p, by_path) for p in paths) == ["saf", "sgr"]:
+            name, model = f"SGRAF ({name})", "SGRAF: mean of the SAF and SGR similarities"
+        out.append(RunInfo(path=info.path, name=name, metrics=metrics, raw_metrics=doc, config={"model": model}))
     return out
+
+
+def _model_of(path: Path, known: dict[Path, RunInfo]) -> str:
+    """The model name of the run folder ``path``: one of the report's runs (by path, else by folder
+    name, since ``vsekit evaluate`` saved the paths as it was given them), else its config.json."""
+    resolved = path.resolve()
+    if resolved in known:
+        return known[resolved].model_name
+    named = [i for p, i in known.items() if p.name == path.name]  # a relative path from another folder
+    if len(named) == 1:
+        return named[0].model_name
+    try:
+        cfg = _read_json(resolved / "config.json")
+    except (OSError, ValueError):
+        return "?"
+    return RunInfo(path=resolved, name=resolved.name, config=cfg).model_name if isinstance(cfg, dict) else "?"
