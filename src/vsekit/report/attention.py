@@ -187,9 +187,10 @@ def no_attention_reason(model, name: str) -> str:
             "local (word–region) and global alignment vectors"
         how = ("similarity graph reasoning over its " + vectors if mode == "sgr"
                else "filtering its " + vectors + " with sigmoid weights")
-        why = ("its global vectors come from T-EMDE sketches, not from the text self-attention that weights the "
-               "words" if glob == "t-emde" else "it has no global node (--global-module none), so no text "
-               "self-attention" if glob == "none" else "no text self-attention softmax was recorded")
+        why = {"t-emde": "its global vectors come from T-EMDE sketches, not from the text self-attention "
+                         "that weights the words",
+               "none": "it has no global node (--global-module none), so no text self-attention"
+               }.get(glob, "no text self-attention softmax was recorded")
         return (f"{mode.upper()} scores a pair by {how}; {why}. Its other softmaxes (each word's alignment over "
                 f"the regions{', the graph edges' if mode == 'sgr' else ''}) are not weights over the caption's "
                 f"words or grid cells, so there is nothing to show here")
