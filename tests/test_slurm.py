@@ -92,9 +92,32 @@ def test_extract_standardize_tokenize_on_slurm_equal_in_process(on_slurm, demo_s
     assert not _squeue(on_slurm["env"])  # every job ended with its cluster
 
 
-def test_scancel_mid_run_retries_and_writes_every_block_once(on_slurm, demo_store, reference):
+INSTRUMENT = Path(__file__).resolve().parent / "commit_log"   # its sitecustomize.py logs every commit
+
+
+@pytest.fixture()
+def commit_log(on_slurm, monkeypatch, tmp_path):
+    """Every block a SLURM worker commits is logged (tests/commit_log/sitecustomize.py), and every
+    batch sleeps 0.4 s first, so the test can act while blocks are in flight."""
+    log = tmp_path / "commits.log"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(INSTRUMENT), os.environ["PYTHONPATH"]]))
+    monkeypatch.setenv("VSEKIT_TEST_COMMIT_LOG", str(log))
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "0.4")
+    return log
+
+
+def commits(log: Path) -> list[tuple[str, int, str]]:
+    """(set, block, SLURM job id) of every logged commit."""
+    if not log.exists():
+        return []
+    rows = [ln.split() for ln in log.read_text().splitlines() if ln.strip()]
+    return [(r[0], int(r[1]), r[2]) for r in rows]
+
+
+def test_cancelled_job_that_committed_blocks_has_none_recomputed(on_slurm, commit_log, demo_store, reference):
+    """Finding 1: scancel a job after it provably committed a block (its commit is in the log); every
+    block must reach the disk exactly once and the result equal the in-process run bit for bit."""
     from vsekit.extract import extract
-    from vsekit.storage import FeatureStore
 
     result: dict = {}
 
@@ -106,28 +129,36 @@ def test_scancel_mid_run_retries_and_writes_every_block_once(on_slurm, demo_stor
 
     t = threading.Thread(target=run)
     t.start()
-    name, env = "test_resnet_fne", on_slurm["env"]
-    cancelled = None
+    env = on_slurm["env"]
+    n_blocks = -(-demo_store.n_images // OPTS["block_rows"])
+    cancelled, committed_before = None, 0
     deadline = time.time() + 240
-    while time.time() < deadline and t.is_alive():  # cancel one job once some blocks, not all, are done
-        try:
-            status = FeatureStore.open(demo_store.path).features(name).status[:]
-        except Exception:  # the set is being created
-            status = None
+    while time.time() < deadline and t.is_alive():  # a job with a commit, and work left for the other
+        done = commits(commit_log)
+        by_job = {}
+        for _, _, job in done:
+            by_job[job] = by_job.get(job, 0) + 1
         jobs = _squeue(env)
-        if status is not None and 2 <= int((status != 0).sum()) < len(status) - 6 and len(jobs) == 2:
-            cancelled = jobs[0]
+        ready = [j for j in jobs if by_job.get(j)]
+        if ready and len(done) <= n_blocks - 4 and len(jobs) == 2:
+            cancelled = ready[0]
             subprocess.run([slurm_local.which("scancel"), cancelled], env=env, check=True)
+            committed_before = by_job[cancelled]
             break
         time.sleep(0.05)
     t.join(300)
     assert not t.is_alive()
     if "exc" in result:
         raise result["exc"]
-    assert cancelled is not None, "the run finished before a job could be cancelled mid-run"
+    assert cancelled is not None and committed_before >= 1, "no job could be cancelled after a commit"
     res = result["res"]
     fs = demo_store.features(res.name)
     assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
     assert np.array_equal(fs.data[:], reference.features(res.name).data[:])
-    assert sorted(res.block_runs) == [b.index for b in fs.blocks()]
-    assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
+    per_block: dict[int, int] = {}
+    for name, block, _ in commits(commit_log):
+        assert name == res.name
+        per_block[block] = per_block.get(block, 0) + 1
+    assert sorted(per_block) == list(range(n_blocks))
+    assert per_block == {b: 1 for b in range(n_blocks)}, per_block   # each block on disk exactly once
+    assert sum(1 for _, _, job in commits(commit_log) if job == cancelled) >= committed_before
