@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -162,3 +163,73 @@ def test_cancelled_job_that_committed_blocks_has_none_recomputed(on_slurm, commi
     assert sorted(per_block) == list(range(n_blocks))
     assert per_block == {b: 1 for b in range(n_blocks)}, per_block   # each block on disk exactly once
     assert sum(1 for _, _, job in commits(commit_log) if job == cancelled) >= committed_before
+
+
+CLI = ["-c", "import sys; from vsekit.cli import main; sys.exit(main())"]
+
+
+def _cli_extract(store, cluster: str, tmp_path: Path) -> subprocess.Popen:
+    """``vsekit extract`` of OPTS in its own process (its environment: this test's, SLURM included)."""
+    args = [sys.executable, *CLI, "extract", "--store", str(store.path), "--model", "test_resnet", "--kind",
+            "fne", "--weights", "none", "--seed", "3", "--input-size", "64", "--resize", "72",
+            "--batch-size", "2", "--block-rows", "2", "--device", "cpu", "--cluster", cluster, "--no-progress"]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(tmp_path / "driver.err", "w"),
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _wait_for_commit(log: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not commits(log):
+        time.sleep(0.05)
+    assert proc.poll() is None and commits(log), "no block was committed while the run was going"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_signal_to_the_driver_stops_the_run_cancels_its_jobs_and_keeps_rows(
+        on_slurm, commit_log, demo_store, tmp_path, sig, code):
+    """Findings 4 and 5: Ctrl-C exits 130 and SIGTERM 143, each with the kept-rows line; the run's
+    jobs leave the queue within 30 s, the lock is released, nothing is committed afterwards, and
+    the kept rows are exactly the logged commits (rerunning resumes from them)."""
+    from vsekit.storage.lock import lock_path
+
+    env = on_slurm["env"]
+    proc = _cli_extract(demo_store, "slurm:2", tmp_path)
+    _wait_for_commit(commit_log, proc)
+    ours = set(_squeue(env))
+    proc.send_signal(sig)
+    _, _ = proc.communicate(timeout=60)
+    gone_at = time.time()
+    err = (tmp_path / "driver.err").read_text()
+    assert proc.returncode == code, err[-3000:]
+    assert "interrupted: kept" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err
+    while time.time() < gone_at + 30 and ours & set(_squeue(env)):
+        time.sleep(0.5)
+    assert not ours & set(_squeue(env)), "the run's SLURM jobs were not cancelled"
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    time.sleep(3)   # a worker still running a batch would commit it now
+    logged = commits(commit_log)
+    assert all(float(ln.split()[4]) <= gone_at for ln in commit_log.read_text().splitlines())
+    done = int((demo_store.features("test_resnet_fne").status[:] == 1).sum())
+    assert done == 2 * len(logged)   # the kept rows are what was committed, once each
+    assert f"kept {done} done" in err
+
+
+def test_workers_commit_nothing_once_the_driver_is_killed(on_slurm, commit_log, demo_store, tmp_path):
+    """Finding 5: the driver killed outright (SIGKILL: nothing cancels its jobs) — the workers that
+    are still running tasks must not commit them: the lock they check is no longer held."""
+    env, ours = on_slurm["env"], set()
+    proc = _cli_extract(demo_store, "slurm:2", tmp_path)
+    try:
+        _wait_for_commit(commit_log, proc)
+        ours = set(_squeue(env))
+        proc.kill()
+        proc.wait(30)
+        killed_at = time.time()
+        time.sleep(6)   # in-flight batches (0.4 s each) finish and reach their commit
+        late = [ln for ln in commit_log.read_text().splitlines() if float(ln.split()[4]) > killed_at + 0.5]
+        assert not late, f"committed after the driver was killed: {late}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run([slurm_local.which("scancel"), *sorted(ours)], env=env, capture_output=True)

@@ -276,7 +276,7 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
                           "memory": s.pop("memory", "4GB"),
                           "job_extra_directives": list(s.pop("job_extra", []) or []),
                           "job_script_prologue": list(s.pop("prologue", []) or []),
-                          "silence_logs": "error", "dashboard_address": None}
+                          "silence_logs": "error", "scheduler_options": {"dashboard": False}}
     extra: list[str] = []   # cores == processes: dask-jobqueue passes --nthreads 1 itself
     res = dict(resources or {})
     if gpus:
@@ -294,7 +294,7 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
         if key in s:
             kw[key] = s.pop(key)
     if "host" in s:
-        kw["scheduler_options"] = {"host": s.pop("host")}
+        kw["scheduler_options"]["host"] = s.pop("host")
     return kw
 
 
