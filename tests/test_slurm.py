@@ -168,11 +168,11 @@ def test_cancelled_job_that_committed_blocks_has_none_recomputed(on_slurm, commi
 CLI = ["-c", "import sys; from vsekit.cli import main; sys.exit(main())"]
 
 
-def _cli_extract(store, cluster: str, tmp_path: Path) -> subprocess.Popen:
+def _cli_extract(store, cluster: str, tmp_path: Path, device: str = "cpu") -> subprocess.Popen:
     """``vsekit extract`` of OPTS in its own process (its environment: this test's, SLURM included)."""
     args = [sys.executable, *CLI, "extract", "--store", str(store.path), "--model", "test_resnet", "--kind",
             "fne", "--weights", "none", "--seed", "3", "--input-size", "64", "--resize", "72",
-            "--batch-size", "2", "--block-rows", "2", "--device", "cpu", "--cluster", cluster, "--no-progress"]
+            "--batch-size", "2", "--block-rows", "2", "--device", device, "--cluster", cluster, "--no-progress"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(tmp_path / "driver.err", "w"),
                             text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
@@ -233,3 +233,49 @@ def test_workers_commit_nothing_once_the_driver_is_killed(on_slurm, commit_log, 
         if proc.poll() is None:
             proc.kill()
         subprocess.run([slurm_local.which("scancel"), *sorted(ours)], env=env, capture_output=True)
+
+
+def _set_config(monkeypatch, **changes):
+    cfg = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
+    cfg.update(changes)
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps(cfg))
+
+
+@pytest.mark.parametrize("config, device, says", [
+    ({"queue": "nosuchpartition"}, "cpu", "partition"),
+    ({}, "cuda", "gres"),   # --device cuda on this GPU-less machine: gpus 1, and the node has no GRES
+], ids=["partition", "gres"])
+def test_refused_submission_is_one_error_line_and_leaves_nothing(on_slurm, demo_store, tmp_path, monkeypatch,
+                                                                  config, device, says):
+    """Findings 3 and 6: a job SLURM refuses is sbatch's own message in one ``Error:`` line, at once,
+    with no traceback; the lock is released and no empty set is left. ``--device cuda`` is not
+    checked on this (login) node: the refusal comes from SLURM, about the GPU it lacks."""
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.lock import lock_path
+
+    _set_config(monkeypatch, **config)
+    proc = _cli_extract(demo_store, "slurm:2", tmp_path, device=device)
+    proc.communicate(timeout=120)   # the old code hung here
+    err = (tmp_path / "driver.err").read_text()
+    assert proc.returncode == 1, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: --cluster slurm:2: SLURM refuses the job:"), err
+    assert says in lines[0].lower() and "sbatch" in lines[0].lower()
+    assert "--device" not in lines[0]
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    assert not FeatureStore.open(demo_store.path).has_features("test_resnet_fne")
+    assert not _squeue(on_slurm["env"])
+
+
+def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo_store, monkeypatch):
+    """A bounded wait: jobs still pending after ``start_timeout`` stop the run with squeue's reason
+    (here BeginTime: the jobs may not start for an hour), cancelled, the lock released."""
+    from vsekit.extract import extract
+    from vsekit.storage.lock import lock_path
+
+    _set_config(monkeypatch, job_extra=["--begin=now+3600"], start_timeout=8)
+    with pytest.raises(ValueError, match=r"no SLURM job started within 8 s .*PENDING \(BeginTime\)"):
+        extract(demo_store, cluster="slurm:1", **OPTS)
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    assert not demo_store.has_features("test_resnet_fne")
+    assert not _squeue(on_slurm["env"])
