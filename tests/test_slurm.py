@@ -279,3 +279,39 @@ def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo
     assert not lock_path(demo_store.path, "test_resnet_fne").exists()
     assert not demo_store.has_features("test_resnet_fne")
     assert not _squeue(on_slurm["env"])
+
+
+@pytest.mark.slow
+def test_jobs_past_their_walltime_are_replaced_and_the_run_completes(on_slurm, commit_log, demo_store, reference,
+                                                                     monkeypatch):
+    """Finding 2: walltime 1 minute and about two minutes of work (every batch sleeps 10 s) on
+    slurm:2. Workers retire before their walltime (--lifetime), adapt submits new jobs, and the run
+    completes bit-equal to the in-process one, every block committed once. The old code hung
+    forever once both jobs hit TIMEOUT."""
+    from vsekit.extract import extract
+
+    _set_config(monkeypatch, walltime="00:01:00")
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "10")
+    result: dict = {}
+
+    def run():
+        try:
+            result["res"] = extract(demo_store, cluster="slurm:2", **OPTS)
+        except BaseException as exc:  # surfaced below
+            result["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(420)
+    assert not t.is_alive(), f"the run hung; commits so far: {commits(commit_log)}"
+    if "exc" in result:
+        raise result["exc"]
+    fs = demo_store.features(result["res"].name)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference.features(fs.name).data[:])
+    n_blocks = len(fs.blocks())
+    per_block: dict[int, int] = {}
+    for _, block, _ in commits(commit_log):
+        per_block[block] = per_block.get(block, 0) + 1
+    assert per_block == {b: 1 for b in range(n_blocks)}, per_block
+    assert len({job for _, _, job in commits(commit_log)}) >= 3   # jobs were replaced along the way
