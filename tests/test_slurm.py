@@ -255,7 +255,11 @@ def test_refused_submission_is_one_error_line_and_leaves_nothing(on_slurm, demo_
 
     _set_config(monkeypatch, **config)
     proc = _cli_extract(demo_store, "slurm:2", tmp_path, device=device)
-    proc.communicate(timeout=120)   # the old code hung here
+    try:
+        proc.communicate(timeout=120)   # the old code hung here
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     err = (tmp_path / "driver.err").read_text()
     assert proc.returncode == 1, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
