@@ -124,3 +124,25 @@ def test_decoding_uses_threads_and_keeps_the_order():
     assert any(t.startswith("vsekit-decode") for t in ds.threads)
     serial = _Slow(10)
     assert list(decoded_batches(serial, batches, 0)) == got
+
+
+def test_importing_dask_jobqueue_keeps_ctrl_c_and_works_off_the_main_thread():
+    """Finding 4: dask-jobqueue 0.9.0's import replaced the SIGINT handler with one that exits 0,
+    and failed off the main thread; vsekit's import does neither (fresh interpreter)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("dask_jobqueue")
+    code = ("import signal, threading\n"
+            "from vsekit.cluster import import_jobqueue\n"
+            "out = {}\n"
+            "def go():\n"
+            "    try:\n"
+            "        out['cls'] = import_jobqueue().__name__\n"
+            "    except BaseException as exc:\n"
+            "        out['exc'] = repr(exc)\n"
+            "t = threading.Thread(target=go); t.start(); t.join()\n"
+            "print(out, signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["{'cls':", "'SLURMCluster'}", "True"], res.stdout

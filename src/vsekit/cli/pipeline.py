@@ -46,9 +46,11 @@ def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device
         return
     sets = _parse_sets(sets)
     if device is not None:
+        from ..cluster import resolves_on_workers
         from ..devices import resolve_device
 
-        resolve_device(device)  # refuse a device this machine lacks now, in one line
+        if not resolves_on_workers(cluster):   # slurm: the extraction's GPUs are on the nodes
+            resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
     with _cluster_settings(load_file(file or default_file()), pipeline):
         run_pipeline(pipeline, file=file, sets=sets, from_stage=from_stage, force=force,
