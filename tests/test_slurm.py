@@ -1,10 +1,13 @@
 """``--cluster slurm:N`` against a real single-node SLURM (Debian's slurm-wlm + munge), started here on
 127.0.0.1: munged, slurmctld and slurmd with a minimal slurm.conf in a temporary folder.
 
-Extraction, FNE standardisation and tokenisation on SLURM must equal the in-process result, and a
-job cancelled with ``scancel`` mid-run (seen from the store, not after a sleep) must have its blocks
-retried with every block reported done exactly once. ``.ci/run`` installs the packages with apt;
-elsewhere the tests skip, saying which program is missing.
+Extraction, FNE standardisation and tokenisation on SLURM must equal the in-process result. What a
+cluster does to a run is tested by counting what reaches the disk: every block commit of the SLURM
+workers is logged with its job id (tests/commit_log/sitecustomize.py, which wraps the store's
+``write_block`` in every process started with it on the PYTHONPATH). A job cancelled after it
+committed blocks, jobs past their walltime, a refused submission, jobs that never start, Ctrl-C,
+SIGTERM and SIGKILL to the driver. ``.ci/run`` installs the packages with apt; elsewhere the tests
+skip, saying which program is missing.
 """
 
 from __future__ import annotations
