@@ -51,7 +51,7 @@ from ..cluster import SPEC_HELP as CLUSTER_HELP
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype [default: float32 global/fne, float16 grid/regions].")
 @click.option("--block-rows", type=int, default=None, help="Rows per block (unit of work and resume).")
-@click.option("--cluster", default=None, metavar="SPEC", help=f"Run on dask: {CLUSTER_HELP}.")
+@click.option("--cluster", default=None, metavar="SPEC", help=f"Where the blocks run: {CLUSTER_HELP}.")
 @click.option("--strict", is_flag=True, help="Stop at the first bad image.")
 @click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming.")
 @click.option("--retry-failed", is_flag=True,
