@@ -150,3 +150,38 @@ def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store,
     err = capfd.readouterr().err
     assert "killed the dask workers" in err and f"row {bad_row}:" in err
     assert "died during the run" in err  # each dead worker is reported
+
+
+def test_sigterm_on_local_cluster_exits_143_with_the_kept_rows(demo_store, tmp_path):
+    """Finding 5 on ``local:2``: SIGTERM to the driver (a preempted job, a login node's limit) stops
+    the run like Ctrl-C: exit 143, the kept-rows line, the lock released, no commit afterwards."""
+    from vsekit.storage.lock import lock_path
+
+    log = tmp_path / "commits.log"
+    instrument = Path(__file__).resolve().parent / "commit_log"   # its sitecustomize.py logs commits
+    env = dict(os.environ, OMP_NUM_THREADS="1", VSEKIT_TEST_COMMIT_LOG=str(log), VSEKIT_TEST_BATCH_DELAY="0.4",
+               PYTHONPATH=os.pathsep.join([str(instrument), os.environ.get("PYTHONPATH", "")]))
+    args = [sys.executable, "-c", "import sys; from vsekit.cli import main; sys.exit(main())", "extract",
+            "--store", str(demo_store.path), "--model", "test_resnet", "--kind", "fne", "--weights", "none",
+            "--input-size", "64", "--resize", "72", "--batch-size", "2", "--block-rows", "2", "--device", "cpu",
+            "--cluster", "local:2", "--no-progress"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None and not (log.exists() and log.read_text()):
+            time.sleep(0.05)
+        assert proc.poll() is None and log.read_text(), "no block was committed while the run was going"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    gone_at = time.time()
+    assert proc.returncode == 143, err[-3000:]
+    assert "interrupted: kept" in err and "Traceback" not in err
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    time.sleep(2)
+    lines = log.read_text().splitlines()
+    assert all(float(ln.split()[4]) <= gone_at for ln in lines)
+    done = int((FeatureStore.open(demo_store.path).features("test_resnet_fne").status[:] == 1).sum())
+    assert done == 2 * len(lines) and f"kept {done} done" in err

@@ -1,16 +1,20 @@
 """``--cluster slurm:N`` against a real single-node SLURM (Debian's slurm-wlm + munge), started here on
 127.0.0.1: munged, slurmctld and slurmd with a minimal slurm.conf in a temporary folder.
 
-Extraction, FNE standardisation and tokenisation on SLURM must equal the in-process result, and a
-job cancelled with ``scancel`` mid-run (seen from the store, not after a sleep) must have its blocks
-retried with every block reported done exactly once. ``.ci/run`` installs the packages with apt;
-elsewhere the tests skip, saying which program is missing.
+Extraction, FNE standardisation and tokenisation on SLURM must equal the in-process result. What a
+cluster does to a run is tested by counting what reaches the disk: every block commit of the SLURM
+workers is logged with its job id (tests/commit_log/sitecustomize.py, which wraps the store's
+``write_block`` in every process started with it on the PYTHONPATH). A job cancelled after it
+committed blocks, jobs past their walltime, a refused submission, jobs that never start, Ctrl-C,
+SIGTERM and SIGKILL to the driver. ``.ci/run`` installs the packages with apt; elsewhere the tests
+skip, saying which program is missing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -92,9 +96,32 @@ def test_extract_standardize_tokenize_on_slurm_equal_in_process(on_slurm, demo_s
     assert not _squeue(on_slurm["env"])  # every job ended with its cluster
 
 
-def test_scancel_mid_run_retries_and_writes_every_block_once(on_slurm, demo_store, reference):
+INSTRUMENT = Path(__file__).resolve().parent / "commit_log"   # its sitecustomize.py logs every commit
+
+
+@pytest.fixture()
+def commit_log(on_slurm, monkeypatch, tmp_path):
+    """Every block a SLURM worker commits is logged (tests/commit_log/sitecustomize.py), and every
+    batch sleeps 0.4 s first, so the test can act while blocks are in flight."""
+    log = tmp_path / "commits.log"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(INSTRUMENT), os.environ["PYTHONPATH"]]))
+    monkeypatch.setenv("VSEKIT_TEST_COMMIT_LOG", str(log))
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "0.4")
+    return log
+
+
+def commits(log: Path) -> list[tuple[str, int, str]]:
+    """(set, block, SLURM job id) of every logged commit."""
+    if not log.exists():
+        return []
+    rows = [ln.split() for ln in log.read_text().splitlines() if ln.strip()]
+    return [(r[0], int(r[1]), r[2]) for r in rows]
+
+
+def test_cancelled_job_that_committed_blocks_has_none_recomputed(on_slurm, commit_log, demo_store, reference):
+    """Finding 1: scancel a job after it provably committed a block (its commit is in the log); every
+    block must reach the disk exactly once and the result equal the in-process run bit for bit."""
     from vsekit.extract import extract
-    from vsekit.storage import FeatureStore
 
     result: dict = {}
 
@@ -106,28 +133,192 @@ def test_scancel_mid_run_retries_and_writes_every_block_once(on_slurm, demo_stor
 
     t = threading.Thread(target=run)
     t.start()
-    name, env = "test_resnet_fne", on_slurm["env"]
-    cancelled = None
+    env = on_slurm["env"]
+    n_blocks = -(-demo_store.n_images // OPTS["block_rows"])
+    cancelled, committed_before = None, 0
     deadline = time.time() + 240
-    while time.time() < deadline and t.is_alive():  # cancel one job once some blocks, not all, are done
-        try:
-            status = FeatureStore.open(demo_store.path).features(name).status[:]
-        except Exception:  # the set is being created
-            status = None
+    while time.time() < deadline and t.is_alive():  # a job with a commit, and work left for the other
+        done = commits(commit_log)
+        by_job = {}
+        for _, _, job in done:
+            by_job[job] = by_job.get(job, 0) + 1
         jobs = _squeue(env)
-        if status is not None and 2 <= int((status != 0).sum()) < len(status) - 6 and len(jobs) == 2:
-            cancelled = jobs[0]
+        ready = [j for j in jobs if by_job.get(j)]
+        if ready and len(done) <= n_blocks - 4 and len(jobs) == 2:
+            cancelled = ready[0]
             subprocess.run([slurm_local.which("scancel"), cancelled], env=env, check=True)
+            committed_before = by_job[cancelled]
             break
         time.sleep(0.05)
     t.join(300)
     assert not t.is_alive()
     if "exc" in result:
         raise result["exc"]
-    assert cancelled is not None, "the run finished before a job could be cancelled mid-run"
+    assert cancelled is not None and committed_before >= 1, "no job could be cancelled after a commit"
     res = result["res"]
     fs = demo_store.features(res.name)
     assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
     assert np.array_equal(fs.data[:], reference.features(res.name).data[:])
-    assert sorted(res.block_runs) == [b.index for b in fs.blocks()]
-    assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
+    per_block: dict[int, int] = {}
+    for name, block, _ in commits(commit_log):
+        assert name == res.name
+        per_block[block] = per_block.get(block, 0) + 1
+    assert sorted(per_block) == list(range(n_blocks))
+    assert per_block == {b: 1 for b in range(n_blocks)}, per_block   # each block on disk exactly once
+    assert sum(1 for _, _, job in commits(commit_log) if job == cancelled) >= committed_before
+
+
+CLI = ["-c", "import sys; from vsekit.cli import main; sys.exit(main())"]
+
+
+def _cli_extract(store, cluster: str, tmp_path: Path, device: str = "cpu") -> subprocess.Popen:
+    """``vsekit extract`` of OPTS in its own process (its environment: this test's, SLURM included)."""
+    args = [sys.executable, *CLI, "extract", "--store", str(store.path), "--model", "test_resnet", "--kind",
+            "fne", "--weights", "none", "--seed", "3", "--input-size", "64", "--resize", "72",
+            "--batch-size", "2", "--block-rows", "2", "--device", device, "--cluster", cluster, "--no-progress"]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=open(tmp_path / "driver.err", "w"),
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def _wait_for_commit(log: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not commits(log):
+        time.sleep(0.05)
+    assert proc.poll() is None and commits(log), "no block was committed while the run was going"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"])
+def test_signal_to_the_driver_stops_the_run_cancels_its_jobs_and_keeps_rows(
+        on_slurm, commit_log, demo_store, tmp_path, sig, code):
+    """Findings 4 and 5: Ctrl-C exits 130 and SIGTERM 143, each with the kept-rows line; the run's
+    jobs leave the queue within 30 s, the lock is released, nothing is committed afterwards, and
+    the kept rows are exactly the logged commits (rerunning resumes from them)."""
+    from vsekit.storage.lock import lock_path
+
+    env = on_slurm["env"]
+    proc = _cli_extract(demo_store, "slurm:2", tmp_path)
+    _wait_for_commit(commit_log, proc)
+    ours = set(_squeue(env))
+    proc.send_signal(sig)
+    _, _ = proc.communicate(timeout=60)
+    gone_at = time.time()
+    err = (tmp_path / "driver.err").read_text()
+    assert proc.returncode == code, err[-3000:]
+    assert "interrupted: kept" in err and "rerun the same command to resume" in err
+    assert "Traceback" not in err
+    while time.time() < gone_at + 30 and ours & set(_squeue(env)):
+        time.sleep(0.5)
+    assert not ours & set(_squeue(env)), "the run's SLURM jobs were not cancelled"
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    time.sleep(3)   # a worker still running a batch would commit it now
+    logged = commits(commit_log)
+    assert all(float(ln.split()[4]) <= gone_at for ln in commit_log.read_text().splitlines())
+    done = int((demo_store.features("test_resnet_fne").status[:] == 1).sum())
+    assert done == 2 * len(logged)   # the kept rows are what was committed, once each
+    assert f"kept {done} done" in err
+
+
+def test_workers_commit_nothing_once_the_driver_is_killed(on_slurm, commit_log, demo_store, tmp_path):
+    """Finding 5: the driver killed outright (SIGKILL: nothing cancels its jobs) — the workers that
+    are still running tasks must not commit them: the lock they check is no longer held."""
+    env, ours = on_slurm["env"], set()
+    proc = _cli_extract(demo_store, "slurm:2", tmp_path)
+    try:
+        _wait_for_commit(commit_log, proc)
+        ours = set(_squeue(env))
+        proc.kill()
+        proc.wait(30)
+        killed_at = time.time()
+        time.sleep(6)   # in-flight batches (0.4 s each) finish and reach their commit
+        late = [ln for ln in commit_log.read_text().splitlines() if float(ln.split()[4]) > killed_at + 0.5]
+        assert not late, f"committed after the driver was killed: {late}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run([slurm_local.which("scancel"), *sorted(ours)], env=env, capture_output=True)
+
+
+def _set_config(monkeypatch, **changes):
+    cfg = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
+    cfg.update(changes)
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps(cfg))
+
+
+@pytest.mark.parametrize("config, device, says", [
+    ({"queue": "nosuchpartition"}, "cpu", "partition"),
+    ({}, "cuda", "gres"),   # --device cuda on this GPU-less machine: gpus 1, and the node has no GRES
+], ids=["partition", "gres"])
+def test_refused_submission_is_one_error_line_and_leaves_nothing(on_slurm, demo_store, tmp_path, monkeypatch,
+                                                                  config, device, says):
+    """Findings 3 and 6: a job SLURM refuses is sbatch's own message in one ``Error:`` line, at once,
+    with no traceback; the lock is released and no empty set is left. ``--device cuda`` is not
+    checked on this (login) node: the refusal comes from SLURM, about the GPU it lacks."""
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.lock import lock_path
+
+    _set_config(monkeypatch, **config)
+    proc = _cli_extract(demo_store, "slurm:2", tmp_path, device=device)
+    try:
+        proc.communicate(timeout=120)   # the old code hung here
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = (tmp_path / "driver.err").read_text()
+    assert proc.returncode == 1, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: --cluster slurm:2: SLURM refuses the job:"), err
+    assert says in lines[0].lower() and "sbatch" in lines[0].lower()
+    assert "--device" not in lines[0]
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    assert not FeatureStore.open(demo_store.path).has_features("test_resnet_fne")
+    assert not _squeue(on_slurm["env"])
+
+
+def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo_store, monkeypatch):
+    """A bounded wait: jobs still pending after ``start_timeout`` stop the run with squeue's reason
+    (here BeginTime: the jobs may not start for an hour), cancelled, the lock released."""
+    from vsekit.extract import extract
+    from vsekit.storage.lock import lock_path
+
+    _set_config(monkeypatch, job_extra=["--begin=now+3600"], start_timeout=8)
+    with pytest.raises(ValueError, match=r"no SLURM job started within 8 s .*PENDING \(BeginTime\)"):
+        extract(demo_store, cluster="slurm:1", **OPTS)
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    assert not demo_store.has_features("test_resnet_fne")
+    assert not _squeue(on_slurm["env"])
+
+
+@pytest.mark.slow
+def test_jobs_past_their_walltime_are_replaced_and_the_run_completes(on_slurm, commit_log, demo_store, reference,
+                                                                     monkeypatch):
+    """Finding 2: walltime 1 minute and about two minutes of work (every batch sleeps 10 s) on
+    slurm:2. Workers retire before their walltime (--lifetime), adapt submits new jobs, and the run
+    completes bit-equal to the in-process one, every block committed once. The old code hung
+    forever once both jobs hit TIMEOUT."""
+    from vsekit.extract import extract
+
+    _set_config(monkeypatch, walltime="00:01:00")
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "10")
+    result: dict = {}
+
+    def run():
+        try:
+            result["res"] = extract(demo_store, cluster="slurm:2", **OPTS)
+        except BaseException as exc:  # surfaced below
+            result["exc"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(420)
+    assert not t.is_alive(), f"the run hung; commits so far: {commits(commit_log)}"
+    if "exc" in result:
+        raise result["exc"]
+    fs = demo_store.features(result["res"].name)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference.features(fs.name).data[:])
+    n_blocks = len(fs.blocks())
+    per_block: dict[int, int] = {}
+    for _, block, _ in commits(commit_log):
+        per_block[block] = per_block.get(block, 0) + 1
+    assert per_block == {b: 1 for b in range(n_blocks)}, per_block
+    assert len({job for _, _, job in commits(commit_log)}) >= 3   # jobs were replaced along the way

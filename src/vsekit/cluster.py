@@ -1,15 +1,23 @@
 """Where stages run: in-process, a local dask cluster (``local:N``), SLURM jobs (``slurm:N``) or a
-running scheduler (``tcp://``).
+running scheduler (``tcp://``). ``slurm-array:N`` (an sbatch job array, no driver) is parsed here
+and run by its own module.
 
 Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when a cluster is asked for.
 
 - ``local:N`` starts N single-threaded worker processes on 127.0.0.1. With a CUDA device each worker
   is pinned to one GPU (``CUDA_VISIBLE_DEVICES``, round-robin, see :func:`vsekit.devices.gpu_assignment`)
   and declares the resource ``GPU=1``, so one task at a time runs per GPU.
-- ``slurm:N`` submits N SLURM jobs through dask-jobqueue's ``SLURMCluster`` (``pip install
-  vsekit[slurm]``), each running one dask worker. Queue, account, walltime, cores, memory and GPUs
-  per job come from ``settings`` or, for ``vsekit run``, the ``cluster:`` section of pipelines.yaml
-  (passed as JSON in ``$VSEKIT_CLUSTER_CONFIG``); dask-jobqueue's own config file fills the rest.
+- ``slurm:N`` keeps N SLURM jobs running through dask-jobqueue's ``SLURMCluster`` (``pip install
+  vsekit[slurm]``), adaptively (``adapt(minimum_jobs=N, maximum_jobs=N)``): a job that ends (its
+  walltime, a preemption, ``scancel``) is replaced. With a walltime, each worker retires itself
+  before it (``--lifetime``, staggered), so its job ends cleanly and a fresh one takes over. The job
+  is checked with ``sbatch --test-only`` first, so a refused submission is one error with sbatch's
+  message; if no job starts within ``start_timeout`` seconds the run stops with squeue's reason.
+  The run's jobs are cancelled by id when it ends, also on Ctrl-C and SIGTERM. A job with G GPUs
+  runs G single-threaded workers, each pinned to one of them (:mod:`vsekit.cluster_pin`); its
+  ``cores`` are the decoding threads of its workers. The device is resolved on the workers.
+  Settings come from ``settings`` or, for ``vsekit run``, the ``cluster:`` section of
+  pipelines.yaml (passed as JSON in ``$VSEKIT_CLUSTER_CONFIG``); dask-jobqueue's own config fills the rest.
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
@@ -19,11 +27,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from typing import Any, Iterator, Mapping
 
-from .devices import gpu_assignment, is_cuda
+from .devices import gpu_assignment, is_cuda, worker_device
 
-SPEC_HELP = "local:N, slurm:N or tcp://HOST:PORT"
+SPEC_HELP = ("local:N (N worker processes here) | slurm:N (N SLURM jobs) | slurm-array:N (an sbatch "
+             "job array of N tasks, no driver) | tcp://HOST:PORT (a running dask scheduler)")
 ENV_SETTINGS = "VSEKIT_CLUSTER_CONFIG"
 # the keys of a `cluster:` section (pipelines.yaml) and of `settings`, with what they mean
 SLURM_KEYS = {
@@ -32,8 +47,10 @@ SLURM_KEYS = {
     "walltime": "job time limit, HH:MM:SS (-t)",
     "cores": "CPU cores per job (and decoding threads of its worker)",
     "memory": "memory per job, e.g. 16GB",
-    "gpus": "GPUs per job (--gres=gpu:G); the job's worker declares GPU=G",
-    "processes": "dask worker processes per job (default: cores on CPU, 1 with a GPU)",
+    "gpus": "GPUs per job (--gres=gpu:G, only with a CUDA device): G workers, one pinned per GPU",
+    "processes": "dask worker processes per job (default: cores on CPU, one per GPU with GPUs)",
+    "lifetime": "seconds a worker lives before it retires and its job is replaced (default: from walltime)",
+    "start_timeout": "seconds to wait for the first job to start before giving up (default 600)",
     "host": "address the scheduler listens on (default: dask-jobqueue's choice)",
     "interface": "network interface of scheduler and workers, e.g. ib0",
     "python": "python executable on the nodes (default: this one)",
@@ -46,22 +63,73 @@ SLURM_KEYS = {
 
 def parse_cluster(spec: str | None) -> tuple[str, Any] | None:
     """``None``/``""`` → None; ``local:N`` → ("local", N); ``slurm:N`` → ("slurm", N);
-    ``tcp://HOST:PORT`` → ("tcp", address)."""
+    ``slurm-array:N`` → ("slurm-array", N); ``tcp://HOST:PORT`` → ("tcp", address)."""
     if not spec:
         return None
-    for kind in ("local", "slurm"):
+    # "slurm-array" before "slurm": the job-array mode is run by its own module, not by cluster_client
+    for kind in ("local", "slurm-array", "slurm"):
         if spec.startswith(f"{kind}:"):
             try:
                 n = int(spec.split(":", 1)[1])
             except ValueError:
                 n = 0
             if n < 1:
-                what = "worker processes" if kind == "local" else "SLURM jobs"
+                what = {"local": "worker processes", "slurm": "SLURM jobs", "slurm-array": "array tasks"}[kind]
                 raise ValueError(f"--cluster {spec!r}: expected {kind}:N with N >= 1 {what}")
             return kind, n
     if spec.startswith("tcp://"):
         return "tcp", spec
     raise ValueError(f"--cluster {spec!r}: expected {SPEC_HELP}")
+
+
+def resolves_on_workers(spec: str | None) -> bool:
+    """Whether ``--device`` is resolved on the cluster's nodes, not here (SLURM: a login node may
+    have no GPU); a malformed ``spec`` answers False and is refused later with its own message."""
+    try:
+        parsed = parse_cluster(spec)
+    except ValueError:
+        return False
+    return parsed is not None and parsed[0] in ("slurm", "slurm-array")
+
+
+def _slurm_gpus(device: str, settings: Mapping[str, Any]) -> int:
+    """GPUs per SLURM job: ``gpus`` (default 1) with ``cuda``/``cuda:N``, ``gpus`` with ``auto``, 0 on CPU."""
+    device = str(device or "auto").lower()
+    if device == "cpu":
+        return 0
+    if is_cuda(device):
+        return int(settings.get("gpus", 1) or 1)
+    return int(settings.get("gpus", 0) or 0)
+
+
+def uses_gpu(kind: str, device: str, settings: Mapping[str, Any] | None = None) -> bool:
+    """Whether the tasks of a ``kind`` cluster run on GPUs (and ask for the resource ``GPU=1``)."""
+    if kind == "slurm":
+        return _slurm_gpus(device, cluster_settings(settings)) > 0
+    return is_cuda(device)
+
+
+def task_device(kind: str, device: str, settings: Mapping[str, Any] | None = None) -> str:
+    """The ``device`` a task gets; it resolves it on its worker. Pinned GPU workers (local, SLURM)
+    see their one GPU as ``cuda``; a SLURM job without GPUs runs on its CPUs whatever the node has."""
+    if kind == "local":
+        return worker_device(device)
+    if kind == "slurm":
+        if not uses_gpu(kind, device, settings):
+            return "cpu"
+        return "cuda" if is_cuda(device) else "auto"
+    return device
+
+
+def decode_threads(kind: str, settings: Mapping[str, Any] | None = None) -> int:
+    """Decoding threads per task: a SLURM job's ``cores`` shared by its workers (0: decode serially)."""
+    if kind != "slurm":
+        return 0
+    s = cluster_settings(settings)
+    cores = int(s.get("cores", 1) or 1)
+    workers = int(s.get("processes", 0) or 0) or (int(s.get("gpus", 0) or 0) or cores)
+    n = cores // max(1, workers)
+    return n if n > 1 else 0
 
 
 def cluster_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -148,55 +216,237 @@ def _has_dask_cuda() -> bool:
 
 
 # --- slurm:N ----------------------------------------------------------------------------------------
+def _seconds(walltime: Any) -> int | None:
+    """SLURM's ``[D-]HH:MM:SS`` / ``MM:SS`` / minutes as seconds (None if it cannot be read)."""
+    text = str(walltime).strip()
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d) if d.isdigit() else 0
+    parts = text.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        return None
+    nums = [int(p) for p in parts]
+    if len(nums) == 1:
+        return days * 86400 + nums[0] * 60   # sbatch -t 30: minutes
+    if len(nums) == 2:
+        return days * 86400 + nums[0] * 60 + nums[1]
+    return days * 86400 + nums[0] * 3600 + nums[1] * 60 + nums[2]
+
+
+def lifetime_args(walltime: Any, lifetime: Any = None) -> list[str]:
+    """``--lifetime``/``--lifetime-stagger`` so that a worker retires before its job's walltime.
+
+    The margin is a tenth of the walltime, at least 20 s and at most 10 minutes; workers retire at
+    ``walltime - margin`` give or take a quarter of the margin, so a job's workers do not all leave
+    at once. ``lifetime`` (seconds) overrides the computed value.
+    """
+    total = _seconds(walltime) if walltime else None
+    if lifetime is not None:
+        life = int(lifetime)
+    elif total is None:
+        return []
+    else:
+        life = total - min(600, max(20, total // 10))
+    if life < 10:
+        raise ValueError(f"cluster setting walltime {walltime!r} leaves a worker under 10 s to live")
+    stagger = max(1, min(300, (total - life if total else life // 10) // 4))
+    return ["--lifetime", f"{life}s", "--lifetime-stagger", f"{stagger}s"]
+
+
 def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[str, float] | None) -> dict:
-    """``dask_jobqueue.SLURMCluster`` keyword arguments from vsekit's cluster settings."""
+    """``dask_jobqueue.SLURMCluster`` keyword arguments from vsekit's cluster settings.
+
+    Every worker is single-threaded (one task at a time); ``cores`` are the job's CPUs
+    (``--cpus-per-task``) and its workers' decoding threads. A job with ``gpus: G`` (only with a CUDA
+    or ``auto`` device) asks ``--gres=gpu:G`` and runs G workers, each pinned to one GPU.
+    """
     s = dict(settings)
-    gpus = int(s.pop("gpus", 1 if is_cuda(device) else 0) or 0)
+    gpus = _slurm_gpus(device, s)
+    s.pop("gpus", None)
     cores = int(s.pop("cores", 1))
-    # CPU jobs: one single-threaded worker per core (as local:N); GPU jobs: one worker per job
-    processes = int(s.pop("processes", 1 if gpus else cores))
-    if gpus > 1:
-        raise ValueError(f"cluster setting gpus: {gpus}: a job's workers would all share its first GPU; "
-                         f"use gpus: 1 and more jobs (slurm:N with N = the number of GPUs)")
-    kw: dict[str, Any] = {"cores": cores, "processes": processes, "memory": s.pop("memory", "4GB"),
+    processes = int(s.pop("processes", gpus or cores))
+    if gpus and processes != gpus:
+        raise ValueError(f"cluster settings gpus: {gpus} and processes: {processes}: a job runs one worker "
+                         f"per GPU; leave processes out or set it to {gpus}")
+    if processes < 1 or cores < processes:
+        raise ValueError(f"cluster settings cores: {cores}, processes: {processes}: need 1 <= processes <= cores")
+    kw: dict[str, Any] = {"cores": processes, "job_cpu": cores, "processes": processes,
+                          "memory": s.pop("memory", "4GB"),
                           "job_extra_directives": list(s.pop("job_extra", []) or []),
                           "job_script_prologue": list(s.pop("prologue", []) or []),
-                          "silence_logs": "error", "dashboard_address": None}
-    extra = [] if cores == processes else ["--nthreads", "1"]  # one task at a time per worker
+                          "silence_logs": "error", "scheduler_options": {"dashboard": False}}
+    extra: list[str] = []   # cores == processes: dask-jobqueue passes --nthreads 1 itself
     res = dict(resources or {})
     if gpus:
         kw["job_extra_directives"].append(f"--gres=gpu:{gpus}")
-        res["GPU"] = gpus / processes
+        res["GPU"] = 1
+        extra += ["--preload", "vsekit.cluster_pin"]
+    else:
+        res.pop("GPU", None)
     if res:
         extra += ["--resources", ",".join(f"{k}={v:g}" for k, v in res.items())]
+    extra += lifetime_args(s.get("walltime"), s.pop("lifetime", None))
     kw["worker_extra_args"] = extra
+    s.pop("start_timeout", None)
     for key in ("queue", "account", "walltime", "interface", "python", "log_directory", "local_directory"):
         if key in s:
             kw[key] = s.pop(key)
     if "host" in s:
-        kw["scheduler_options"] = {"host": s.pop("host")}
+        kw["scheduler_options"]["host"] = s.pop("host")
     return kw
+
+
+def import_jobqueue():
+    """``dask_jobqueue.SLURMCluster``, without dask-jobqueue 0.9.0's ``signal.signal(SIGINT, ...)``.
+
+    Its ``runner`` module replaces the Ctrl-C handler with one that exits 0 (dask-jobqueue issue
+    #696), and fails to import off the main thread (``signal.signal`` raises there). While it is
+    imported, ``signal.signal`` leaves SIGINT alone.
+    """
+    if "dask_jobqueue" not in sys.modules:
+        real = signal.signal
+
+        def keep_sigint(signum, handler):
+            if signum == signal.SIGINT:
+                return signal.getsignal(signal.SIGINT)
+            return real(signum, handler)
+
+        with _SIGNAL_PATCH:
+            signal.signal = keep_sigint
+            try:
+                import dask_jobqueue  # noqa: F401
+            finally:
+                signal.signal = real
+    from dask_jobqueue import SLURMCluster
+
+    return SLURMCluster
+
+
+_SIGNAL_PATCH = threading.Lock()
+
+
+def _slurm_tool(name: str) -> str:
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        raise ValueError(f"--cluster slurm:N: `{name}` is not on the PATH; run vsekit where SLURM jobs "
+                         f"can be submitted (a login node)")
+    return path
+
+
+def _last_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["(no message)"])[-1]
+
+
+def check_submission(job_script: str, n: int) -> None:
+    """``sbatch --test-only`` the job script: a partition, account, GRES or size SLURM refuses is
+    one ValueError with sbatch's own message, before anything is submitted."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", delete=False) as f:
+        f.write(job_script)
+    try:
+        out = subprocess.run([_slurm_tool("sbatch"), "--test-only", f.name], capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"--cluster slurm:{n}: `sbatch --test-only` did not answer in 60 s") from None
+    finally:
+        os.unlink(f.name)
+    if out.returncode != 0:
+        raise ValueError(f"--cluster slurm:{n}: SLURM refuses the job: {_last_error(out.stderr + out.stdout)}")
+
+
+def job_ids(cluster) -> list[str]:
+    """The SLURM job ids of the cluster's current jobs."""
+    return [str(j.job_id) for j in list(getattr(cluster, "workers", {}).values())
+            if getattr(j, "job_id", None)]
+
+
+def cancel_jobs(ids: list[str]) -> None:
+    """``scancel`` exactly these jobs (the run's own), quietly: some may have ended already."""
+    if ids:
+        with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+            subprocess.run([_slurm_tool("scancel"), *ids], capture_output=True, timeout=30)
+
+
+def pending_reasons(ids: list[str]) -> str:
+    """squeue's state and reason of each job of ``ids``, e.g. ``job 12 PENDING (Resources)``."""
+    if not ids:
+        return "no job was submitted"
+    try:
+        out = subprocess.run([_slurm_tool("squeue"), "-h", "-j", ",".join(ids), "-o", "%i %T %r"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"squeue failed ({exc})"
+    rows = [ln.split(None, 2) for ln in out.stdout.splitlines() if ln.strip()]
+    if not rows:
+        return f"jobs {', '.join(ids)} are no longer queued" + (f" ({_last_error(out.stderr)})" if out.stderr else "")
+    return "; ".join(f"job {r[0]} {r[1] if len(r) > 1 else '?'} ({r[2] if len(r) > 2 else '?'})" for r in rows)
+
+
+def wait_for_workers(cluster, n: int, timeout: float) -> None:
+    """Wait until one worker has joined; after ``timeout`` s, a ValueError with squeue's reasons."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cluster.scheduler_info.get("workers"):
+            return
+        time.sleep(0.5)
+    raise ValueError(f"--cluster slurm:{n}: no SLURM job started within {timeout:g} s "
+                     f"(start_timeout); squeue: {pending_reasons(job_ids(cluster))}")
 
 
 @contextlib.contextmanager
 def _slurm(n: int, device: str, resources, settings) -> Iterator[Any]:
     try:
-        from dask_jobqueue import SLURMCluster
+        SLURMCluster = import_jobqueue()
     except ImportError:
         raise ValueError("--cluster slurm:N needs dask-jobqueue: pip install 'vsekit[slurm]'") from None
-    import shutil
-
-    kw = slurm_kwargs(cluster_settings(settings), device, resources)
-    if shutil.which("sbatch") is None:
-        raise ValueError(f"--cluster slurm:{n}: `sbatch` is not on the PATH; run vsekit where SLURM jobs "
-                         f"can be submitted (a login node)")
+    s = cluster_settings(settings)
+    timeout = float(s.get("start_timeout", 600))
+    kw = slurm_kwargs(s, device, resources)
+    _slurm_tool("sbatch")
+    _quiet_job_logs()
     try:
         cluster = SLURMCluster(**kw)
     except (OSError, RuntimeError) as exc:
         raise ValueError(f"--cluster slurm:{n}: cannot start the dask scheduler for SLURM ({exc})") from exc
-    with cluster:
-        cluster.scale(jobs=n)
+    seen: set[str] = set()
+    adaptive = None
+    try:
+        check_submission(cluster.job_script(), n)
+        adaptive = cluster.adapt(minimum_jobs=n, maximum_jobs=n)
+        _track_jobs(cluster, seen, timeout)
+        wait_for_workers(cluster, n, timeout)
         yield cluster
+    finally:
+        if adaptive is not None:
+            with contextlib.suppress(Exception):
+                adaptive.stop()
+        seen.update(job_ids(cluster))
+        cancel_jobs(sorted(seen))   # by id: this run's jobs only, before dask's slower close
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=30)
+
+
+def _track_jobs(cluster, seen: set[str], timeout: float) -> None:
+    """Remember every job id the cluster submits (adapt replaces jobs), from a daemon thread."""
+    def watch():
+        while cluster.status.name not in ("closing", "closed", "failed"):
+            seen.update(job_ids(cluster))
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="vsekit-slurm-jobs", daemon=True).start()
+
+
+def _quiet_job_logs() -> None:
+    """dask logs a failed job start as a long traceback on every adapt cycle; vsekit reports it once."""
+    import logging
+
+    for name in ("distributed.deploy.adaptive", "distributed.deploy.adaptive_core",
+                 "distributed.deploy.spec", "tornado.application"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 # --- the entry point --------------------------------------------------------------------------------
@@ -217,6 +467,9 @@ def cluster_client(spec: str | None, *, resources: Mapping[str, float] | None = 
     from distributed import Client
 
     kind, arg = parsed
+    if kind == "slurm-array":
+        raise ValueError(f"--cluster {spec}: a job array runs without a dask client; this stage does not "
+                         f"support it (use slurm:N)")
     if kind == "tcp":
         try:
             client = Client(arg, timeout=timeout)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..cluster import SPEC_HELP as CLUSTER_HELP
+
 
 @click.command("extract")
 @click.option("--store", "store", type=click.Path(file_okay=False), help="The vsekit store (.zarr).")
@@ -49,7 +51,7 @@ import click
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype [default: float32 global/fne, float16 grid/regions].")
 @click.option("--block-rows", type=int, default=None, help="Rows per block (unit of work and resume).")
-@click.option("--cluster", default=None, help="local:N or tcp://HOST:PORT.")
+@click.option("--cluster", default=None, metavar="SPEC", help=f"Where the blocks run: {CLUSTER_HELP}.")
 @click.option("--strict", is_flag=True, help="Stop at the first bad image.")
 @click.option("--overwrite", is_flag=True, help="Start afresh instead of resuming.")
 @click.option("--retry-failed", is_flag=True,
@@ -77,7 +79,10 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
     from ..extract.runner import Interrupted
     from ..extract.throughput import apply, decode_workers
 
-    device = resolve_device(device)
+    from ..cluster import resolves_on_workers
+
+    if not resolves_on_workers(cluster):   # slurm: each worker resolves it on its node
+        device = resolve_device(device)
     apply(pin=pin_memory, channels_last=channels_last)
     workers = decode_workers(workers, device)  # in-process: one GPU
     try:
@@ -91,7 +96,7 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
                          detector=detector, detector_weights=detector_weights)
     except Interrupted as exc:
         click.echo(str(exc), err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(exc.exit_code) from None
     click.echo(result.summary())
 
 

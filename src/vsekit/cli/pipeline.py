@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..cluster import SPEC_HELP as CLUSTER_HELP
+
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
     out = {}
@@ -26,8 +28,9 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--force", is_flag=True, help="Rerun every stage, even those up to date.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (what runs, what is skipped and why) and stop.")
 @click.option("--list", "list_", is_flag=True, help="List the pipelines in the file.")
-@click.option("--cluster", default=None, metavar="local:N|slurm:N|tcp://HOST:PORT",
-              help="Pass --cluster to every stage that accepts it (slurm:N uses the file's `cluster:`).")
+@click.option("--cluster", default=None, metavar="SPEC",
+              help=f"Pass --cluster to every stage that accepts it: {CLUSTER_HELP} (slurm uses the "
+                   f"file's `cluster:`).")
 @click.option("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
               help="Set ${DEVICE}, the device of every stage that has --device [default: auto].")
 def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device):
@@ -43,9 +46,11 @@ def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device
         return
     sets = _parse_sets(sets)
     if device is not None:
+        from ..cluster import resolves_on_workers
         from ..devices import resolve_device
 
-        resolve_device(device)  # refuse a device this machine lacks now, in one line
+        if not resolves_on_workers(cluster):   # slurm: the extraction's GPUs are on the nodes
+            resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
     with _cluster_settings(load_file(file or default_file()), pipeline):
         run_pipeline(pipeline, file=file, sets=sets, from_stage=from_stage, force=force,

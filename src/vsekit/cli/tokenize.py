@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..cluster import SPEC_HELP as CLUSTER_HELP
+
 
 @click.command("tokenize")
 @click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
@@ -20,7 +22,8 @@ import click
               help="Truncate each caption to this many ids (<start> and <end> included).")
 @click.option("--workers", default=1, show_default=True, type=int,
               help="Worker processes for the counting pass (1 = in this process).")
-@click.option("--cluster", default=None, help="Run the counting pass on dask: local:N or tcp://HOST:PORT.")
+@click.option("--cluster", default=None, metavar="SPEC",
+              help=f"Run the counting pass on dask: {CLUSTER_HELP}.")
 @click.option("--chunk-captions", default=16384, show_default=True, type=int,
               help="Captions per counting task (the unit of parallel work).")
 def tokenize(store: str, min_count: int, vocab_splits: str, strip_punct: bool, keep_case: bool,

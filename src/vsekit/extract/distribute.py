@@ -4,6 +4,14 @@ One task per row block (:func:`run_rows` with ``write=True``): the block's featu
 the worker that made them, then its status. A task whose worker dies is run again elsewhere by the
 scheduler; a half-written block is still pending, so the rerun writes it whole.
 
+Exactly once: a task first asks the store whether its block is already committed (status finished
+and chunk files of the recorded sizes, :func:`vsekit.storage.integrity.block_committed`) and, if so,
+returns without computing; it asks again just before writing. A worker whose job was cancelled after
+it committed blocks therefore never has them recomputed (the driver also releases each future once
+its result is recorded, so the scheduler has nothing of it left to recompute). And a task writes
+only while its driver still holds the set's writer lock (the lock's token is passed with the task):
+once the driver is gone, in-flight tasks end without committing (:class:`DriverGone`).
+
 A task that kills every worker it runs on (a codec that segfaults, an image that exhausts memory)
 ends in ``KilledWorker`` after the scheduler's ``distributed.scheduler.allowed-failures``. Such a
 block is cut in halves, each run as a task that returns its rows instead of writing them, halves
@@ -42,35 +50,94 @@ class _KillingDataset:
         return self.dataset[i]
 
 
+class DriverGone(RuntimeError):
+    """The run that submitted a task no longer holds its set's writer lock: the task must not write."""
+
+
+def driver_holds(store_path: str, name: str, token: str | None) -> bool:
+    """Whether the writer lock of ``name`` is still held, live, by the run whose lock token is ``token``."""
+    if token is None:
+        return True
+    from ..storage.lock import holder
+
+    info = holder(store_path, name)
+    return bool(info) and info.get("token") == token
+
+
+def _skipped(blk: Block) -> dict[str, Any]:
+    from .extractor import BUILDS
+
+    return {"index": blk.index, "errors": {}, "pid": os.getpid(), "builds": BUILDS["count"],
+            "rows": len(blk), "skipped": True}
+
+
+def decoded_batches(dataset, batches: list[list[int]], threads: int):
+    """The items of each batch, in order, decoded by ``threads`` threads (0/1: in this thread).
+
+    Threads, not processes: a dask worker is a daemon process and may not start children. Decoding
+    (PIL, numpy) releases the GIL, and at most two batches are decoded ahead.
+    """
+    if threads <= 1:
+        yield from iter_batches(dataset, batches, 0)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool:
+        ahead: deque = deque()
+        todo = iter(batches)
+        for b in todo:
+            ahead.append([pool.submit(dataset.__getitem__, i) for i in b])
+            if len(ahead) > 2:
+                yield [f.result() for f in ahead.popleft()]
+        while ahead:
+            yield [f.result() for f in ahead.popleft()]
+
+
 def run_rows(store_path: str, name: str, plan_dict: dict, block: tuple[int, int, int], lo: int, hi: int,
              device: str, batch_size: int, strict: bool, write: bool,
-             throughput: dict[str, str] | None = None) -> dict[str, Any]:
+             throughput: dict[str, str] | None = None, lock_token: str | None = None,
+             decode_threads: int = 0) -> dict[str, Any]:
     """Extract rows ``[lo, hi)`` of ``block`` = (index, start, stop); write the block, or return its rows.
 
     The rows are cut into the block's own batches (those of ``block_batches``), so a row's batch
-    neighbours, hence its bits, are the same as in a whole-block run wherever possible.
+    neighbours, hence its bits, are the same as in a whole-block run wherever possible. With
+    ``write``, a block already committed is skipped (``"skipped": True``) and the block is written
+    only while the driver holding ``lock_token`` still holds the set (else :class:`DriverGone`).
+    ``device`` is resolved here, on the worker (``auto`` on a GPU node is its GPU).
     """
+    from ..devices import resolve_device
+    from ..storage import integrity
     from . import throughput as tp
     from .extractor import BUILDS, cached_extractor
     from .runner import block_dataset, run_items
 
+    store = FeatureStore.open(store_path, mode="r+")
+    fs = store.features(name)
+    blk = Block(*block)
+    if write and integrity.block_committed(fs, blk):
+        return _skipped(blk)
+    if write and not driver_holds(store_path, name, lock_token):
+        raise DriverGone(f"the run that submitted block {blk.index} of {name!r} is gone; not extracting it")
     tp.apply(throughput)  # the driver's --pin-memory / --channels-last
     plan = Plan.from_dict(plan_dict)
-    store = FeatureStore.open(store_path, mode="r+")
-    blk = Block(*block)
-    extractor = cached_extractor(plan, device)
+    extractor = cached_extractor(plan, resolve_device(device))
     dataset = block_dataset(store, plan, [blk])
     if os.environ.get(KILL_HOOK):
         dataset = _KillingDataset(dataset, os.environ[KILL_HOOK])
     buf = BlockBuffer.empty(plan, blk)
     first, last = lo - blk.start, hi - blk.start
     batches = [[i for i in b if first <= i < last] for b in block_batches(0, len(blk), batch_size)]
-    for items in iter_batches(dataset, [b for b in batches if b], 0):
+    for items in decoded_batches(dataset, [b for b in batches if b], decode_threads):
         run_items(extractor, plan, items, buf, strict)
     out = {"index": blk.index, "errors": buf.errors, "pid": os.getpid(), "builds": BUILDS["count"],
            "rows": hi - lo}
     if write:
-        buf.write(store.features(name), record_errors=False)
+        if integrity.block_committed(fs, blk):   # another copy of this task committed it meanwhile
+            return _skipped(blk)
+        if not driver_holds(store_path, name, lock_token):
+            raise DriverGone(f"the run that submitted block {blk.index} of {name!r} is gone; not writing it")
+        buf.write(fs, record_errors=False)
     else:
         sl = slice(first, last)
         out.update(lo=lo, hi=hi, data=buf.data[sl], status=buf.status[sl],

@@ -8,6 +8,7 @@ starts afresh. Bad images are marked failed with their reason and listed in the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -71,7 +72,38 @@ def default_name(model: str, kind: str) -> str:
 
 
 class Interrupted(StoreError):
-    """Ctrl-C: the finished blocks are kept; the message says how many and how to resume."""
+    """Ctrl-C (exit 130) or SIGTERM (exit 143): the finished blocks are kept; the message says how
+    many and how to resume. ``exit_code`` is what the CLI exits with."""
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a preempted job, a login node's limit) during a run: handled like Ctrl-C, exit 143."""
+
+
+def exit_code_of(exc: BaseException) -> int:
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """While a cluster run is driven from the main thread, SIGTERM raises :class:`Terminated`, so the
+    run stops as on Ctrl-C (its jobs cancelled, its lock released, the kept rows reported)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 #: Failure reasons whose cause may go away (the file appears, is replaced or becomes readable).
@@ -134,12 +166,16 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
     ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
     this run created is removed again if the run fails before any row is done.
     """
+    from ..cluster import resolves_on_workers
     from ..devices import resolve_device
 
-    device = resolve_device(device)  # auto -> cuda|cpu; an unusable device is one Error: line
+    if resolves_on_workers(cluster):   # slurm: the GPUs are on the nodes, not on this login node
+        device = str(device or "auto").strip().lower()
+    else:
+        device = resolve_device(device)  # auto -> cuda|cpu; an unusable device is one Error: line
     if batch_size < 1 or workers < 0:
         raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-    if not device.startswith("cuda") and precision == "fp16":
+    if device != "auto" and not device.startswith("cuda") and precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
@@ -172,9 +208,10 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             if not existed and fs.counts()["pending"] == fs.n_rows:
                 store.delete_features(name)   # nothing done: a retry with other options is not refused
                 if isinstance(exc, KeyboardInterrupt):
-                    raise Interrupted(f"interrupted before any row of {name!r} was done; nothing kept") from None
+                    raise Interrupted(f"interrupted before any row of {name!r} was done; nothing kept",
+                                      exit_code_of(exc)) from None
             elif isinstance(exc, KeyboardInterrupt):
-                raise Interrupted(kept_message(fs, store)) from None
+                raise Interrupted(kept_message(fs, store), exit_code_of(exc)) from None
             raise
     seconds = time.perf_counter() - t0
     counts = fs.counts()
@@ -351,7 +388,8 @@ def _stop_decoders() -> None:
 # --- dask ----------------------------------------------------------------------------------------
 def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start: int, stop: int,
                   device: str, batch_size: int, strict: bool,
-                  throughput: dict[str, str] | None = None) -> dict[str, Any]:
+                  throughput: dict[str, str] | None = None, lock_token: str | None = None,
+                  decode_threads: int = 0) -> dict[str, Any]:
     """One dask task: extract and write row block ``[start, stop)``; returns its failures.
 
     The model is built once per worker process (cached in ``extractor._CACHE``). A task that dies
@@ -361,54 +399,66 @@ def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start
     from .distribute import run_rows
 
     return run_rows(store_path, name, plan_dict, (index, start, stop), start, stop, device, batch_size,
-                    strict, write=True, throughput=throughput)
+                    strict, write=True, throughput=throughput, lock_token=lock_token,
+                    decode_threads=decode_threads)
 
 
 def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, progress):
     """One task per pending block on the cluster of ``spec``; a block whose task keeps killing its
-    workers is bisected to find the row that does (it is marked failed, the rest extracted)."""
+    workers is bisected to find the row that does (it is marked failed, the rest extracted).
+
+    Each future is released as soon as its result is recorded, and every task skips a block that is
+    already committed and refuses to write once this run no longer holds the set's lock (see
+    :mod:`vsekit.extract.distribute`): a lost worker's finished blocks are never computed again.
+    """
     from tqdm.auto import tqdm
 
-    from ..cluster import cluster_client, parse_cluster
-    from ..devices import is_cuda, worker_device
+    from ..cluster import cluster_client, decode_threads, parse_cluster, task_device, uses_gpu
+    from ..storage.lock import holder
     from .distribute import bisect_block, is_killed_worker, report, report_deaths, run_rows
     from .throughput import settings
 
     if not blocks:
         return {}, {}
-    gpu = is_cuda(device)
+    kind = parse_cluster(spec)[0]
+    gpu = uses_gpu(kind, device)
     resources = {"GPU": 1} if gpu else None
-    # local workers are pinned to one GPU each (CUDA_VISIBLE_DEVICES): there it is their cuda:0
-    task_device = worker_device(device) if parse_cluster(spec)[0] == "local" else device
+    on_task = task_device(kind, device)   # slurm: resolved by each worker, not on this (login) node
+    threads = decode_threads(kind)
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
     path = str(store.path.resolve())
     tput = settings()
-    with cluster_client(spec, resources=resources, device=device) as client:
+    lock = holder(store.path, fs.name)
+    lock_token = lock.get("token") if lock else None
+    with _sigterm_interrupts(), cluster_client(spec, resources=resources, device=device) as client:
         from distributed import as_completed
 
         started = time.time()
         token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
         by_key = {}
-        futures = []
+        futures = {}
         for b in blocks:
             fut = client.submit(extract_block, path, fs.name, plan.to_dict(), b.index, b.start, b.stop,
-                                task_device, batch_size, strict, tput, key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
+                                on_task, batch_size, strict, tput, lock_token, threads,
+                                key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
                                 retries=2, resources=resources, pure=False)
             by_key[fut.key] = b
-            futures.append(fut)
+            futures[fut.key] = fut
 
         def submit_rows(b):
             def submit(lo, hi):
                 return client.submit(run_rows, path, fs.name, plan.to_dict(), (b.index, b.start, b.stop), lo,
-                                     hi, task_device, batch_size, strict, False, tput, resources=resources,
-                                     key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}", pure=False)
+                                     hi, on_task, batch_size, strict, False, tput, None, threads,
+                                     resources=resources, pure=False,
+                                     key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}")
             return submit
 
         bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
                    disable=not progress, smoothing=0.1)
         try:
-            for fut in as_completed(futures):
+            queue = as_completed(list(futures.values()))
+            for fut in queue:
                 try:
                     res = fut.result()
                 except Exception as exc:
@@ -422,12 +472,16 @@ def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, prog
                     res = {"index": b.index, "errors": buf.errors, "pid": os.getpid(), "builds": 0,
                            "rows": len(b)}
                 fs.record_errors(res["errors"])
+                # recorded: forget the future, so a worker lost later has nothing of it to recompute
+                futures.pop(fut.key, None)
+                fut.release()
                 runs[res["index"]] = runs.get(res["index"], 0) + 1
                 if res["builds"]:
                     builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
                 bar.update(res["rows"])
         except BaseException:
-            client.cancel(futures)
+            with contextlib.suppress(Exception):
+                client.cancel(list(futures.values()))
             raise
         finally:
             bar.close()

@@ -184,3 +184,28 @@ def refuse_damaged(fs: "FeatureSet") -> None:
             f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). Repair it with "
             f"`vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
             f"`{remake_command(fs.store, fs.name)}`")
+
+
+def block_committed(fs: "FeatureSet", block: "Block") -> bool:
+    """Whether ``block`` is finished (no pending row) and its chunk files match their recorded sizes.
+
+    A dask task asks this before computing and again before writing its block, so a block that a lost
+    worker already committed is never computed or written twice (see :mod:`vsekit.extract.distribute`).
+    A block with an unreadable status chunk or missing/truncated files counts as not committed.
+    """
+    from .store import PENDING
+
+    status = _status_block(fs, block)
+    if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
+        return False
+    names = fs.group.attrs.get("checksummed") or []
+    if not names or not fs.has_array(SUMS):
+        return True
+    try:
+        want = np.asarray(fs.group[SUMS][block.index])
+    except Exception:
+        return False
+    if np.all(want == UNRECORDED):
+        return True   # an older vsekit's block: its status is all there is
+    return all(_file_sum(_chunk_file(fs, name, block.index), crc=False)[1] == int(want[2 * k + 1])
+               for k, name in enumerate(names))

@@ -1,0 +1,42 @@
+"""Test instrumentation loaded by every Python process whose PYTHONPATH starts with this folder
+(the SLURM jobs' dask workers inherit it): with ``$VSEKIT_TEST_COMMIT_LOG`` set, every row block a
+process commits (``FeatureSet.write_block`` returned) appends ``SET BLOCK JOB PID`` to that file; with
+``$VSEKIT_TEST_BATCH_DELAY`` set, every extraction batch sleeps that many seconds first (so a test
+can act while blocks are in flight). It wraps the store itself, not vsekit's cluster code, so the
+counts hold whatever version of that code runs."""
+
+import os
+
+if os.environ.get("VSEKIT_TEST_COMMIT_LOG"):
+    import time
+
+    from vsekit.storage.store import FeatureSet
+
+    _log = os.environ["VSEKIT_TEST_COMMIT_LOG"]
+    _write_block = FeatureSet.write_block
+
+    def write_block(self, block, *args, **kwargs):
+        _write_block(self, block, *args, **kwargs)
+        index = block if isinstance(block, int) else block.index
+        line = f"{self.name} {index} {os.environ.get('SLURM_JOB_ID', '-')} {os.getpid()} {time.time():.3f}\n"
+        fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    FeatureSet.write_block = write_block
+
+if os.environ.get("VSEKIT_TEST_BATCH_DELAY"):
+    import time
+
+    import vsekit.extract.runner as _runner
+
+    _delay = float(os.environ["VSEKIT_TEST_BATCH_DELAY"])
+    _run_items = _runner.run_items
+
+    def run_items(*args, **kwargs):
+        time.sleep(_delay)
+        return _run_items(*args, **kwargs)
+
+    _runner.run_items = run_items

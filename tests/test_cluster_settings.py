@@ -1,0 +1,148 @@
+"""How ``--cluster`` is offered and how SLURM jobs are shaped, without a SLURM: the ``--help`` of
+every stage with ``--cluster``, the job scripts dask-jobqueue would submit
+(``SLURMCluster.job_script()``), the GPU pinning of a job's workers, the device a task resolves on
+its worker, and the decoding threads of a task."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from vsekit.cli import main
+from vsekit.cluster import decode_threads, parse_cluster, slurm_kwargs, task_device, uses_gpu
+from vsekit.cluster_pin import gpu_for
+
+FORMS = ("local:N", "slurm:N", "slurm-array:N", "tcp://HOST:PORT")
+
+
+@pytest.mark.parametrize("command", [["extract"], ["standardize"], ["discretize"], ["fne"], ["tokenize"],
+                                     ["run"]])
+def test_help_of_every_stage_with_cluster_lists_every_form(command):
+    """Finding 8: the --help of extract/standardize/tokenize/fne listed only local:N|tcp://."""
+    out = CliRunner().invoke(main, [*command, "--help"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    for form in FORMS:
+        assert form in text, f"{command[0]} --help does not name {form}"
+
+
+def test_parse_cluster_knows_every_form():
+    assert parse_cluster("local:2") == ("local", 2)
+    assert parse_cluster("slurm:3") == ("slurm", 3)
+    assert parse_cluster("slurm-array:4") == ("slurm-array", 4)
+    assert parse_cluster("tcp://127.0.0.1:8786") == ("tcp", "tcp://127.0.0.1:8786")
+    with pytest.raises(ValueError, match="slurm-array:N with N >= 1"):
+        parse_cluster("slurm-array:0")
+
+
+def _job_script(settings, device):
+    jq = pytest.importorskip("dask_jobqueue")
+    with jq.SLURMCluster(**slurm_kwargs(settings, device, None)) as cluster:
+        return cluster.job_script()
+
+
+def test_gpu_job_runs_one_pinned_single_threaded_worker_per_gpu():
+    """Findings 6 and 8: G GPUs per job → --gres=gpu:G and G workers, each pinned to one GPU
+    (preload), declaring GPU=1; --nthreads once; the job's cores are its CPUs."""
+    script = _job_script({"cores": 8, "gpus": 2, "memory": "8GB", "walltime": "01:00:00"}, "cuda")
+    assert "#SBATCH --gres=gpu:2" in script
+    assert "#SBATCH --cpus-per-task=8" in script
+    assert len(re.findall(r"--nthreads\b", script)) == 1 and "--nthreads 1" in script
+    assert "--nworkers 2" in script
+    assert "--preload vsekit.cluster_pin" in script and "--resources GPU=1" in script
+    assert "--lifetime 3240s" in script and "--lifetime-stagger 90s" in script   # 6 min before walltime
+    assert decode_threads("slurm", {"cores": 8, "gpus": 2}) == 4   # each worker decodes with 4 threads
+
+
+@pytest.mark.parametrize("device, settings", [("auto", {"cores": 2}), ("cpu", {"cores": 2, "gpus": 1})])
+def test_cpu_job_asks_no_gres(device, settings):
+    """Finding 6: --gres only when the tasks run on CUDA (auto without gpus, or cpu, asks none)."""
+    script = _job_script(settings, device)
+    assert "gres" not in script and "GPU=" not in script
+    assert len(re.findall(r"--nthreads\b", script)) == 1 and "--nthreads 1" in script
+    assert task_device("slurm", device, settings) == "cpu" and not uses_gpu("slurm", device, settings)
+
+
+def test_devices_resolve_on_workers_for_slurm():
+    """Finding 6: with slurm, ``cuda``/``auto`` go to the workers unresolved (a GPU-less login node
+    must not refuse them); each pinned worker sees its one GPU as ``cuda``."""
+    from vsekit.cluster import resolves_on_workers
+
+    assert resolves_on_workers("slurm:8") and not resolves_on_workers("local:2")
+    assert task_device("slurm", "cuda:1", {}) == "cuda" and uses_gpu("slurm", "cuda", {})
+    assert task_device("slurm", "auto", {"gpus": 1}) == "auto" and uses_gpu("slurm", "auto", {"gpus": 1})
+    assert gpu_for("SLURMCluster-3-0", "4,5") == "4" and gpu_for("SLURMCluster-3-1", "4,5") == "5"
+    assert gpu_for("SLURMCluster-3", "7") == "7" and gpu_for("w-1", None) is None
+
+
+def test_worker_resolves_auto_on_a_cpu_only_node(demo_store):
+    """A task given ``auto`` resolves it where it runs: on this GPU-less machine, the CPU."""
+    pytest.importorskip("torch")
+    from vsekit.extract import extract
+    from vsekit.extract.distribute import run_rows
+    from vsekit.storage import FeatureStore
+
+    opts = dict(model="test_resnet", kind="fne", weights="none", seed=3, input_size=64, resize=72,
+                batch_size=2, block_rows=4, progress=False, workers=0, device="cpu")
+    res = extract(demo_store, **opts)
+    fs = demo_store.features(res.name)
+    want = fs.data[0:4].copy()
+    fs.status[0:4] = 0   # block 0 pending again
+    from vsekit.extract.plan import make_plan
+
+    plan = make_plan("test_resnet", "fne", weights="none", seed=3, input_size=64, resize=72)
+    out = run_rows(str(demo_store.path), res.name, plan.to_dict(), (0, 0, 4), 0, 4, "auto", 2, False, True)
+    assert "skipped" not in out
+    got = FeatureStore.open(demo_store.path).features(res.name)
+    assert (got.status[0:4] == 1).all() and (got.data[0:4] == want).all()
+    again = run_rows(str(demo_store.path), res.name, plan.to_dict(), (0, 0, 4), 0, 4, "auto", 2, False, True)
+    assert again.get("skipped") is True   # a committed block is not computed again
+
+
+class _Slow:
+    """A dataset whose items record the thread that decoded them."""
+
+    def __init__(self, n):
+        self.n, self.threads = n, set()
+
+    def __getitem__(self, i):
+        self.threads.add(threading.current_thread().name)
+        return ("item", i)
+
+
+def test_decoding_uses_threads_and_keeps_the_order():
+    """Finding 7: a task decodes with several threads (its job's cores), items in batch order."""
+    from vsekit.extract.distribute import decoded_batches
+
+    batches = [[0, 1, 2], [3, 4], [5], [6, 7, 8, 9]]
+    ds = _Slow(10)
+    got = list(decoded_batches(ds, batches, 3))
+    assert got == [[("item", i) for i in b] for b in batches]
+    assert any(t.startswith("vsekit-decode") for t in ds.threads)
+    serial = _Slow(10)
+    assert list(decoded_batches(serial, batches, 0)) == got
+
+
+def test_importing_dask_jobqueue_keeps_ctrl_c_and_works_off_the_main_thread():
+    """Finding 4: dask-jobqueue 0.9.0's import replaced the SIGINT handler with one that exits 0,
+    and failed off the main thread; vsekit's import does neither (fresh interpreter)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("dask_jobqueue")
+    code = ("import signal, threading\n"
+            "from vsekit.cluster import import_jobqueue\n"
+            "out = {}\n"
+            "def go():\n"
+            "    try:\n"
+            "        out['cls'] = import_jobqueue().__name__\n"
+            "    except BaseException as exc:\n"
+            "        out['exc'] = repr(exc)\n"
+            "t = threading.Thread(target=go); t.start(); t.join()\n"
+            "print(out, signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["{'cls':", "'SLURMCluster'}", "True"], res.stdout
