@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ..storage.fserrors import FilesystemError, fs_error, is_fs_error
 from ..storage.store import StoreError
 from ..version import __version__
 
@@ -25,10 +26,14 @@ class VsekitGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (StoreError, ValueError, FileNotFoundError) as exc:
+        except (StoreError, FilesystemError, ValueError, FileNotFoundError) as exc:
             if isinstance(exc, click.ClickException):
                 raise
             raise click.ClickException(str(exc)) from exc
+        except OSError as exc:   # a full, read-only or forbidden filesystem: one line naming the path
+            if not is_fs_error(exc):
+                raise
+            raise click.ClickException(str(fs_error(exc))) from exc
 
 
 @click.group(cls=VsekitGroup, context_settings={"help_option_names": ["-h", "--help"]})

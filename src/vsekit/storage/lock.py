@@ -1,9 +1,12 @@
-"""One writer per feature set: a lock file created with ``O_CREAT | O_EXCL``.
+"""One writer per feature set: a lock file written complete and linked into place.
 
 Every stage that writes (extract, standardize, discretize, fne, tokenize, ``info --repair``) holds
-the lock of what it writes for the whole run: ``STORE/.vsekit/locks/NAME.lock``. An exclusive create
-is atomic on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a cluster's shared
-filesystem. The file holds the writer's host, pid, the pid's start time and the run's start time.
+the lock of what it writes for the whole run: ``STORE/.vsekit/locks/NAME.lock``. The content is
+written to a temporary file and fsync'd, then ``link()``ed to the lock's name: a link is atomic and
+fails if the name exists, on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a
+cluster's shared filesystem and is never seen half-written (a full disk leaves no lock at all). The
+file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
+lock file (from an older vsekit, or damage) is stale at once.
 
 A lock is *stale*, and broken by the next writer, when
 
@@ -30,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+from .fserrors import naming
 from .store import StoreError
 
 LOCK_DIR = (".vsekit", "locks")
@@ -71,19 +75,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+TORN = {"torn": True}   # what _read returns for an empty or unparsable lock file
+
+
 def _read(path: Path) -> dict | None:
+    """The lock's content, None if there is no lock, or ``TORN`` if it is empty or not a JSON object."""
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {}   # torn or foreign content: judged by age below
+        return dict(TORN)
+    return info if isinstance(info, dict) and info else dict(TORN)
 
 
 def stale_reason(path: Path, info: dict) -> str | None:
     """Why the lock ``info`` at ``path`` is stale, or None if its holder may still be running."""
     if os.environ.get(BREAK_ENV) == "1":
         return f"{BREAK_ENV}=1"
+    if info.get("torn"):   # locks are linked into place complete, so no live writer left this
+        return "the lock file is empty or torn (left by a run that failed while writing it)"
     host, pid = info.get("host"), info.get("pid")
     if host == socket.gethostname() and isinstance(pid, int):
         if not _alive(pid):
@@ -111,22 +122,33 @@ def describe(info: dict) -> str:
 
 def _ensure_dir(store_path: Path) -> Path:
     meta = store_path / LOCK_DIR[0]
-    (meta / LOCK_DIR[1]).mkdir(parents=True, exist_ok=True)
-    if not (meta / "zarr.json").exists():   # a Zarr group, so listing the store root stays quiet
-        (meta / "zarr.json").write_bytes(_GROUP_JSON)
+    with naming(meta):
+        (meta / LOCK_DIR[1]).mkdir(parents=True, exist_ok=True)
+        if not (meta / "zarr.json").exists():   # a Zarr group, so listing the store root stays quiet
+            (meta / "zarr.json").write_bytes(_GROUP_JSON)
     return meta / LOCK_DIR[1]
 
 
 def _try_create(path: Path, info: dict) -> bool:
+    """Write the lock complete or not at all: a temporary file, fsync'd, then ``link()``ed into place.
+
+    ``link`` is atomic and fails if the lock exists (also on NFS v3+), so the lock file never exists
+    half-written: a full disk fails on the temporary file, which is removed, and leaves no lock.
+    """
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-        f.flush()
-        os.fsync(f.fileno())
-    return True
+        with naming(path):
+            with open(tmp, "x") as f:
+                json.dump(info, f)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _break(path: Path, seen: dict) -> None:
@@ -214,6 +236,6 @@ def holder(store_path: str | os.PathLike, name: str) -> dict | None:
     """The live holder of ``name``'s lock, or None (a stale lock counts as none)."""
     path = lock_path(store_path, name)
     info = _read(path)
-    if not info or stale_reason(path, info) is not None:
+    if not info or info.get("torn") or stale_reason(path, info) is not None:
         return None
     return info

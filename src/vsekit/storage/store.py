@@ -34,6 +34,7 @@ import zarr
 from ..version import __version__
 from . import integrity
 from .faults import point
+from .fserrors import names_set_path, names_store_path
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -140,6 +141,7 @@ class FeatureSet:
     def attrs(self) -> dict[str, Any]:
         return dict(self.group.attrs)
 
+    @names_set_path
     def update_attrs(self, **values: Any) -> None:
         self.group.attrs.update(_jsonable(values))
 
@@ -177,6 +179,7 @@ class FeatureSet:
         status = self.status_values()
         return [b for b in self.blocks() if np.any(status[b.start:b.stop] == PENDING)]
 
+    @names_set_path
     def write_block(self, block: Block | int, data: np.ndarray | None = None,
                     status: np.ndarray | None = None, **arrays: np.ndarray) -> None:
         """Write one row block: its data and auxiliary arrays first, then its status.
@@ -207,6 +210,7 @@ class FeatureSet:
         return self.counts()["pending"] == 0
 
     # errors (written by the single driver process, never by parallel block writers) ---------------
+    @names_set_path
     def record_errors(self, errors: Mapping[int, str]) -> None:
         if not errors:
             return
@@ -452,6 +456,7 @@ class FeatureStore:
             raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
         return FeatureSet(self, name).check(expect, complete=complete)
 
+    @names_store_path
     def create_features(self, name: str, row_shape: Sequence[int], dtype: Any, *,
                         attrs: Mapping[str, Any], n_rows: int | None = None,
                         block_rows: int | None = None, parent: str | None = None,
