@@ -91,7 +91,7 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
                          detector=detector, detector_weights=detector_weights)
     except Interrupted as exc:
         click.echo(str(exc), err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(exc.exit_code) from None
     click.echo(result.summary())
 
 

@@ -8,6 +8,12 @@ item with an error message instead of an exception, so the run goes on.
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -108,7 +114,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         from torch.utils.data import DataLoader
 
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers,
-                            collate_fn=collate, prefetch_factor=2)
+                            collate_fn=collate, prefetch_factor=2, worker_init_fn=die_with(os.getpid()))
         try:
             for items in loader:
                 yield items
@@ -130,7 +136,7 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
     while rest:
         try:
             loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
-                                collate_fn=lambda x: x[0], prefetch_factor=1)
+                                collate_fn=lambda x: x[0], prefetch_factor=1, worker_init_fn=die_with(os.getpid()))
             for item in loader:
                 got[rest.pop(0)] = item
         except RuntimeError as exc:
@@ -138,6 +144,41 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
             got[bad] = Item(dataset.rows[bad], None,
                             f"decoding {dataset.paths[bad]} crashed its worker process ({exc})")
     return [got[i] for i in indices]
+
+
+PARENT_CHECK_S = 1.0   # how often a decoding worker checks that its parent is alive (the fallback)
+
+
+def die_with(parent: int):
+    """The ``worker_init_fn`` that makes a decoding worker end when process ``parent`` ends.
+
+    However the main process ends (SIGTERM, ``kill -9``, OOM killer), its decoding workers must not
+    live on: one blocked writing to a full result pipe never reaches torch's own parent check. On
+    Linux the kernel sends the worker SIGKILL when its parent dies (``PR_SET_PDEATHSIG``); as a
+    fallback everywhere, a daemon thread in the worker exits it once its parent pid changes.
+    """
+    return functools.partial(_die_with_parent, parent)
+
+
+def _die_with_parent(parent: int, worker_id: int = 0) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:   # the parent died before the line above took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="vsekit-parent-check", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def is_worker_death(exc: BaseException) -> bool:

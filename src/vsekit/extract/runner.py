@@ -71,7 +71,12 @@ def default_name(model: str, kind: str) -> str:
 
 
 class Interrupted(StoreError):
-    """Ctrl-C: the finished blocks are kept; the message says how many and how to resume."""
+    """Ctrl-C or SIGTERM: the finished blocks are kept; the message says how many and how to resume.
+    ``exit_code`` is 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(_SIGNAL[0])
 
 
 #: Failure reasons whose cause may go away (the file appears, is replaced or becomes readable).
@@ -284,7 +289,7 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
                smoothing=0.1)
     writer = BlockWriter(fs)
     current: BlockBuffer | None = None
-    restore = _sigint_stops_decoders() if workers > 0 else (lambda: None)
+    restore = _sigint_stops_decoders()
     try:
         for k, items in zip(owner, iter_batches(dataset, batches, workers)):
             point("extract:batch")
@@ -314,26 +319,32 @@ _INTERRUPTED = threading.Event()
 
 
 def _sigint_stops_decoders():
-    """While the loop runs, Ctrl-C first kills the decoding workers, then raises KeyboardInterrupt.
+    """While the loop runs, Ctrl-C (or SIGTERM) first kills the decoding workers, then raises
+    KeyboardInterrupt; the signal is remembered for the exit code (130 or 143).
 
     Without this the KeyboardInterrupt lands inside the DataLoader, whose graceful shutdown waits
     for every worker (5 s each, longer when one is blocked on a full pipe): tens of seconds.
-    Returns the function that puts the previous handler back.
+    Returns the function that puts the previous handlers back.
     """
     _INTERRUPTED.clear()
+    _SIGNAL[0] = signal.SIGINT
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
         _INTERRUPTED.set()
+        _SIGNAL[0] = signum
         try:
             _stop_decoders()
         except RuntimeError:   # torch's SIGCHLD handler reporting the workers just killed
             pass
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, handler)
-    return lambda: signal.signal(signal.SIGINT, previous)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]
+
+
+_SIGNAL = [signal.SIGINT]   # the signal that interrupted the run (SIGINT unless SIGTERM came)
 
 
 def _stop_decoders() -> None:
