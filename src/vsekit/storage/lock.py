@@ -166,8 +166,13 @@ def _break(path: Path, seen: dict) -> None:
 
 def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
     """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
-    path = lock_path(store_path, name)
     _ensure_dir(Path(store_path))
+    return acquire_file(lock_path(store_path, name), f"{name!r} in {store_path}", stage,
+                        "one writer per feature set")
+
+
+def acquire_file(path: Path, what: str, stage: str, rule: str) -> dict:
+    """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
     info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
             "started": time.time(), "stage": stage, "token": uuid.uuid4().hex}
     for _ in range(5):
@@ -178,19 +183,73 @@ def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
             continue
         if stale_reason(path, seen) is None:
             raise LockHeld(
-                f"{name!r} in {store_path} is being written by {describe(seen)}; wait for it to "
-                f"finish (one writer per feature set). If that run is dead on another host, remove "
-                f"{path} or rerun with {BREAK_ENV}=1")
+                f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
+                f"run is dead on another host, remove {path} or rerun with {BREAK_ENV}=1")
         _break(path, seen)
     raise LockHeld(f"could not take the lock {path}: other runs keep taking it")
 
 
 def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
     """Remove the lock file if it is still ours."""
-    path = lock_path(store_path, name)
+    release_file(lock_path(store_path, name), info)
+
+
+def release_file(path: Path, info: dict) -> None:
     current = _read(path)
     if current and current.get("token") == info.get("token"):
         path.unlink(missing_ok=True)
+
+
+# the store's own locks ------------------------------------------------------------------------------
+STORE_LOCK = ".store"   # held inside a store while ``ingest --overwrite`` replaces it (set names never start with ".")
+
+
+def creation_lock_path(store_path: str | os.PathLike) -> Path:
+    """The lock beside a store that ``ingest`` holds while it creates (or replaces) the store."""
+    store_path = Path(store_path)
+    return store_path.parent / f".{store_path.name}.ingest.lock"
+
+
+@contextlib.contextmanager
+def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") -> Iterator[None]:
+    """Hold the creation lock of the store at ``store_path``: one ingest at a time into one path
+    (two ingests into the same new path would otherwise both succeed, the second replacing the first)."""
+    path = creation_lock_path(store_path)
+    with naming(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    info = acquire_file(path, f"{Path(store_path)}", stage, "one ingest per store path")
+    try:
+        yield
+    finally:
+        release_file(path, info)
+
+
+@contextlib.contextmanager
+def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest --overwrite") -> Iterator[None]:
+    """Hold the store lock of an existing store while it is replaced; refuse if any writer holds a lock
+    in it. Writers check this lock after taking theirs (:func:`writer_lock`), and this checks theirs
+    after taking it, so of two that start at once at least one sees the other."""
+    info = acquire(store_path, STORE_LOCK, stage)
+    try:
+        for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
+            name = other.name[:-len(".lock")]
+            seen = _read(other)
+            if name == STORE_LOCK or not seen or seen.get("torn") or stale_reason(other, seen) is not None:
+                continue
+            raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
+                           f"wait for it to finish (a store is not replaced under a running writer)")
+        yield
+    finally:
+        release(store_path, STORE_LOCK, info)
+
+
+def _check_not_replaced(store_path: str | os.PathLike) -> None:
+    """Refuse to write in a store that ``ingest --overwrite`` is replacing."""
+    path = lock_path(store_path, STORE_LOCK)
+    seen = _read(path)
+    if seen and not seen.get("torn") and seen.get("pid") != os.getpid() and stale_reason(path, seen) is None:
+        raise LockHeld(f"{store_path} is being replaced by {describe(seen)}; wait for it to finish, then run "
+                       f"this again on the new store")
 
 
 def _heartbeat(path: Path, stop: threading.Event) -> None:
@@ -216,6 +275,7 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
             with _held_lock:
                 _held[key] = 1
             taken.append((name, info))
+            _check_not_replaced(store_path)
             threading.Thread(target=_heartbeat, args=(lock_path(store_path, name), stop),
                              name=f"vsekit-lock-{name}", daemon=True).start()
         yield

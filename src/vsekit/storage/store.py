@@ -330,30 +330,33 @@ class FeatureStore:
         from . import lock
 
         path = Path(path)
-        if path.exists() and not overwrite:
-            raise StoreError(f"{path} already exists; pass --overwrite to replace it")
-        remove_stale_staging(path)
-        staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
-        store = cls.create(staging, overwrite=True, **create_kw)
-        held = lock.acquire(staging, INGEST_LOCK, "vsekit ingest")   # marks the folder as live
-        try:
-            yield store
-            point("ingest:complete")
-            store.root.attrs["complete"] = True
-            point("ingest:rename")
-            if path.exists():
-                trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-                path.rename(trash)
-                staging.rename(path)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                staging.rename(path)
-            store.path = path
-            store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
-            lock.release(path, INGEST_LOCK, held)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        with lock.creating_store(path), contextlib.ExitStack() as held_store:
+            if path.exists() and not overwrite:
+                raise StoreError(f"{path} already exists; pass --overwrite to replace it")
+            if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
+                held_store.enter_context(lock.replacing_store(path))
+            remove_stale_staging(path)
+            staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
+            store = cls.create(staging, overwrite=True, **create_kw)
+            held = lock.acquire(staging, INGEST_LOCK, "vsekit ingest")   # marks the folder as live
+            try:
+                yield store
+                point("ingest:complete")
+                store.root.attrs["complete"] = True
+                point("ingest:rename")
+                if path.exists():
+                    trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+                    path.rename(trash)
+                    staging.rename(path)
+                    shutil.rmtree(trash, ignore_errors=True)
+                else:
+                    staging.rename(path)
+                store.path = path
+                store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
+                lock.release(path, INGEST_LOCK, held)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
 
     # attributes -----------------------------------------------------------------------------------
     @property
