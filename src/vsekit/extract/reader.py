@@ -38,11 +38,12 @@ class RowDataset:
     """Items for ``rows`` (store rows) from ``paths``; regions also get their boxes."""
 
     def __init__(self, plan: Plan, rows: Sequence[int], paths: Sequence[str | Path],
-                 boxes: dict[int, np.ndarray | str] | None = None):
+                 boxes: dict[int, np.ndarray | str] | None = None, root: str | Path | None = None):
         self.plan = plan
         self.rows = list(rows)
         self.paths = [str(p) for p in paths]
         self.boxes = boxes or {}
+        self.root = Path(root).resolve() if root else None   # files must lie under it (None: no check)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -58,6 +59,7 @@ class RowDataset:
 
     def _load(self, row: int, path: str) -> Item:
         p = self.plan
+        self._check_inside_root(path)
         img = decode(path)
         if p.kind != "regions":
             crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
@@ -75,6 +77,19 @@ class RowDataset:
                 raise ValueError(raw or f"no boxes for row {row} in {p.boxes}")
             boxes = check_boxes(raw, w, h)[:p.max_regions] * np.array([sx, sy, sx, sy], dtype=np.float32)
         return Item(row, crops, boxes=boxes, scale=(sx, sy))
+
+
+    def _check_inside_root(self, path: str) -> None:
+        """Refuse a file that now resolves outside the image root (e.g. swapped for a symlink after ingest)."""
+        from ..storage.sources import shards
+        from ..storage.sources.common import escapes_root
+
+        if self.root is None or shards.is_ref(path):
+            return
+        why = escapes_root(self.root, path)
+        if why:
+            raise ImageError(f"cannot read {path}: it {why} (a symlink pointing out?); refusing to read files "
+                             f"outside the image root (ingest with --allow-outside-root if this is intended)")
 
 
 def decode(path: str):

@@ -214,7 +214,8 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
             found = boxes_of_ids(raw, ids, plan.boxes)
             for r, i in zip(range(b.start, b.stop), ids):
                 boxes[r] = found.get(i, f"no boxes for image id {i!r} (row {r}) in {plan.boxes}")
-    return RowDataset(plan, rows.tolist(), paths, boxes)
+    check = store.attrs.get("image_root") and not store.attrs.get("allow_outside_root")
+    return RowDataset(plan, rows.tolist(), paths, boxes, root=root if check else None)
 
 
 def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray | str]:

@@ -71,6 +71,7 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         store.write_images(ids, paths, splits)
         store.write_captions(texts, owners)
         store.root.attrs["restval_as_train"] = bool(restval_as_train)
+        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(ids), "captions": len(texts)}
     return store, report
 
