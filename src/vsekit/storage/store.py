@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -479,6 +480,9 @@ class FeatureStore:
         """
         if not name or "/" in name:
             raise StoreError(f"invalid feature set name {name!r}")
+        if name.startswith(".") and not _STAGING_NAME.match(name):
+            raise StoreError(f"invalid feature set name {name!r}: names starting with '.' are the store's own "
+                             f"(sets being built, locks); choose a --name without the leading '.'")
         n_rows = self.n_images if n_rows is None else int(n_rows)
         row_shape = tuple(int(s) for s in row_shape)
         dtype = np.dtype(dtype)
@@ -598,6 +602,7 @@ class FeatureStore:
 
 
 # helpers ------------------------------------------------------------------------------------------
+_STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old)-[0-9a-f]{8}$")   # the store's hidden sets
 INGEST_LOCK = "ingest"
 STALE_STAGING_S = 60.0   # a staging folder without a lock file is a killed ingest's once this old
 
