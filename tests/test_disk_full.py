@@ -117,3 +117,28 @@ def test_read_only_filesystem_is_one_error_line(small_fs, base_store):
     assert r.returncode == 1, r.stderr
     line = one_error_line(r.stderr)
     assert "Read-only file system" in line and str(store) in line
+
+
+def test_disk_full_during_tokenize_names_the_store(small_fs, demo_dir, tmp_path):
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, small_fs / "s.zarr")
+    flag = tmp_path / "go"
+    proc = subprocess.Popen(vsekit_cmd("tokenize", "--store", str(store.path)),
+                            env=env_for(VSEKIT_PAUSE="tokenize:staging", VSEKIT_PAUSE_FILE=str(flag)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not Path(f"{flag}.reached").exists():   # the lock is taken, the token arrays not written
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    filler = fill(small_fs)
+    flag.touch()
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err
+    line = one_error_line(err)
+    assert "No space left on device" in line and str(store.path) in line
+    filler.unlink()
+    again = run("tokenize", "--store", str(store.path))
+    assert again.returncode == 0, again.stderr
+    assert FeatureStore.open(store.path).has_tokens
