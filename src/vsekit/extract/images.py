@@ -101,7 +101,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
     mode = img.mode
     if mode == "RGB":
         return img
-    if mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+    if mode.startswith("I;16"):   # integer rint(a / 257): 4 bytes a pixel, not float64's 8 (and its temporaries)
+        b = np.asarray(img).astype(np.uint32)
+        b *= 2
+        b += 257
+        b //= 514
+        return Image.fromarray(b.astype(np.uint8), "L").convert("RGB")
+    if mode in ("I", "F"):
         a = np.asarray(img, dtype=np.float64)
         if mode != "F":
             a = a / 257.0 if mode.startswith("I;16") or a.max() > 255 else a
