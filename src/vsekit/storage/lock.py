@@ -219,7 +219,8 @@ def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") 
         path.parent.mkdir(parents=True, exist_ok=True)
     info = acquire_file(path, f"{Path(store_path)}", stage, "one ingest per store path")
     try:
-        yield
+        with _refreshed(path):
+            yield
     finally:
         release_file(path, info)
 
@@ -238,7 +239,8 @@ def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest -
                 continue
             raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
                            f"wait for it to finish (a store is not replaced under a running writer)")
-        yield
+        with _refreshed(lock_path(store_path, STORE_LOCK)):
+            yield
     finally:
         release(store_path, STORE_LOCK, info)
 
@@ -256,6 +258,17 @@ def _heartbeat(path: Path, stop: threading.Event) -> None:
     while not stop.wait(HEARTBEAT_S):
         with contextlib.suppress(OSError):
             os.utime(path)
+
+
+@contextlib.contextmanager
+def _refreshed(path: Path) -> Iterator[None]:
+    """Refresh the lock file ``path`` every minute while the block runs (so other hosts keep waiting)."""
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(path, stop), name=f"vsekit-lock-{path.name}", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 @contextlib.contextmanager
