@@ -93,3 +93,21 @@ def test_decoding_workers_end_when_the_main_process_is_killed(demo_store, tmp_pa
             p.kill()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_sigterm_before_the_extraction_starts_releases_the_lock_and_exits_143(demo_store, tmp_path):
+    flag = tmp_path / "go"
+    proc = subprocess.Popen(vsekit_cmd("extract", "--store", str(demo_store.path), *CMD),
+                            env=env_for(VSEKIT_PAUSE="create_features:attrs", VSEKIT_PAUSE_FILE=str(flag)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not Path(f"{flag}.reached").exists():   # holding the lock, creating the set
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "interrupted before the extraction started" in err and "Traceback" not in err
+    assert not (demo_store.path / ".vsekit" / "locks" / f"{NAME}.lock").exists()
+    assert FeatureStore.open(demo_store.path).feature_names() == []

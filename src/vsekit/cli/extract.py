@@ -74,12 +74,13 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
         raise click.UsageError("--store is required (unless --list-layers)")
     from ..devices import resolve_device
     from ..extract import extract
-    from ..extract.runner import Interrupted
+    from ..extract.runner import Interrupted, interrupted_exit_code, sigterm_interrupts
     from ..extract.throughput import apply, decode_workers
 
     device = resolve_device(device)
     apply(pin=pin_memory, channels_last=channels_last)
     workers = decode_workers(workers, device)  # in-process: one GPU
+    restore = sigterm_interrupts()
     try:
         result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
                          resize=resize, resize_mode=resize_mode, input_size=input_size,
@@ -92,6 +93,12 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
     except Interrupted as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:   # before the extraction itself started (plan, lock, creating the set)
+        click.echo("interrupted before the extraction started; nothing new was written (rerun the same "
+                   "command to start again)", err=True)
+        raise SystemExit(interrupted_exit_code()) from None
+    finally:
+        restore()
     click.echo(result.summary())
 
 

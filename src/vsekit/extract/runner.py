@@ -76,7 +76,7 @@ class Interrupted(StoreError):
 
     @property
     def exit_code(self) -> int:
-        return 128 + int(_SIGNAL[0])
+        return interrupted_exit_code()
 
 
 #: Failure reasons whose cause may go away (the file appears, is replaced or becomes readable).
@@ -346,6 +346,27 @@ def _sigint_stops_decoders():
 
 
 _SIGNAL = [signal.SIGINT]   # the signal that interrupted the run (SIGINT unless SIGTERM came)
+
+
+def sigterm_interrupts():
+    """For a whole command: SIGTERM (``kill``, a scheduler's time limit) raises KeyboardInterrupt as
+    Ctrl-C does, so locks are released and the kept rows reported; the exit code is 143, not 130.
+    Returns the function that puts the previous handler back."""
+    _SIGNAL[0] = signal.SIGINT
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        _SIGNAL[0] = signum
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_exit_code() -> int:
+    """128 + the number of the signal that interrupted the run (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 128 + int(_SIGNAL[0])
 
 
 def _stop_decoders() -> None:
