@@ -77,3 +77,20 @@ def test_heartbeat_refreshes_a_held_lock_so_other_hosts_keep_waiting(tmp_path, m
             time.sleep(0.02)
         assert lock.stale_reason(p, seen_from_elsewhere) is None   # refreshed: another host waits
     assert not p.exists()
+
+
+def test_filesystem_without_hard_links_still_locks(tmp_path, monkeypatch):
+    import errno
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(lock.os, "link", no_link)
+    store = _store(tmp_path)
+    with writer_lock(store, "a", stage="vsekit extract"):
+        p = lock_path(store, "a")
+        assert lock._read(p)["pid"] == os.getpid()
+        assert sorted(x.name for x in p.parent.iterdir()) == ["a.lock"]
+        with pytest.raises(LockHeld):
+            lock.acquire(store, "a", "another run")
+    assert not p.exists()

@@ -23,6 +23,7 @@ again (``fne`` writes two sets), and the lock only counts once.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -146,9 +147,35 @@ def _try_create(path: Path, info: dict) -> bool:
                 os.link(tmp, path)
             except FileExistsError:
                 return False
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                return _create_exclusive(path, info)
         return True
     finally:
         tmp.unlink(missing_ok=True)
+
+
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
+
+
+def _create_exclusive(path: Path, info: dict) -> bool:
+    """For a filesystem without hard links (vfat, some FUSE mounts): ``O_CREAT | O_EXCL``, then the
+    content. A lock another run reads in the instant between the two looks torn there; a write that
+    fails removes the file again, so a full disk still leaves no lock."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def _break(path: Path, seen: dict) -> None:
@@ -159,8 +186,15 @@ def _break(path: Path, seen: dict) -> None:
     except FileNotFoundError:
         return
     if _read(aside) != seen:   # a live writer took the lock between our read and our rename
-        with contextlib.suppress(FileExistsError):
+        try:
             os.link(aside, path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            if not path.exists():   # no hard links here: put it back by name
+                os.rename(aside, path)
     aside.unlink(missing_ok=True)
 
 
