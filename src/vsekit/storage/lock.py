@@ -18,6 +18,10 @@ A lock is *stale*, and broken by the next writer, when
 ``VSEKIT_BREAK_LOCK=1`` breaks any lock (when you know the other writer is dead). The lock is
 released when the run ends, also on an exception or Ctrl-C. A process that holds a lock can take it
 again (``fne`` writes two sets), and the lock only counts once.
+
+A store has locks of its own: ``ingest`` holds ``.S.ingest.lock`` beside the store ``S`` while it
+creates it (one ingest per path), and ``ingest --overwrite`` holds ``S/.vsekit/locks/.store.lock``
+while it replaces ``S`` (refused while any writer holds a lock in ``S``; writers refused meanwhile).
 """
 
 from __future__ import annotations
