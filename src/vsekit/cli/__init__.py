@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from ..storage.fserrors import FilesystemError, fs_error, is_fs_error
 from ..storage.store import StoreError
 from ..version import __version__
 
@@ -23,12 +24,27 @@ class VsekitGroup(click.Group):
     """A group that turns the library's expected errors into clean messages and exit code 1."""
 
     def invoke(self, ctx: click.Context):
+        argv = [*getattr(ctx, "_protected_args", []), *ctx.args]   # the subcommand's, before click consumes them
         try:
             return super().invoke(ctx)
-        except (StoreError, ValueError, FileNotFoundError) as exc:
+        except (StoreError, FilesystemError, ValueError, FileNotFoundError) as exc:
             if isinstance(exc, click.ClickException):
                 raise
             raise click.ClickException(str(exc)) from exc
+        except OSError as exc:   # a full, read-only or forbidden filesystem: one line naming the path
+            if not is_fs_error(exc):
+                raise
+            raise click.ClickException(str(fs_error(exc, _store_arg(argv)))) from exc
+
+
+def _store_arg(argv: list[str]) -> str | None:
+    """The ``--store`` of a command line, to name where a write failed when the system did not say."""
+    for i, arg in enumerate(argv):
+        if arg == "--store" and i + 1 < len(argv):
+            return f"in the store {argv[i + 1]}"
+        if arg.startswith("--store="):
+            return f"in the store {arg.split('=', 1)[1]}"
+    return None
 
 
 @click.group(cls=VsekitGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -76,7 +76,7 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
         raise click.UsageError("--store is required (unless --list-layers)")
     from ..devices import resolve_device
     from ..extract import extract
-    from ..extract.runner import Interrupted
+    from ..extract.runner import Interrupted, exit_code_of, sigterm_interrupts
     from ..extract.throughput import apply, decode_workers
 
     from ..cluster import resolves_on_workers
@@ -85,6 +85,7 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
         device = resolve_device(device)
     apply(pin=pin_memory, channels_last=channels_last)
     workers = decode_workers(workers, device)  # in-process: one GPU
+    restore = sigterm_interrupts()
     try:
         result = extract(store, model, kind, weights=weights, name=name, crops=int(crops), keep_crops=keep_crops,
                          resize=resize, resize_mode=resize_mode, input_size=input_size,
@@ -97,6 +98,12 @@ def extract_cmd(store, model, kind, weights, seed, name, crops, keep_crops, resi
     except Interrupted as exc:
         click.echo(str(exc), err=True)
         raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt as exc:   # before the extraction itself started (plan, lock, creating the set)
+        click.echo("interrupted before the extraction started; nothing new was written (rerun the same "
+                   "command to start again)", err=True)
+        raise SystemExit(exit_code_of(exc)) from None
+    finally:
+        restore()
     click.echo(result.summary())
 
 

@@ -33,7 +33,8 @@ def pixel_budgets() -> tuple[int, int]:
     """(decoded, resized) pixel budgets: an image over either is failed before it takes memory.
 
     Decoded: PIL's decompression-bomb limit ``Image.MAX_IMAGE_PIXELS`` (about 89.5 Mpx) unless
-    ``$VSEKIT_MAX_DECODED_PIXELS`` says otherwise. Resized: ``MAX_RESIZED_PIXELS`` (16 Mpx) unless
+    ``$VSEKIT_MAX_DECODED_PIXELS`` says otherwise; it counts 8-bit pixels, so an image of 16-bit
+    samples counts double (:func:`decoded_cost`). Resized: ``MAX_RESIZED_PIXELS`` (16 Mpx) unless
     ``$VSEKIT_MAX_RESIZED_PIXELS``. The second one matters for thin images: a 20000×2 PNG is 40 kpx
     decoded, but its shorter side resized to 256 would be 2,560,000×256 (655 Mpx, ~2 GB).
     """
@@ -54,6 +55,16 @@ def pixel_budgets() -> tuple[int, int]:
     return env(ENV_DECODED, Image.MAX_IMAGE_PIXELS or 2 ** 62), env(ENV_RESIZED, MAX_RESIZED_PIXELS)
 
 
+#: Bytes per sample of the PIL modes wider than 8 bits; every other mode counts 1.
+WIDE_MODES = {"I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2, "I": 4, "F": 4}
+
+
+def decoded_cost(size: tuple[int, int], mode: str) -> int:
+    """What an image counts against the decoded pixel budget: its pixels times the bytes of one
+    sample, so the budget bounds decoded bytes (a 16-bit PNG counts double, a 32-bit one four times)."""
+    return int(size[0]) * int(size[1]) * WIDE_MODES.get(mode, 1)
+
+
 def load_image(path: str | Path) -> Image.Image:
     """Open ``path`` as an 8-bit RGB image, EXIF-rotated; raise ImageError on bad input."""
     path = Path(path)
@@ -66,9 +77,12 @@ def load_image(path: str | Path) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 budget = pixel_budgets()[0]
-                if img.size[0] * img.size[1] > budget:  # from the header, before any pixel is decoded
-                    raise ImageError(f"image {img.size[0]}x{img.size[1]} is over the decoded pixel budget "
-                                     f"({budget} pixels, PIL's decompression-bomb limit or "
+                cost = decoded_cost(img.size, img.mode)
+                if cost > budget:  # from the header, before any pixel is decoded
+                    wide = f" x {cost // (img.size[0] * img.size[1])} bytes per sample ({img.mode})" \
+                        if cost > img.size[0] * img.size[1] else ""
+                    raise ImageError(f"image {img.size[0]}x{img.size[1]}{wide} is over the decoded pixel budget "
+                                     f"({budget} pixels of 8 bits, PIL's decompression-bomb limit or "
                                      f"${ENV_DECODED}): {path}")
                 img.load()
                 img = ImageOps.exif_transpose(img)
@@ -87,7 +101,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
     mode = img.mode
     if mode == "RGB":
         return img
-    if mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+    if mode.startswith("I;16"):   # integer rint(a / 257): 4 bytes a pixel, not float64's 8 (and its temporaries)
+        b = np.asarray(img).astype(np.uint32)
+        b *= 2
+        b += 257
+        b //= 514
+        return Image.fromarray(b.astype(np.uint8), "L").convert("RGB")
+    if mode in ("I", "F"):
         a = np.asarray(img, dtype=np.float64)
         if mode != "F":
             a = a / 257.0 if mode.startswith("I;16") or a.max() > 255 else a

@@ -8,6 +8,12 @@ item with an error message instead of an exception, so the run goes on.
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -32,11 +38,12 @@ class RowDataset:
     """Items for ``rows`` (store rows) from ``paths``; regions also get their boxes."""
 
     def __init__(self, plan: Plan, rows: Sequence[int], paths: Sequence[str | Path],
-                 boxes: dict[int, np.ndarray | str] | None = None):
+                 boxes: dict[int, np.ndarray | str] | None = None, root: str | Path | None = None):
         self.plan = plan
         self.rows = list(rows)
         self.paths = [str(p) for p in paths]
         self.boxes = boxes or {}
+        self.root = Path(root).resolve() if root else None   # files must lie under it (None: no check)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -52,6 +59,7 @@ class RowDataset:
 
     def _load(self, row: int, path: str) -> Item:
         p = self.plan
+        self._check_inside_root(path)
         img = decode(path)
         if p.kind != "regions":
             crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
@@ -69,6 +77,19 @@ class RowDataset:
                 raise ValueError(raw or f"no boxes for row {row} in {p.boxes}")
             boxes = check_boxes(raw, w, h)[:p.max_regions] * np.array([sx, sy, sx, sy], dtype=np.float32)
         return Item(row, crops, boxes=boxes, scale=(sx, sy))
+
+
+    def _check_inside_root(self, path: str) -> None:
+        """Refuse a file that now resolves outside the image root (e.g. swapped for a symlink after ingest)."""
+        from ..storage.sources import shards
+        from ..storage.sources.common import escapes_root
+
+        if self.root is None or shards.is_ref(path):
+            return
+        why = escapes_root(self.root, path)
+        if why:
+            raise ImageError(f"cannot read {path}: it {why} (a symlink pointing out?); refusing to read files "
+                             f"outside the image root (ingest with --allow-outside-root if this is intended)")
 
 
 def decode(path: str):
@@ -108,7 +129,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         from torch.utils.data import DataLoader
 
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers,
-                            collate_fn=collate, prefetch_factor=2)
+                            collate_fn=collate, prefetch_factor=2, worker_init_fn=die_with(os.getpid()))
         try:
             for items in loader:
                 yield items
@@ -130,7 +151,7 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
     while rest:
         try:
             loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
-                                collate_fn=lambda x: x[0], prefetch_factor=1)
+                                collate_fn=lambda x: x[0], prefetch_factor=1, worker_init_fn=die_with(os.getpid()))
             for item in loader:
                 got[rest.pop(0)] = item
         except RuntimeError as exc:
@@ -138,6 +159,41 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
             got[bad] = Item(dataset.rows[bad], None,
                             f"decoding {dataset.paths[bad]} crashed its worker process ({exc})")
     return [got[i] for i in indices]
+
+
+PARENT_CHECK_S = 1.0   # how often a decoding worker checks that its parent is alive (the fallback)
+
+
+def die_with(parent: int):
+    """The ``worker_init_fn`` that makes a decoding worker end when process ``parent`` ends.
+
+    However the main process ends (SIGTERM, ``kill -9``, OOM killer), its decoding workers must not
+    live on: one blocked writing to a full result pipe never reaches torch's own parent check. On
+    Linux the kernel sends the worker SIGKILL when its parent dies (``PR_SET_PDEATHSIG``); as a
+    fallback everywhere, a daemon thread in the worker exits it once its parent pid changes.
+    """
+    return functools.partial(_die_with_parent, parent)
+
+
+def _die_with_parent(parent: int, worker_id: int = 0) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:   # the parent died before the line above took effect
+        os._exit(1)
+    threading.Thread(target=_watch_parent, args=(parent,), name="vsekit-parent-check", daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def is_worker_death(exc: BaseException) -> bool:

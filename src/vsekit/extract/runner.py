@@ -73,30 +73,37 @@ def default_name(model: str, kind: str) -> str:
 
 class Interrupted(StoreError):
     """Ctrl-C (exit 130) or SIGTERM (exit 143): the finished blocks are kept; the message says how
-    many and how to resume. ``exit_code`` is what the CLI exits with."""
+    many and how to resume. ``exit_code`` is what the CLI exits with: 128 + the signal's number."""
 
-    def __init__(self, message: str, exit_code: int = 130):
+    def __init__(self, message: str, exit_code: int | None = None):
         super().__init__(message)
-        self.exit_code = exit_code
+        self._exit_code = exit_code
+
+    @property
+    def exit_code(self) -> int:
+        return self._exit_code if self._exit_code is not None else interrupted_exit_code()
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a preempted job, a login node's limit) during a run: handled like Ctrl-C, exit 143."""
+    """SIGTERM (a preempted job, a login node's limit, ``kill``) during a run: handled like Ctrl-C,
+    exit 143."""
 
 
 def exit_code_of(exc: BaseException) -> int:
-    return 143 if isinstance(exc, Terminated) else 130
+    return 143 if isinstance(exc, Terminated) else interrupted_exit_code()
 
 
 @contextlib.contextmanager
 def _sigterm_interrupts():
     """While a cluster run is driven from the main thread, SIGTERM raises :class:`Terminated`, so the
-    run stops as on Ctrl-C (its jobs cancelled, its lock released, the kept rows reported)."""
+    run stops as on Ctrl-C (its jobs cancelled, its lock released, the kept rows reported). The CLI
+    installs :func:`sigterm_interrupts` for the whole command; this covers library callers."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
+        _SIGNAL[0] = signum
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, handler)
@@ -246,7 +253,8 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
             found = boxes_of_ids(raw, ids, plan.boxes)
             for r, i in zip(range(b.start, b.stop), ids):
                 boxes[r] = found.get(i, f"no boxes for image id {i!r} (row {r}) in {plan.boxes}")
-    return RowDataset(plan, rows.tolist(), paths, boxes)
+    check = store.attrs.get("image_root") and not store.attrs.get("allow_outside_root")
+    return RowDataset(plan, rows.tolist(), paths, boxes, root=root if check else None)
 
 
 def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray | str]:
@@ -321,7 +329,7 @@ def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, pro
                smoothing=0.1)
     writer = BlockWriter(fs)
     current: BlockBuffer | None = None
-    restore = _sigint_stops_decoders() if workers > 0 else (lambda: None)
+    restore = _sigint_stops_decoders()
     try:
         for k, items in zip(owner, iter_batches(dataset, batches, workers)):
             point("extract:batch")
@@ -351,26 +359,53 @@ _INTERRUPTED = threading.Event()
 
 
 def _sigint_stops_decoders():
-    """While the loop runs, Ctrl-C first kills the decoding workers, then raises KeyboardInterrupt.
+    """While the loop runs, Ctrl-C (or SIGTERM) first kills the decoding workers, then raises
+    KeyboardInterrupt; the signal is remembered for the exit code (130 or 143).
 
     Without this the KeyboardInterrupt lands inside the DataLoader, whose graceful shutdown waits
     for every worker (5 s each, longer when one is blocked on a full pipe): tens of seconds.
-    Returns the function that puts the previous handler back.
+    Returns the function that puts the previous handlers back.
     """
     _INTERRUPTED.clear()
+    _SIGNAL[0] = signal.SIGINT
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def handler(signum, frame):
         _INTERRUPTED.set()
+        _SIGNAL[0] = signum
         try:
             _stop_decoders()
         except RuntimeError:   # torch's SIGCHLD handler reporting the workers just killed
             pass
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, handler)
-    return lambda: signal.signal(signal.SIGINT, previous)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]
+
+
+_SIGNAL = [signal.SIGINT]   # the signal that interrupted the run (SIGINT unless SIGTERM came)
+
+
+def sigterm_interrupts():
+    """For a whole command: SIGTERM (``kill``, a scheduler's time limit) raises KeyboardInterrupt as
+    Ctrl-C does, so locks are released and the kept rows reported; the exit code is 143, not 130.
+    Returns the function that puts the previous handler back."""
+    _SIGNAL[0] = signal.SIGINT
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        _SIGNAL[0] = signum
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_exit_code() -> int:
+    """128 + the number of the signal that interrupted the run (130 for Ctrl-C, 143 for SIGTERM)."""
+    return 128 + int(_SIGNAL[0])
 
 
 def _stop_decoders() -> None:

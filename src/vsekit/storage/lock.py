@@ -1,9 +1,12 @@
-"""One writer per feature set: a lock file created with ``O_CREAT | O_EXCL``.
+"""One writer per feature set: a lock file written complete and linked into place.
 
 Every stage that writes (extract, standardize, discretize, fne, tokenize, ``info --repair``) holds
-the lock of what it writes for the whole run: ``STORE/.vsekit/locks/NAME.lock``. An exclusive create
-is atomic on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a cluster's shared
-filesystem. The file holds the writer's host, pid, the pid's start time and the run's start time.
+the lock of what it writes for the whole run: ``STORE/.vsekit/locks/NAME.lock``. The content is
+written to a temporary file and fsync'd, then ``link()``ed to the lock's name: a link is atomic and
+fails if the name exists, on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a
+cluster's shared filesystem and is never seen half-written (a full disk leaves no lock at all). The
+file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
+lock file (from an older vsekit, or damage) is stale at once.
 
 A lock is *stale*, and broken by the next writer, when
 
@@ -15,11 +18,16 @@ A lock is *stale*, and broken by the next writer, when
 ``VSEKIT_BREAK_LOCK=1`` breaks any lock (when you know the other writer is dead). The lock is
 released when the run ends, also on an exception or Ctrl-C. A process that holds a lock can take it
 again (``fne`` writes two sets), and the lock only counts once.
+
+A store has locks of its own: ``ingest`` holds ``.S.ingest.lock`` beside the store ``S`` while it
+creates it (one ingest per path), and ``ingest --overwrite`` holds ``S/.vsekit/locks/.store.lock``
+while it replaces ``S`` (refused while any writer holds a lock in ``S``; writers refused meanwhile).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -30,6 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+from .fserrors import naming
 from .store import StoreError
 
 LOCK_DIR = (".vsekit", "locks")
@@ -71,19 +80,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+TORN = {"torn": True}   # what _read returns for an empty or unparsable lock file
+
+
 def _read(path: Path) -> dict | None:
+    """The lock's content, None if there is no lock, or ``TORN`` if it is empty or not a JSON object."""
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {}   # torn or foreign content: judged by age below
+        return dict(TORN)
+    return info if isinstance(info, dict) and info else dict(TORN)
 
 
 def stale_reason(path: Path, info: dict) -> str | None:
     """Why the lock ``info`` at ``path`` is stale, or None if its holder may still be running."""
     if os.environ.get(BREAK_ENV) == "1":
         return f"{BREAK_ENV}=1"
+    if info.get("torn"):   # locks are linked into place complete, so no live writer left this
+        return "the lock file is empty or torn (left by a run that failed while writing it)"
     host, pid = info.get("host"), info.get("pid")
     if host == socket.gethostname() and isinstance(pid, int):
         if not _alive(pid):
@@ -111,21 +127,58 @@ def describe(info: dict) -> str:
 
 def _ensure_dir(store_path: Path) -> Path:
     meta = store_path / LOCK_DIR[0]
-    (meta / LOCK_DIR[1]).mkdir(parents=True, exist_ok=True)
-    if not (meta / "zarr.json").exists():   # a Zarr group, so listing the store root stays quiet
-        (meta / "zarr.json").write_bytes(_GROUP_JSON)
+    with naming(meta):
+        (meta / LOCK_DIR[1]).mkdir(parents=True, exist_ok=True)
+        if not (meta / "zarr.json").exists():   # a Zarr group, so listing the store root stays quiet
+            (meta / "zarr.json").write_bytes(_GROUP_JSON)
     return meta / LOCK_DIR[1]
 
 
 def _try_create(path: Path, info: dict) -> bool:
+    """Write the lock complete or not at all: a temporary file, fsync'd, then ``link()``ed into place.
+
+    ``link`` is atomic and fails if the lock exists (also on NFS v3+), so the lock file never exists
+    half-written: a full disk fails on the temporary file, which is removed, and leaves no lock.
+    """
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with naming(path):
+            with open(tmp, "x") as f:
+                json.dump(info, f)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                return _create_exclusive(path, info)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
+
+
+def _create_exclusive(path: Path, info: dict) -> bool:
+    """For a filesystem without hard links (vfat, some FUSE mounts): ``O_CREAT | O_EXCL``, then the
+    content. A lock another run reads in the instant between the two looks torn there; a write that
+    fails removes the file again, so a full disk still leaves no lock."""
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as f:
-        json.dump(info, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     return True
 
 
@@ -137,15 +190,27 @@ def _break(path: Path, seen: dict) -> None:
     except FileNotFoundError:
         return
     if _read(aside) != seen:   # a live writer took the lock between our read and our rename
-        with contextlib.suppress(FileExistsError):
+        try:
             os.link(aside, path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            if not path.exists():   # no hard links here: put it back by name
+                os.rename(aside, path)
     aside.unlink(missing_ok=True)
 
 
 def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
     """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
-    path = lock_path(store_path, name)
     _ensure_dir(Path(store_path))
+    return acquire_file(lock_path(store_path, name), f"{name!r} in {store_path}", stage,
+                        "one writer per feature set")
+
+
+def acquire_file(path: Path, what: str, stage: str, rule: str) -> dict:
+    """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
     info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
             "started": time.time(), "stage": stage, "token": uuid.uuid4().hex}
     for _ in range(5):
@@ -156,25 +221,92 @@ def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
             continue
         if stale_reason(path, seen) is None:
             raise LockHeld(
-                f"{name!r} in {store_path} is being written by {describe(seen)}; wait for it to "
-                f"finish (one writer per feature set). If that run is dead on another host, remove "
-                f"{path} or rerun with {BREAK_ENV}=1")
+                f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
+                f"run is dead on another host, remove {path} or rerun with {BREAK_ENV}=1")
         _break(path, seen)
     raise LockHeld(f"could not take the lock {path}: other runs keep taking it")
 
 
 def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
     """Remove the lock file if it is still ours."""
-    path = lock_path(store_path, name)
+    release_file(lock_path(store_path, name), info)
+
+
+def release_file(path: Path, info: dict) -> None:
     current = _read(path)
     if current and current.get("token") == info.get("token"):
         path.unlink(missing_ok=True)
+
+
+# the store's own locks ------------------------------------------------------------------------------
+STORE_LOCK = ".store"   # held inside a store while ``ingest --overwrite`` replaces it (set names never start with ".")
+
+
+def creation_lock_path(store_path: str | os.PathLike) -> Path:
+    """The lock beside a store that ``ingest`` holds while it creates (or replaces) the store."""
+    store_path = Path(store_path)
+    return store_path.parent / f".{store_path.name}.ingest.lock"
+
+
+@contextlib.contextmanager
+def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") -> Iterator[None]:
+    """Hold the creation lock of the store at ``store_path``: one ingest at a time into one path
+    (two ingests into the same new path would otherwise both succeed, the second replacing the first)."""
+    path = creation_lock_path(store_path)
+    with naming(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    info = acquire_file(path, f"{Path(store_path)}", stage, "one ingest per store path")
+    try:
+        with _refreshed(path):
+            yield
+    finally:
+        release_file(path, info)
+
+
+@contextlib.contextmanager
+def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest --overwrite") -> Iterator[None]:
+    """Hold the store lock of an existing store while it is replaced; refuse if any writer holds a lock
+    in it. Writers check this lock after taking theirs (:func:`writer_lock`), and this checks theirs
+    after taking it, so of two that start at once at least one sees the other."""
+    info = acquire(store_path, STORE_LOCK, stage)
+    try:
+        for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
+            name = other.name[:-len(".lock")]
+            seen = _read(other)
+            if name == STORE_LOCK or not seen or seen.get("torn") or stale_reason(other, seen) is not None:
+                continue
+            raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
+                           f"wait for it to finish (a store is not replaced under a running writer)")
+        with _refreshed(lock_path(store_path, STORE_LOCK)):
+            yield
+    finally:
+        release(store_path, STORE_LOCK, info)
+
+
+def _check_not_replaced(store_path: str | os.PathLike) -> None:
+    """Refuse to write in a store that ``ingest --overwrite`` is replacing."""
+    path = lock_path(store_path, STORE_LOCK)
+    seen = _read(path)
+    if seen and not seen.get("torn") and seen.get("pid") != os.getpid() and stale_reason(path, seen) is None:
+        raise LockHeld(f"{store_path} is being replaced by {describe(seen)}; wait for it to finish, then run "
+                       f"this again on the new store")
 
 
 def _heartbeat(path: Path, stop: threading.Event) -> None:
     while not stop.wait(HEARTBEAT_S):
         with contextlib.suppress(OSError):
             os.utime(path)
+
+
+@contextlib.contextmanager
+def _refreshed(path: Path) -> Iterator[None]:
+    """Refresh the lock file ``path`` every minute while the block runs (so other hosts keep waiting)."""
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(path, stop), name=f"vsekit-lock-{path.name}", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
 
 
 @contextlib.contextmanager
@@ -194,6 +326,7 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
             with _held_lock:
                 _held[key] = 1
             taken.append((name, info))
+            _check_not_replaced(store_path)
             threading.Thread(target=_heartbeat, args=(lock_path(store_path, name), stop),
                              name=f"vsekit-lock-{name}", daemon=True).start()
         yield
@@ -214,6 +347,6 @@ def holder(store_path: str | os.PathLike, name: str) -> dict | None:
     """The live holder of ``name``'s lock, or None (a stale lock counts as none)."""
     path = lock_path(store_path, name)
     info = _read(path)
-    if not info or stale_reason(path, info) is not None:
+    if not info or info.get("torn") or stale_reason(path, info) is not None:
         return None
     return info

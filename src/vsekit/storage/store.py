@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ import zarr
 from ..version import __version__
 from . import integrity
 from .faults import point
+from .fserrors import names_set_path, names_store_path
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -140,6 +142,7 @@ class FeatureSet:
     def attrs(self) -> dict[str, Any]:
         return dict(self.group.attrs)
 
+    @names_set_path
     def update_attrs(self, **values: Any) -> None:
         self.group.attrs.update(_jsonable(values))
 
@@ -177,6 +180,7 @@ class FeatureSet:
         status = self.status_values()
         return [b for b in self.blocks() if np.any(status[b.start:b.stop] == PENDING)]
 
+    @names_set_path
     def write_block(self, block: Block | int, data: np.ndarray | None = None,
                     status: np.ndarray | None = None, **arrays: np.ndarray) -> None:
         """Write one row block: its data and auxiliary arrays first, then its status.
@@ -207,6 +211,7 @@ class FeatureSet:
         return self.counts()["pending"] == 0
 
     # errors (written by the single driver process, never by parallel block writers) ---------------
+    @names_set_path
     def record_errors(self, errors: Mapping[int, str]) -> None:
         if not errors:
             return
@@ -326,30 +331,33 @@ class FeatureStore:
         from . import lock
 
         path = Path(path)
-        if path.exists() and not overwrite:
-            raise StoreError(f"{path} already exists; pass --overwrite to replace it")
-        remove_stale_staging(path)
-        staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
-        store = cls.create(staging, overwrite=True, **create_kw)
-        held = lock.acquire(staging, INGEST_LOCK, "vsekit ingest")   # marks the folder as live
-        try:
-            yield store
-            point("ingest:complete")
-            store.root.attrs["complete"] = True
-            point("ingest:rename")
-            if path.exists():
-                trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-                path.rename(trash)
-                staging.rename(path)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                staging.rename(path)
-            store.path = path
-            store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
-            lock.release(path, INGEST_LOCK, held)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        with lock.creating_store(path), contextlib.ExitStack() as held_store:
+            if path.exists() and not overwrite:
+                raise StoreError(f"{path} already exists; pass --overwrite to replace it")
+            if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
+                held_store.enter_context(lock.replacing_store(path))
+            remove_stale_staging(path)
+            staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
+            store = cls.create(staging, overwrite=True, **create_kw)
+            held = lock.acquire(staging, INGEST_LOCK, "vsekit ingest")   # marks the folder as live
+            try:
+                yield store
+                point("ingest:complete")
+                store.root.attrs["complete"] = True
+                point("ingest:rename")
+                if path.exists():
+                    trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
+                    path.rename(trash)
+                    staging.rename(path)
+                    shutil.rmtree(trash, ignore_errors=True)
+                else:
+                    staging.rename(path)
+                store.path = path
+                store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
+                lock.release(path, INGEST_LOCK, held)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
 
     # attributes -----------------------------------------------------------------------------------
     @property
@@ -452,6 +460,7 @@ class FeatureStore:
             raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
         return FeatureSet(self, name).check(expect, complete=complete)
 
+    @names_store_path
     def create_features(self, name: str, row_shape: Sequence[int], dtype: Any, *,
                         attrs: Mapping[str, Any], n_rows: int | None = None,
                         block_rows: int | None = None, parent: str | None = None,
@@ -471,6 +480,9 @@ class FeatureStore:
         """
         if not name or "/" in name:
             raise StoreError(f"invalid feature set name {name!r}")
+        if name.startswith(".") and not _STAGING_NAME.match(name):
+            raise StoreError(f"invalid feature set name {name!r}: names starting with '.' are the store's own "
+                             f"(sets being built, locks); choose a --name without the leading '.'")
         n_rows = self.n_images if n_rows is None else int(n_rows)
         row_shape = tuple(int(s) for s in row_shape)
         dtype = np.dtype(dtype)
@@ -590,6 +602,7 @@ class FeatureStore:
 
 
 # helpers ------------------------------------------------------------------------------------------
+_STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old)-[0-9a-f]{8}$")   # the store's hidden sets
 INGEST_LOCK = "ingest"
 STALE_STAGING_S = 60.0   # a staging folder without a lock file is a killed ingest's once this old
 

@@ -64,7 +64,8 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
             if split == "restval" and restval_as_train:
                 split = "train"
             options = _candidates(str(rec["file_name"]))
-            check_inside_root(image_root, options[0], f"{where}.file_name", allow_outside_root)
+            for candidate in options:   # every place it may be read from, not only the first
+                check_inside_root(image_root, candidate, f"{where}.file_name", allow_outside_root)
             rel = next((c for c in options if (image_root / c).is_file()), None)
             if rel is None:
                 if check_files:
@@ -100,5 +101,6 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
         store.write_images(ids, paths, split_of)
         store.write_captions(texts, owners)
         store.root.attrs["restval_as_train"] = bool(restval_as_train)
+        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(ids), "captions": len(texts)}
     return store, report

@@ -133,8 +133,15 @@ def outside_root(image_root: str | Path, rel: str) -> str | None:
     """
     if Path(rel).is_absolute() or rel.startswith(("/", "\\")):
         return "is an absolute path"
+    return escapes_root(image_root, Path(image_root) / rel)
+
+
+def escapes_root(image_root: str | Path, path: str | Path) -> str | None:
+    """Why the file ``path`` (under ``image_root`` by name) really lies outside it once every ``..``
+    and symlink is resolved, else None. Extract asks again when it opens the file, so an image
+    replaced by a symlink pointing out after the ingest is not read either."""
     root = Path(image_root).resolve()
-    target = (root / rel).resolve()
+    target = Path(path).resolve()
     if target != root and root not in target.parents:
         return f"resolves to {target}, outside the image root {root}"
     return None

@@ -141,5 +141,6 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
         store.write_captions(texts, owners)
         store.root.attrs["split_source"] = ("column" if has_split_column
                                             else {"ratios": list(ratios), "seed": int(seed)})
+        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(paths), "captions": len(texts)}
     return store, report

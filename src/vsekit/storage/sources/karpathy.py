@@ -71,6 +71,7 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         store.write_images(ids, paths, splits)
         store.write_captions(texts, owners)
         store.root.attrs["restval_as_train"] = bool(restval_as_train)
+        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(ids), "captions": len(texts)}
     return store, report
 
@@ -86,3 +87,9 @@ def _check_types(rec: dict, where: str) -> None:
     if rec.get("sentences") is not None and not isinstance(rec["sentences"], list):
         raise IngestError(f"{where}: field 'sentences' must be a list of {{'raw': text}}, "
                           f"got {type(rec['sentences']).__name__} {rec['sentences']!r}")
+    for j, sent in enumerate(rec.get("sentences") or []):   # a list of strings would give 0 captions
+        if not isinstance(sent, dict):
+            raise IngestError(f"{where}.sentences[{j}]: must be an object {{'raw': text}}, "
+                              f"got {type(sent).__name__} {str(sent)[:60]!r}")
+        if sent.get("raw") is not None and not isinstance(sent["raw"], str):
+            raise IngestError(f"{where}.sentences[{j}]: field 'raw' must be a string, got {sent['raw']!r}")

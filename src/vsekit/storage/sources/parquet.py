@@ -194,6 +194,7 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
         store.write_images(ids, refs, splits)
         store.write_captions(texts, owners)
         store.root.attrs["image_source"] = "parquet"
+        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(ids), "captions": len(texts), "files": len(paths)}
     return store, report
 

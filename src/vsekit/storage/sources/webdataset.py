@@ -162,6 +162,7 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
         store.write_images(ids, refs, splits)
         store.write_captions(texts, owners)
         store.root.attrs["image_source"] = "webdataset"
+        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)
         store.root.attrs["split_source"] = (str(split_file) if split_file else split if split
                                             else {"ratios": list(ratios), "seed": int(seed)})
     report.counts = {"images": len(ids), "captions": len(texts), "shards": len(paths)}

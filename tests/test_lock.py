@@ -1,0 +1,96 @@
+"""The writer lock (issue 23, findings 1 and 3): a lock file is complete or absent; an empty or torn
+one, a reused pid and a lock not refreshed are recognised; a live holder refreshes its lock."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from vsekit.storage import lock
+from vsekit.storage.lock import LockHeld, holder, lock_path, writer_lock
+
+
+def _store(tmp_path):
+    store = tmp_path / "s.zarr"
+    store.mkdir()
+    return store
+
+
+@pytest.mark.parametrize("content", [b"", b'{"host": "h", "pid": 12', b"[]", b"\x00\x00\x00"],
+                         ids=["empty", "torn-json", "not-an-object", "zeros"])
+def test_empty_or_torn_lock_is_broken_at_once(tmp_path, content):
+    store = _store(tmp_path)
+    p = lock_path(store, "a")
+    p.parent.mkdir(parents=True)
+    p.write_bytes(content)             # just written: fresh, so only its content can tell it is dead
+    assert holder(store, "a") is None
+    with writer_lock(store, "a", stage="vsekit extract"):
+        info = lock._read(p)
+        assert info["pid"] == os.getpid() and info["stage"] == "vsekit extract"
+    assert not p.exists()
+
+
+def test_lock_file_appears_complete_and_leaves_no_temporary_file(tmp_path):
+    store = _store(tmp_path)
+    with writer_lock(store, "a"):
+        p = lock_path(store, "a")
+        assert lock._read(p)["host"] == socket.gethostname()
+        assert os.stat(p).st_nlink == 1      # the temporary name it was linked from is gone
+        assert sorted(x.name for x in p.parent.iterdir()) == ["a.lock"]
+
+
+def test_reused_pid_is_stale_but_the_same_process_is_not(tmp_path):
+    store = _store(tmp_path)
+    p = lock_path(store, "a")
+    here = socket.gethostname()
+    start = lock._proc_start(os.getpid())
+    assert start is not None
+    lock._ensure_dir(store)
+    # our own pid with our start time: a live holder
+    p.write_text(f'{{"host": "{here}", "pid": {os.getpid()}, "proc_start": "{start}", "token": "x"}}')
+    with pytest.raises(LockHeld, match=rf"pid {os.getpid()} on host"):
+        with writer_lock(store, "a"):
+            pass
+    # the same pid, another start time: the pid was reused by another process, so the lock is stale
+    p.write_text(f'{{"host": "{here}", "pid": {os.getpid()}, "proc_start": "1", "token": "x"}}')
+    assert "now belongs to another process" in lock.stale_reason(p, lock._read(p))
+    with writer_lock(store, "a"):
+        assert lock._read(p)["proc_start"] == start
+
+
+def test_heartbeat_refreshes_a_held_lock_so_other_hosts_keep_waiting(tmp_path, monkeypatch):
+    store = _store(tmp_path)
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.05)
+    monkeypatch.setenv(lock.STALE_ENV, "600")
+    p = lock_path(store, "a")
+    with writer_lock(store, "a"):
+        old = time.time() - 7200
+        os.utime(p, (old, old))                 # as if not refreshed for two hours
+        seen_from_elsewhere = {**lock._read(p), "host": "elsewhere.invalid"}
+        assert lock.stale_reason(p, seen_from_elsewhere) is not None
+        deadline = time.monotonic() + 30
+        while os.stat(p).st_mtime < time.time() - 600:
+            assert time.monotonic() < deadline, "the holder never refreshed its lock"
+            time.sleep(0.02)
+        assert lock.stale_reason(p, seen_from_elsewhere) is None   # refreshed: another host waits
+    assert not p.exists()
+
+
+def test_filesystem_without_hard_links_still_locks(tmp_path, monkeypatch):
+    import errno
+
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(lock.os, "link", no_link)
+    store = _store(tmp_path)
+    with writer_lock(store, "a", stage="vsekit extract"):
+        p = lock_path(store, "a")
+        assert lock._read(p)["pid"] == os.getpid()
+        assert sorted(x.name for x in p.parent.iterdir()) == ["a.lock"]
+        with pytest.raises(LockHeld):
+            lock.acquire(store, "a", "another run")
+    assert not p.exists()
