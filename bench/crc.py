@@ -10,9 +10,10 @@ run on the same machine:
   per image, batch 128, windows of 8 chunks, best of ``--epochs``); the check runs in the reader
   threads, one window ahead of the consumer;
 * one training step of VSE++ at the paper's dimensions (joint 1024, word 300, GRU, hinge loss, Adam,
-  batch 128, ``--device``), median of ``--steps``;
+  batch 128, ``--device``), median of ``--steps``, and the image side alone (one linear map and its
+  backward, the cheapest step any model makes);
 
-and prints the ratio of the CRC time per batch to the step time.
+and prints the ratio of the CRC time per batch to each step time.
 
     python -P bench/crc.py [--images 32768] [--dim 2048] [--device cpu|cuda] [--threads 0]
 """
@@ -115,6 +116,24 @@ def step_seconds(dim: int, device: str, steps: int) -> float:
     return statistics.median(times)
 
 
+def linear_step_seconds(dim: int, device: str, steps: int) -> float:
+    """Median time of the image side alone (a 2048 -> 1024 linear map, backward): the cheapest step
+    any model makes, the bound bench/loader.py uses."""
+    import torch
+
+    fc = torch.nn.Linear(dim, 1024, bias=False).to(device)
+    feats = torch.randn(128, dim, device=device)
+    times = []
+    for i in range(steps + 3):
+        t0 = time.perf_counter()
+        fc(feats).square().mean().backward()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=32768)
@@ -139,17 +158,19 @@ def main():
         r_on, r_off = loader_rate(checked, store, args.epochs), loader_rate(unchecked, store, args.epochs)
         chunk_rows = checked.chunk_rows
     step = step_seconds(args.dim, args.device, args.steps)
+    linear = linear_step_seconds(args.dim, args.device, 5 * args.steps)
     batch_bytes = 128 * args.dim * 4
     crc_batch = per_byte * batch_bytes
     print(f"CPU threads available: {os.cpu_count()}, torch threads: {torch.get_num_threads()}, "
           f"device: {args.device}")
     loader_extra = 1 / r_on - 1 / r_off
     print("| set | CRC-32 GB/s | CRC per batch (ms) | loader batches/s, checked | unchecked | "
-          "loader time added per batch (ms) | VSE++ step (ms) | CRC / step |")
-    print("|---|---|---|---|---|---|---|---|")
+          "loader time added per batch (ms) | VSE++ step (ms) | CRC / VSE++ step | linear step (ms) | "
+          "CRC / linear step |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print(f"| {args.images} x {args.dim} float32, chunks of {chunk_rows} rows | {1 / per_byte / 1e9:.2f} | "
           f"{crc_batch * 1e3:.3f} | {r_on:.0f} | {r_off:.0f} | {loader_extra * 1e3:.3f} | {step * 1e3:.1f} | "
-          f"{100 * crc_batch / step:.3f}% |")
+          f"{100 * crc_batch / step:.3f}% | {linear * 1e3:.2f} | {100 * crc_batch / linear:.1f}% |")
 
 
 if __name__ == "__main__":

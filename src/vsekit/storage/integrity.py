@@ -8,8 +8,13 @@ writers never share a chunk). A chunk zarr did not write (all fill value) is rec
 :func:`verify` compares the files with the record: ``quick`` checks presence and sizes only (a
 ``stat`` per chunk: what ``extract`` does on resume and ``train`` before it opens a set), the full
 check also re-reads every byte and compares CRCs (``vsekit info --verify``). It also reads every
-``status`` chunk, so a truncated status chunk is reported instead of failing later. :func:`repair`
-marks damaged blocks pending again; a rerun of the command that made the set rewrites them.
+``status`` chunk, so a truncated status chunk is reported instead of failing later. A finished
+block with no checksum recorded, in a set whose writer records them, is damage too: the checksums
+are written before the status, so only a lost checksum chunk leaves one. :func:`repair` marks
+damaged blocks pending again; a rerun of the command that made the set rewrites them.
+
+:class:`BlockCheck` is the readers' side (``train``, ``evaluate``): every chunk file read is
+compared with its record before its rows are used, so nothing trains on damaged data.
 """
 
 from __future__ import annotations
