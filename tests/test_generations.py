@@ -203,3 +203,31 @@ def test_detector_checkpoint_swapped_at_the_same_path_is_another_setting(demo_st
     a = make_plan("x", "regions", **butd).attrs()
     torch.save({"a": torch.zeros(3)}, ckpt)
     assert make_plan("x", "regions", **butd).attrs()["detector_sha256"] != a["detector_sha256"]
+
+
+def test_train_reader_refuses_a_set_made_again_while_it_reads(tmp_path):
+    """``FeatureSource`` (train, evaluate, embed) opened on one making of a set stops at the next
+    block it reads once the set was made again, instead of mixing the two."""
+    from vsekit.train.data import FeatureSource
+
+    store = FeatureStore.create(tmp_path / "s.zarr", dataset="t")
+    store.write_images([f"i{k}" for k in range(16)], [f"{k}.jpg" for k in range(16)], ["train"] * 16)
+
+    def make(value: float, overwrite: bool):
+        fs = store.create_features("f", (4,), "float32", attrs={"kind": "global"}, block_rows=8,
+                                   overwrite=overwrite, beside=True)
+        for b in fs.blocks():
+            fs.write_block(b, np.full((len(b), 4), value, np.float32))
+        return store.commit(fs)
+
+    make(1.0, False)
+    src = FeatureSource(store.features("f"))
+    out = np.empty((8, 4), np.float32)
+    src.read_into(0, 8, out)
+    assert np.all(out == 1.0)
+    make(2.0, True)
+    with pytest.raises(Exception, match="'f' .* was replaced .* while this command was reading it"):
+        src.read_into(8, 16, out)
+    with pytest.raises(Exception, match="was replaced"):
+        src.read(0, 8)
+    assert np.all(FeatureSource(store.features("f")).read(0, 16)[0] == 2.0)

@@ -268,6 +268,7 @@ class BlockCheck:
 
         from .remake import remake_command
 
+        self.check_generation()   # a set made again meanwhile differs from the record, but is not damaged
         block = self.blocks[index]
         raise StoreError(
             f"feature set {self.fs.name!r} in {self.fs.store.path}: block {index} (rows {block.start}-"
