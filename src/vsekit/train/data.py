@@ -139,6 +139,7 @@ class FeatureSource:
         if self.packed:
             raw = unpack_rows(raw, self.n_features)
         counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
+        same_generation(self)
         return raw.astype(np.float32, copy=False), counts
 
     def read_into(self, start: int, stop: int, out: np.ndarray, counts_out: np.ndarray | None = None) -> None:
@@ -150,6 +151,7 @@ class FeatureSource:
         if raw_file is not None:
             read_raw_checked(self, raw_file, start, out)
             counts = None if self._count is None else self._count[start:stop]
+            same_generation(self)
         else:
             data, counts = self.read(start, stop)
             out[...] = data
@@ -241,8 +243,7 @@ def block_check(fs: FeatureSet):
 
 
 def verify_blocks(source: "FeatureSource", start: int, stop: int) -> None:
-    """Check every block overlapping rows ``[start, stop)`` (data and counts) before zarr decodes them;
-    then check that the set was not replaced meanwhile."""
+    """Check every block overlapping rows ``[start, stop)`` (data and counts) before zarr decodes them."""
     check = source._check
     if check is None or stop <= start:
         return
@@ -250,7 +251,12 @@ def verify_blocks(source: "FeatureSource", start: int, stop: int) -> None:
         check.check_file(index, "data")
         if source._count is not None:
             check.check_file(index, "count")
-    check.check_generation()
+
+
+def same_generation(source: "FeatureSource") -> None:
+    """After a read: refuse rows of a set made again (``--overwrite``) since the reader opened it."""
+    if source._check is not None:
+        source._check.check_generation()
 
 
 def read_raw_checked(source: "FeatureSource", path: str, start: int, out: np.ndarray) -> None:
@@ -265,8 +271,6 @@ def read_raw_checked(source: "FeatureSource", path: str, start: int, out: np.nda
         check.check_sum(index, "data", crc, size)
     if source._count is not None and check is not None:
         check.check_file(index, "count")
-    if check is not None:
-        check.check_generation()
 
 
 def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSource:
