@@ -45,9 +45,10 @@ def run(*args: str, fault: str | None = None, **env: str) -> subprocess.Complete
 
 
 def snapshot(store_path: Path, name: str) -> dict:
-    """Every array of the set (as raw bytes, so NaNs compare too) and its attrs."""
+    """Every array of the set (as raw bytes, so NaNs compare too) and its attrs (but the random
+    ``generation`` ids every creation makes)."""
     fs = FeatureStore.open(store_path).features(name)
-    out = {"attrs": fs.attrs}
+    out = {"attrs": {k: v for k, v in fs.attrs.items() if k not in ("generation", "parent_generation")}}
     for key in sorted(fs.group.array_keys()):
         a = np.asarray(fs.group[key][:])
         out[key] = (a.dtype.str, a.shape, a.tobytes())

@@ -160,8 +160,8 @@ def test_region_counts_follow_their_rows_across_windows(demo_store):
                                     extra={"count": ((), "int32")})
     for blk in fs.blocks():
         rows = np.arange(blk.start, blk.stop, dtype=np.float32)
-        fs.write_block(blk, np.broadcast_to(rows[:, None, None], (len(rows), 3, 2)).copy())
-        fs.array("count")[blk.start:blk.stop] = (np.arange(blk.start, blk.stop) % 3) + 1
+        fs.write_block(blk, np.broadcast_to(rows[:, None, None], (len(rows), 3, 2)).copy(),
+                       count=(np.arange(blk.start, blk.stop) % 3) + 1)   # counts under the block's checksum
     rows = demo_store.split_rows("train")
     stream = PairStream(FeatureSource(fs), Tokens.from_store(demo_store), rows, demo_store.caption_images(),
                         batch_size=4, captions="all", window_chunks=2, seed=1)

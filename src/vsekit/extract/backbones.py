@@ -239,14 +239,32 @@ def build_model(name: str, weights: str | None = "imagenet", seed: int = 0, devi
     return model.eval().to(device)
 
 
+def load_failure(exc: BaseException) -> str:
+    """One line saying why ``torch.load(weights_only=True)`` refused a file.
+
+    torch's own message is several lines of advice, including loading with ``weights_only=False``,
+    which would run the file's code: vsekit never does, so only the reason itself is kept.
+    """
+    text = str(exc)
+    for line in text.splitlines():
+        if "WeightsUnpickler error:" in line:
+            text = line.split("WeightsUnpickler error:", 1)[1]
+            break
+    else:
+        text = text.strip().splitlines()[0] if text.strip() else ""
+    text = text.split(" Please use `torch.serialization", 1)[0].strip()
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def load_checkpoint(model, path: str | Path) -> None:
     import torch
 
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"--weights {path}: cannot load it as a PyTorch checkpoint "
-                         f"with weights_only=True ({exc})") from exc
+        raise ValueError(f"--weights {path}: cannot load it as a PyTorch checkpoint with weights_only=True "
+                         f"({load_failure(exc)}); save the model's state_dict (tensors only)") from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
             state = state[key]

@@ -48,6 +48,7 @@ class Plan:
     store_dtype: str = "float32"
     extra: dict = field(default_factory=dict)
     weights_sha256: str | None = None   # --weights PATH: its content digest (part of the config hash)
+    detector_sha256: str | None = None  # --detector-weights PATH: its content digest (idem)
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -75,6 +76,8 @@ class Plan:
         if self.kind == "regions":
             a.update(boxes=self.boxes, max_regions=self.max_regions, min_regions=self.min_regions,
                      detector=self.detector, detector_weights=self.detector_weights, **self.extra)
+            if self.detector_sha256:
+                a["detector_sha256"] = self.detector_sha256
         return a
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,7 +98,32 @@ def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", se
               boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None,
               precision: str = "fp32", store_dtype: str | None = None, detector: str | None = None,
               detector_weights: str | None = None) -> Plan:
-    """Check every option and resolve the defaults; raises ValueError naming the bad option."""
+    """Check every option and resolve the defaults; raises ValueError naming the bad option.
+
+    A checkpoint given as a path (``--weights``, ``--detector-weights``) enters the settings by its
+    content digest, so the same path holding another file is another setting (a resume is refused).
+    """
+    plan = _make_plan(model, kind, weights=weights, seed=seed, crops=crops, keep_crops=keep_crops,
+                      resize=resize, resize_mode=resize_mode, input_size=input_size,
+                      interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
+                      max_regions=max_regions, min_regions=min_regions, precision=precision,
+                      store_dtype=store_dtype, detector=detector, detector_weights=detector_weights)
+    if plan.detector_weights and plan.detector_weights not in ("imagenet", "none"):
+        from dataclasses import replace
+
+        from ..digest import file_digest
+
+        plan = replace(plan, detector_sha256=file_digest(plan.detector_weights))
+    return plan
+
+
+def _make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", seed: int = 0,
+               crops: int = 1, keep_crops: bool = False, resize: int | None = None,
+               resize_mode: str | None = None, input_size: int | None = None,
+               interpolation: str | None = None, taps: str | None = None, grid: int = 7,
+               boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None,
+               precision: str = "fp32", store_dtype: str | None = None, detector: str | None = None,
+               detector_weights: str | None = None) -> Plan:
     from .backbones import build_model
     from .regions import resolve_detector
 

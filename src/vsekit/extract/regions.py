@@ -136,8 +136,10 @@ def _load_frcnn(model, path: str) -> None:
             state = state["model"]
         model.load_state_dict(state, strict=True)
     except Exception as exc:
+        from .backbones import load_failure
+
         raise ValueError(f"--detector-weights {path}: not a state dict of torchvision's "
-                         f"fasterrcnn_resnet50_fpn ({type(exc).__name__}: {str(exc)[:300]})") from None
+                         f"fasterrcnn_resnet50_fpn ({load_failure(exc)})") from None
 
 
 def detect_boxes(detector, images, device, max_regions: int, min_regions: int) -> list[np.ndarray]:

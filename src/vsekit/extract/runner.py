@@ -198,8 +198,9 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         block_rows = max(batch_size, min(256, 8 * batch_size))
     with writer_lock(store.path, name, stage="vsekit extract"):
         existed = store.has_features(name) and not overwrite
+        # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success
         fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                                   block_rows=block_rows, extra=extra, overwrite=overwrite)
+                                   block_rows=block_rows, extra=extra, overwrite=overwrite, beside=True)
         if existed:
             resume_checks(fs, retry_failed)
         fs.update_attrs(device=device)  # the resolved device of the latest run (not part of the config hash)
@@ -212,7 +213,12 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             else:
                 runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
         except BaseException as exc:
-            if not existed and fs.counts()["pending"] == fs.n_rows:
+            if fs.staged:   # a failed --overwrite: the old set stays as it was
+                store.discard(fs)
+                if isinstance(exc, KeyboardInterrupt):
+                    raise Interrupted(f"interrupted before the new {name!r} was finished; the old one is "
+                                      f"kept as it was") from None
+            elif not existed and fs.counts()["pending"] == fs.n_rows:
                 store.delete_features(name)   # nothing done: a retry with other options is not refused
                 if isinstance(exc, KeyboardInterrupt):
                     raise Interrupted(f"interrupted before any row of {name!r} was done; nothing kept",
@@ -220,6 +226,7 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
             elif isinstance(exc, KeyboardInterrupt):
                 raise Interrupted(kept_message(fs, store), exit_code_of(exc)) from None
             raise
+        fs = store.commit(fs)
     seconds = time.perf_counter() - t0
     counts = fs.counts()
     errors = fs.errors()

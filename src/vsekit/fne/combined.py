@@ -28,15 +28,26 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
     disc.check_thresholds(thresholds)
     with writer_lock(store.path, f"{features}.z", f"{features}.z.fne", stage="vsekit fne"), \
             cluster_client(cluster) as client:
+        pin = derived.Pin.of(store.features(features), "fne")
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
-                                               overwrite=overwrite, client=client)
-        qset, qfn = disc.prepare(store, zset.name, thresholds=thresholds, pack_bits=pack,
-                                 overwrite=overwrite, parent=zset)
-        outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset)),
-                   passes.Output(qset.name, qfn, derived.pending_indices(qset))]
-        passes.write_pass(parent, outputs, client, check=False)  # the scan checked the values
-        derived.copy_errors(parent, zset)
-        derived.copy_errors(zset, qset)
+                                               overwrite=overwrite, client=client, pin=pin)
+        made = [zset]
+        try:
+            # a .z set being remade (staged) makes its .fne set afresh too
+            qset, qfn = disc.prepare(store, zset.target, thresholds=thresholds, pack_bits=pack,
+                                     name=f"{features}.z.fne", overwrite=overwrite or zset.staged, parent=zset)
+            made.append(qset)
+            outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset)),
+                       passes.Output(qset.name, qfn, derived.pending_indices(qset))]
+            passes.write_pass(parent, outputs, client, check=False, pin=pin)  # the scan checked the values
+            derived.copy_errors(parent, zset)
+            derived.copy_errors(zset, qset)
+            pin.check()
+        except BaseException as exc:
+            for fs in made:
+                derived.drop(store, fs, exc)
+            raise
+        zset, qset = store.commit(zset), store.commit(qset)
     blocks = len(zset.blocks())
     z = derived.Result(zset.name, parent.name, zset.n_rows, zset.counts()["failed"],
                        len(outputs[0].pending), blocks,

@@ -8,7 +8,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..storage import integrity
-from ..storage.store import FAILED, FeatureSet, FeatureStore, ProvenanceError, config_hash, _jsonable
+from ..storage.store import (FAILED, FeatureSet, FeatureStore, ProvenanceError, StoreError, _jsonable,
+                             config_hash, read_generation)
 
 #: Parent attrs a derived set carries over (the shared schema: kind and taps, plus model provenance).
 INHERITED = ("kind", "model", "weights", "taps", "layers", "crops")
@@ -22,7 +23,47 @@ def derived_attrs(parent: FeatureSet, **config: Any) -> dict[str, Any]:
     attrs.update(config)
     attrs = _jsonable(attrs)
     attrs["config_hash"] = config_hash(attrs)
+    attrs["parent_generation"] = pa.get("generation")   # which making of the parent (not a setting)
     return attrs
+
+
+class ParentChanged(StoreError):
+    """The parent set was made again (``--overwrite``) while a derived stage was reading it."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The generation of the parent set when a derived stage began reading it (picklable for dask).
+
+    :meth:`check` is called after each block is read and before its output is written, after the
+    statistics are computed and before the set is committed: a parent made again meanwhile stops the
+    stage before anything computed from two different parents is written.
+    """
+
+    store: str
+    name: str
+    generation: str | None
+    stage: str
+
+    @classmethod
+    def of(cls, parent: FeatureSet, stage: str) -> "Pin":
+        return cls(str(parent.store.path), parent.name, read_generation(parent.store.path, parent.name), stage)
+
+    def check(self) -> None:
+        if read_generation(self.store, self.name) != self.generation:
+            raise ParentChanged(
+                f"feature set {self.name!r} in {self.store} was made again (--overwrite) while {self.stage} "
+                f"was reading it; nothing was written from it. Run {self.stage} again once it is finished")
+
+
+def drop(store: FeatureStore, fs: FeatureSet, exc: BaseException) -> None:
+    """After a stage failed with ``exc``: drop a staged set (what it would have replaced stays), and
+    a set this run created from a parent that changed (:class:`ParentChanged`). A set resumed or
+    created by a run stopped for another reason stays, so the rerun resumes it."""
+    if fs.staged:
+        store.discard(fs)
+    elif getattr(fs, "made_here", False) and isinstance(exc, ParentChanged):
+        store.delete_features(fs.name)
 
 
 def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], shape: tuple,
@@ -38,6 +79,11 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
         return None
     if (fs.attrs.get("config_hash") == attrs["config_hash"] and fs.shape == tuple(shape)
             and fs.data.dtype == np.dtype(dtype) and fs.chunk_rows == block_rows):
+        made_from = fs.attrs.get("parent_generation")
+        if made_from is not None and made_from != attrs.get("parent_generation"):
+            raise ProvenanceError(
+                f"feature set {name!r} in {store.path} was made from an earlier {fs.attrs.get('parent')!r} "
+                f"(made again since); pass --overwrite to make it from the current one")
         return fs
     raise ProvenanceError(
         f"feature set {name!r} already exists in {store.path} with different settings "
@@ -49,11 +95,14 @@ def create(store: FeatureStore, name: str, parent: FeatureSet, width: int, dtype
            attrs: Mapping[str, Any], init: Callable[[FeatureSet], None] | None = None) -> FeatureSet:
     """A fresh derived set with the parent's row blocks (so one task reads one chunk and writes one).
 
-    It replaces any set ``name`` only once it is complete (``init`` writes its statistics first).
+    A new set appears complete (``init`` writes its statistics first); one that replaces an existing
+    set is built beside it (``fs.staged``) and swapped in by the caller's ``store.commit`` at the end.
     """
-    return store.create_features(name, (width,), dtype, attrs=attrs, n_rows=parent.n_rows,
-                                 block_rows=parent.chunk_rows, parent=parent.name, overwrite=True,
-                                 init=init)
+    fs = store.create_features(name, (width,), dtype, attrs=attrs, n_rows=parent.n_rows,
+                               block_rows=parent.chunk_rows, parent=parent.target, overwrite=True,
+                               init=init, beside=True)
+    fs.made_here = True
+    return fs
 
 
 def copy_errors(parent: FeatureSet, child: FeatureSet) -> None:

@@ -80,13 +80,20 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
 
     store = passes.open_store(store)
     parent = store.features(features)
+    pin = derived.Pin.of(parent, "discretize")
     parent.check(complete=True)
     with writer_lock(store.path, name or f"{features}.fne", stage="vsekit discretize"):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent)
-        with cluster_client(cluster) as client:
-            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
-            written = passes.write_pass(parent, outputs, client)
-        derived.copy_errors(parent, fs)
+        try:
+            with cluster_client(cluster) as client:
+                outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
+                written = passes.write_pass(parent, outputs, client, pin=pin)
+            derived.copy_errors(parent, fs)
+            pin.check()
+        except BaseException as exc:
+            derived.drop(store, fs, exc)
+            raise
+        fs = store.commit(fs)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"thresholds": f"{fn.lo} {fn.hi}", "packed": fn.packed})

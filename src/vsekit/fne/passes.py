@@ -122,8 +122,13 @@ class Output:
 
 
 def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: str,
-                 stages: Sequence[Output], flags: Sequence[bool], check: bool) -> tuple[int, list]:
-    """Run the chain of stages on one block and write the pending outputs; report non-finite values instead."""
+                 stages: Sequence[Output], flags: Sequence[bool], check: bool, pin: Any = None) -> tuple[int, list]:
+    """Run the chain of stages on one block and write the pending outputs; report non-finite values instead.
+
+    ``pin`` (``derived.Pin``): the block ``x`` was read from the parent generation it names, or this raises.
+    """
+    if pin is not None:
+        pin.check()
     ok = status != FAILED
     if check and np.issubdtype(x.dtype, np.floating):
         bad = ~np.isfinite(x) & ok.reshape(-1, *([1] * (x.ndim - 1)))
@@ -145,7 +150,7 @@ def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: str,
 
 
 def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *,
-               check: bool = True) -> int:
+               check: bool = True, pin: Any = None) -> int:
     """Write every pending block of ``outputs`` from ``src``; returns the number of blocks processed.
 
     With ``check`` (for sources no scan has vetted), raises ``StoreError`` naming rows and columns
@@ -164,7 +169,7 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *
     path = str(Path(src.store.path).resolve())
     tasks = [dask.delayed(_write_block, pure=False)(
         parts[i], status[blocks[i].start:blocks[i].stop], blocks[i], path, shared,
-        tuple(i in o.pending for o in outputs), check) for i in todo]
+        tuple(i in o.pending for o in outputs), check, pin) for i in todo]
     results = _compute(client, *tasks)
     total = sum(r[0] for r in results)
     if total:

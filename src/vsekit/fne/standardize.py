@@ -152,10 +152,15 @@ def _refuse_nonfinite(parent: FeatureSet, codes: np.ndarray, state: np.ndarray, 
 
 
 def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_from: str | None = None,
-            name: str | None = None, overwrite: bool = False, client: Any = None
-            ) -> tuple[FeatureSet, FeatureSet, Standardize, dict]:
-    """Validate, compute (or reuse) statistics and create the ``.z`` set; no data blocks are written yet."""
+            name: str | None = None, overwrite: bool = False, client: Any = None,
+            pin: derived.Pin | None = None) -> tuple[FeatureSet, FeatureSet, Standardize, dict]:
+    """Validate, compute (or reuse) statistics and create the ``.z`` set; no data blocks are written yet.
+
+    ``pin``: the parent's generation when the stage began; statistics of a parent made again while
+    they were computed are never written.
+    """
     parent = store.features(features)
+    pin = pin or derived.Pin.of(parent, "standardize")
     check_source(parent)
     out = name or f"{features}.z"
     attrs = derived.derived_attrs(parent, stage="standardize", split=None if stats_from else split,
@@ -179,6 +184,7 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
 
     def init(staged: FeatureSet) -> None:  # the statistics are in the set before it appears
         point("standardize:stats")
+        pin.check()   # the statistics come from the parent the stage began with
         write_array(staged.group, "mean", stats.mean)
         write_array(staged.group, "std", stats.std)
         write_array(staged.group, "count", stats.count)
@@ -197,10 +203,18 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
     store = passes.open_store(store)
     with writer_lock(store.path, name or f"{features}.z", stage="vsekit standardize"), \
             cluster_client(cluster) as client:
+        pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
-                                       overwrite=overwrite, client=client)
-        outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
-        written = passes.write_pass(parent, outputs, client, check=False)  # the scan checked the values
-        derived.copy_errors(parent, fs)
+                                       overwrite=overwrite, client=client, pin=pin)
+        try:
+            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
+            # the scan checked the values; each block is checked to come from the pinned parent
+            written = passes.write_pass(parent, outputs, client, check=False, pin=pin)
+            derived.copy_errors(parent, fs)
+            pin.check()
+        except BaseException as exc:
+            derived.drop(store, fs, exc)
+            raise
+        fs = store.commit(fs)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"split": None if stats_from else split, "stats_from": stats_from, **info})

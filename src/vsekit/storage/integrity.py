@@ -8,8 +8,13 @@ writers never share a chunk). A chunk zarr did not write (all fill value) is rec
 :func:`verify` compares the files with the record: ``quick`` checks presence and sizes only (a
 ``stat`` per chunk: what ``extract`` does on resume and ``train`` before it opens a set), the full
 check also re-reads every byte and compares CRCs (``vsekit info --verify``). It also reads every
-``status`` chunk, so a truncated status chunk is reported instead of failing later. :func:`repair`
-marks damaged blocks pending again; a rerun of the command that made the set rewrites them.
+``status`` chunk, so a truncated status chunk is reported instead of failing later. A finished
+block with no checksum recorded, in a set whose writer records them, is damage too: the checksums
+are written before the status, so only a lost checksum chunk leaves one. :func:`repair` marks
+damaged blocks pending again; a rerun of the command that made the set rewrites them.
+
+:class:`BlockCheck` is the readers' side (``train``, ``evaluate``): every chunk file read is
+compared with its record before its rows are used, so nothing trains on damaged data.
 """
 
 from __future__ import annotations
@@ -122,23 +127,30 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
     for b in blocks:
         status = _status_block(fs, b)
         if isinstance(status, str):
-            report.damaged[b.index] = status
+            report.damaged[b.index] = f"{status} (rows {b.start}-{b.stop - 1})"
             continue
         if np.any(status > 2):
-            report.damaged[b.index] = f"status chunk holds invalid codes {sorted(set(status[status > 2].tolist()))}"
+            report.damaged[b.index] = (f"status chunk holds invalid codes {sorted(set(status[status > 2].tolist()))}"
+                                       f" (rows {b.start}-{b.stop - 1})")
             continue
         if np.any(status == PENDING):
             continue  # not finished: the next run writes it anyway
+        rows = f" (rows {b.start}-{b.stop - 1})"
         if not has_sums:
-            report.unrecorded += 1
+            if names:   # the writer records checksums, but the array is gone
+                report.damaged[b.index] = f"its rows are finished but the {SUMS} array is missing{rows}"
+            else:
+                report.unrecorded += 1
             continue
         try:
             want = np.asarray(fs.group[SUMS][b.index])
         except Exception as exc:
-            report.damaged[b.index] = f"checksum chunk unreadable ({type(exc).__name__})"
+            report.damaged[b.index] = f"checksum chunk unreadable ({type(exc).__name__}){rows}"
             continue
         if np.all(want == UNRECORDED):
-            report.unrecorded += 1
+            # the writer records a block's checksums before its status: a finished block without
+            # them lost its checksum chunk (and its data chunks may be gone with it)
+            report.damaged[b.index] = f"its rows are finished but no checksum is recorded{rows}"
             continue
         for k, name in enumerate(names):
             crc, size = _file_sum(_chunk_file(fs, name, b.index), crc=not quick)
@@ -147,10 +159,10 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
                 what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
                 if wsize == ABSENT:
                     what = f"{size} bytes where none were written"
-                report.damaged[b.index] = f"{name} chunk file {what}"
+                report.damaged[b.index] = f"{name} chunk file {what}{rows}"
                 break
             if not quick and crc != wcrc:
-                report.damaged[b.index] = f"{name} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}"
+                report.damaged[b.index] = f"{name} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}{rows}"
                 break
     return report
 
@@ -209,3 +221,87 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
         return True   # an older vsekit's block: its status is all there is
     return all(_file_sum(_chunk_file(fs, name, block.index), crc=False)[1] == int(want[2 * k + 1])
                for k, name in enumerate(names))
+
+
+class BlockCheck:
+    """Checks each block a reader reads (``train``, ``evaluate``) against the recorded checksums.
+
+    The checksums, status and generation are taken once when the reader opens the set; then every
+    chunk file read is compared (CRC-32 and size) before its rows are used, and the set's generation
+    is read again, so a set remade by ``--overwrite`` meanwhile is refused instead of mixed in.
+    A set written before checksums existed has nothing to check (``vsekit info --verify`` says so).
+    """
+
+    def __init__(self, fs: "FeatureSet", arrays: Sequence[str] = ("data",)):
+        from .store import read_generation
+
+        self.fs = fs
+        self.blocks = fs.blocks()
+        names = list(fs.group.attrs.get("checksummed") or [])
+        self.columns = {a: names.index(a) for a in arrays if a in names}
+        self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) else None
+        self.records = bool(names)
+        self.status = fs.status_values()
+        self.generation = read_generation(fs.store.path, fs.name)
+
+    def expected(self, index: int, array: str) -> tuple[int, int] | None:
+        """(CRC, size) recorded for ``array``'s chunk ``index``; None when there is nothing to check."""
+        if not self.records or array not in self.columns:
+            return None
+        from .store import PENDING
+
+        block = self.blocks[index]
+        unfinished = bool(np.any(self.status[block.start:block.stop] == PENDING))
+        if self.sums is None:
+            return None if unfinished else self.refuse(index, f"the {SUMS} array is missing")
+        want = self.sums[index]
+        if np.all(want == UNRECORDED):
+            return None if unfinished else self.refuse(index, "its rows are finished but no checksum is recorded")
+        k = self.columns[array]
+        return int(want[2 * k]), int(want[2 * k + 1])
+
+    def check_sum(self, index: int, array: str, crc: int, size: int) -> None:
+        """Refuse block ``index`` unless ``crc``/``size`` (of the bytes just read) match the record."""
+        want = self.expected(index, array)
+        if want is None:
+            return
+        wcrc, wsize = want
+        if size != wsize:
+            what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
+            self.refuse(index, f"{array} chunk file {what}")
+        if crc != wcrc:
+            self.refuse(index, f"{array} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}")
+
+    def check_file(self, index: int, array: str) -> None:
+        """Re-read chunk file ``index`` of ``array`` and check it (readers that decode through zarr)."""
+        if self.expected(index, array) is not None:
+            self.check_sum(index, array, *_file_sum(_chunk_file(self.fs, array, index), crc=True))
+
+    def check_generation(self) -> None:
+        """Refuse to go on if the set was replaced (``--overwrite``) since the reader opened it."""
+        from .store import StoreError, read_generation
+
+        now = read_generation(self.fs.store.path, self.fs.name)
+        if now != self.generation:
+            raise StoreError(
+                f"feature set {self.fs.name!r} in {self.fs.store.path} was replaced (another run made it "
+                f"again with --overwrite) while this command was reading it; nothing read after the "
+                f"change was used. Rerun the command")
+
+    def refuse(self, index: int, why: str):
+        from .store import StoreError
+
+        from .remake import remake_command
+
+        self.check_generation()   # a set made again meanwhile differs from the record, but is not damaged
+        block = self.blocks[index]
+        raise StoreError(
+            f"feature set {self.fs.name!r} in {self.fs.store.path}: block {index} (rows {block.start}-"
+            f"{block.stop - 1}) is damaged ({why}); its rows were not used. Repair it with "
+            f"`vsekit info {self.fs.store.path} {self.fs.name} --verify --repair` and then "
+            f"`{remake_command(self.fs.store, self.fs.name)}`")
+
+
+def crc_of(view, value: int = 0) -> int:
+    """CRC-32 of a buffer (``zlib.crc32``, which releases the GIL for large buffers)."""
+    return zlib.crc32(view, value)

@@ -24,10 +24,11 @@ def extract_command(store_path: str | os.PathLike, name: str, attrs: Mapping[str
         args += ["--crops", str(a.get("crops", 1))]
         if a.get("keep_crops"):
             args.append("--keep-crops")
+    own = a.get("detector") == "butd-r101"   # BUTD has its own preprocessing: those options are refused
     for opt, key in (("--resize", "resize"), ("--resize-mode", "resize_mode"),
                      ("--input-size", "crop_size"), ("--interpolation", "interpolation"),
                      ("--precision", "precision"), ("--dtype", "dtype")):
-        if a.get(key) is not None:
+        if a.get(key) is not None and not (own and key in ("resize", "resize_mode", "crop_size", "interpolation")):
             args += [opt, str(a[key])]
     if a.get("kind") == "fne" and a.get("taps"):
         args += ["--taps", ",".join(t["name"] for t in a["taps"])]
@@ -36,6 +37,8 @@ def extract_command(store_path: str | os.PathLike, name: str, attrs: Mapping[str
     if a.get("kind") == "regions":
         args += ["--boxes", str(a.get("boxes")), "--max-regions", str(a.get("max_regions")),
                  "--min-regions", str(a.get("min_regions"))]
+        if a.get("detector"):
+            args += ["--detector", str(a["detector"]), "--detector-weights", str(a.get("detector_weights"))]
     if a.get("block_rows"):
         args += ["--block-rows", str(a["block_rows"])]
     return shlex.join([*args, *extra])

@@ -113,10 +113,21 @@ class Block:
 class FeatureSet:
     """One feature set: ``data`` (N, ...) and ``status`` (N,), plus provenance in attrs."""
 
-    def __init__(self, store: "FeatureStore", name: str):
+    def __init__(self, store: "FeatureStore", name: str, target: str | None = None):
         self.store = store
         self.name = name
+        self.target = target or name   # the name it takes when committed (see FeatureStore.commit)
         self.group = store.root[f"features/{name}"]
+
+    @property
+    def staged(self) -> bool:
+        """True for a set built beside the one it will replace (``--overwrite``), not yet committed."""
+        return self.target != self.name
+
+    @property
+    def generation(self) -> str | None:
+        """The id made when this set was created; a set made again (``--overwrite``) has a new one."""
+        return read_generation(self.store.path, self.name)
 
     # arrays ---------------------------------------------------------------------------------------
     @property
@@ -455,7 +466,8 @@ class FeatureStore:
 
     def features(self, name: str, expect: Mapping[str, Any] | None = None, *,
                  complete: bool = False) -> FeatureSet:
-        if not self.has_features(name):
+        staged = STAGED in name and (self.path / "features" / name / "zarr.json").exists()
+        if not self.has_features(name) and not staged:   # a staged set is opened by its writers only
             have = ", ".join(self.feature_names()) or "none"
             raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
         return FeatureSet(self, name).check(expect, complete=complete)
@@ -466,7 +478,8 @@ class FeatureStore:
                         block_rows: int | None = None, parent: str | None = None,
                         extra: Mapping[str, tuple[Sequence[int], Any]] | None = None,
                         overwrite: bool = False, compressors: Any = "auto",
-                        init: Callable[[FeatureSet], None] | None = None) -> FeatureSet:
+                        init: Callable[[FeatureSet], None] | None = None,
+                        beside: bool = False) -> FeatureSet:
         """Create (or reopen, for resume) the feature set ``name``.
 
         ``row_shape`` is the shape of one row (``(D,)``, ``(G, G, C)``, ``(K, C)``). ``extra``
@@ -477,6 +490,12 @@ class FeatureStore:
         statistics) before the set appears: the set is built under a hidden name and renamed into
         place, so it is either absent or complete (a kill at any point leaves no half-made set).
         Callers that write hold the set's lock (:mod:`vsekit.storage.lock`).
+
+        Every new set gets a fresh ``generation`` (a random id in its attrs, not part of the config
+        hash): a reader that records it can tell that the set was made again meanwhile. With
+        ``beside`` and ``overwrite``, an existing set is not replaced here: the new one is returned
+        under a hidden name (``fs.staged``), the old one stays readable, and the caller swaps them
+        with :meth:`commit` once the new one is written (or drops it with :meth:`discard`).
         """
         if not name or "/" in name:
             raise StoreError(f"invalid feature set name {name!r}")
@@ -489,6 +508,7 @@ class FeatureStore:
         attrs = _jsonable(dict(attrs))
         attrs.setdefault("code_version", __version__)
         attrs.setdefault("config_hash", config_hash({k: v for k, v in attrs.items() if k != "code_version"}))
+        attrs.setdefault("generation", uuid.uuid4().hex)   # an import keeps the one it copies
         if parent is not None:
             if not self.has_features(parent):
                 raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
@@ -512,8 +532,24 @@ class FeatureStore:
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
-        staging = f".{name}.creating-{uuid.uuid4().hex[:8]}"
+        replace_later = beside and self.has_features(name)
+        staging = f".{name}.{STAGED if replace_later else 'creating-'}{uuid.uuid4().hex[:8]}"
         g = self.root.require_group("features").create_group(staging)
+        try:
+            fs = self._build(g, staging, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, init)
+        except BaseException:
+            shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
+            raise
+        if replace_later:
+            return FeatureSet(self, staging, target=name)
+        point("create_features:rename")
+        self._replace(name, staging)
+        return FeatureSet(self, name)
+
+    def _build(self, g: zarr.Group, staging: str, n_rows: int, row_shape: tuple, dtype: np.dtype,
+               block_rows: int, extra: Mapping[str, tuple[Sequence[int], Any]] | None, compressors: Any,
+               attrs: dict[str, Any], init: Callable[[FeatureSet], None] | None) -> FeatureSet:
+        """The arrays and attrs of a new set in the hidden group ``g`` (see :meth:`create_features`)."""
         if compressors == "auto":
             compressors = default_compressors(row_shape, dtype, attrs.get("kind"))
         kw = {} if compressors == "auto" else {"compressors": compressors}
@@ -530,12 +566,22 @@ class FeatureStore:
         point("create_features:attrs")
         g.attrs.update(attrs)
         fs = FeatureSet.__new__(FeatureSet)
-        fs.store, fs.name, fs.group = self, staging, g
+        fs.store, fs.name, fs.target, fs.group = self, staging, staging, g
         if init is not None:
             init(fs)
-        point("create_features:rename")
-        self._replace(name, staging)
-        return FeatureSet(self, name)
+        return fs
+
+    def commit(self, fs: FeatureSet) -> FeatureSet:
+        """Swap a staged set (built beside the one it replaces) into place; returns the set by its name."""
+        if not fs.staged:
+            return fs
+        self._replace(fs.target, fs.name)
+        return FeatureSet(self, fs.target)
+
+    def discard(self, fs: FeatureSet) -> None:
+        """Drop a staged set that was not finished: the set it would have replaced stays as it was."""
+        if fs.staged:
+            shutil.rmtree(self.path / "features" / fs.name, ignore_errors=True)
 
     @contextlib.contextmanager
     def building_features(self, name: str, row_shape: Sequence[int], dtype: Any, *,
@@ -578,7 +624,7 @@ class FeatureStore:
             shutil.rmtree(old, ignore_errors=True)
 
     def remove_leftovers(self, name: str) -> list[str]:
-        """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` folders a killed run left behind.
+        """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` / ``.next-*`` folders a killed run left.
 
         Call only while holding ``name``'s writer lock (no live run is then building it).
         """
@@ -587,7 +633,8 @@ class FeatureStore:
             return []
         gone = []
         for p in base.iterdir():
-            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-")):
+            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-",
+                                  f".{name}.{STAGED}")):
                 shutil.rmtree(p, ignore_errors=True)
                 gone.append(p.name)
         return gone
@@ -602,7 +649,25 @@ class FeatureStore:
 
 
 # helpers ------------------------------------------------------------------------------------------
-_STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old)-[0-9a-f]{8}$")   # the store's hidden sets
+_STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
+
+
+STAGED = "next-"   # ``.NAME.next-XXXX``: a set built beside NAME by --overwrite, swapped in on success
+
+
+def read_generation(store_path: str | os.PathLike, name: str) -> str | None:
+    """The ``generation`` of feature set ``name``, read from its metadata file now (never a cached copy).
+
+    None for a set made before generations existed; ``"absent"`` when there is no such set (for
+    instance between the two renames of a swap), so a reader never mistakes it for the one it began with.
+    """
+    try:
+        meta = json.loads((Path(store_path) / "features" / name / "zarr.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return "absent"
+    return (meta.get("attributes") or {}).get("generation")
+
+
 INGEST_LOCK = "ingest"
 STALE_STAGING_S = 60.0   # a staging folder without a lock file is a killed ingest's once this old
 

@@ -109,6 +109,7 @@ class FeatureSource:
             stored = fs.shape[1:]
             self.row_shape = (*stored[:-1], self.n_features) if self.packed else tuple(stored)
             self.name = fs.name
+            self._check = block_check(fs)
         else:
             assert array is not None
             self.kind = "global" if array.ndim == 2 else ("grid" if array.ndim == 4 else "regions")
@@ -118,6 +119,7 @@ class FeatureSource:
             self.n_rows = int(array.shape[0])
             self.row_shape = tuple(array.shape[1:])
             self.name = "<array>"
+            self._check = None
 
     @classmethod
     def from_array(cls, array: np.ndarray, counts: np.ndarray | None = None, chunk_rows: int = 256) -> "FeatureSource":
@@ -128,11 +130,16 @@ class FeatureSource:
         return {"fne": "global"}.get(self.kind, self.kind)
 
     def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Decoded rows ``[start, stop)`` (float32) and their region counts (or None)."""
+        """Decoded rows ``[start, stop)`` (float32) and their region counts (or None).
+
+        The chunk files of every block read are checked against their recorded CRC-32 first.
+        """
+        verify_blocks(self, start, stop)
         raw = np.asarray(self._data[start:stop])
         if self.packed:
             raw = unpack_rows(raw, self.n_features)
         counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
+        same_generation(self)
         return raw.astype(np.float32, copy=False), counts
 
     def read_into(self, start: int, stop: int, out: np.ndarray, counts_out: np.ndarray | None = None) -> None:
@@ -142,8 +149,9 @@ class FeatureSource:
         """
         raw_file = self._raw_chunk_file(start, stop) if out.flags.c_contiguous else None
         if raw_file is not None:
-            _read_raw_chunk(raw_file, out)
+            read_raw_checked(self, raw_file, start, out)
             counts = None if self._count is None else self._count[start:stop]
+            same_generation(self)
         else:
             data, counts = self.read(start, stop)
             out[...] = data
@@ -194,22 +202,75 @@ def _raw_layout(array: Any) -> tuple[str, Any] | None:
         return None
 
 
-def _read_raw_chunk(path: str, out: np.ndarray) -> None:
-    """Read a raw chunk file's first ``out.nbytes`` bytes into ``out``; a missing chunk is all fill (0)."""
+def _read_raw_chunk(path: str, out: np.ndarray, crc: bool = False) -> tuple[int, int]:
+    """Read a raw chunk file's first ``out.nbytes`` bytes into ``out``; a missing chunk is all fill (0).
+
+    With ``crc``, returns the CRC-32 and size of the whole file (size -1: missing), else (0, 0).
+    """
+    from ..storage.integrity import ABSENT, crc_of
+
     try:
         f = open(path, "rb", buffering=0)
     except FileNotFoundError:  # never written: zarr's fill value
         out.fill(0)
-        return
+        return 0, ABSENT
     with f:
         view = memoryview(out).cast("B")
         got = 0
         while got < len(view):
             n = f.readinto(view[got:])
             if not n:
+                if crc:   # the caller reports it against the recorded size
+                    return 0, got
                 raise StoreError(f"{path}: chunk file is {got} bytes, expected at least {len(view)}; "
                                  f"the store is damaged")
             got += n
+        if not crc:
+            return 0, 0
+        value = crc_of(view)
+        while tail := f.read(1 << 20):   # the padding of an edge chunk
+            value = crc_of(tail, value)
+            got += len(tail)
+        return value, got
+
+
+# block verification: nothing is read into a batch before its chunk files match their CRC-32 --------
+def block_check(fs: FeatureSet):
+    """The per-block checksum check of a set a reader opens (``integrity.BlockCheck``)."""
+    from ..storage.integrity import BlockCheck
+
+    return BlockCheck(fs, ("data", "count"))
+
+
+def verify_blocks(source: "FeatureSource", start: int, stop: int) -> None:
+    """Check every block overlapping rows ``[start, stop)`` (data and counts) before zarr decodes them."""
+    check = source._check
+    if check is None or stop <= start:
+        return
+    for index in range(start // source.chunk_rows, (stop - 1) // source.chunk_rows + 1):
+        check.check_file(index, "data")
+        if source._count is not None:
+            check.check_file(index, "count")
+
+
+def same_generation(source: "FeatureSource") -> None:
+    """After a read: refuse rows of a set made again (``--overwrite``) since the reader opened it."""
+    if source._check is not None:
+        source._check.check_generation()
+
+
+def read_raw_checked(source: "FeatureSource", path: str, start: int, out: np.ndarray) -> None:
+    """Read a raw chunk file into ``out`` computing its CRC-32 on the way (the rest of the file, an
+    edge chunk's padding, is read too), and refuse the block if it differs from the record."""
+    check = source._check
+    index = start // source.chunk_rows
+    if check is None or check.expected(index, "data") is None:
+        _read_raw_chunk(path, out)
+    else:
+        crc, size = _read_raw_chunk(path, out, crc=True)
+        check.check_sum(index, "data", crc, size)
+    if source._count is not None and check is not None:
+        check.check_file(index, "count")
 
 
 def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSource:
