@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from .base import PENDING, Block, StoreError, read_generation
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .store import Block, FeatureSet
+    from .store import FeatureSet
 
 SUMS = "blocksums"
 UNRECORDED = -2   # fill value: no checksum recorded (block not written yet, or an older vsekit)
@@ -118,7 +120,6 @@ def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
 
 def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
     """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
-    from .store import PENDING
 
     blocks = fs.blocks()
     report = Report(fs.name, len(blocks), full=not quick)
@@ -184,7 +185,6 @@ def repair(fs: "FeatureSet", report: Report) -> int:
 
 def refuse_damaged(fs: "FeatureSet") -> None:
     """Raise StoreError if the quick check finds damaged blocks (``train`` calls this before reading)."""
-    from .store import StoreError
 
     from .remake import remake_command
 
@@ -205,7 +205,6 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     worker already committed is never computed or written twice (see :mod:`vsekit.extract.distribute`).
     A block with an unreadable status chunk or missing/truncated files counts as not committed.
     """
-    from .store import PENDING
 
     status = _status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
@@ -233,7 +232,6 @@ class BlockCheck:
     """
 
     def __init__(self, fs: "FeatureSet", arrays: Sequence[str] = ("data",)):
-        from .store import read_generation
 
         self.fs = fs
         self.blocks = fs.blocks()
@@ -248,7 +246,6 @@ class BlockCheck:
         """(CRC, size) recorded for ``array``'s chunk ``index``; None when there is nothing to check."""
         if not self.records or array not in self.columns:
             return None
-        from .store import PENDING
 
         block = self.blocks[index]
         unfinished = bool(np.any(self.status[block.start:block.stop] == PENDING))
@@ -279,7 +276,6 @@ class BlockCheck:
 
     def check_generation(self) -> None:
         """Refuse to go on if the set was replaced (``--overwrite``) since the reader opened it."""
-        from .store import StoreError, read_generation
 
         now = read_generation(self.fs.store.path, self.fs.name)
         if now != self.generation:
@@ -289,7 +285,6 @@ class BlockCheck:
                 f"change was used. Rerun the command")
 
     def refuse(self, index: int, why: str):
-        from .store import StoreError
 
         from .remake import remake_command
 

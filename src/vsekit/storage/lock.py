@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .fserrors import naming
-from .store import StoreError
+from .base import StoreError
 
 LOCK_DIR = (".vsekit", "locks")
 STALE_ENV, BREAK_ENV = "VSEKIT_LOCK_STALE_S", "VSEKIT_BREAK_LOCK"

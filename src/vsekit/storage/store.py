@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -34,6 +33,8 @@ import zarr
 
 from ..version import __version__
 from . import integrity
+from .base import (DONE, FAILED, PENDING, STAGED, STATUS_NAMES, Block, FormatVersionError,  # noqa: F401
+                   ProvenanceError, StoreError, read_generation)
 from .faults import point
 from .fserrors import names_set_path, names_store_path
 
@@ -41,23 +42,8 @@ FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
 SPLIT_CODES: dict[str, int] = {name: i for i, name in enumerate(SPLITS)}
 
-PENDING, DONE, FAILED = 0, 1, 2
-STATUS_NAMES = {PENDING: "pending", DONE: "done", FAILED: "failed"}
-
 DEFAULT_ROW_CHUNK = 256
 STRING_CHUNK = 65536
-
-
-class StoreError(Exception):
-    """A store cannot be used as asked; the message says why."""
-
-
-class FormatVersionError(StoreError):
-    """The store was written by a newer vsekit format."""
-
-
-class ProvenanceError(StoreError):
-    """A feature set's provenance does not match what a command expects."""
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
@@ -96,18 +82,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
-
-
-@dataclass(frozen=True)
-class Block:
-    """A row block ``[start, stop)`` of a feature set, aligned to its chunks."""
-
-    index: int
-    start: int
-    stop: int
-
-    def __len__(self) -> int:
-        return self.stop - self.start
 
 
 class FeatureSet:
@@ -650,22 +624,6 @@ class FeatureStore:
 
 # helpers ------------------------------------------------------------------------------------------
 _STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
-
-
-STAGED = "next-"   # ``.NAME.next-XXXX``: a set built beside NAME by --overwrite, swapped in on success
-
-
-def read_generation(store_path: str | os.PathLike, name: str) -> str | None:
-    """The ``generation`` of feature set ``name``, read from its metadata file now (never a cached copy).
-
-    None for a set made before generations existed; ``"absent"`` when there is no such set (for
-    instance between the two renames of a swap), so a reader never mistakes it for the one it began with.
-    """
-    try:
-        meta = json.loads((Path(store_path) / "features" / name / "zarr.json").read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
-        return "absent"
-    return (meta.get("attributes") or {}).get("generation")
 
 
 INGEST_LOCK = "ingest"

@@ -1,0 +1,53 @@
+"""What every storage module shares, with no imports of its own from the package: the row status
+codes, the store's errors, row blocks and a set's generation. ``store``, ``integrity`` and ``lock`` all
+build on it, so none of them needs to import another in a circle."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PENDING, DONE, FAILED = 0, 1, 2
+STATUS_NAMES = {PENDING: "pending", DONE: "done", FAILED: "failed"}
+
+
+class StoreError(Exception):
+    """A store cannot be used as asked; the message says why."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written by a newer vsekit format."""
+
+
+class ProvenanceError(StoreError):
+    """A feature set's provenance does not match what a command expects."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """A row block ``[start, stop)`` of a feature set, aligned to its chunks."""
+
+    index: int
+    start: int
+    stop: int
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+STAGED = "next-"   # ``.NAME.next-XXXX``: a set built beside NAME by --overwrite, swapped in on success
+
+
+def read_generation(store_path: str | os.PathLike, name: str) -> str | None:
+    """The ``generation`` of feature set ``name``, read from its metadata file now (never a cached copy).
+
+    None for a set made before generations existed; ``"absent"`` when there is no such set (for
+    instance between the two renames of a swap), so a reader never mistakes it for the one it began with.
+    """
+    try:
+        meta = json.loads((Path(store_path) / "features" / name / "zarr.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return "absent"
+    return (meta.get("attributes") or {}).get("generation")
