@@ -175,7 +175,9 @@ class ButdDetector:
                 pooled = self.model.pooled_features(fmap, rois)
                 cls_logits, _, attr_prob = self.model.heads(pooled)
             cls_prob = torch.softmax(cls_logits.float(), dim=1)
-        return rois / scale, pooled.float(), cls_prob, attr_prob.float()
+        # generate_tsv.py divides the float32 RoIs by a float64 scale: float64 boxes, rounded to
+        # float32 for its NMS
+        return (rois.double() / scale).float(), pooled.float(), cls_prob, attr_prob.float()
 
     def detect(self, rgb) -> Regions:
         """The selected regions of one uint8 RGB image (3, H, W)."""
