@@ -138,8 +138,10 @@ class ButdDetector:
                  max_size: int = MAX_SIZE, post_nms: int = sel.RPN_POST_NMS):
         import torch
 
+        from ..devices import exact_float32
         from .butd_model import build_empty, init_random
 
+        exact_float32()   # --precision fp32 is IEEE float32 on CUDA (no TF32), in this worker process
         self.device = torch.device(device)
         model = build_empty("cpu")
         if weights == "none":
