@@ -190,7 +190,8 @@ def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
 # options that may change when a run resumes: where it runs and how long, not what it learns
 RESUMABLE = ("epochs", "device", "eval_batch")
 OPTION_NAMES = {"lr_milestones": "--lr-update", "use_abs": "--abs/--no-abs",
-                "max_violation": "--max-violation/--sum-violation", "curriculum": "--curriculum/--no-curriculum"}
+                "max_violation": "--max-violation/--sum-violation", "curriculum": "--curriculum/--no-curriculum",
+                "shuffle_memory_gb": "--shuffle-memory"}
 
 
 def option_name(key: str) -> str:
@@ -320,7 +321,8 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
                          f"{source.kind!r} set; choose features of kind {net.image_input!r}")
     net.to(cfg.device)
     stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
-                        captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed)
+                        captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed,
+                        shuffle_memory=cfg.shuffle_memory_gb * 2**30)
     if not resume:
         removed = clear_run(out)   # the new run has started: nothing of an old one may remain
         if removed:
