@@ -382,7 +382,7 @@ class PairStream:
         """
         bufs = getattr(self, "_bufs", None)
         if bufs is None or len(bufs[0][0]) < rows or len(bufs) != count:
-            self._bufs = None   # let the old buffers go before the new ones are allocated
+            self._bufs = bufs = None   # let the old buffers go before the new ones are allocated
             shape = tuple(self.source.row_shape)
             with_counts = self.source._count is not None
             bufs = [(np.empty((rows, *shape), dtype=np.float32),
