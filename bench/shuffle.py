@@ -11,7 +11,8 @@ features in chunks of 113 rows (as SGRAF's regions), so the 8-chunk window holds
 training images. Model: VSE (GRU, embed 128), every caption, batch 128, the hardest-negative loss
 (VSE++), where fewer distinct negatives would show first.
 
-    python -P bench/shuffle.py [--images 5000] [--seeds 3] [--epochs 6] [--out bench/results/shuffle.md]
+    python -P bench/shuffle.py [--images 5000] [--seeds 3] [--first-seed 0] [--epochs 6]
+        [--out bench/results/shuffle.md]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=5000)
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--out", default="bench/results/shuffle.md")
     args = ap.parse_args()
@@ -62,13 +64,14 @@ def main() -> None:
         t0 = time.perf_counter()
         store = build(tmp / "data", args.images)
         curves: dict[str, list[list[float]]] = {"window": [], "global": []}
-        for seed in range(args.seeds):
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        for seed in seeds:
             for mode, chunks in (("window", 8), ("global", None)):
                 curves[mode].append(run(store, tmp / f"{mode}{seed}", seed, args.epochs, chunks))
                 print(mode, seed, [round(x, 1) for x in curves[mode][-1]], flush=True)
         wall = time.perf_counter() - t0
     w, g = np.array(curves["window"]), np.array(curves["global"])
-    lines = [f"# Shuffle window vs global shuffle ({args.images} demo images, {args.seeds} seeds, VSE, "
+    lines = [f"# Shuffle window vs global shuffle ({args.images} demo images, seeds {seeds}, VSE, "
              "all captions, batch 128, hardest negative)", "",
              "Validation rsum per epoch, mean ± std over seeds (seed s: same initialisation for both).", "",
              "| epoch | window of 8 chunks (904 images) | global | global − window | seed std (pooled) |",
@@ -82,7 +85,8 @@ def main() -> None:
     lines += ["", f"Best rsum per run: window {np.round(best_w, 1).tolist()}, global {np.round(best_g, 1).tolist()}; "
               f"mean difference {best_g.mean() - best_w.mean():+.1f}.", "",
               f"Command: `python -P bench/shuffle.py --images {args.images} --seeds {args.seeds} "
-              f"--epochs {args.epochs}` ({wall / 60:.0f} min on this machine).", ""]
+              f"--first-seed {args.first_seed} --epochs {args.epochs}` ({wall / 60:.0f} min on this machine).", "",
+              "Curves (JSON): " + json.dumps(curves), ""]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
