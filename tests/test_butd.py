@@ -56,10 +56,11 @@ def test_anchors_match_py_faster_rcnn_table():
 
 
 def _np_nms(boxes, scores, thresh):
-    """py-faster-rcnn's py_cpu_nms (inclusive-pixel IoU)."""
+    """py-faster-rcnn's NMS (inclusive-pixel IoU, numpy's argsort()[::-1], suppressed at IoU >= thresh
+    as its Cython cpu_nms; tests/test_butd_ties.py ports that loop line by line)."""
     x1, y1, x2, y2 = boxes.T
     areas = (x2 - x1 + 1) * (y2 - y1 + 1)
-    order = np.argsort(-scores, kind="stable")
+    order = scores.argsort()[::-1]
     keep = []
     while order.size > 0:
         i = order[0]
@@ -68,7 +69,7 @@ def _np_nms(boxes, scores, thresh):
         h = np.maximum(0.0, np.minimum(y2[i], y2[order[1:]]) - np.maximum(y1[i], y1[order[1:]]) + 1)
         inter = w * h
         ovr = inter / (areas[i] + areas[order[1:]] - inter)
-        order = order[np.where(ovr <= thresh)[0] + 1]
+        order = order[np.where(ovr < thresh)[0] + 1]
     return np.asarray(keep, dtype=np.int64)
 
 
@@ -92,7 +93,7 @@ def _np_proposals(logits, deltas, height, width, scale):
     boxes[:, 1::2] = np.clip(boxes[:, 1::2], 0, height - 1)
     ok = np.where((boxes[:, 2] - boxes[:, 0] + 1 >= 16 * scale) & (boxes[:, 3] - boxes[:, 1] + 1 >= 16 * scale))[0]
     boxes, scores = boxes[ok], scores[ok]
-    order = np.argsort(-scores, kind="stable")[:6000]
+    order = scores.argsort()[::-1][:6000]
     boxes, scores = boxes[order], scores[order]
     keep = _np_nms(boxes, scores, 0.7)[:300]
     return boxes[keep], scores[keep]
@@ -119,9 +120,9 @@ def _np_select(boxes, cls_prob, min_boxes, max_boxes):
         max_conf[keep] = np.where(s[keep] > max_conf[keep], s[keep], max_conf[keep])
     keep = np.where(max_conf >= 0.2)[0]
     if len(keep) < min_boxes:
-        keep = np.argsort(-max_conf, kind="stable")[:min_boxes]
+        keep = np.argsort(max_conf)[::-1][:min_boxes]
     elif len(keep) > max_boxes:
-        keep = np.argsort(-max_conf, kind="stable")[:max_boxes]
+        keep = np.argsort(max_conf)[::-1][:max_boxes]
     return keep, max_conf
 
 

@@ -56,7 +56,8 @@ for _data, _dims in _fne_dims.items():
         SOURCES += [(_name, k, v, FNE, _col) for k, v in _loss]
         SOURCES += [(_name, "embed_dim", embed, FNE, _col), (_name, "word_dim", word, FNE, _col)]
         SOURCES += [(_name, k, v, src, sec) for k, v, src, sec in _fne_common]
-        epochs = 400 if (_data, _setting) == ("f30k", "mh") else 200
+        # MH-bl is MH too (and its F30K launcher runs 400); F8K MH-bl's launcher runs 400, the text 200
+        epochs = 400 if (_data, _setting) in (("f30k", "mh"), ("f30k", "mh-bl")) else 200
         SOURCES.append((_name, "epochs", epochs, FNE, "experimental setup: 200 epochs, 400 for MH on Flickr30K"))
 
 SOURCES += [
@@ -82,6 +83,8 @@ SOURCES += [
        ("model_args.penalty_weight", 0.5, "loss: lambda of the attention penalty"))],
     ("seam-e", "model_args.hops", 30, SEAM, "experimental setup"), ("seam-c", "model_args.hops", 10, SEAM, "experimental setup"),
     ("seam-g", "model_args.hops", 30, SEAM, "experimental setup"), ("seam-g", "model_args.gru_dim", 512, SEAM, "experimental setup"),
+    *[(p, "similarity", "order", SEAM, "order embeddings (Vendrov et al.'s score; the code: VSE++'s norm)")
+      for p in ("seam-e", "seam-c", "seam-g")],
     # SMAN
     *[("sman", k, v, SMAN, sec) for k, v, sec in
       (("optimizer", "adadelta", "Sec. IV-B"), ("lr", 0.05, "Sec. IV-B"), ("weight_decay", 5e-4, "Sec. IV-B"),

@@ -52,6 +52,9 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--global-module", type=click.Choice(["self-attention", "t-emde", "none"]), default=None,
               help="SAF/SGR global similarity node: self-attention (SGRAF), T-EMDE sketches, or none.")
 @click.option("--seed", type=int, default=None)
+@click.option("--shuffle-memory", "shuffle_memory_gb", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="GB of memory for the shuffle window: the whole split is shuffled at once when it fits, "
+                   "else in windows of chunks [default: 4].")
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")

@@ -29,6 +29,27 @@ PIXEL_MEANS_BGR = (102.9801, 115.9465, 122.7717)
 TARGET_SIZE = 600
 MAX_SIZE = 1000
 IGNORED_KEYS = ("pixel_mean", "pixel_std")   # detectron2 keeps the input normalisation as buffers
+# detectron2 <= 0.2 saved the RPN's cell anchors as a buffer (BufferList): checked, then dropped
+ANCHOR_KEY = "proposal_generator.anchor_generator.cell_anchors.0"
+
+
+def check_anchor_buffer(anchors, path) -> None:
+    """Refuse a checkpoint whose saved cell anchors are not the ones this detector computes.
+
+    The RPN's 24 logits and 48 deltas belong to the 12 anchors in the order of py-faster-rcnn's
+    ``generate_anchors`` (:func:`.butd_select.base_anchors`); a file saved with other anchors (other
+    sizes, another order or centre) would be read with the wrong boxes, so it is a ValueError.
+    """
+    import torch
+
+    want = torch.as_tensor(sel.base_anchors(), dtype=torch.float64)
+    got = anchors.detach().to("cpu", torch.float64)
+    if tuple(got.shape) == tuple(want.shape) and torch.allclose(got, want, rtol=0, atol=1e-3):
+        return
+    rows = got.reshape(-1, got.shape[-1])[:2].tolist() if got.numel() and got.dim() else got.tolist()
+    raise ValueError(f"--detector-weights {path}: its {ANCHOR_KEY} {tuple(got.shape)} is not the anchors this "
+                     f"detector computes (py-faster-rcnn generate_anchors, scales 4, 8, 16, 32, ratios 0.5, 1, "
+                     f"2, ratio-major, 12 x 4, starting {want[:2].tolist()}); the file starts {rows}")
 
 
 def caffe_scale(height: int, width: int, target: int = TARGET_SIZE, max_size: int = MAX_SIZE) -> float:
@@ -78,7 +99,9 @@ def load_checkpoint(model, path: str | Path) -> None:
     """Load the converted Caffe checkpoint at ``path`` into ``model`` (``torch.load(weights_only=True)``).
 
     Accepts a plain state dict or one under ``"model"`` / ``"state_dict"``, ``module.`` prefixes,
-    and ignores ``num_batches_tracked`` and detectron2's ``pixel_mean``/``pixel_std`` buffers. A
+    and ignores ``num_batches_tracked`` and detectron2's ``pixel_mean``/``pixel_std`` buffers. The
+    cell-anchor buffer of files saved by detectron2 <= 0.2 is compared with the computed anchors
+    (:func:`check_anchor_buffer`, a ValueError if they differ) and dropped. A
     ``cls_embed`` with 1,602 rows (MILVLG builds ``Embedding(num_classes + 1)``) keeps its first
     1,601, the only rows an argmax over 1,601 classes can index. Any other missing, unknown or
     mis-shaped key is a ValueError naming it: a partial load would give silently wrong features.
@@ -100,6 +123,9 @@ def load_checkpoint(model, path: str | Path) -> None:
     for k, v in raw.items():
         k = k[len("module."):] if k.startswith("module.") else k
         if k.endswith("num_batches_tracked") or k in IGNORED_KEYS or not torch.is_tensor(v):
+            continue
+        if k == ANCHOR_KEY:
+            check_anchor_buffer(v, path)
             continue
         state[k] = v
     want = model.state_dict()
@@ -138,8 +164,10 @@ class ButdDetector:
                  max_size: int = MAX_SIZE, post_nms: int = sel.RPN_POST_NMS):
         import torch
 
+        from ..devices import exact_float32
         from .butd_model import build_empty, init_random
 
+        exact_float32()   # --precision fp32 is IEEE float32 on CUDA (no TF32), in this worker process
         self.device = torch.device(device)
         model = build_empty("cpu")
         if weights == "none":
@@ -175,6 +203,7 @@ class ButdDetector:
                 pooled = self.model.pooled_features(fmap, rois)
                 cls_logits, _, attr_prob = self.model.heads(pooled)
             cls_prob = torch.softmax(cls_logits.float(), dim=1)
+        # float32 RoIs / the scale in float32, as generate_tsv.py's numpy (value-based casting) divides
         return rois / scale, pooled.float(), cls_prob, attr_prob.float()
 
     def detect(self, rgb) -> Regions:

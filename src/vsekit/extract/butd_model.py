@@ -12,7 +12,7 @@ peteanderson80/bottom-up-attention ``models/vg/ResNet-101/faster_rcnn_end2end_fi
   ``fc_attr`` 2304 → 512 + ReLU, ``attr_score`` 512 → 401 (400 attributes + none), softmax.
 
 Module names follow the converted checkpoint that MILVLG/bottom-up-attention.pytorch publishes
-(detectron2 layout, ``bua-caffe-frcn-r101_with_attributes.pth``), so its state dict loads by name;
+(detectron2 layout, ``bua-caffe-frcn-r101_with_attributes-k36.pth`` / ``-k10-100.pth``), so its state dict loads by name;
 :func:`checkpoint_table` lists every key and shape.
 """
 

@@ -1,9 +1,13 @@
 """Proposals and region selection of the bottom-up-attention detector (Anderson et al., "Bottom-up
-and top-down attention for image captioning and VQA", CVPR 2018), in torch/torchvision ops.
+and top-down attention for image captioning and VQA", CVPR 2018), in torch and numpy.
 
 The Caffe model was trained with py-faster-rcnn's conventions, which these functions keep:
 
 - boxes are inclusive pixel boxes: width = x2 - x1 + 1 (also inside NMS, see :func:`nms_caffe`);
+- every descending sort is numpy's ``argsort()[::-1]`` (equal scores come out in the order numpy's
+  sort leaves them, reversed), and NMS is py-faster-rcnn's Cython ``cpu_nms`` (the one the BUTD
+  ResNet config selects, ``USE_GPU_NMS: False``): the IoU in float32, a box suppressed when its
+  IoU with a kept one is ``>=`` the threshold, kept boxes listed in processing order;
 - 12 anchors per cell of the stride-16 map, from ``generate_anchors`` with scales (4, 8, 16, 32)
   and ratios (0.5, 1, 2), ratio-major, sides rounded half-to-even as numpy does;
 - the RPN's 24 objectness channels are 12 background logits then 12 foreground logits, and a
@@ -79,16 +83,89 @@ def clip_boxes(boxes, height: int, width: int):
     return b
 
 
-def nms_caffe(boxes, scores, threshold: float):
-    """NMS with inclusive-pixel IoU (areas (x2-x1+1)(y2-y1+1)), as py-faster-rcnn's ``nms``.
+def descending(scores) -> np.ndarray:
+    """Indices of ``scores`` (a numpy array) from the highest, as the originals sort: numpy's own
+    ``argsort()[::-1]``, so equal scores come out in the order numpy's (unstable) sort gives them,
+    reversed, not in index order. The dtype matters (float32 scores, float64 confidences)."""
+    return np.ascontiguousarray(np.argsort(scores)[::-1])
 
-    torchvision's ``nms`` on boxes whose far corner is moved by +1 computes exactly that IoU.
+
+def _as_numpy(t, dtype) -> np.ndarray:
+    return t.detach().to("cpu").numpy().astype(dtype, copy=False)
+
+
+def _greedy_nms(boxes: np.ndarray, order: np.ndarray, threshold: float, limit: int | None) -> np.ndarray:
+    """``cpu_nms`` on float32 (R, 4) boxes taken in ``order``: the first ``limit`` kept indices.
+
+    Each kept box drops the later boxes whose float32 IoU with it is >= ``threshold`` (compared in
+    float64, as the Cython code compares its float32 IoU with a Python float). Stopping after
+    ``limit`` kept boxes gives the same first ``limit`` as running to the end.
     """
-    from torchvision.ops import nms
+    one, zero = np.float32(1), np.float32(0)
+    x1, y1, x2, y2 = (np.ascontiguousarray(boxes[:, k], dtype=np.float32) for k in range(4))
+    areas = (x2 - x1 + one) * (y2 - y1 + one)
+    keep = []
+    order = np.asarray(order, dtype=np.int64)
+    while order.size and (limit is None or len(keep) < limit):
+        i, rest = order[0], order[1:]
+        keep.append(i)
+        w = np.maximum(zero, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]) + one)
+        h = np.maximum(zero, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]) + one)
+        inter = w * h
+        ovr = inter / (areas[i] + areas[rest] - inter)
+        order = rest[ovr.astype(np.float64) < float(threshold)]
+    return np.asarray(keep, dtype=np.int64)
 
-    shifted = boxes.clone()
-    shifted[:, 2:] += 1.0
-    return nms(shifted, scores, threshold)
+
+def nms_caffe(boxes, scores, threshold: float, limit: int | None = None):
+    """py-faster-rcnn's ``cpu_nms``: inclusive-pixel IoU (areas (x2-x1+1)(y2-y1+1)) in float32,
+    boxes taken in numpy's ``argsort()[::-1]`` order of the float32 scores, a box suppressed at
+    IoU >= ``threshold``; the kept indices in that order (the first ``limit`` of them), on the
+    boxes' device. Runs in numpy on the CPU, as the original does."""
+    import torch
+
+    b = _as_numpy(boxes, np.float32)
+    keep = _greedy_nms(b, descending(_as_numpy(scores, np.float32)), threshold, limit)
+    return torch.as_tensor(keep, dtype=torch.int64, device=boxes.device)
+
+
+def _iou_matrix(boxes: np.ndarray) -> np.ndarray:
+    """(R, R) float32 IoUs computed term by term as ``cpu_nms`` computes each pair's (symmetric)."""
+    one, zero = np.float32(1), np.float32(0)
+    x1, y1, x2, y2 = (np.ascontiguousarray(boxes[:, k], dtype=np.float32) for k in range(4))
+    areas = (x2 - x1 + one) * (y2 - y1 + one)
+    w = np.maximum(zero, np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]) + one)
+    h = np.maximum(zero, np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]) + one)
+    inter = w * h
+    return inter / (areas[:, None] + areas[None] - inter)
+
+
+def nms_kept_per_column(boxes: np.ndarray, scores: np.ndarray, threshold: float) -> np.ndarray:
+    """(R, C) bool: box r kept by ``cpu_nms`` over the R boxes scored by column c of ``scores``.
+
+    The same as C separate ``cpu_nms`` calls, done for all columns at once: the pairwise
+    suppressions (IoU >= threshold) are packed into bits once, then the greedy pass walks the
+    ranks, each column in its own numpy ``argsort()[::-1]`` order.
+    """
+    r, c = scores.shape
+    if r == 0:
+        return np.zeros((0, c), dtype=bool)
+    suppress = _iou_matrix(boxes).astype(np.float64) >= float(threshold)
+    words = (r + 63) // 64
+    packed = np.zeros((r, words * 8), dtype=np.uint8)
+    packed[:, :(r + 7) // 8] = np.packbits(suppress, axis=1, bitorder="little")
+    packed = packed.view("<u8")                                     # (R, words): bit j of row i
+    order = np.argsort(scores, axis=0)[::-1]                         # (R, C): per column, as descending()
+    suppressed = np.zeros((c, words), dtype="<u8")
+    kept = np.zeros((r, c), dtype=bool)
+    cols = np.arange(c)
+    for rank in range(r):
+        idx = order[rank]
+        bit = (suppressed[cols, idx >> 6] >> (idx & 63).astype("<u8")) & np.uint64(1)
+        alive = bit == 0
+        kept[idx, cols] = alive
+        suppressed[alive] |= packed[idx[alive]]
+    return kept
 
 
 def rpn_proposals(logits, deltas, height: int, width: int, scale: float, *, pre_nms: int = RPN_PRE_NMS,
@@ -110,39 +187,38 @@ def rpn_proposals(logits, deltas, height: int, width: int, scale: float, *, pre_
     hs = boxes[:, 3] - boxes[:, 1] + 1
     ok = torch.nonzero((ws >= min_size * scale) & (hs >= min_size * scale)).squeeze(1)
     boxes, fg = boxes[ok], fg[ok]
-    order = torch.argsort(fg, descending=True, stable=True)[:pre_nms]
+    order = torch.as_tensor(descending(_as_numpy(fg, np.float32))[:pre_nms], device=fg.device)
     boxes, fg = boxes[order], fg[order]
-    keep = nms_caffe(boxes, fg, nms_thresh)[:post_nms]
+    keep = nms_caffe(boxes, fg, nms_thresh, limit=post_nms)
     return boxes[keep], fg[keep]
 
 
 def region_confidence(boxes, cls_prob, nms_thresh: float = CLASS_NMS):
-    """(R,) each proposal's highest class probability among the classes whose NMS kept it.
+    """(R,) float64: each proposal's highest class probability among the classes whose NMS kept it
+    (0 if none did), as generate_tsv.py's ``max_conf``.
 
     ``cls_prob`` (R, C) includes the background in column 0, which is skipped; ``boxes`` are in
     original pixels, where generate_tsv.py runs this NMS (inclusive-pixel IoU is not scale-free).
     """
     import torch
 
-    conf = torch.zeros(boxes.shape[0], dtype=torch.float32, device=boxes.device)
     if boxes.shape[0] == 0:
-        return conf
-    probs = cls_prob.float()
-    for c in range(1, probs.shape[1]):
-        s = probs[:, c]
-        keep = nms_caffe(boxes, s, nms_thresh)
-        conf[keep] = torch.maximum(conf[keep], s[keep])
-    return conf
+        return torch.zeros(0, dtype=torch.float64, device=boxes.device)
+    probs = _as_numpy(cls_prob, np.float32)[:, 1:]
+    kept = nms_kept_per_column(_as_numpy(boxes, np.float32), probs, nms_thresh)
+    conf = np.where(kept, probs, np.float32(0)).max(axis=1).astype(np.float64)
+    return torch.from_numpy(conf).to(boxes.device)
 
 
 def select_regions(conf, min_boxes: int, max_boxes: int, conf_thresh: float = CONF_THRESH):
     """Indices of the kept proposals, as generate_tsv.py: those with ``conf >= conf_thresh`` in
     proposal order; if fewer than ``min_boxes`` or more than ``max_boxes``, the best ``min_boxes`` /
-    ``max_boxes`` by confidence instead (ties: earlier proposal first)."""
+    ``max_boxes`` by numpy's ``argsort()[::-1]`` of the float64 confidences instead (equal
+    confidences in numpy's order, as the original)."""
     import torch
 
-    keep = torch.nonzero(conf >= conf_thresh).squeeze(1)
+    c = _as_numpy(conf, np.float64)
+    keep = np.nonzero(c >= conf_thresh)[0]
     if len(keep) < min_boxes or len(keep) > max_boxes:
-        order = torch.argsort(conf, descending=True, stable=True)
-        keep = order[:min_boxes] if len(keep) < min_boxes else order[:max_boxes]
-    return keep
+        keep = descending(c)[:min_boxes if len(keep) < min_boxes else max_boxes]
+    return torch.as_tensor(keep, dtype=torch.int64, device=conf.device)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import exact_float32
 from .plan import Plan
 from .taps import Layout, Tapper, grid_pool, keep_map, spatial_mean
 
@@ -49,6 +50,7 @@ class Extractor:
 
         self.plan = plan
         self.device = torch.device(device)
+        exact_float32()   # --precision fp32 is IEEE float32 on CUDA (no TF32), in this worker process
         self.pinned, channels_last = current(str(self.device))  # throughput options (throughput.py)
         self.layout = memory_format(channels_last)
         self.model = build_model(plan.model, plan.weights, seed=plan.seed, device=str(self.device))

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..devices import FLOAT32_RECORD
 from ..storage import integrity
 from ..storage.faults import point
 from ..storage.lock import writer_lock
@@ -203,7 +204,8 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
                                    block_rows=block_rows, extra=extra, overwrite=overwrite, beside=True)
         if existed:
             resume_checks(fs, retry_failed)
-        fs.update_attrs(device=device)  # the resolved device of the latest run (not part of the config hash)
+        # the resolved device of the latest run and its float32 math (TF32 off; not part of the config hash)
+        fs.update_attrs(device=device, **FLOAT32_RECORD)
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
         t0 = time.perf_counter()

@@ -12,7 +12,9 @@ Sec. 3.1-3.3; the T-EMDE global module is in ``temde.py``.
   a_t = l2norm(sum_k alpha v_k), sim_t = l2norm(W_sl (a_t - u_t)^2).
 - SGR (eq. 7-8): N = [sim_glo; sim_1..L]; three steps E = softmax(W_q N (W_k N)^T), N <- ReLU(W_g E N),
   separate weights per step; score = sigmoid(w . N_glo).
-- SAF (eq. 9): a = l1norm(sigmoid(BN(w . N))), score = sigmoid(w' . l2norm(sum a N)).
+- SAF (eq. 9): a = l1norm(sigmoid(BN(w . N))), score = sigmoid(w' . l2norm(sum a N)); in training
+  the BN statistics are per caption (over its images x nodes) and the running estimates move once
+  per caption, as the reference code's one BN call per caption (:class:`CaptionBatchNorm1d`).
 
 ``global_module`` is "self-attention" (the paper), "t-emde" or "none" (no global node; SGR then reads
 out the mean of the reasoned local nodes, SAF filters the local nodes only). Variable region counts
@@ -71,6 +73,50 @@ def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths: torch.Tens
 
 def as_lengths(lengths, device) -> torch.Tensor:
     return torch.as_tensor(lengths, device=device, dtype=torch.int64)
+
+
+class CaptionBatchNorm1d(MaskedBatchNorm1d):
+    """SAF's batch norm over (n_img, n_cap, nodes, C) logits, with one set of statistics per caption.
+
+    The SGRAF reference scores a batch caption by caption and calls its ``BatchNorm1d(1)`` once per
+    caption, over that caption's (images x nodes) logits; each call normalises with its own batch
+    statistics and moves the running estimates one step (``r <- (1 - m) r + m x_c``, the variance
+    unbiased). Computed here for all captions at once: in training each caption's logits are
+    normalised by the (biased) mean and variance over its images and real nodes, and after the C
+    captions of the block, in their order, the running estimates are the closed form of those C
+    steps, ``r = (1 - m)^C r0 + sum_c m (1 - m)^(C - 1 - c) x_c``. Evaluation uses the running
+    estimates, as the parent class. Same parameters and buffers as the parent (checkpoints load).
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x, mask)
+        if mask is None:
+            mask = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
+        m = mask.to(x.dtype).unsqueeze(-1)
+        n = m.sum((0, 2))                                             # (n_cap, 1) members per caption
+        mean = (x * m).sum((0, 2)) / n.clamp(min=1)                   # (n_cap, C)
+        var = ((x - mean[None, :, None]).pow(2) * m).sum((0, 2)) / n.clamp(min=1)
+        self._update_running(mean.detach(), var.detach(), n[:, 0])
+        y = (x - mean[None, :, None]) * torch.rsqrt(var[None, :, None] + self.eps) * self.weight + self.bias
+        return y * m
+
+    @torch.no_grad()
+    def _update_running(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
+        """The running estimates after one update per caption (captions without members skip theirs)."""
+        keep = n > 0
+        mean, var, n = mean[keep], var[keep], n[keep]
+        steps = mean.shape[0]
+        if steps == 0:
+            return
+        unbiased = torch.where((n > 1)[:, None], var * (n / (n - 1).clamp(min=1))[:, None], var)
+        decay = 1.0 - self.momentum
+        dtype = self.running_mean.dtype
+        powers = decay ** torch.arange(steps - 1, -1, -1, dtype=dtype, device=mean.device)
+        weights = (self.momentum * powers)[:, None]
+        carry = decay ** steps
+        self.running_mean.copy_(carry * self.running_mean + (weights * mean.to(dtype)).sum(0))
+        self.running_var.copy_(carry * self.running_var + (weights * unbiased.to(dtype)).sum(0))
 
 
 class VisualSelfAttention(nn.Module):
@@ -174,7 +220,7 @@ class SGRAF(RetrievalModel):
             self.reasoning = nn.ModuleList(GraphReasoning(sim_dim) for _ in range(sgr_steps))
         else:
             self.saf_w = nn.Linear(sim_dim, 1)
-            self.saf_bn = MaskedBatchNorm1d(1)
+            self.saf_bn = CaptionBatchNorm1d(1)
         self.eval_w = nn.Linear(sim_dim, 1)
         self._init_weights()
 
@@ -233,7 +279,8 @@ class SGRAF(RetrievalModel):
         :meth:`_score_block_eval`, which computes the same scores as the literal ``_score_block``
         (used with autograd) with less work; tests compare the two.
         """
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or (self.training and self.mode == "saf"):
+            # SAF's training-mode BN needs each caption's logits over all images at once
             return self._score_block(img, cap)
         u, u_mask, u_glo = cap
         n_cap = u.shape[0]

@@ -44,7 +44,8 @@ class TrainConfig:
     train_split: str = "train"
     val_split: str = "val"
     seed: int = 0
-    window_chunks: int = 8
+    shuffle_memory_gb: float = 4.0  # window buffers' budget: a global shuffle whenever the split fits
+    window_chunks: int | None = None  # fixed window (chunks); None: sized from shuffle_memory_gb
     eval_batch: int = 256
     device: str = "cpu"
 
@@ -104,6 +105,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise ValueError("--lr and --lr2 must be positive")
     if cfg.patience < 1:
         raise ValueError(f"--patience must be at least 1, got {cfg.patience}")
+    if not cfg.shuffle_memory_gb > 0:
+        raise ValueError(f"--shuffle-memory must be positive (GB), got {cfg.shuffle_memory_gb}")
 
 
 def dumps(cfg: TrainConfig) -> str:

@@ -2,9 +2,12 @@
 
 Features are read chunk by chunk, never whole: an epoch shuffles the order of the feature set's row
 chunks, reads a *window* of chunks (a background thread reads the next window meanwhile), shuffles the (image, caption) pairs inside the window and cuts
-batches from it (pairs left over at the end of a window join the next one). A store larger than
-memory therefore trains at close to in-memory speed, and memory is bounded by
-``window_chunks x chunk bytes``. Tokens (``tokens/ids`` + ``tokens/offsets``) are small and are read
+batches from it (pairs left over at the end of a window join the next one). The window is sized
+from a memory budget (``shuffle_memory``, decoded float32 bytes; :func:`window_chunks_for`): when
+every chunk of the split fits in it, the whole split is one window and the epoch is one global
+permutation of its pairs, as the reference loaders shuffle; otherwise two windows (the one being
+consumed and the one being read) share the budget. A store larger than memory therefore trains at
+close to in-memory speed, and memory is bounded by the budget. Tokens (``tokens/ids`` + ``tokens/offsets``) are small and are read
 once. Per epoch either one random caption per image (the FNE paper: no two captions of one image in
 a batch) or every caption (VSE++).
 """
@@ -22,6 +25,7 @@ from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
 
 CAPTION_MODES = ("one", "all")
 PAD_ID = 0
+SHUFFLE_MEMORY_GB = 4.0   # default budget of the training window buffers (decoded float32 rows)
 
 
 # tokens -------------------------------------------------------------------------------------------
@@ -302,6 +306,24 @@ def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarra
 
 
 # the training stream ------------------------------------------------------------------------------
+def window_chunks_for(chunk_rows: list[int], row_bytes: int, budget_bytes: int, head_rows: int = 0) -> int:
+    """How many chunks one shuffle window holds under a memory budget of ``budget_bytes``.
+
+    ``chunk_rows``: the rows of each chunk the epoch reads; ``row_bytes``: one decoded row;
+    ``head_rows``: rows kept in front of each window for the pairs carried over. If one buffer of
+    all the chunks fits the budget, every chunk is in one window (a global shuffle); else two
+    buffers (one read ahead while the other is consumed) share it, each holding as many of the
+    largest chunks as fit, at least one.
+    """
+    n = len(chunk_rows)
+    if n == 0:
+        return 1
+    if (sum(chunk_rows) + head_rows) * row_bytes <= budget_bytes:
+        return n
+    per_window = budget_bytes // 2 // max(1, row_bytes) - head_rows
+    return int(min(n, max(1, per_window // max(1, max(chunk_rows)))))
+
+
 @dataclass
 class Batch:
     feats: torch.Tensor
@@ -316,19 +338,22 @@ class PairStream:
 
     ``captions="one"`` draws one random caption per image, ``"all"`` uses every caption. The epoch's
     randomness is ``numpy.random.default_rng([seed, epoch])``, so a resumed run sees the same
-    batches as an uninterrupted one.
+    batches as an uninterrupted one. ``window_chunks`` fixes the window; None (the default) sizes
+    it from ``shuffle_memory`` (bytes) by :func:`window_chunks_for`.
     """
 
     def __init__(self, source: FeatureSource, tokens: Tokens, rows: np.ndarray, caption_images: np.ndarray,
-                 *, batch_size: int = 128, captions: str = "one", window_chunks: int = 8, seed: int = 0,
-                 read_threads: int = 2):
+                 *, batch_size: int = 128, captions: str = "one", window_chunks: int | None = None, seed: int = 0,
+                 shuffle_memory: float = SHUFFLE_MEMORY_GB * 2**30, read_threads: int = 2):
         if captions not in CAPTION_MODES:
             raise ValueError(f"unknown captions mode {captions!r}; valid choices: {', '.join(CAPTION_MODES)}")
         if batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
         self.source, self.tokens = source, tokens
         self.batch_size, self.captions = int(batch_size), captions
-        self.window_chunks, self.seed = max(1, int(window_chunks)), int(seed)
+        if shuffle_memory is None or not shuffle_memory > 0:
+            raise ValueError(f"--shuffle-memory must be positive, got {shuffle_memory}")
+        self.seed, self.shuffle_memory = int(seed), int(shuffle_memory)
         self.read_threads = max(1, int(read_threads))
         # captions of each usable image, CSR by image row
         in_split = np.zeros(source.n_rows, dtype=bool)
@@ -342,6 +367,19 @@ class PairStream:
         self.rows = rows[self._cap_count[rows] > 0]
         if not len(self.rows):
             raise StoreError("no training image has a caption")
+        in_rows = np.zeros(source.n_rows, dtype=bool)
+        in_rows[self.rows] = True
+        self._chunks = [c for c in source.chunks() if in_rows[c[0]:c[1]].any()]
+        if window_chunks is None:
+            row_bytes = 4 * int(np.prod(source.row_shape)) + (8 if source._count is not None else 0)
+            window_chunks = window_chunks_for([b - a for a, b in self._chunks], row_bytes, self.shuffle_memory,
+                                              head_rows=self.batch_size)
+        self.window_chunks = max(1, int(window_chunks))
+
+    @property
+    def global_shuffle(self) -> bool:
+        """True when the whole split is one window: each epoch is one permutation of all its pairs."""
+        return self.window_chunks >= len(self._chunks)
 
     def __len__(self) -> int:
         n = len(self.rows) if self.captions == "one" else int(self._cap_count[self.rows].sum())
@@ -360,7 +398,7 @@ class PairStream:
         rng = np.random.default_rng([self.seed, int(epoch)])
         in_rows = np.zeros(self.source.n_rows, dtype=bool)
         in_rows[self.rows] = True
-        chunks = [c for c in self.source.chunks() if in_rows[c[0]:c[1]].any()]
+        chunks = self._chunks
         order = rng.permutation(len(chunks))
         windows = [[chunks[ci] for ci in order[w:w + self.window_chunks]]
                    for w in range(0, len(order), self.window_chunks)]
@@ -396,18 +434,20 @@ class PairStream:
             left_counts = None if counts_buf is None else counts_buf[rest]
             left_img, left_cap = img[n_full:], cap[n_full:]
 
-    def _buffers(self, rows: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """Two reusable window buffers (one being read, one being consumed), grown on demand.
+    def _buffers(self, rows: int, count: int = 2) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """``count`` reusable window buffers (two: one being read, one being consumed; one when the
+        whole split is one window), grown on demand.
 
         Reusing them across windows and epochs spares the allocation and first-touch page faults
         of a fresh window-sized array per window, which cost as much as the copy itself.
         """
         bufs = getattr(self, "_bufs", None)
-        if bufs is None or len(bufs[0][0]) < rows:
+        if bufs is None or len(bufs[0][0]) < rows or len(bufs) != count:
+            self._bufs = bufs = None   # let the old buffers go before the new ones are allocated
             shape = tuple(self.source.row_shape)
             with_counts = self.source._count is not None
             bufs = [(np.empty((rows, *shape), dtype=np.float32),
-                     np.zeros(rows, dtype=np.int64) if with_counts else None) for _ in range(2)]
+                     np.zeros(rows, dtype=np.int64) if with_counts else None) for _ in range(count)]
             self._bufs = bufs
         return bufs
 
@@ -419,10 +459,10 @@ class PairStream:
         if not windows:
             return
         rows = head + max(sum(stop - start for start, stop in w) for w in windows)
-        bufs = self._buffers(rows)
+        bufs = self._buffers(rows, min(2, len(windows)))
 
         def submit(pool, w):
-            feats, counts = bufs[w % 2]
+            feats, counts = bufs[w % len(bufs)]
             jobs, off = [], head
             for start, stop in windows[w]:
                 n = stop - start
@@ -438,7 +478,7 @@ class PairStream:
                     job.result()
                 # the other buffer held window w - 1, which the consumer has finished with
                 pending = submit(pool, w + 1) if w + 1 < len(windows) else []
-                yield bufs[w % 2]
+                yield bufs[w % len(bufs)]
 
     def _batch(self, feats, counts, img, cap, pos) -> Batch:
         tokens, lengths = self.tokens.batch(cap)

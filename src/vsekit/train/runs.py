@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..devices import exact_float32
 from ..storage.store import FeatureStore, StoreError
 from ..models.base import RetrievalModel, create_model
 from .data import EvalSet, Tokens, open_features
@@ -32,6 +33,7 @@ def load_run(run: str | Path, device: str = "cpu", checkpoint: str = "best") -> 
     path = run / f"checkpoint_{checkpoint}.pt"
     if not path.is_file():
         path = run / "checkpoint_last.pt"
+    exact_float32()   # scored in IEEE float32 on CUDA too (TF32 off), as trained
     ck = load_checkpoint(path, device)
     kw = dict(ck.get("model_kwargs") or config["model_kwargs"])
     kw["img_shape"] = tuple(kw["img_shape"])

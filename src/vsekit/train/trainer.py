@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..devices import exact_float32
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
@@ -189,7 +190,8 @@ def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
 # options that may change when a run resumes: where it runs and how long, not what it learns
 RESUMABLE = ("epochs", "device", "eval_batch")
 OPTION_NAMES = {"lr_milestones": "--lr-update", "use_abs": "--abs/--no-abs",
-                "max_violation": "--max-violation/--sum-violation", "curriculum": "--curriculum/--no-curriculum"}
+                "max_violation": "--max-violation/--sum-violation", "curriculum": "--curriculum/--no-curriculum",
+                "shuffle_memory_gb": "--shuffle-memory"}
 
 
 def option_name(key: str) -> str:
@@ -305,6 +307,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
                          f"{'resume' if resume else 'train'} with --device cpu")
+    float32 = exact_float32()   # training is float32: IEEE float32 on CUDA too (TF32 off)
     fstore = FeatureStore.open(store)
     tokens = Tokens.from_store(fstore)
     source = open_features(fstore, features, fstore.split_rows(cfg.train_split))
@@ -318,24 +321,28 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
                          f"{source.kind!r} set; choose features of kind {net.image_input!r}")
     net.to(cfg.device)
     stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
-                        captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed)
+                        captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed,
+                        shuffle_memory=cfg.shuffle_memory_gb * 2**30)
     if not resume:
         removed = clear_run(out)   # the new run has started: nothing of an old one may remain
         if removed:
             log(f"--overwrite: removed {len(removed)} file(s) of the previous run in {out}")
     out.mkdir(parents=True, exist_ok=True)
     if resume:
-        if changed:
+        if changed or saved.get("float32") != float32:
             saved["train"] = cfg.to_json()
-            saved.setdefault("resumed", []).append({"changed": changed})
+            saved["float32"] = float32
+            if changed:
+                saved.setdefault("resumed", []).append({"changed": changed})
             _write_json(out / "config.json", saved)
+        if changed:
             log("resume: " + ", ".join(f"{option_name(k)} {v[0]} -> {v[1]}" for k, v in changed.items()))
     else:
         _write_json(out / "config.json", {
             "train": cfg.to_json(), "store": str(Path(store).resolve()), "features": features,
             "model_kwargs": _plain(kw), "feature_set": describe_source(source),
             "feature_attrs": _feature_attrs(source),
-            "vocab_size": tokens.vocab_size, "vsekit_version": __version__})
+            "vocab_size": tokens.vocab_size, "float32": float32, "vsekit_version": __version__})
 
     state: dict[str, Any] = {"epoch": 0, "phase": "sum" if cfg.curriculum else "single", "phase_start": 0,
                              "best_rsum": -math.inf, "best_epoch": 0, "stall": 0, "history": [],
