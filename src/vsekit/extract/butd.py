@@ -252,14 +252,14 @@ class ButdExtractor:
 
 
 def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions: int | None,
-              precision: str, store_dtype: str | None, unused: dict | None = None):
-    """The extraction plan of ``--detector butd-r101`` (the ``--model``/``--weights`` backbone is unused).
+              precision: str, store_dtype: str | None, unused: dict | None = None) -> dict:
+    """The fields of the extraction plan of ``--detector butd-r101`` (the ``--model``/``--weights``
+    backbone is unused); :func:`vsekit.extract.plan.make_plan` makes the ``Plan`` of them, so this
+    module needs nothing of the planner.
 
     ``unused``: preprocessing options the caller set; BUTD has its own (Caffe scale), so any set
     one is a ValueError rather than silently ignored.
     """
-    from .plan import Plan
-
     given = [k for k, v in (unused or {}).items() if v is not None]
     if given:
         raise ValueError(f"--detector butd-r101 does its own preprocessing (BGR minus Caffe means, shorter "
@@ -277,7 +277,7 @@ def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions
                 "rpn": {"pre_nms": sel.RPN_PRE_NMS, "post_nms": sel.RPN_POST_NMS, "nms": sel.RPN_NMS,
                         "min_size": sel.RPN_MIN_SIZE}, "class_nms": sel.CLASS_NMS,
                 "conf_thresh": sel.CONF_THRESH}
-    return Plan(model="butd-r101", kind="regions", weights=detector_weights, seed=int(seed), crops=1,
+    return dict(model="butd-r101", kind="regions", weights=detector_weights, seed=int(seed), crops=1,
                 keep_crops=False, resize=TARGET_SIZE, resize_mode="caffe", crop_size=MAX_SIZE,
                 mean=PIXEL_MEANS_BGR, std=(1.0, 1.0, 1.0), interpolation="bilinear", precision=precision,
                 taps=(tap,), tap_calls=0, channels=2048, boxes="detector", max_regions=int(max_regions),

@@ -133,11 +133,11 @@ def _make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", s
         boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)
         if detector == "butd-r101":
             from .butd import butd_plan
-            return butd_plan(detector_weights=detector_weights, seed=seed, max_regions=max_regions,
-                             min_regions=min_regions, precision=precision, store_dtype=store_dtype,
-                             unused={"--resize": resize, "--resize-mode": resize_mode, "--input-size": input_size,
-                                     "--interpolation": interpolation, "--taps": taps,
-                                     "--crops": None if crops == 1 else crops, "--keep-crops": keep_crops or None})
+            return Plan(**butd_plan(detector_weights=detector_weights, seed=seed, max_regions=max_regions,
+                                    min_regions=min_regions, precision=precision, store_dtype=store_dtype,
+                                    unused={"--resize": resize, "--resize-mode": resize_mode, "--input-size": input_size,
+                                            "--interpolation": interpolation, "--taps": taps,
+                                            "--crops": None if crops == 1 else crops, "--keep-crops": keep_crops or None}))
     elif detector or detector_weights:
         raise ValueError("--detector / --detector-weights apply to --kind regions only")
     min_regions = 10 if min_regions is None else min_regions
