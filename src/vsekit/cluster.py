@@ -49,6 +49,11 @@ def parse_cluster(spec: str | None) -> tuple[str, Any] | None:
     ``tcp://HOST:PORT`` → ("tcp", address)."""
     if not spec:
         return None
+    if spec.startswith("slurm-array:"):   # extract only: vsekit.extract.array
+        n = int(spec.split(":", 1)[1]) if spec.split(":", 1)[1].isdigit() else 0
+        if n < 1:
+            raise ValueError(f"--cluster {spec!r}: expected slurm-array:N with N >= 1 array tasks")
+        return "slurm-array", n
     for kind in ("local", "slurm"):
         if spec.startswith(f"{kind}:"):
             try:
@@ -217,6 +222,8 @@ def cluster_client(spec: str | None, *, resources: Mapping[str, float] | None = 
     from distributed import Client
 
     kind, arg = parsed
+    if kind == "slurm-array":
+        raise ValueError(f"--cluster {spec}: job arrays run `vsekit extract` only; use slurm:N here")
     if kind == "tcp":
         try:
             client = Client(arg, timeout=timeout)

@@ -164,6 +164,9 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         skipped = len(fs.blocks()) - len(blocks)
         t0 = time.perf_counter()
         try:
+            if cluster and cluster.startswith("slurm-array:"):   # no driver stays: see extract/array.py
+                from .array import submit_for
+                return submit_for(store, fs, plan, cluster, device, batch_size, strict, fresh=not existed)
             if cluster:
                 runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
             else:

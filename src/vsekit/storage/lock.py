@@ -84,6 +84,10 @@ def stale_reason(path: Path, info: dict) -> str | None:
     """Why the lock ``info`` at ``path`` is stale, or None if its holder may still be running."""
     if os.environ.get(BREAK_ENV) == "1":
         return f"{BREAK_ENV}=1"
+    if info.get("slurm_array"):   # held by a SLURM job array (extract --cluster slurm-array:N)
+        from .arrays import lock_stale_reason
+
+        return lock_stale_reason(path, info, float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)))
     host, pid = info.get("host"), info.get("pid")
     if host == socket.gethostname() and isinstance(pid, int):
         if not _alive(pid):
