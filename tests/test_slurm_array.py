@@ -223,3 +223,79 @@ def test_job_script_carries_the_slurm_settings(tmp_path):
         assert line in s.splitlines()
     assert "--gres" not in job_script(tmp_path / "s.json", "x", 2, {}, "cpu", tmp_path)
     assert mem_mb("32GB") == 30518 and mem_mb("2GiB") == 2048 and mem_mb("4000MB") == 3815
+
+
+# --- on a real single-node SLURM -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A running one-node SLURM on 127.0.0.1 (tests/slurm_local.py); yields its clients' environment."""
+    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue not installed (pip install 'vsekit[slurm]')")
+    import slurm_local
+
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
+
+
+def _array_entries(env, job: str) -> list[str]:
+    import slurm_local
+
+    return [j for j in slurm_local.jobs(env) if j.split("_")[0] == job]
+
+
+@pytest.mark.slow
+def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every_block_once(
+        slurm, demo_store, reference, counted, tmp_path, monkeypatch):
+    import slurm_local
+
+    from vsekit.extract import extract
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.info import describe
+
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    logs = tmp_path / "jobs"
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
+        "cores": 1, "memory": "1GB", "walltime": "00:01:00", "queue": "vsekit", "python": sys.executable,
+        "log_directory": str(logs)}))
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "20")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # task 0 commits one block, then holds the next; task 1 holds its first block past the time limit
+    monkeypatch.setenv("VSEKIT_TEST_ARRAY_HOOK", json.dumps({"0": {"hold_after": 1}, "1": {"sleep": 600}}))
+    t0 = time.time()
+    sub = extract(demo_store, cluster="slurm-array:3", **OPTS)
+    job = sub.job_id
+    assert job and sub.tasks == 3 and sub.pending_blocks == 12
+
+    wait_for(lambda: any("0" in t for t in commits(counted).values()) and leases_of(demo_store.path, "0"),
+             240, "array task 0 to commit a block and hold another")
+    held = leases_of(demo_store.path, "0")
+    subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=slurm, check=True)
+    text = wait_for(lambda: "leases:" in (t := describe(FeatureStore.open(demo_store.path), NAME)) and t, 5,
+                    "vsekit info")
+    assert f"SLURM job array {job} (3 tasks): queued or running" in text
+    wait_for(lambda: not _array_entries(slurm, job), 400, f"array {job} to end")
+    first_array_s = time.time() - t0
+    out = {str(k): (logs / f"vsekit-{NAME}-{job}_{k}.out").read_text() for k in range(3)}
+    assert "CANCELLED AT" in out["0"] and "TIME LIMIT" not in out["0"]   # scancel
+    assert "DUE TO TIME LIMIT" in out["1"]                               # past its walltime
+    assert "terminated (SIGTERM)" in out["1"]
+    done_first = commits(counted)
+    assert "0" in sum(done_first.values(), []) and held[0] not in [b for b, t in done_first.items() if "0" in t]
+
+    monkeypatch.delenv("VSEKIT_TEST_ARRAY_HOOK")
+    t1 = time.time()
+    again = extract(demo_store, cluster="slurm-array:3", **OPTS)       # the same command fills the gap
+    if again.job_id is not None:
+        wait_for(lambda: not _array_entries(slurm, again.job_id), 300, f"array {again.job_id} to end")
+    rerun_s = time.time() - t1
+    fs = FeatureStore.open(demo_store.path).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference.features(NAME).data[:])   # bit for bit
+    done = commits(counted)
+    assert sorted(done) == list(range(12)) and all(len(t) == 1 for t in done.values())  # each once
+    final = extract(demo_store, cluster="slurm-array:3", **OPTS)
+    assert final.job_id is None                                          # a finished set reports done
+    print(f"\nfirst array {first_array_s:.0f}s (gap left: {12 - len(done_first)} blocks), "
+          f"rerun {rerun_s:.0f}s (job {again.job_id})")
