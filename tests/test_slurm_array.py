@@ -134,7 +134,8 @@ def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
     spec = array_dir(demo_store.path, NAME) / "spec.json"
     assert json.loads(spec.read_text())["job_id"] == "4242"
 
-    hooks = {"0": {"hold_after": 1}, "1": {"sleep": 600}}
+    go = fake_slurm / "go"    # task 2 starts once task 0 was killed and task 1 holds a block
+    hooks = {"0": {"hold_after": 1}, "1": {"sleep": 600}, "2": {"wait_for": str(go)}}
     env = dict(os.environ, SLURM_ARRAY_JOB_ID="4242", VSEKIT_TEST_ARRAY_HOOK=json.dumps(hooks),
                OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-m", "vsekit.extract.array", str(spec)],
@@ -147,6 +148,7 @@ def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
         procs[0].send_signal(signal.SIGKILL)
         # task 1: holds a lease mid-block -> SIGTERM, as SLURM at the time limit
         wait_for(lambda: leases_of(demo_store.path, "1"), 60, "task 1 to hold a lease")
+        go.touch()
         procs[1].send_signal(signal.SIGTERM)
         assert procs[1].wait(60) == 143
         assert not leases_of(demo_store.path, "1")          # released, not left to expire
@@ -262,7 +264,10 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "20")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # task 0 commits one block, then holds the next; task 1 holds its first block past the time limit
-    monkeypatch.setenv("VSEKIT_TEST_ARRAY_HOOK", json.dumps({"0": {"hold_after": 1}, "1": {"sleep": 600}}))
+    # task 2 starts once task 0 is cancelled (else it could do every block before task 0 starts)
+    go = tmp_path / "go"
+    monkeypatch.setenv("VSEKIT_TEST_ARRAY_HOOK", json.dumps(
+        {"0": {"hold_after": 1}, "1": {"sleep": 600}, "2": {"wait_for": str(go)}}))
     t0 = time.time()
     sub = extract(demo_store, cluster="slurm-array:3", **OPTS)
     job = sub.job_id
@@ -272,6 +277,7 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
              240, "array task 0 to commit a block and hold another")
     held = leases_of(demo_store.path, "0")
     subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=slurm, check=True)
+    go.touch()
     text = wait_for(lambda: "leases:" in (t := describe(FeatureStore.open(demo_store.path), NAME)) and t, 5,
                     "vsekit info")
     assert f"SLURM job array {job} (3 tasks): queued or running" in text

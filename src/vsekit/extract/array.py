@@ -45,7 +45,7 @@ from ..storage.leases import Lease, LeaseDir, default_ttl, owner_record
 from ..storage.lock import lock_path
 from ..storage.store import Block, FeatureSet, FeatureStore
 
-HOOK_ENV = "VSEKIT_TEST_ARRAY_HOOK"   # tests: {"TASK": {"sleep": S, "hold_after": K}}
+HOOK_ENV = "VSEKIT_TEST_ARRAY_HOOK"   # tests: {"TASK": {"sleep": S, "hold_after": K, "wait_for": FILE}}
 SBATCH_TIMEOUT_S = 60
 ARRAY_KEYS = ("queue", "account", "walltime", "cores", "memory", "gpus", "job_extra", "prologue",
               "python", "log_directory")
@@ -367,14 +367,20 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
     hook = _hook(task)
 
-    def on_term(signum, frame):
-        raise Terminated()
+    phase = {"committing": False, "term": False}
+
+    def on_term(signum, frame):   # stop at once, except inside a commit (it finishes first)
+        phase["term"] = True
+        if not phase["committing"]:
+            raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, on_term)
     extractor, committed, dropped = None, 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
         f"device {device}, {spec['name']!r}")
     try:
+        while hook.get("wait_for") and not os.path.exists(hook["wait_for"]):
+            time.sleep(0.1)
         claimer = Claimer(fs, leases, task, spec["tasks"])
         while True:
             got = claimer.next()
@@ -394,7 +400,9 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
             if extractor is None:
                 extractor = cached_extractor(plan, device)
             buf = compute(store, plan, block, extractor, spec["batch_size"], spec["strict"], workers)
+            phase["committing"] = True
             why = commit(fs, leases, lease, buf)
+            phase["committing"] = False
             if why is None:
                 committed += 1
                 say(f"committed block {block.index} (rows {block.start}-{block.stop - 1})")
@@ -402,6 +410,8 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
                 dropped += 1
                 say(f"block {block.index} not committed: {why}")
             renewer.release()
+            if phase["term"]:
+                raise Terminated()
     except Terminated:
         renewer.release()
         say(f"terminated (SIGTERM) after committing {committed} block(s); the block in progress stays pending")
@@ -423,5 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     return work(args[0])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":   # run the imported module's functions, not this __main__ copy's
+    from vsekit.extract.array import main as _main
+
+    sys.exit(_main())
