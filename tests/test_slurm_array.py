@@ -305,3 +305,21 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     assert final.job_id is None                                          # a finished set reports done
     print(f"\nfirst array {first_array_s:.0f}s (gap left: {12 - len(done_first)} blocks), "
           f"rerun {rerun_s:.0f}s (job {again.job_id})")
+
+
+def test_failure_reasons_written_by_array_tasks_reach_the_set(demo_store, fake_slurm):
+    """A task records a bad image's reason beside the block; it is merged into the set's attrs."""
+    from vsekit.extract import extract
+    from vsekit.extract.array import work
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.arrays import array_dir
+
+    paths = demo_store.root["images/path"]
+    paths[5] = "no/such/image.jpg"
+    sub = extract(demo_store, cluster="slurm-array:1", **OPTS)
+    assert work(array_dir(demo_store.path, NAME) / "spec.json", task=0) == 0
+    fs = FeatureStore.open(demo_store.path).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images - 1, "failed": 1}
+    assert list(fs.errors()) == [5] and fs.errors()[5].startswith("missing file")
+    assert not list((array_dir(demo_store.path, NAME) / "errors").glob("*.json"))
+    assert sub.job_id == "4242"
