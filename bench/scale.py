@@ -125,6 +125,14 @@ def done_blocks(store: Path, name: str) -> int:
     return int(sum(1 for s in range(0, len(st), step) if (st[s:s + step] != 0).all()))
 
 
+def written_blocks(store: Path, name: str) -> int:
+    """Blocks whose status chunk has been written (a directory listing: cheap enough to poll)."""
+    try:
+        return sum(1 for n in os.listdir(Path(store) / "features" / name / "status" / "c") if n.isdigit())
+    except FileNotFoundError:
+        return 0
+
+
 def slurm_jobs(env) -> list[str]:
     import slurm_local
 
@@ -163,7 +171,7 @@ def kill_and_resume(store: Path, mode: str, blocks: int, block_rows: int, env: d
     name = "resume_" + mode.replace(":", "").replace("-", "")
     p = start(store, name, mode, block_rows, env)
     deadline = time.time() + timeout
-    while done_blocks(store, name) < blocks // 2 and time.time() < deadline:
+    while written_blocks(store, name) < blocks // 2 and time.time() < deadline:
         time.sleep(0.1)
     if env.get("SLURM_CONF"):   # the jobs first: they would go on writing
         for j in slurm_jobs(env):
@@ -184,15 +192,15 @@ def kill_and_resume(store: Path, mode: str, blocks: int, block_rows: int, env: d
     p = start(store, name, mode, block_rows, env)
     first = None
     while p.poll() is None or (first is None and time.perf_counter() - t0 < timeout):
-        if first is None and done_blocks(store, name) > before:
+        if first is None and written_blocks(store, name) > before:
             first = time.perf_counter() - t0
         if p.poll() is not None and mode.startswith("slurm-array"):
             break
-        time.sleep(0.2)
+        time.sleep(0.1)
     out, _ = p.communicate()
     info = json.loads(out.strip().splitlines()[-1])
     while first is None and time.perf_counter() - t0 < timeout:
-        if done_blocks(store, name) > before:
+        if written_blocks(store, name) > before:
             first = time.perf_counter() - t0
         time.sleep(0.2)
     wait_array(env, info.get("job_id"), timeout)

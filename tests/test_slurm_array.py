@@ -323,3 +323,26 @@ def test_failure_reasons_written_by_array_tasks_reach_the_set(demo_store, fake_s
     assert list(fs.errors()) == [5] and fs.errors()[5].startswith("missing file")
     assert not list((array_dir(demo_store.path, NAME) / "errors").glob("*.json"))
     assert sub.job_id == "4242"
+
+
+def test_a_task_commits_nothing_once_the_array_lost_the_sets_lock(demo_store, fake_slurm, monkeypatch):
+    """Another run takes the set's lock (VSEKIT_BREAK_LOCK=1) while a task extracts its first block:
+    the task stops without committing it (nothing reaches the status)."""
+    from vsekit.extract import array
+    from vsekit.extract import extract
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.lock import lock_path
+
+    extract(demo_store, cluster="slurm-array:1", **OPTS)
+    path = lock_path(demo_store.path, NAME)
+    compute = array.compute
+
+    def compute_then_lose_the_lock(*args, **kwargs):
+        buf = compute(*args, **kwargs)
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), token="another-run")))
+        return buf
+
+    monkeypatch.setattr(array, "compute", compute_then_lose_the_lock)
+    assert array.work(array_dir(demo_store.path, NAME) / "spec.json", task=0) == 2
+    assert FeatureStore.open(demo_store.path).features(NAME).counts()["done"] == 0

@@ -203,6 +203,10 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] vsekit array task: {message}", file=sys.stderr, flush=True)
 
 
+class LockLost(Exception):
+    """The set's writer lock was taken from the array: no task may commit any more."""
+
+
 class Terminated(BaseException):
     """SIGTERM (scancel, the time limit): stop, leaving the block in progress pending."""
 
@@ -291,8 +295,11 @@ def compute(store: FeatureStore, plan, block: Block, extractor, batch_size: int,
     return buf
 
 
-def commit(fs: FeatureSet, leases: LeaseDir, lease: Lease, buf) -> str | None:
-    """Write ``buf`` if this task still holds its lease and the block is pending; else say why not."""
+def commit(fs: FeatureSet, leases: LeaseDir, lease: Lease, buf, spec: dict | None = None) -> str | None:
+    """Write ``buf`` if this task still holds its lease and the block is pending (and, given the
+    array's ``spec``, the array still holds the set's writer lock); else say why not."""
+    if spec is not None and not _holds_lock(spec):
+        raise LockLost(f"the writer lock of {fs.name!r} is no longer this array's (broken by another run?)")
     leases.renew(lease)
     if not leases.held(lease):
         return "its lease was lost (expired and taken over)"
@@ -401,7 +408,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
                 extractor = cached_extractor(plan, device)
             buf = compute(store, plan, block, extractor, spec["batch_size"], spec["strict"], workers)
             phase["committing"] = True
-            why = commit(fs, leases, lease, buf)
+            why = commit(fs, leases, lease, buf, spec)
             phase["committing"] = False
             if why is None:
                 committed += 1
@@ -412,6 +419,9 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
             renewer.release()
             if phase["term"]:
                 raise Terminated()
+    except LockLost as exc:
+        say(f"{exc}; stopping without committing")
+        return 2
     except Terminated:
         renewer.release()
         say(f"terminated (SIGTERM) after committing {committed} block(s); the block in progress stays pending")
