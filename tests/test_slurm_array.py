@@ -346,3 +346,16 @@ def test_a_task_commits_nothing_once_the_array_lost_the_sets_lock(demo_store, fa
     monkeypatch.setattr(array, "compute", compute_then_lose_the_lock)
     assert array.work(array_dir(demo_store.path, NAME) / "spec.json", task=0) == 2
     assert FeatureStore.open(demo_store.path).features(NAME).counts()["done"] == 0
+
+
+def test_slurm_array_spec_is_parsed_and_refused_outside_extract():
+    from vsekit.cluster import cluster_client, parse_cluster
+
+    assert parse_cluster("slurm-array:16") == ("slurm-array", 16)
+    for bad in ("slurm-array:0", "slurm-array:x", "slurm-array:"):
+        with pytest.raises(ValueError, match="slurm-array:N with N >= 1"):
+            parse_cluster(bad)
+    pytest.importorskip("distributed")
+    with pytest.raises(ValueError, match="job arrays run `vsekit extract` only"):
+        with cluster_client("slurm-array:2"):
+            pass

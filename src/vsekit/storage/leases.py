@@ -1,25 +1,25 @@
 """Block leases: which task of a SLURM job array is writing which row block, and until when.
 
-Every lease is one small file ``DIR/b000042.lease`` (JSON: the owner's job, array task, host, pid, a
-random token and the time-to-live). Its *expiry* is its modification time plus ``ttl``: the holder
-renews it by touching the file through the descriptor it keeps open (``os.utime(fd)``), so a
-renewal can only ever touch the holder's own file, never one that replaced it.
+The lease of block K is a sequence of small files ``DIR/b000042.g0.lease``, ``...g1.lease``, ...;
+the *current* lease is the highest generation present. Each file is a JSON record: the owner's job,
+array task, host, pid, a random token and the time-to-live, or ``{"free": true}`` for a released
+lease. A lease's *expiry* is its file's modification time plus ``ttl``: the holder renews it by
+touching its own file through the descriptor it keeps open (``os.utime(fd)``).
 
-* **Claim**: the owner's record is written to a private temporary file, which is then hard-linked
-  into place (``os.link``). ``link`` fails when the name exists, atomically on local disks and on
-  NFS v3+/Lustre/GPFS, so of any number of contenders exactly one holds a fresh lease.
-* **Take over** an expired lease (its holder was killed, or lost its node): move it aside with
-  ``os.rename`` to a name of the contender's own, check that what was moved is the very file that
-  was judged expired (same inode, not renewed since), remove it and link the contender's record into
-  place. Two contenders cannot both win: the second one's rename either finds nothing or moves the
-  winner's fresh file, sees that it is not the expired one and puts it back; the final ``link``
-  admits one contender only.
-* **Holding** (:meth:`LeaseDir.held`): the file at the lease's name is the holder's own inode and
-  token, and more than ``margin`` seconds remain before it expires. A block is committed only after
-  this check (and the block's own status check); a holder that lost its lease drops the block.
+* **Claim, take over, release** are all the same atomic step: hard-link a complete record into the
+  next generation's name (``os.link`` fails when the name exists, atomically on local disks and on
+  NFS v3+/Lustre/GPFS). A free block (no file, or a free record) or one whose current lease has
+  expired is claimed by linking generation n+1; of any number of contenders for generation n+1
+  exactly one succeeds. Nothing is ever renamed over or deleted while it may be current, so no
+  contender can remove or replace a winner's file.
+* **Holding** (:meth:`LeaseDir.held`): no generation after the holder's exists, and more than
+  ``margin`` seconds remain before its lease expires. A block is committed only after this check
+  (and the block's own status check); a holder that lost its lease drops the block.
 
-The guarantee assumes what leases always assume: hosts' clocks agree to well under ``ttl``, and a
-holder is never frozen (SIGSTOP) for longer than ``ttl`` between its last check and its commit.
+A takeover needs the current lease to have expired, and a holder only commits with ``margin``
+seconds left, so a holder and the task that takes its block over never both pass the check before
+committing, provided the hosts' clocks agree to well under ``margin`` and a holder is never frozen
+(SIGSTOP) for longer than that between its check and the end of its commit.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Iterator
 
 DEFAULT_TTL_S = 300.0
 TTL_ENV = "VSEKIT_LEASE_TTL_S"
-_NAME = re.compile(r"^b(\d+)\.lease$")
+_NAME = re.compile(r"^b(\d+)\.g(\d+)\.lease$")
 
 
 def default_ttl() -> float:
@@ -54,9 +54,10 @@ def owner_record() -> dict:
 
 @dataclass
 class Lease:
-    """A lease this process holds: its key, file, open descriptor and token."""
+    """A lease this process holds: its block, generation, file, open descriptor and token."""
 
     key: int
+    gen: int
     path: Path
     fd: int
     token: str
@@ -71,11 +72,16 @@ class Lease:
 
 @dataclass
 class LeaseState:
-    """What a lease file says, as any process sees it (for ``vsekit info`` and for takeovers)."""
+    """The current lease of a block, as any process sees it (for ``vsekit info`` and takeovers)."""
 
     key: int
+    gen: int
     owner: dict = field(default_factory=dict)
     expires: float = 0.0
+
+    @property
+    def free(self) -> bool:
+        return bool(self.owner.get("free"))
 
     @property
     def expired(self) -> bool:
@@ -98,45 +104,38 @@ class LeaseDir:
         self.ttl = float(ttl if ttl is not None else default_ttl())
         self.owner = owner if owner is not None else owner_record()
 
-    def path(self, key: int) -> Path:
-        return self.root / f"b{int(key):06d}.lease"
+    def path(self, key: int, gen: int) -> Path:
+        return self.root / f"b{int(key):06d}.g{int(gen)}.lease"
+
+    def current(self, key: int) -> int:
+        """The highest generation present for ``key`` (-1: none)."""
+        gen = -1
+        while os.path.exists(self.path(key, gen + 1)):
+            gen += 1
+        return gen
 
     # --- taking --------------------------------------------------------------------------------
-    def _record(self, key: int) -> tuple[Path, int, str]:
-        """The owner's record in a private temporary file (kept open); returns (path, fd, token)."""
-        token = uuid.uuid4().hex
-        tmp = self.root / f".tmp-{token}"
+    def _record(self, key: int, body: dict) -> tuple[Path, int]:
+        """``body`` in a private temporary file (kept open); returns (path, fd)."""
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-        body = dict(self.owner, token=token, ttl=self.ttl, block=int(key), taken=time.time())
         os.write(fd, json.dumps(body).encode())
         os.fsync(fd)
-        return tmp, fd, token
+        return tmp, fd
 
     def claim(self, key: int) -> Lease | None:
-        """Take the lease of ``key`` if it is free or expired; None if another task holds it."""
-        path = self.path(key)
-        tmp, fd, token = self._record(key)
+        """Take the lease of ``key`` if it is free or expired; None if another task holds it (or
+        won it at the same moment)."""
+        gen = self.current(key)
+        before = self.state(key, gen) if gen >= 0 else None
+        if before is not None and not before.free and not before.expired:
+            return None
+        token = uuid.uuid4().hex
+        tmp, fd = self._record(key, dict(self.owner, token=token, ttl=self.ttl, block=int(key),
+                                         taken=time.time()))
         try:
-            for _ in range(4):
-                try:
-                    os.link(tmp, path)
-                    return Lease(key, path, fd, token, self.ttl)
-                except FileExistsError:
-                    pass
-                seen = self._expired_file(path)
-                if seen is None:
-                    if path.exists():
-                        break      # a live lease of another task
-                    continue       # released meanwhile: try the link again
-                if not self._remove_expired(path, seen, token):
-                    break
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    break          # another contender won the takeover
-                lease = Lease(key, path, fd, token, self.ttl, stolen_from=seen[2])
-                os.utime(fd)       # its expiry counts from now, not from the record's creation
-                return lease
+            os.link(tmp, self.path(key, gen + 1))
+        except FileExistsError:
             os.close(fd)
             return None
         except BaseException:
@@ -144,35 +143,9 @@ class LeaseDir:
             raise
         finally:
             tmp.unlink(missing_ok=True)
-
-    def _expired_file(self, path: Path) -> tuple[os.stat_result, float, dict] | None:
-        """(stat, ttl, owner) of the lease at ``path`` if it has expired, else None (live or absent)."""
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        info = _read(path)
-        ttl = float(info.get("ttl") or self.ttl)
-        if time.time() <= st.st_mtime + ttl:
-            return None
-        return st, ttl, info
-
-    def _remove_expired(self, path: Path, seen, token: str) -> bool:
-        """Move the expired lease ``seen`` aside and delete it; False if what was moved is another."""
-        st = seen[0]
-        aside = path.with_name(f".{path.name}.takeover-{token}")
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return True            # gone already: the caller's link decides
-        now = os.stat(aside)
-        if (now.st_ino, now.st_dev, now.st_mtime_ns) != (st.st_ino, st.st_dev, st.st_mtime_ns):
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, path)   # a live lease (renewed, or a winner's): put it back
-            aside.unlink(missing_ok=True)
-            return False
-        aside.unlink(missing_ok=True)
-        return True
+        os.utime(fd)   # the expiry counts from the link
+        stolen = before.owner if before is not None and not before.free else None
+        return Lease(key, gen + 1, self.path(key, gen + 1), fd, token, self.ttl, stolen_from=stolen)
 
     # --- holding -------------------------------------------------------------------------------
     def renew(self, lease: Lease) -> None:
@@ -185,61 +158,51 @@ class LeaseDir:
         if lease.fd < 0:
             return False
         margin = self.ttl / 4 if margin is None else margin
-        mine = os.fstat(lease.fd)
-        for attempt in range(5):   # a contender may have it moved aside for an instant
-            try:
-                st = os.stat(lease.path)
-                break
-            except FileNotFoundError:
-                time.sleep(0.02 * (attempt + 1))
-        else:
-            return False
-        if (st.st_ino, st.st_dev) != (mine.st_ino, mine.st_dev):
-            return False
-        if _read(lease.path).get("token") != lease.token:
-            return False
-        return time.time() + margin < mine.st_mtime + lease.ttl
+        if os.path.exists(self.path(lease.key, lease.gen + 1)):
+            return False           # released, or taken over after it expired
+        return time.time() + margin < os.fstat(lease.fd).st_mtime + lease.ttl
 
     def release(self, lease: Lease) -> None:
-        """Remove the lease file if it is still this process's own, and close it."""
+        """Mark the block free (the next generation, unless a takeover already made it), and close."""
         if lease.fd < 0:
             return
-        aside = lease.path.with_name(f".{lease.path.name}.release-{lease.token}")
         try:
-            mine = os.fstat(lease.fd)
-            os.rename(lease.path, aside)
-            st = os.stat(aside)
-            if (st.st_ino, st.st_dev) != (mine.st_ino, mine.st_dev):
-                with contextlib.suppress(FileExistsError):
-                    os.link(aside, lease.path)  # another's: put it back
-            aside.unlink(missing_ok=True)
-        except FileNotFoundError:
-            pass
+            tmp, fd = self._record(lease.key, {"free": True, "released_by": lease.token})
+            os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, self.path(lease.key, lease.gen + 1))
+            tmp.unlink(missing_ok=True)
         finally:
             lease.close()
 
     # --- looking -------------------------------------------------------------------------------
-    def state(self, key: int) -> LeaseState | None:
-        path = self.path(key)
+    def state(self, key: int, gen: int | None = None) -> LeaseState | None:
+        """The lease of ``key`` at generation ``gen`` (default: the current one); None if absent."""
+        gen = self.current(key) if gen is None else gen
+        path = self.path(key, gen)
         try:
             st = os.stat(path)
         except FileNotFoundError:
             return None
         info = _read(path)
-        return LeaseState(key, info, st.st_mtime + float(info.get("ttl") or self.ttl))
+        return LeaseState(key, gen, info, st.st_mtime + float(info.get("ttl") or self.ttl))
 
     def states(self) -> Iterator[LeaseState]:
-        """Every lease file present (live or expired)."""
+        """The current lease of every block that has one and is not free (live or expired)."""
         try:
-            names = sorted(os.listdir(self.root))
+            names = os.listdir(self.root)
         except FileNotFoundError:
             return
+        top: dict[int, int] = {}
         for n in names:
             m = _NAME.match(n)
             if m:
-                s = self.state(int(m.group(1)))
-                if s is not None:
-                    yield s
+                k, g = int(m.group(1)), int(m.group(2))
+                top[k] = max(top.get(k, -1), g)
+        for k in sorted(top):
+            s = self.state(k, top[k])
+            if s is not None and not s.free:
+                yield s
 
 
 __all__ = ["DEFAULT_TTL_S", "Lease", "LeaseDir", "LeaseState", "TTL_ENV", "default_ttl", "owner_record"]
