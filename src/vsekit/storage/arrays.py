@@ -115,7 +115,7 @@ def progress_lines(fs, indent: str = "      ") -> list[str]:
         return []
     job = spec.get("job_id")
     alive = job_alive(job)
-    state = {True: "queued or running", False: "ended", None: "state unknown (no squeue here)"}[alive]
+    state = {True: "queued or running", False: "ended", None: "state unknown (squeue could not answer here)"}[alive]
     lines = [f"{indent}SLURM job array {job or '?'} ({spec.get('tasks', '?')} tasks): {state}"]
     try:
         status = fs.status_values()
