@@ -1,10 +1,10 @@
 """Block leases (vsekit.storage.leases): one holder per block, expired leases taken over by exactly one
-contender (20 rounds of 8 threads racing for one expired lease), and blocks committed exactly once by processes racing for them, some of which die while
-holding a lease. Commits are counted from what reached the disk (one appended line per commit)."""
+contender (20 rounds of 8 threads racing for one expired lease), and blocks committed exactly once
+by processes racing for them, some of which die while holding a lease. Commits are counted from
+what reached the disk (one appended line per commit)."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import random
