@@ -66,8 +66,12 @@ def parse_cluster(spec: str | None) -> tuple[str, Any] | None:
     ``slurm-array:N`` → ("slurm-array", N); ``tcp://HOST:PORT`` → ("tcp", address)."""
     if not spec:
         return None
-    # "slurm-array" before "slurm": the job-array mode is run by its own module, not by cluster_client
-    for kind in ("local", "slurm-array", "slurm"):
+    if spec.startswith("slurm-array:"):   # extract only: vsekit.extract.array
+        n = int(spec.split(":", 1)[1]) if spec.split(":", 1)[1].isdigit() else 0
+        if n < 1:
+            raise ValueError(f"--cluster {spec!r}: expected slurm-array:N with N >= 1 array tasks")
+        return "slurm-array", n
+    for kind in ("local", "slurm"):
         if spec.startswith(f"{kind}:"):
             try:
                 n = int(spec.split(":", 1)[1])
@@ -468,8 +472,7 @@ def cluster_client(spec: str | None, *, resources: Mapping[str, float] | None = 
 
     kind, arg = parsed
     if kind == "slurm-array":
-        raise ValueError(f"--cluster {spec}: a job array runs without a dask client; this stage does not "
-                         f"support it (use slurm:N)")
+        raise ValueError(f"--cluster {spec}: job arrays run `vsekit extract` only; use slurm:N here")
     if kind == "tcp":
         try:
             client = Client(arg, timeout=timeout)

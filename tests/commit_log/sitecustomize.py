@@ -30,13 +30,13 @@ if os.environ.get("VSEKIT_TEST_COMMIT_LOG"):
 if os.environ.get("VSEKIT_TEST_BATCH_DELAY"):
     import time
 
-    import vsekit.extract.runner as _runner
+    import vsekit.extract.rows as _rows
 
     _delay = float(os.environ["VSEKIT_TEST_BATCH_DELAY"])
-    _run_items = _runner.run_items
+    _run_items = _rows.run_items
 
     def run_items(*args, **kwargs):
         time.sleep(_delay)
         return _run_items(*args, **kwargs)
 
-    _runner.run_items = run_items
+    _rows.run_items = run_items

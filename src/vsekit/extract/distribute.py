@@ -110,7 +110,7 @@ def run_rows(store_path: str, name: str, plan_dict: dict, block: tuple[int, int,
     from ..storage import integrity
     from . import throughput as tp
     from .extractor import BUILDS, cached_extractor
-    from .runner import block_dataset, run_items
+    from .rows import block_dataset, run_items
 
     store = FeatureStore.open(store_path, mode="r+")
     fs = store.features(name)

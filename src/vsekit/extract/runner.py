@@ -9,15 +9,13 @@ starts afresh. Bad images are marked failed with their reason and listed in the 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +23,11 @@ from ..devices import FLOAT32_RECORD
 from ..storage import integrity
 from ..storage.faults import point
 from ..storage.lock import writer_lock
-from ..storage.store import FAILED, PENDING, Block, FeatureSet, FeatureStore, StoreError
-from .plan import Plan, make_plan
+from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
+from .plan import make_plan
 from .regions import region_arrays
-from .reader import Item, RowDataset, block_batches, iter_batches, stack, survive_worker_death
+from .reader import block_batches, iter_batches, survive_worker_death
+from .rows import block_dataset, run_items
 from .writer import BlockBuffer, BlockWriter
 
 DEVICES = ("cpu", "cuda")
@@ -199,9 +198,11 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         block_rows = max(batch_size, min(256, 8 * batch_size))
     with writer_lock(store.path, name, stage="vsekit extract"):
         existed = store.has_features(name) and not overwrite
-        # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success
+        # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
+        # a job array has no driver left to swap, so there the old set is replaced when the new one is made
+        array = bool(cluster and cluster.startswith("slurm-array:"))
         fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                                   block_rows=block_rows, extra=extra, overwrite=overwrite, beside=True)
+                                   block_rows=block_rows, extra=extra, overwrite=overwrite, beside=not array)
         if existed:
             resume_checks(fs, retry_failed)
         # the resolved device of the latest run and its float32 math (TF32 off; not part of the config hash)
@@ -210,6 +211,9 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
         skipped = len(fs.blocks()) - len(blocks)
         t0 = time.perf_counter()
         try:
+            if array:   # no driver stays: see extract/array.py
+                from .array import submit_for
+                return submit_for(store, fs, plan, cluster, device, batch_size, strict, fresh=not existed)
             if cluster:
                 runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
             else:
@@ -236,85 +240,6 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
                          pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
                          block_runs=runs, model_builds=builds)
-
-
-# --- shared by both paths ------------------------------------------------------------------------
-@functools.lru_cache(maxsize=2)
-def _boxes_json(path: str, mtime: float) -> dict:
-    import json
-    return json.loads(Path(path).read_text())
-
-
-def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> RowDataset:
-    """The rows of ``blocks`` (in order) with their image files and, for regions, their boxes."""
-    rows = np.concatenate([np.arange(b.start, b.stop) for b in blocks]) if blocks else np.zeros(0, int)
-    root = store.image_root
-    paths_arr = store.root["images/path"]
-    paths = []
-    for b in blocks:
-        paths += [str(root / str(p)) for p in paths_arr[b.start:b.stop]]
-    boxes: dict[int, Any] = {}
-    if plan.kind == "regions" and plan.boxes != "detector":
-        raw = _boxes_json(plan.boxes, os.path.getmtime(plan.boxes))
-        ids_arr = store.root["images/id"]
-        for b in blocks:
-            ids = [str(i) for i in ids_arr[b.start:b.stop]]
-            found = boxes_of_ids(raw, ids, plan.boxes)
-            for r, i in zip(range(b.start, b.stop), ids):
-                boxes[r] = found.get(i, f"no boxes for image id {i!r} (row {r}) in {plan.boxes}")
-    check = store.attrs.get("image_root") and not store.attrs.get("allow_outside_root")
-    return RowDataset(plan, rows.tolist(), paths, boxes, root=root if check else None)
-
-
-def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray | str]:
-    """The boxes of ``ids`` (K, 4), or the reason an image's boxes are unusable (it is marked failed).
-
-    Refused: anything but a list of [x1, y1, x2, y2] numbers, NaN or infinite coordinates (RoIAlign
-    would crash the process on them), and an empty list (an image without regions is failed rather
-    than a done row with count 0, which the region models would divide by).
-    """
-    out: dict[str, np.ndarray | str] = {}
-    for i in ids:
-        if i not in raw:
-            continue
-        try:
-            b = np.asarray(raw[i], dtype=np.float32).reshape(-1, 4)
-        except (ValueError, TypeError):
-            out[i] = f"boxes of image id {i!r} in {path} are not a list of [x1, y1, x2, y2]"
-            continue
-        if len(b) == 0:
-            out[i] = f"boxes of image id {i!r} in {path}: the list is empty (no regions)"
-        elif not np.all(np.isfinite(b)):
-            k = int(np.flatnonzero(~np.isfinite(b).all(axis=1))[0])
-            out[i] = f"boxes of image id {i!r} in {path}: box {k} {raw[i][k]} is not finite (NaN or inf)"
-        else:
-            out[i] = b
-    return out
-
-
-def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict: bool) -> None:
-    """Features of one batch of items into the block buffer (failed items get their reason)."""
-    bad = [it for it in items if it.error is not None]
-    if strict and bad:
-        raise StoreError(f"row {bad[0].row}: {bad[0].error} (--strict stops at the first bad image)")
-    ok = [it for it in items if it.error is None]
-    for it in bad:
-        buf.put(it.row, None, it.error)
-    if not ok:
-        return
-    if plan.detector == "butd-r101":  # original-size images, one at a time (butd.ButdExtractor)
-        return extractor.put_items(ok, buf)
-    x = stack(ok)
-    if plan.kind == "regions":
-        boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
-        feats = extractor.regions(x, boxes)
-        for it, f, bx in zip(ok, feats, boxes):
-            sx, sy = it.scale
-            buf.put(it.row, f, boxes=bx / np.array([sx, sy, sx, sy], dtype=np.float32))
-        return
-    feats = extractor.features(x)
-    for it, f in zip(ok, feats):
-        buf.put(it.row, f)
 
 
 # --- in-process ----------------------------------------------------------------------------------

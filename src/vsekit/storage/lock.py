@@ -100,6 +100,10 @@ def stale_reason(path: Path, info: dict) -> str | None:
         return f"{BREAK_ENV}=1"
     if info.get("torn"):   # locks are linked into place complete, so no live writer left this
         return "the lock file is empty or torn (left by a run that failed while writing it)"
+    if info.get("slurm_array"):   # held by a SLURM job array (extract --cluster slurm-array:N)
+        from .arrays import lock_stale_reason
+
+        return lock_stale_reason(path, info, float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)))
     host, pid = info.get("host"), info.get("pid")
     if host == socket.gethostname() and isinstance(pid, int):
         if not _alive(pid):

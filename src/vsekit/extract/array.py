@@ -1,0 +1,449 @@
+"""``--cluster slurm-array:N``: one SLURM job array whose tasks write the feature set themselves.
+
+No scheduler and no driver stay behind. The driver (:func:`submit`, called by ``extract`` while it
+holds the set's writer lock, after creating or reopening the set exactly as every other path does)
+writes the tasks' spec (``STORE/.vsekit/arrays/NAME/spec.json``, see :mod:`vsekit.storage.arrays`),
+hands the set's writer lock over to the array, submits ONE ``sbatch --array=0-(N-1)`` job and exits
+with its job id. Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
+
+1. it reads the status of every row once per round, and walks the pending blocks from its own
+   offset (task k of N starts k/N of the way in, so tasks rarely contend);
+2. it claims a block's lease (:mod:`vsekit.storage.leases`; an expired lease of a killed task is
+   taken over), then checks the block's status again: a block done meanwhile is skipped;
+3. it extracts the block (renewing the lease from a background thread), and commits it only if it
+   still holds the lease and the block is still pending: failure reasons first (a file of their
+   own), then data, checksums and, last, the status that marks it done;
+4. it releases the lease and goes on; when no block is pending it merges the failure reasons into
+   the set's attrs and exits. Blocks leased by live tasks are waited for (they end done, or their
+   lease expires and is taken over).
+
+SIGTERM (``scancel``, the time limit) releases the lease of the block in progress, which stays
+pending. Running the same command again after the array has ended submits a new array for the
+blocks still pending, or reports the set done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..storage import arrays
+from ..storage.leases import Lease, LeaseDir, default_ttl, owner_record
+from ..storage.lock import lock_path
+from ..storage.store import Block, FeatureSet, FeatureStore
+
+HOOK_ENV = "VSEKIT_TEST_ARRAY_HOOK"   # tests: {"TASK": {"sleep": S, "hold_after": K, "wait_for": FILE}}
+SBATCH_TIMEOUT_S = 60
+ARRAY_KEYS = ("queue", "account", "walltime", "cores", "memory", "gpus", "job_extra", "prologue",
+              "python", "log_directory")
+
+
+@dataclass
+class ArraySubmitted:
+    """What ``extract --cluster slurm-array:N`` did: the job it submitted (or that none was needed)."""
+
+    name: str
+    store: str
+    n_rows: int
+    done: int
+    failed: int
+    pending_blocks: int
+    blocks: int
+    tasks: int
+    job_id: str | None = None
+    log_dir: str | None = None
+
+    def summary(self) -> str:
+        if self.job_id is None:
+            return (f"{self.name}: {self.done} done, {self.failed} failed, 0 pending of {self.n_rows} rows; "
+                    f"nothing left to extract, no job submitted")
+        return "\n".join([
+            f"{self.name}: submitted SLURM job array {self.job_id} ({self.tasks} tasks) for "
+            f"{self.pending_blocks} pending of {self.blocks} blocks ({self.done} rows done already)",
+            f"  progress: vsekit info {self.store} {self.name}   (and: squeue -j {self.job_id})",
+            f"  task logs: {self.log_dir}",
+            "  when the array has ended, the same command fills any block left pending"])
+
+
+# --- the driver ------------------------------------------------------------------------------------
+def mem_mb(memory: Any) -> int:
+    """``16GB``, ``4000MB``, ``2GiB``, ``8G`` or a number of bytes → megabytes for ``--mem``."""
+    if isinstance(memory, (int, float)):
+        return max(1, math.ceil(memory / 2**20))
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgGtT]?)(i?)[bB]?\s*", str(memory))
+    if not m:
+        raise ValueError(f"cluster setting memory: {memory!r}: expected e.g. 16GB or 4000MB")
+    scale = {"": 1, "k": 1, "m": 2, "g": 3, "t": 4}[m.group(2).lower()]
+    base = 1024 if m.group(3) else 1000
+    n = float(m.group(1)) * base ** scale if m.group(2) else float(m.group(1))
+    return max(1, math.ceil(n / 2**20))
+
+
+def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path) -> str:
+    """The sbatch script of the array: one task per line of work, each running :func:`work`."""
+    from ..devices import is_cuda
+
+    gpus = int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
+    if gpus > 1:
+        raise ValueError(f"cluster setting gpus: {gpus}: an array task uses one GPU; use gpus: 1 and "
+                         f"more tasks (slurm-array:N)")
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}",
+             f"#SBATCH --array=0-{tasks - 1}", "#SBATCH --ntasks=1",
+             f"#SBATCH --cpus-per-task={int(settings.get('cores', 1))}",
+             f"#SBATCH --mem={mem_mb(settings.get('memory', '4GB'))}M",
+             f"#SBATCH --output={log_dir}/%x-%A_%a.out"]
+    for key, flag in (("queue", "-p"), ("account", "-A"), ("walltime", "-t")):
+        if settings.get(key):
+            lines.append(f"#SBATCH {flag} {settings[key]}")
+    if gpus:
+        lines.append(f"#SBATCH --gres=gpu:{gpus}")
+    lines += [f"#SBATCH {x}" for x in settings.get("job_extra") or []]
+    lines += [str(x) for x in settings.get("prologue") or []]
+    python = settings.get("python") or sys.executable
+    lines.append(f"exec {python} -m vsekit.extract.array {spec_file}")
+    return "\n".join(lines) + "\n"
+
+
+def array_settings() -> dict:
+    """The ``slurm:N`` settings ($VSEKIT_CLUSTER_CONFIG / pipelines.yaml ``cluster:``) an array uses."""
+    from ..cluster import cluster_settings
+
+    return {k: v for k, v in cluster_settings().items() if k in ARRAY_KEYS}
+
+
+def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None) -> dict:
+    """Rewrite the set's writer lock (held by this process) as the array's; returns what it held."""
+    path = lock_path(store_path, name)
+    before = json.loads(path.read_text())
+    arrays.write_json(path, dict(before, token=token, slurm_array=job_id,
+                                 stage=f"vsekit extract --cluster slurm-array (job {job_id or 'being submitted'})"))
+    return before
+
+
+def submit_for(store: FeatureStore, fs: FeatureSet, plan, spec: str, device: str, batch_size: int,
+               strict: bool, fresh: bool) -> ArraySubmitted:
+    """``extract``'s entry: ``spec`` is ``slurm-array:N``; ``fresh``: the set was created by this run
+    (what an earlier array of the same name left in the store is removed)."""
+    from ..cluster import parse_cluster
+
+    tasks = parse_cluster(spec)[1]
+    if fresh:
+        arrays.remove(store.path, fs.name)
+    return submit(store, fs, plan, tasks, device, batch_size, strict)
+
+
+def submit(store: FeatureStore, fs: FeatureSet, plan, tasks: int, device: str, batch_size: int,
+           strict: bool) -> ArraySubmitted:
+    """Submit the job array for ``fs``'s pending blocks (the caller holds the set's writer lock)."""
+    from .throughput import settings as throughput
+
+    settings = array_settings()
+    merge_errors(fs)                     # a previous array's reasons, before anything else
+    blocks = fs.pending_blocks()
+    counts = fs.counts()
+    result = ArraySubmitted(fs.name, str(store.path), fs.n_rows, counts["done"], counts["failed"],
+                            len(blocks), len(fs.blocks()), tasks)
+    if not blocks:
+        return result
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise ValueError(f"--cluster slurm-array:{tasks}: `sbatch` is not on the PATH; run vsekit where "
+                         f"SLURM jobs can be submitted (a login node)")
+    adir = arrays.array_dir(store.path, fs.name)
+    shutil.rmtree(adir / "leases", ignore_errors=True)  # a previous array has ended: we hold the lock
+    log_dir = Path(settings.get("log_directory") or adir / "logs").absolute()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex
+    spec = {"store": str(Path(store.path).resolve()), "name": fs.name, "plan": plan.to_dict(),
+            "device": device, "batch_size": batch_size, "strict": strict, "tasks": tasks,
+            "ttl": default_ttl(), "config_hash": fs.attrs.get("config_hash"), "lock_token": token,
+            "throughput": throughput(), "job_id": None, "submitted": time.time()}
+    spec_file = adir / "spec.json"
+    script = adir / f"job-{time.strftime('%Y%m%d-%H%M%S')}.sh"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(job_script(spec_file, fs.name, tasks, settings, device, log_dir))
+    arrays.write_json(spec_file, spec)
+    before = _hand_lock(store.path, fs.name, token, None)
+    try:
+        out = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True,
+                             timeout=SBATCH_TIMEOUT_S)
+        if out.returncode != 0:
+            why = " ".join((out.stderr or out.stdout).split()) or f"exit status {out.returncode}"
+            raise ValueError(f"--cluster slurm-array:{tasks}: sbatch refused the job array: {why}")
+        job_id = out.stdout.strip().split(";")[0]
+    except BaseException as exc:
+        arrays.write_json(lock_path(store.path, fs.name), before)  # the caller releases it as usual
+        spec_file.unlink(missing_ok=True)
+        script.unlink(missing_ok=True)
+        if isinstance(exc, subprocess.TimeoutExpired):
+            raise ValueError(f"--cluster slurm-array:{tasks}: sbatch did not answer in {SBATCH_TIMEOUT_S}s") from None
+        raise
+    spec["job_id"] = job_id
+    arrays.write_json(spec_file, spec)
+    _hand_lock(store.path, fs.name, token, job_id)
+    result.job_id, result.log_dir = job_id, str(log_dir)
+    return result
+
+
+# --- an array task ---------------------------------------------------------------------------------
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] vsekit array task: {message}", file=sys.stderr, flush=True)
+
+
+class LockLost(Exception):
+    """The set's writer lock was taken from the array: no task may commit any more."""
+
+
+class Terminated(BaseException):
+    """SIGTERM (scancel, the time limit): stop, leaving the block in progress pending."""
+
+
+class Renewer:
+    """A daemon thread that renews the lease in progress and refreshes the set's writer lock."""
+
+    def __init__(self, leases: LeaseDir, lock_file: Path):
+        self.leases, self.lock_file = leases, lock_file
+        self.current: Lease | None = None
+        self.mutex = threading.Lock()
+        self.stop = threading.Event()
+        self.every = max(0.05, min(leases.ttl / 4, 60.0))
+        self.thread = threading.Thread(target=self._run, name="vsekit-lease", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        last_lock = 0.0
+        while not self.stop.wait(self.every):
+            with self.mutex:
+                if self.current is not None:
+                    with contextlib.suppress(OSError):
+                        self.leases.renew(self.current)
+            if time.time() - last_lock > 60:
+                with contextlib.suppress(OSError):
+                    os.utime(self.lock_file)
+                last_lock = time.time()
+
+    def hold(self, lease: Lease | None) -> None:
+        with self.mutex:
+            self.current = lease
+
+    def release(self) -> None:
+        with self.mutex:
+            if self.current is not None:
+                self.leases.release(self.current)
+                self.current = None
+
+
+class Claimer:
+    """The next block for this task: pending, leased by it, and (re-checked) still pending."""
+
+    def __init__(self, fs: FeatureSet, leases: LeaseDir, task: int, tasks: int):
+        self.fs, self.leases, self.task, self.tasks = fs, leases, task, max(1, tasks)
+        self.blocks = fs.blocks()
+        self.queue: list[Block] = []
+
+    def _round(self) -> bool:
+        """Read every status once; queue the pending blocks from this task's offset. False: none."""
+        status = self.fs.status_values()
+        pending = [b for b in self.blocks if (status[b.start:b.stop] == 0).any()]
+        start = self.task * len(pending) // self.tasks
+        self.queue = pending[start:] + pending[:start]
+        return bool(pending)
+
+    def next(self) -> tuple[Lease, Block] | None:
+        """Claim the next block; waits while the only pending blocks are leased by live tasks."""
+        while True:
+            if not self.queue and not self._round():
+                return None
+            while self.queue:
+                b = self.queue.pop(0)
+                lease = self.leases.claim(b.index)
+                if lease is None:
+                    continue
+                if self.fs.block_done(b):     # finished since this round's read
+                    self.leases.release(lease)
+                    continue
+                return lease, b
+            if self._round():                 # all leased by others: wait for them to end or expire
+                self.queue = []
+                time.sleep(min(5.0, max(0.2, self.leases.ttl / 10)))
+
+
+def compute(store: FeatureStore, plan, block: Block, extractor, batch_size: int, strict: bool,
+            workers: int):
+    """The block's features, in the block's own batches (as every other path cuts them)."""
+    from .reader import block_batches, iter_batches
+    from .rows import block_dataset, run_items
+    from .writer import BlockBuffer
+
+    dataset = block_dataset(store, plan, [block])
+    buf = BlockBuffer.empty(plan, block)
+    for items in iter_batches(dataset, block_batches(0, len(block), batch_size), workers):
+        run_items(extractor, plan, items, buf, strict)
+    return buf
+
+
+def commit(fs: FeatureSet, leases: LeaseDir, lease: Lease, buf, spec: dict | None = None) -> str | None:
+    """Write ``buf`` if this task still holds its lease and the block is pending (and, given the
+    array's ``spec``, the array still holds the set's writer lock); else say why not."""
+    if spec is not None and not _holds_lock(spec):
+        raise LockLost(f"the writer lock of {fs.name!r} is no longer this array's (broken by another run?)")
+    leases.renew(lease)
+    if not leases.held(lease):
+        return "its lease was lost (expired and taken over)"
+    if fs.block_done(buf.block):
+        return "another task committed it first"
+    if buf.errors:
+        arrays.write_json(arrays.array_dir(fs.store.path, fs.name) / "errors" / f"b{buf.block.index:06d}.json",
+                          {str(k): v for k, v in buf.errors.items()})
+    buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
+    return None
+
+
+def merge_errors(fs: FeatureSet) -> int:
+    """Move the failure reasons the tasks wrote into the set's attrs (one merger at a time)."""
+    edir = arrays.array_dir(fs.store.path, fs.name) / "errors"
+    files = sorted(edir.glob("b*.json")) if edir.is_dir() else []
+    if not files:
+        return 0
+    guard = LeaseDir(edir.parent / "merge", ttl=120)
+    lease = guard.claim(0)
+    if lease is None:
+        return 0
+    try:
+        merged: dict[int, str] = {}
+        for f in files:
+            with contextlib.suppress(OSError, ValueError):
+                merged.update({int(k): v for k, v in json.loads(f.read_text()).items()})
+        fs.record_errors(merged)
+        for f in files:
+            f.unlink(missing_ok=True)
+        return len(merged)
+    finally:
+        guard.release(lease)
+
+
+def _hook(task: int) -> dict:
+    raw = os.environ.get(HOOK_ENV)
+    return (json.loads(raw).get(str(task)) or {}) if raw else {}
+
+
+def _holds_lock(spec: dict) -> bool:
+    try:
+        info = json.loads(lock_path(spec["store"], spec["name"]).read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("token") == spec["lock_token"]
+
+
+def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
+    """One array task: claim, extract and commit pending blocks until none is left; the exit status."""
+    from ..devices import resolve_device
+    from . import throughput as tp
+    from .extractor import cached_extractor
+    from .plan import Plan
+
+    spec = json.loads(Path(spec_file).read_text())
+    task = int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)) if task is None else task
+    store = FeatureStore.open(spec["store"], mode="r+")
+    fs = store.features(spec["name"])
+    if fs.attrs.get("config_hash") != spec["config_hash"]:
+        say(f"{spec['name']!r} has other settings now (config_hash {fs.attrs.get('config_hash')}); stopping")
+        return 2
+    if not _holds_lock(spec):
+        say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
+        return 2
+    tp.apply(spec.get("throughput"))
+    device = resolve_device(spec["device"])
+    plan = Plan.from_dict(spec["plan"])
+    cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "1") or 1)
+    workers = tp.decode_workers("auto", device, cpus=cores) if cores > 1 else 0
+    leases = arrays.lease_dir(spec["store"], spec["name"], ttl=spec["ttl"], owner=owner_record())
+    renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
+    hook = _hook(task)
+
+    phase = {"committing": False, "term": False}
+
+    def on_term(signum, frame):   # stop at once, except inside a commit (it finishes first)
+        phase["term"] = True
+        if not phase["committing"]:
+            raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    extractor, committed, dropped = None, 0, 0
+    say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
+        f"device {device}, {spec['name']!r}")
+    try:
+        while hook.get("wait_for") and not os.path.exists(hook["wait_for"]):
+            time.sleep(0.1)
+        claimer = Claimer(fs, leases, task, spec["tasks"])
+        while True:
+            got = claimer.next()
+            if got is None:
+                break
+            lease, block = got
+            renewer.hold(lease)
+            if lease.stolen_from:
+                o = lease.stolen_from
+                say(f"block {block.index}: took over the expired lease of job {o.get('job')} task {o.get('task')}")
+            if hook.get("hold_after") is not None and committed >= int(hook["hold_after"]):
+                say(f"test hook: holding block {block.index}")
+                while True:
+                    time.sleep(1)
+            if hook.get("sleep"):
+                time.sleep(float(hook["sleep"]))
+            if extractor is None:
+                extractor = cached_extractor(plan, device)
+            buf = compute(store, plan, block, extractor, spec["batch_size"], spec["strict"], workers)
+            phase["committing"] = True
+            why = commit(fs, leases, lease, buf, spec)
+            phase["committing"] = False
+            if why is None:
+                committed += 1
+                say(f"committed block {block.index} (rows {block.start}-{block.stop - 1})")
+            else:
+                dropped += 1
+                say(f"block {block.index} not committed: {why}")
+            renewer.release()
+            if phase["term"]:
+                raise Terminated()
+    except LockLost as exc:
+        say(f"{exc}; stopping without committing")
+        return 2
+    except Terminated:
+        renewer.release()
+        say(f"terminated (SIGTERM) after committing {committed} block(s); the block in progress stays pending")
+        return 143
+    finally:
+        renewer.release()
+        renewer.stop.set()
+        signal.signal(signal.SIGTERM, previous)
+    merge_errors(fs)
+    say(f"no block left pending: committed {committed}, dropped {dropped}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m vsekit.extract.array SPEC.json (run by the job array)", file=sys.stderr)
+        return 2
+    return work(args[0])
+
+
+if __name__ == "__main__":   # run the imported module's functions, not this __main__ copy's
+    from vsekit.extract.array import main as _main
+
+    sys.exit(_main())
