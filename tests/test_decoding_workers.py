@@ -18,7 +18,7 @@ import pytest
 
 from vsekit.storage import FeatureStore
 
-from test_faults_store import env_for, vsekit_cmd
+from test_crash_rerun import env_for, vsekit_cmd
 
 psutil = pytest.importorskip("psutil")
 

@@ -18,7 +18,7 @@ import pytest
 from vsekit.storage import FeatureStore
 from vsekit.storage.lock import lock_path, writer_lock
 
-from test_faults_store import FAST, NAME, assert_same, base_store, env_for, reference, run, snapshot, vsekit_cmd  # noqa: F401
+from test_crash_rerun import FAST, NAME, assert_same, base_store, env_for, reference, run, snapshot, vsekit_cmd  # noqa: F401
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from vsekit.cli import main
 from vsekit.storage import FeatureStore
 
-from test_faults_store import FAST, NAME, _paused, run
+from test_crash_rerun import FAST, NAME, _paused, run
 
 
 def _error_line(stderr: str) -> str:
