@@ -13,11 +13,11 @@ which round differently, as other CPUs do:
 - SGR, R@1 on 12 pairs (chance 1/12), bar 0.5: worst 0.917 (avx2 / default kernels: 0.75).
 - SMAN and SMAN-SIM, R@1 on 10 pairs (chance 1/10), bar 0.6: every seed 1.0 (also avx2 / default).
 - demo preset, val rsum on 80 images (chance 39.3), bar max(3 x chance = 118, 2 x untrained):
-  worst best rsum vse 172.5 (1 and 2 threads), order 165.5 (1 thread); the untrained rsum ranges
-  24.8-54.8. SEAM-E/-C/-G: SEAM_SEEDS
+  worst best rsum (1 thread / 2 threads) vse 172.5 / 172.5, order 165.5 / 165.5, seam-e
+  215.2 / 215.2, seam-c 223.0 / 223.0, seam-g 174.2 / 170.0 (worst 1.40 x the bar). The untrained
+  rsum ranges 24.8-57.8; the old bar, 3 x untrained, held here by 10% at worst (3.31 x, vse seed 14).
 
-Cost on 2 shared cores: SGR + SMAN, 60 cases, ~45 s of CPU; the demo cases ~5 s of CPU per seed
-for vse, ~30 s for order, ~50 s for each SEAM variant (~1 h of CPU for the 100 cases).
+The whole sweep (160 cases) took 4 min 11 s with 1 thread on 2 shared cores (3 min 52 s of CPU).
 """
 
 from __future__ import annotations
