@@ -17,7 +17,8 @@ which round differently, as other CPUs do:
   215.2 / 215.2, seam-c 223.0 / 223.0, seam-g 174.2 / 170.0 (worst 1.40 x the bar). The untrained
   rsum ranges 24.8-57.8; the old bar, 3 x untrained, held here by 10% at worst (3.31 x, vse seed 14).
 
-The whole sweep (160 cases) took 4 min 11 s with 1 thread on 2 shared cores (3 min 52 s of CPU).
+The whole sweep (160 cases) took 4 min 11 s with 1 thread on 2 shared cores (3 min 52 s of CPU),
+13 min 41 s with 2 threads (``make test-slow``) while other jobs loaded the cores.
 """
 
 from __future__ import annotations
