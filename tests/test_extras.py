@@ -65,13 +65,12 @@ def test_cluster_settings_refuse_unknown_keys(monkeypatch):
         cluster_settings({"partition": "gpu"})
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", '{"queue": "gpu", "gpus": 1, "cores": 8, "memory": "64GB"}')
     kw = slurm_kwargs(cluster_settings(), "cuda", {"GPU": 1})
-    assert kw["queue"] == "gpu" and kw["cores"] == 8 and kw["memory"] == "64GB" and kw["processes"] == 1
-    assert "--gres=gpu:1" in kw["job_extra_directives"]
-    assert kw["worker_extra_args"] == ["--nthreads", "1", "--resources", "GPU=1"]
+    # the job gets the 8 cores (--cpus-per-task); its one GPU worker is pinned and runs one task at a time
+    assert kw["queue"] == "gpu" and kw["job_cpu"] == 8 and kw["memory"] == "64GB" and kw["processes"] == 1
+    assert kw["cores"] == 1 and "--gres=gpu:1" in kw["job_extra_directives"]
+    assert kw["worker_extra_args"] == ["--preload", "vsekit.cluster_pin", "--resources", "GPU=1"]
     cpu = slurm_kwargs({"cores": 4}, "cpu", None)  # one single-threaded worker per core, no GPU
     assert cpu["processes"] == 4 and not any("gres" in d for d in cpu["job_extra_directives"])
-    with pytest.raises(ValueError, match="gpus: 1 and more jobs"):
-        slurm_kwargs({"gpus": 2}, "cuda", None)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ValueError, match="`sbatch` is not on the PATH"):
         with cluster_client("slurm:1", settings={}):
