@@ -22,8 +22,9 @@ demo: $(STAMP)
 	$(BIN)/vsekit report $(DEMO_DIR)/runs/fne-sh $(DEMO_DIR)/runs/seam-e $(DEMO_DIR)/runs/sman \
 		$(DEMO_DIR)/runs/saf $(DEMO_DIR)/runs/sgr-temde --out $(DEMO_DIR)/report
 
-# `make test` leaves out the tests marked slow (the paper-dimension SAF/SGR/SMAN cases and the
-# kill-at-every-write-point sweep: ~30 min on 2 cores); `make test-slow` runs just those.
+# `make test` leaves out the tests marked slow (the paper-dimension SAF/SGR/SMAN cases, the
+# kill-at-every-write-point sweep, SLURM walltime and job-array cases, the 20-seed learning sweeps:
+# ~50 min on 2 cores); `make test-slow` runs just those (.ci/run runs all but the paper-dimension ones).
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
