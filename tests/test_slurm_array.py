@@ -359,3 +359,22 @@ def test_slurm_array_spec_is_parsed_and_refused_outside_extract():
     with pytest.raises(ValueError, match="job arrays run `vsekit extract` only"):
         with cluster_client("slurm-array:2"):
             pass
+
+
+def test_overwrite_with_an_array_replaces_the_finished_set(demo_store, reference, fake_slurm):
+    """``--overwrite`` of a finished set through a job array: the tasks fill the set that the command
+    names (no driver stays to swap a set built beside it), equal to a fresh in-process extraction."""
+    from vsekit.extract import extract
+    from vsekit.extract.array import work
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.arrays import array_dir
+
+    first = extract(demo_store, workers=0, **{**OPTS, "seed": 4})   # other weights: other bits
+    assert first.done == demo_store.n_images
+    extract(demo_store, cluster="slurm-array:1", overwrite=True, **OPTS)
+    assert work(array_dir(demo_store.path, NAME) / "spec.json", task=0) == 0
+    store = FeatureStore.open(demo_store.path)
+    fs = store.features(NAME)
+    assert fs.counts()["done"] == demo_store.n_images
+    np.testing.assert_array_equal(fs.data[:], reference.features(NAME).data[:])
+    assert not [p.name for p in (store.path / "features").iterdir() if p.name.startswith(f".{NAME}.")]
