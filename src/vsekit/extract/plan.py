@@ -91,23 +91,14 @@ class Plan:
         return cls(**d)
 
 
-def make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", seed: int = 0,
-              crops: int = 1, keep_crops: bool = False, resize: int | None = None,
-              resize_mode: str | None = None, input_size: int | None = None,
-              interpolation: str | None = None, taps: str | None = None, grid: int = 7,
-              boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None,
-              precision: str = "fp32", store_dtype: str | None = None, detector: str | None = None,
-              detector_weights: str | None = None) -> Plan:
-    """Check every option and resolve the defaults; raises ValueError naming the bad option.
+def make_plan(model: str, kind: str = "global", **options: Any) -> Plan:
+    """Check every option (those of :func:`_make_plan`) and resolve the defaults; raises ValueError
+    naming the bad option.
 
     A checkpoint given as a path (``--weights``, ``--detector-weights``) enters the settings by its
     content digest, so the same path holding another file is another setting (a resume is refused).
     """
-    plan = _make_plan(model, kind, weights=weights, seed=seed, crops=crops, keep_crops=keep_crops,
-                      resize=resize, resize_mode=resize_mode, input_size=input_size,
-                      interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
-                      max_regions=max_regions, min_regions=min_regions, precision=precision,
-                      store_dtype=store_dtype, detector=detector, detector_weights=detector_weights)
+    plan = _make_plan(model, kind, **options)
     if plan.detector_weights and plan.detector_weights not in ("imagenet", "none"):
         from dataclasses import replace
 
