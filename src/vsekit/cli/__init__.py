@@ -8,6 +8,7 @@ so ``vsekit --help`` stays fast.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import click
@@ -30,11 +31,29 @@ class VsekitGroup(click.Group):
         except (StoreError, FilesystemError, ValueError, FileNotFoundError) as exc:
             if isinstance(exc, click.ClickException):
                 raise
+            if isinstance(exc, FilesystemError):
+                _quiet_unretrieved_write_errors()
             raise click.ClickException(str(exc)) from exc
         except OSError as exc:   # a full, read-only or forbidden filesystem: one line naming the path
             if not is_fs_error(exc):
                 raise
+            _quiet_unretrieved_write_errors()
             raise click.ClickException(str(fs_error(exc, _store_arg(argv)))) from exc
+
+
+class _UnretrievedOSError(logging.Filter):
+    """Drops asyncio's "Future/Task exception was never retrieved" for an OSError: after one write of a
+    zarr store fails (a full disk), zarr's other concurrent writes of the same call fail too and are
+    never awaited, and asyncio prints each one's traceback when it is collected, after the one
+    ``Error:`` line that already says what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not ("exception was never retrieved" in str(record.msg) and isinstance(exc, OSError))
+
+
+def _quiet_unretrieved_write_errors() -> None:
+    logging.getLogger("asyncio").addFilter(_UnretrievedOSError())
 
 
 def _store_arg(argv: list[str]) -> str | None:
