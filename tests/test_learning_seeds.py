@@ -53,17 +53,20 @@ def demo_store(tmp_path_factory):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_sgr_learns_for_every_seed(seed):
-    sgr_learns(seed)
+    after, bar = sgr_learns(seed)
+    assert after >= bar, (seed, after, bar)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", ["sman", "sman-sim"])
 def test_sman_learns_for_every_seed(name, seed):
-    sman_learns(name, seed)
+    after, bar = sman_learns(name, seed)
+    assert after >= bar, (name, seed, after, bar)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("model", LEARNING_MODELS)
 def test_every_model_learns_the_demo_data_for_every_seed(demo_store, tmp_path, model, seed):
     path, chance = demo_store
-    learns_the_demo_data(path, tmp_path / "run", model, seed, chance)
+    best, bar, s = learns_the_demo_data(path, tmp_path / "run", model, seed, chance)
+    assert best >= bar, (model, seed, bar, s)

@@ -295,10 +295,10 @@ def sgr_learning_run(seed: int, steps: int = 80) -> tuple[float, float]:
 SGR_LEARNS_R1 = 0.5    # 6x chance (1/12); the worst seed of the 20-seed sweep reaches 0.75
 
 
-def sgr_learns(seed: int):
-    """R@1 after training >= 0.5 and at least 0.3 above the untrained model's."""
+def sgr_learns(seed: int) -> tuple[float, float]:
+    """(R@1 after training, its bar): the bar is 0.5 and at least 0.3 above the untrained model's."""
     before, after = sgr_learning_run(seed)
-    assert after >= max(SGR_LEARNS_R1, before + 0.3), (seed, before, after)
+    return after, max(SGR_LEARNS_R1, before + 0.3)
 
 
 def test_sgr_learns_on_synthetic_pairs():
@@ -307,7 +307,8 @@ def test_sgr_learns_on_synthetic_pairs():
     tests/test_learning_seeds.py runs seeds 0-19; the worst seed reaches R@1 = 11/12 with 1 and 2
     threads, and 0.75 with torch's AVX2 or scalar kernels (ATEN_CPU_CAPABILITY=avx2 / default) in
     place of AVX-512, against the bar of 0.5."""
-    sgr_learns(seed=8)
+    after, bar = sgr_learns(seed=8)
+    assert after >= bar, (after, bar)
 
 
 @pytest.mark.parametrize("mode", ["saf", "sgr"])

@@ -154,16 +154,17 @@ LEARNING_MODELS = ["vse", "order", "seam-e", "seam-c", "seam-g"]
 
 
 def learns_the_demo_data(store_path, out, model: str, seed: int, chance: float):
-    """Trained val rsum at least 3x chance and 2x the same model untrained. Against chance, not the
+    """(best val rsum, its bar, the run's summary): the bar is 3x chance and 2x the same model untrained. Against chance, not the
     untrained draw alone: the untrained rsum is chance plus noise (24.8-57.8 against 39.3 over
     seeds 0-19 of the five models): the old bar, 3x that draw, held by 10% at worst (3.31x, vse
     seed 14), a margin that rested on the draw. The sweep's worst seed is 1.4x this bar."""
     s = demo_learning_run(store_path, out, model, seed)
-    assert s["best_rsum"] >= max(3 * chance, 2 * s["untrained_rsum"]), (model, seed, chance, s)
+    return s["best_rsum"], max(3 * chance, 2 * s["untrained_rsum"]), s
 
 
 @pytest.mark.parametrize("model", LEARNING_MODELS)
 def test_every_model_learns_the_demo_data(store_path, tmp_path, model):
     """Every model learns the demo data with the demo preset. Holds for every seed:
     tests/test_learning_seeds.py runs seeds 0-19 (worst values in its docstring)."""
-    learns_the_demo_data(store_path, tmp_path / model, model, seed=0, chance=chance_rsum(store_path))
+    best, bar, s = learns_the_demo_data(store_path, tmp_path / model, model, seed=0, chance=chance_rsum(store_path))
+    assert best >= bar, (model, bar, s)
