@@ -70,7 +70,7 @@ def inputs(n_img: int, n_cap: int, img_dim: int, grid: bool, seed: int = 0):
 
 
 def build(name: str, size: dict, **kw):
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
 
     torch.manual_seed(0)
     if name.startswith("sman"):

@@ -45,7 +45,7 @@ def build(tmp: Path, n_images: int, per_image: int, dim: int, seed: int = 0) -> 
 
     from vsekit.storage.demo import make_demo_data
     from vsekit.storage.store import FeatureStore, write_array
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
 
     rng = np.random.default_rng(seed)
     make_demo_data(tmp / "demo", images=16, seed=seed, size=128)

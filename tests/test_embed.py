@@ -78,7 +78,7 @@ def test_embeddings_reproduce_the_models_scores(store_path, tmp_path, model):
 
 
 def test_pairwise_models_say_why_they_have_no_embeddings():
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
     from vsekit.train.embed import check_embeddable
 
     saf = create_model("saf", img_shape=(4, 8), vocab_size=20, embed_dim=16, word_dim=8)

@@ -4,6 +4,10 @@ A circle (a imports b, b imports a, even lazily inside a function) means neither
 or tested alone, and lazy imports that hide it break as soon as someone moves one to the top. The
 graph is built from the source with ``ast`` (every ``import`` / ``from ... import`` statement that
 runs, function-level ones included; ``if TYPE_CHECKING:`` blocks are left out since they never run).
+Modules loaded by name at run time count too: ``importlib.import_module(X)`` and ``__import__(X)``
+with ``X`` a string, an f-string of ``__name__`` / ``__package__``, or a loop variable over a literal
+tuple (or a module-level tuple of strings). A call whose target cannot be read from the source is
+reported by ``test_every_dynamic_import_is_visible``: the graph would not see its edge.
 """
 
 from __future__ import annotations
@@ -33,17 +37,74 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
+def _literal_strings(node: ast.AST | None) -> list[str] | None:
+    """The strings of a literal tuple/list of strings, else None."""
+    if isinstance(node, (ast.Tuple, ast.List)) and all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+        return [e.value for e in node.elts]
+    return None
+
+
+def _is_dynamic_import(call: ast.Call) -> bool:
+    f = call.func
+    return (isinstance(f, ast.Attribute) and f.attr == "import_module") or (
+        isinstance(f, ast.Name) and f.id in ("import_module", "__import__"))
+
+
+def _dynamic_targets(arg: ast.AST, name: str, package: str, names: dict[str, list[str]]) -> list[str] | None:
+    """The module names a dynamic import's argument can take; None when the source does not say."""
+    specials = {"__name__": [name], "__package__": [package]}
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return [arg.value]
+    if isinstance(arg, ast.Name):
+        return specials.get(arg.id) or names.get(arg.id)
+    if isinstance(arg, ast.JoinedStr):
+        out = [""]
+        for part in arg.values:
+            if isinstance(part, ast.Constant):
+                options = [str(part.value)]
+            elif isinstance(part, ast.FormattedValue) and isinstance(part.value, ast.Name) and (
+                    part.value.id in specials or part.value.id in names):
+                options = specials.get(part.value.id) or names[part.value.id]
+            else:
+                return None
+            out = [a + b for a in out for b in options]
+        return out
+    return None
+
+
+#: (module, line) of dynamic imports whose target the source does not say, filled by ``_imports``
+UNRESOLVED: list[tuple[str, int]] = []
+
+
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """The vsekit modules that ``name`` imports (a ``from pkg import sub`` names the submodule)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
+    # module-level NAME = ("a", "b") tuples, which a loop may run dynamic imports over
+    consts = {t.id: vals for node in tree.body if isinstance(node, ast.Assign)
+              for t in node.targets if isinstance(t, ast.Name)
+              and (vals := _literal_strings(node.value)) is not None}
 
-    def visit(node: ast.AST) -> None:
+    def add_dynamic(target: str) -> None:
+        parts = target.split(".")
+        for k in range(len(parts), 0, -1):   # the module, or the nearest package of it we know
+            if ".".join(parts[:k]) in known:
+                found.add(".".join(parts[:k]))
+                return
+
+    def visit(node: ast.AST, loops: dict[str, list[str]]) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
             for child in node.orelse:
-                visit(child)
+                visit(child, loops)
             return
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            values = _literal_strings(node.iter)
+            if values is None and isinstance(node.iter, ast.Name):
+                values = consts.get(node.iter.id)
+            if values is not None:
+                loops = {**loops, node.target.id: values}
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in known)
         elif isinstance(node, ast.ImportFrom):
@@ -59,10 +120,27 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                     found.add(sub)
                 elif target in known:
                     found.add(target)
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node) and node.args:
+            targets = _dynamic_targets(node.args[0], name, package, loops)
+            if targets is None:
+                UNRESOLVED.append((name, node.lineno))
+            else:
+                for target in targets:
+                    add_dynamic(target)
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            for gen in node.generators:   # the loop variables are bound before the element is read
+                visit(gen, loops)
+                if isinstance(gen.target, ast.Name) and (vals := _literal_strings(gen.iter)
+                                                         or (consts.get(gen.iter.id) if isinstance(gen.iter, ast.Name) else None)):
+                    loops = {**loops, gen.target.id: vals}
+            for child in ast.iter_child_nodes(node):
+                if not isinstance(child, ast.comprehension):
+                    visit(child, loops)
+            return
         for child in ast.iter_child_nodes(node):
-            visit(child)
+            visit(child, loops)
 
-    visit(tree)
+    visit(tree, {})
     found.discard(name)
     return found
 
@@ -120,6 +198,43 @@ def test_graph_reads_lazy_and_relative_imports():
     # runner imports the store at the top and the cluster module inside a function
     assert "vsekit.storage.store" in graph["vsekit.extract.runner"]
     assert "vsekit.cluster" in graph["vsekit.extract.runner"]
+
+
+def test_graph_follows_importlib_calls(tmp_path):
+    """A module that loads others by name (as the CLI once loaded its command modules) has those
+    edges in the graph; a name the source does not say is reported, not silently dropped."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import importlib\n"
+        "NAMES = ('a', 'b')\n"
+        "for _n in NAMES:\n"
+        "    importlib.import_module(f'{__name__}.{_n}')\n"
+        "def later():\n"
+        "    from importlib import import_module\n"
+        "    import_module('pkg.c')\n"
+        "    [importlib.import_module(f'{__package__}.{m}') for m in ('d',)]\n"
+        "def hidden(x):\n"
+        "    importlib.import_module(x)\n")
+    known = {"pkg", "pkg.a", "pkg.b", "pkg.c", "pkg.d", "pkg.e"}
+    UNRESOLVED.clear()
+    assert _imports("pkg", pkg / "__init__.py", known) == {"pkg.a", "pkg.b", "pkg.c", "pkg.d"}
+    assert UNRESOLVED == [("pkg", 10)]
+    UNRESOLVED.clear()
+
+
+def test_every_dynamic_import_is_visible():
+    UNRESOLVED.clear()
+    import_graph()
+    assert UNRESOLVED == [], f"dynamic imports the import graph cannot follow: {UNRESOLVED}"
+
+
+def test_cli_loads_its_command_modules_by_plain_import():
+    graph = import_graph()
+    for mod in ("store", "ingest", "export", "extract", "fne", "tokenize", "train", "pipeline", "report", "embed"):
+        assert f"vsekit.cli.{mod}" in graph["vsekit.cli"]
+    # the pipeline runs the CLI's commands through the group it is handed, never by importing the CLI
+    assert not any(m == "vsekit.cli" or m.startswith("vsekit.cli.") for m in graph["vsekit.pipeline.executor"])
 
 
 def test_no_import_circles():

@@ -425,7 +425,9 @@ def test_pipelines_yaml_has_the_recipes():
 @pytest.mark.parametrize("name", RECIPES)
 def test_every_recipe_validates_against_the_real_cli_and_dry_runs(tmp_path, name):
     lines: list[str] = []
-    result = run(name, file=str(REPO / "pipelines.yaml"), env=_recipe_env(tmp_path), dry_run=True,
+    from vsekit.cli import main
+
+    result = run(name, cli=main, file=str(REPO / "pipelines.yaml"), env=_recipe_env(tmp_path), dry_run=True,
                  echo=lines.append)
     assert all(s.action == "run" for s in result.steps)
     assert len(lines) == 1 + 2 * len(result.steps)

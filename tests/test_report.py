@@ -363,7 +363,7 @@ def test_model_run_scores_in_blocks_and_shows_attention(small_store, tmp_path):
 def test_sgraf_word_attention_equals_its_equation_and_temde_has_none(small_store, tmp_path):
     """SGR's per-word weights (SGRAF eq. 4) recomputed in numpy; T-EMDE's centroid softmax is not shown."""
     from vsekit.report import model_io
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
 
     vocab = len(small_store.root["tokens"].attrs["vocabulary"])
     runs = {}
@@ -584,7 +584,7 @@ def test_sman_word_weights_are_never_taken_for_grid_maps(n_words):
     """A caption with as many words as the grid has cells (here 2x2 = 4) gives the same grid views as
     any other: each grid map is a softmax over cells (sums to 1 over G*G), never the word softmax."""
     from vsekit.report.attention import pair_attention
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
 
     torch.manual_seed(0)
     model = create_model("sman", img_shape=(2, 2, 8), vocab_size=30, embed_dim=16, word_dim=8).eval()
@@ -644,7 +644,7 @@ def _cards(path: Path) -> Cards:
 
 
 def _sgraf_run(tmp_path, store, mode, global_module, name=None):
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
 
     kw = {"img_shape": [4, 8], "vocab_size": len(store.root["tokens"].attrs["vocabulary"]), "embed_dim": 16,
           "word_dim": 8, "sim_dim": 8, "global_module": global_module, "temde_divisions": 2,

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import vsekit.models.sgraf as sgraf_mod
-from vsekit.models.base import create_model
+from vsekit.models import create_model
 from vsekit.models.sgraf import CaptionBatchNorm1d
 
 torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vsekit.models.sgraf as sgraf_mod
-from vsekit.models.base import create_model
+from vsekit.models import create_model
 from vsekit.models.temde import MaskedBatchNorm1d
 
 torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from vsekit.models.base import create_model
+from vsekit.models import create_model
 
 torch.set_num_threads(1)
 

@@ -53,8 +53,8 @@ def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device
             resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
     with _cluster_settings(load_file(file or default_file()), pipeline):
-        run_pipeline(pipeline, file=file, sets=sets, from_stage=from_stage, force=force,
-                     dry_run=dry_run, cluster=cluster)
+        run_pipeline(pipeline, cli=click.get_current_context().find_root().command, file=file, sets=sets,
+                     from_stage=from_stage, force=force, dry_run=dry_run, cluster=cluster)
 
 
 def _cluster_settings(pf, name: str):

@@ -6,4 +6,23 @@ meets): ``vse``/``order`` (``vse.py``), ``seam-e``/``seam-c``/``seam-g`` (``seam
 ``temde.py``). The training harness (data, trainer, runs, evaluation) is ``vsekit.train``.
 """
 
-from .base import RetrievalModel, create_model, model_names, register_model  # noqa: F401
+from __future__ import annotations
+
+from typing import Any
+
+# The built-in models register themselves when imported; importing them here by name (not through
+# importlib inside ``base``) keeps ``base`` free of imports of the modules that build on it.
+from . import seam, sgraf, sman, vse  # noqa: F401
+from .base import _MODELS, RetrievalModel, register_model  # noqa: F401
+
+
+def model_names() -> list[str]:
+    return sorted(_MODELS)
+
+
+def create_model(name: str, **kwargs: Any) -> RetrievalModel:
+    try:
+        factory = _MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(sorted(_MODELS))}") from None
+    return factory(**kwargs)

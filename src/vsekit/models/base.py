@@ -1,4 +1,4 @@
-"""The contract every retrieval model meets, and the registry the trainer and tests are driven by.
+"""The contract every retrieval model meets, and the registry each model module registers into.
 
 A model encodes each side once and scores any images x captions block::
 
@@ -31,32 +31,6 @@ def register_model(name: str) -> Callable:
         _MODELS[name] = factory
         return factory
     return deco
-
-
-def model_names() -> list[str]:
-    _load_builtin_models()
-    return sorted(_MODELS)
-
-
-def create_model(name: str, **kwargs: Any) -> "RetrievalModel":
-    _load_builtin_models()
-    try:
-        factory = _MODELS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(sorted(_MODELS))}") from None
-    return factory(**kwargs)
-
-
-def _load_builtin_models() -> None:
-    """Import the modules that register models (each registers on import)."""
-    import importlib
-
-    for mod in ("vse", "seam", "sman", "sgraf"):
-        try:
-            importlib.import_module(f"{__package__}.{mod}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{mod}":
-                raise
 
 
 class RetrievalModel(nn.Module):

@@ -266,17 +266,19 @@ def default_file() -> str:
     return str(repo) if repo.is_file() else "pipelines.yaml"
 
 
-def run(name: str, *, file: str | None = None, sets: Mapping[str, str] | None = None,
+def run(name: str, *, cli: click.Group, file: str | None = None, sets: Mapping[str, str] | None = None,
         from_stage: str | None = None, force: bool = False, dry_run: bool = False,
-        cluster: str | None = None, cli: click.Group | None = None, env: Mapping[str, str] | None = None,
+        cluster: str | None = None, env: Mapping[str, str] | None = None,
         echo: Callable[[str], None] = click.echo) -> RunResult:
-    """``vsekit run NAME``: check the whole file, run the pipeline, print the metrics table."""
+    """``vsekit run NAME``: check the whole file, run the pipeline, print the metrics table.
+
+    ``cli`` is the Click group whose commands the stages name (``vsekit.cli.main``); it is passed in,
+    so this package never imports the CLI that imports it.
+    """
     from .spec import load_file
     from .resolve import check_file
     from .summary import metrics_table
 
-    if cli is None:
-        from ..cli import main as cli
     pf = load_file(file or default_file())
     check_file(pf.pipelines, cli, sets=sets, env=env)
     pipeline = pf.get(name)

@@ -116,7 +116,7 @@ def load_model(run: RunInfo, device: str = "cpu"):
 
         model, _ = trainer_load_run(run.path, device)
         return model.eval()
-    from ..models.base import create_model
+    from ..models import create_model
 
     kwargs = _first(run.config, "model_kwargs", "model_args") or {}
     model = create_model(run.model_name, **kwargs)

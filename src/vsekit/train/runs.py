@@ -15,7 +15,7 @@ import torch
 
 from ..devices import exact_float32
 from ..storage.store import FeatureStore, StoreError
-from ..models.base import RetrievalModel, create_model
+from ..models import RetrievalModel, create_model
 from .data import EvalSet, Tokens, open_features
 from .evaluation import PROTOCOLS, evaluate_protocol, format_table
 from .scoring import EnsembleScorer, encode_set, save_sims

@@ -27,7 +27,7 @@ from ..devices import exact_float32
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
-from ..models.base import RetrievalModel, _MODELS, create_model, model_names
+from ..models import _MODELS, RetrievalModel, create_model, model_names
 from .config import TrainConfig, resolve_config
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
 from .evaluation import compute_ranks, metrics_from_ranks
