@@ -15,6 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import vsekit
 
 ROOT = Path(vsekit.__file__).parent
@@ -240,3 +242,17 @@ def test_cli_loads_its_command_modules_by_plain_import():
 def test_no_import_circles():
     found = cycles(import_graph())
     assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_image_error_lives_in_storage(tmp_path):
+    """Storage raises the image error without importing extraction for it; extraction re-exports it."""
+    from vsekit.extract.images import ImageError as from_extract
+    from vsekit.storage.base import ImageError
+    from vsekit.storage.sources import shards
+
+    assert from_extract is ImageError
+    with pytest.raises(ImageError, match="missing container file"):
+        shards.read_bytes(f"{tmp_path}/nope.tar::a.jpg@0+10")
+    graph = import_graph()
+    uses = {m for m in graph["vsekit.storage.sources.shards"] if m.startswith("vsekit.extract")}
+    assert uses <= {"vsekit.extract.images"}   # decoding only (to_rgb), not the error

@@ -25,8 +25,7 @@ MAX_RESIZED_PIXELS = 16_000_000  # 48 MB of RGB: a 250:1 panorama at --resize 25
 ENV_DECODED, ENV_RESIZED = "VSEKIT_MAX_DECODED_PIXELS", "VSEKIT_MAX_RESIZED_PIXELS"
 
 
-class ImageError(Exception):
-    """An image that cannot be used; the message says why."""
+from ..storage.base import ImageError  # noqa: E402,F401 (its home is storage; readers there raise it)
 
 
 def pixel_budgets() -> tuple[int, int]:

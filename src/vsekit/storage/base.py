@@ -1,6 +1,7 @@
 """What every storage module shares, with no imports of its own from the package: the row status
-codes, the store's errors, row blocks and a set's generation. ``store``, ``integrity`` and ``lock`` all
-build on it, so none of them needs to import another in a circle."""
+codes, the store's errors and the image error its readers raise, row blocks and a set's generation.
+``store``, ``integrity`` and ``lock`` all build on it, so none of them needs to import another in a
+circle."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ class FormatVersionError(StoreError):
 
 class ProvenanceError(StoreError):
     """A feature set's provenance does not match what a command expects."""
+
+
+class ImageError(Exception):
+    """An image that cannot be used; the message says why. Raised by the readers of image files and
+    of images inside containers (``storage.sources.shards``) and by decoding (``extract.images``)."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
+from ..base import ImageError
+
 SEP = "::"
 CONTAINERS = (".tar", ".parquet")
 
@@ -55,8 +57,6 @@ def parse_ref(path: str | Path) -> tuple[str, str, str]:
 
 def read_bytes(path: str | Path) -> bytes:
     """The encoded image bytes a reference points at."""
-    from ...extract.images import ImageError
-
     container, entry, location = parse_ref(path)
     if not Path(container).is_file():
         raise ImageError(f"missing container file {container} (for {entry})")
@@ -74,8 +74,6 @@ def read_bytes(path: str | Path) -> bytes:
 
 
 def _read_tar_member(shard: str, member: str, offset: int, size: int) -> bytes:
-    from ...extract.images import ImageError
-
     with open(shard, "rb") as f:
         f.seek(max(0, offset - tarfile.BLOCKSIZE))
         head = f.read(tarfile.BLOCKSIZE) if offset >= tarfile.BLOCKSIZE else b""
@@ -118,8 +116,6 @@ def _row_group_column(file: str, column: str, group: int):
 def _read_parquet_cell(file: str, column: str, row: int) -> bytes:
     from bisect import bisect_right
 
-    from ...extract.images import ImageError
-
     starts = _parquet_layout(file)
     if not 0 <= row < starts[-1]:
         raise ImageError(f"{file}: row {row} is outside its {starts[-1]} rows; the file changed since "
@@ -138,7 +134,7 @@ def load_image(path: str | Path):
     """Decode the image a reference points at to 8-bit RGB, with the rules of ``extract.images``."""
     from PIL import Image, ImageOps
 
-    from ...extract.images import ImageError, to_rgb
+    from ...extract.images import to_rgb
 
     data = read_bytes(path)
     if not data:
