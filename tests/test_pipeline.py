@@ -534,3 +534,29 @@ def test_fingerprint_ignores_where_a_stage_runs_but_not_its_input_files(tmp_path
     result, out = _run(path)
     assert result.ran == ["ingest-karpathy", "feats", "standardize", "evaluate"]
     assert "ingest-karpathy: its options or inputs changed" in out
+
+
+def test_stage_outputs_are_named_by_the_stages_themselves(monkeypatch):
+    """The pipeline asks each stage what it writes: the names follow the stage's own rule (changing
+    the rule in the stage changes what the pipeline expects), and extract's default is MODEL_KIND."""
+    import importlib
+
+    from vsekit.pipeline.outputs import stage_io
+
+    # the modules (vsekit.fne's attributes of these names are the stage functions)
+    standardize, discretize, combined = (importlib.import_module(f"vsekit.fne.{m}")
+                                         for m in ("standardize", "discretize", "combined"))
+
+    def made(command, **values):
+        return [name for _, name in stage_io(command, {"store": "s.zarr", **values}, lambda k: None).makes]
+
+    assert made("extract", model="vgg19", kind="grid") == ["vgg19_grid"]
+    assert made("extract", model="vgg19") == ["vgg19_global"]
+    assert made("standardize", features="f") == ["f.z"] == [standardize.output_name("f")]
+    assert made("discretize", features="f.z") == ["f.z.fne"] == [discretize.output_name("f.z")]
+    assert made("fne", features="f") == ["f.z", "f.z.fne"] == list(combined.output_names("f"))
+    assert made("standardize", features="f", name="mine") == ["mine"]
+    monkeypatch.setattr(standardize, "output_name", lambda features, name=None: name or f"{features}.std")
+    monkeypatch.setattr(discretize, "output_name", lambda features, name=None: name or f"{features}.q")
+    assert made("standardize", features="f") == ["f.std"]
+    assert made("fne", features="f") == ["f.std", "f.std.q"]

@@ -17,6 +17,12 @@ from . import discretize as disc
 from . import standardize as stdz
 
 
+def output_names(features: str) -> tuple[str, str]:
+    """The two sets ``fne`` writes from ``features``: ``<features>.z`` and ``<features>.z.fne``."""
+    z = stdz.output_name(features)
+    return z, disc.output_name(z)
+
+
 def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = "train",
         stats_from: str | None = None, thresholds: Sequence[float] = disc.DEFAULT_THRESHOLDS,
         pack: bool = False, cluster: str | None = None,
@@ -26,7 +32,7 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
 
     store = passes.open_store(store)
     disc.check_thresholds(thresholds)
-    with writer_lock(store.path, f"{features}.z", f"{features}.z.fne", stage="vsekit fne"), \
+    with writer_lock(store.path, *output_names(features), stage="vsekit fne"), \
             cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "fne")
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
@@ -35,7 +41,7 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
         try:
             # a .z set being remade (staged) makes its .fne set afresh too
             qset, qfn = disc.prepare(store, zset.target, thresholds=thresholds, pack_bits=pack,
-                                     name=f"{features}.z.fne", overwrite=overwrite or zset.staged, parent=zset)
+                                     name=output_names(features)[1], overwrite=overwrite or zset.staged, parent=zset)
             made.append(qset)
             outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset)),
                        passes.Output(qset.name, qfn, derived.pending_indices(qset))]

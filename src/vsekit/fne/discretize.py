@@ -46,6 +46,11 @@ def check_thresholds(thresholds: Sequence[float]) -> tuple[float, float]:
     return lo, hi
 
 
+def output_name(features: str, name: str | None = None) -> str:
+    """The set ``discretize`` writes from ``features``: ``name``, else ``<features>.fne``."""
+    return name or f"{features}.fne"
+
+
 def prepare(store: FeatureStore, features: str, *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
             pack_bits: bool = False, name: str | None = None, overwrite: bool = False,
             parent: FeatureSet | None = None) -> tuple[FeatureSet, Discretize]:
@@ -58,7 +63,7 @@ def prepare(store: FeatureStore, features: str, *, thresholds: Sequence[float] =
         raise StoreError(f"feature set {parent.name!r} has dtype {parent.data.dtype}"
                          f"{' (packed)' if parent.attrs.get('packed') else ''}; discretize needs float "
                          f"values (standardize first)")
-    out = name or f"{features}.fne"
+    out = output_name(features, name)
     width = parent.shape[1]
     config = dict(stage="discretize", thresholds=[lo, hi], packed=bool(pack_bits), values=[-1, 0, 1])
     if pack_bits:
@@ -82,7 +87,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     parent = store.features(features)
     pin = derived.Pin.of(parent, "discretize")
     parent.check(complete=True)
-    with writer_lock(store.path, name or f"{features}.fne", stage="vsekit discretize"):
+    with writer_lock(store.path, output_name(features, name), stage="vsekit discretize"):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent)
         try:

@@ -86,13 +86,18 @@ def parse_stats_from(spec: str) -> tuple[Path, str]:
     return Path(path), name
 
 
+def output_name(features: str, name: str | None = None) -> str:
+    """The set ``standardize`` writes from ``features``: ``name``, else ``<features>.z``."""
+    return name or f"{features}.z"
+
+
 def load_stats(spec: str, parent: FeatureSet) -> Stats:
     """Statistics stored in another set (``NAME`` itself, or ``NAME.z``); refused if they do not fit ``parent``."""
     path, name = parse_stats_from(spec)
     other = FeatureStore.open(path, mode="r")
     src = other.features(name)
     if not (src.has_array("mean") and src.has_array("std")):
-        alt = f"{name}.z"
+        alt = output_name(name)
         if other.has_features(alt) and other.features(alt).has_array("mean"):
             src = other.features(alt)
         else:
@@ -162,7 +167,7 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
     parent = store.features(features)
     pin = pin or derived.Pin.of(parent, "standardize")
     check_source(parent)
-    out = name or f"{features}.z"
+    out = output_name(features, name)
     attrs = derived.derived_attrs(parent, stage="standardize", split=None if stats_from else split,
                                   stats_from=stats_from, ddof=0, zero_std="zero", precision="fp32")
     width = parent.shape[1]
@@ -201,7 +206,7 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
     from ..cluster import cluster_client
 
     store = passes.open_store(store)
-    with writer_lock(store.path, name or f"{features}.z", stage="vsekit standardize"), \
+    with writer_lock(store.path, output_name(features, name), stage="vsekit standardize"), \
             cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,

@@ -194,19 +194,30 @@ def store_key(path: Any) -> str:
     return os.path.normpath(os.path.abspath(str(path)))
 
 
-def default_extract_name(values: dict[str, Any]) -> str:
-    """The feature set ``vsekit extract`` writes when ``--name`` is not given."""
-    try:
-        from ..extract import default_name  # type: ignore[attr-defined]
-    except ImportError:
-        default_name = None
-    model, kind = values.get("model"), values.get("kind") or "global"
-    if default_name is not None:
-        try:
-            return str(default_name(model, kind))
-        except TypeError:
-            pass
-    return str(model) if kind == "global" else f"{model}.{kind}"
+def made_sets(word: str, values: dict[str, Any], defaults: Callable[[str], Any]) -> list[str]:
+    """The feature sets a feature stage writes, as the stage itself names them (one home per rule:
+    ``extract.runner.default_name``, ``fne.standardize.output_name``, ``fne.discretize.output_name``,
+    ``fne.combined.output_names``); the last one is the stage's output."""
+    given = values.get("name") or values.get("out-name")
+    feats = values.get("features")
+    if word == "extract":
+        from ..extract.runner import default_name
+
+        return [given or default_name(values.get("model"), values.get("kind") or defaults("kind") or "global")]
+    if word == "standardize":
+        from ..fne.standardize import output_name
+
+        return [output_name(feats, given)]
+    if word == "discretize":
+        from ..fne.discretize import output_name
+
+        return [output_name(feats, given)]
+    if word == "fne":
+        from ..fne.combined import output_names
+
+        z, q = output_names(feats)
+        return [z, given or q]
+    raise ValueError(f"{word!r} makes no feature set")
 
 
 def _feature_inputs(values: dict[str, Any], store: str | None) -> list[tuple[str, str, str]]:
@@ -236,16 +247,10 @@ def stage_io(command: str, values: dict[str, Any], defaults: Callable[[str], Any
         makes = [(store, name)] if name and fmt == "precomp" else []
         return StageIO([StoreOutput(store)], makes, [], resumable=False)
     if word == "extract" and store:
-        name = values.get("name") or default_extract_name(values)
+        name = made_sets(word, values, defaults)[0]
         return StageIO([FeaturesOutput(store, name)], [(store, name)], [])
     if word in ("standardize", "discretize", "fne") and store and feats:
-        out = values.get("name") or values.get("out-name")
-        if word == "standardize":
-            made = [out or f"{feats}.z"]
-        elif word == "discretize":
-            made = [out or f"{feats}.fne"]
-        else:
-            made = [f"{feats}.z", out or f"{feats}.z.fne"]
+        made = made_sets(word, values, defaults)
         return StageIO([FeaturesOutput(store, made[-1])], [(store, m) for m in made], reads)
     if word == "tokenize" and store:
         return StageIO([TokensOutput(store)], [], [])
