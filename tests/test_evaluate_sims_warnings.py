@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from vsekit.cli import main
 from vsekit.storage import FeatureStore
-from vsekit.train.runs import protocol_warnings
+from vsekit.train.evaluate_run import protocol_warnings
 
 
 def test_sims_metrics_json_keeps_the_printed_warnings(tmp_path):

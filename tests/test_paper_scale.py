@@ -23,7 +23,7 @@ from vsekit.cli import main
 from vsekit.models import model_names
 from vsekit.storage.store import FeatureStore
 from vsekit.train.data import EvalSet, Tokens, open_features
-from vsekit.train.runs import load_run
+from vsekit.train.checkpoint import load_model
 
 N_TRAIN, N_VAL, N_TEST, PER_IMAGE = 16, 8, 300, 5
 WORDS = [f"w{i}" for i in range(60)]
@@ -126,7 +126,7 @@ def test_paper_scale_train_and_evaluate_through_the_cli(store_path, tmp_path, mo
             assert 100 * np.mean(high < k) - 1e-9 <= m[f"{name}_r{k}"] <= 100 * np.mean(low < k) + 1e-9
 
     # blockwise scores == pair-by-pair scores (each item encoded alone, the literal scoring path)
-    net, _ = load_run(run)
+    net, _ = load_model(run)
     store = FeatureStore.open(store_path)
     source = open_features(store, features, store.split_rows("test"))
     evalset = EvalSet.from_store(store, "test", source)

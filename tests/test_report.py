@@ -543,11 +543,11 @@ def test_end_to_end_trained_seam_run(small_store, tmp_path):
     assert all(small_store.image_file(int(i["data-image-row"])).is_file() for i in p.imgs)
     # the hop strips are the model's own A (Lin et al.) for that caption
     from vsekit.report import model_io
-    from vsekit.train.runs import load_run as trainer_load_run
+    from vsekit.train.checkpoint import load_model
 
     (att,) = data["attention"]
     assert [v["kind"] for v in att["views"]] == ["words"]
-    model, _ = trainer_load_run(run)
+    model, _ = load_model(run)
     caps = small_store.captions_of_split("test")
     tok, lengths = model_io.read_tokens(small_store, caps[[att["caption"]]])
     with torch.no_grad():

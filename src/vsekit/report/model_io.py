@@ -1,9 +1,9 @@
 """A trained run's model over its store's test split: load, encode in blocks, score.
 
 The model is rebuilt from the run's ``config.json`` and ``checkpoint_best.pt`` (or the last one)
-through the trainer's own loader when it has one, else through the model registry
-(``vsekit.models.create_model``). Features and tokens are read from the store a block of rows
-at a time, so memory is bounded by the block size, not the test-set size.
+by ``vsekit.train.checkpoint``, the one module that saves and loads checkpoints. Features and tokens
+are read from the store a block of rows at a time, so memory is bounded by the block size, not the
+test-set size.
 """
 
 from __future__ import annotations
@@ -84,43 +84,26 @@ def features_name(run: RunInfo) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def safe_load(path, device: str = "cpu"):
-    """A checkpoint loaded with ``weights_only=True`` (a hostile pickle is refused, never run)."""
-    import pickle
-
-    import torch
-
-    try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        from ..train.trainer import refusal
-
-        raise StoreError(refusal(path, exc)) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise StoreError(f"{path}: not a readable checkpoint (damaged or truncated?): "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
-
-
 def load_model(run: RunInfo, device: str = "cpu"):
-    """The run's trained model in eval mode.
+    """The run's trained model in eval mode, loaded through ``vsekit.train.checkpoint``.
 
-    A run written by the trainer (``config.json`` with a ``train`` section) is loaded by the
-    trainer's own ``load_run``; any other run folder through the model registry, with the
-    config's ``model`` and ``model_kwargs`` and the checkpoint's ``model`` state dict.
+    A run written by the trainer (``config.json`` with a ``train`` section) is rebuilt by
+    ``checkpoint.load_model``; any other run folder through the model registry, with the config's
+    ``model`` and ``model_kwargs`` and the checkpoint's ``model`` state dict (``checkpoint.load_file``).
     """
+    from ..train import checkpoint
+
     ckpt = run.checkpoint
     if ckpt is None:
         raise StoreError(f"{run.path} has no checkpoint_best.pt or checkpoint_last.pt")
     if isinstance(run.config.get("train"), dict):
-        from ..train.runs import load_run as trainer_load_run
-
-        model, _ = trainer_load_run(run.path, device)
+        model, _ = checkpoint.load_model(run.path, device)
         return model.eval()
     from ..models import create_model
 
     kwargs = _first(run.config, "model_kwargs", "model_args") or {}
     model = create_model(run.model_name, **kwargs)
-    state = safe_load(ckpt, device)
+    state = checkpoint.load_file(ckpt, device)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]
     model.load_state_dict(state)

@@ -78,9 +78,9 @@ def embed(run: str | Path, out: str | Path, *, split: str = "test", store: str |
           features: str | None = None, checkpoint: str = "best", device: str = "cpu",
           batch_size: int = 256) -> dict[str, Any]:
     """Write the embeddings of ``split`` of the run's store (or ``store``) into the folder ``out``."""
-    from .runs import load_run
+    from .checkpoint import load_model
 
-    model, config = load_run(run, device, checkpoint)
+    model, config = load_model(run, device, checkpoint)
     name = config["train"]["model"]
     similarity = check_embeddable(model, name)
     fstore = FeatureStore.open(store or config["store"])

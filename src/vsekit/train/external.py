@@ -61,7 +61,7 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
     ``vsekit evaluate`` writes, protocol ``warnings`` included. Returns it with the printed ``table``
     added.
     """
-    from .runs import ALL_PROTOCOLS, default_protocols, protocol_warnings
+    from .evaluate_run import ALL_PROTOCOLS, default_protocols, protocol_warnings
 
     for p in protocols or ():
         if p not in ALL_PROTOCOLS:

@@ -28,6 +28,7 @@ from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
 from ..models import _MODELS, RetrievalModel, create_model, model_names
+from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, resolve_config
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
 from .evaluation import compute_ranks, metrics_from_ranks
@@ -118,64 +119,6 @@ def validate(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evals
     return metrics_from_ranks(*ranks)
 
 
-# checkpoints --------------------------------------------------------------------------------------
-def _plain(obj: Any) -> Any:
-    """``obj`` as tensors, dicts, lists, str, numbers, bools and None only (what ``weights_only`` loads)."""
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (str, bool, int, float)):
-        return obj
-    if isinstance(obj, dict):
-        return {(k if isinstance(k, (str, int)) else str(k)): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if hasattr(obj, "item"):  # numpy scalars
-        return obj.item()
-    return str(obj)
-
-
-def _save(path: Path, payload: dict[str, Any]) -> None:
-    """Write atomically (temporary file, then rename) a checkpoint that ``weights_only=True`` loads."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(_plain(payload), tmp)
-    tmp.replace(path)
-
-
-def refusal(path: Path, exc: Exception) -> str:
-    """The message for a checkpoint that holds more than plain data (naming the object it wanted)."""
-    import re
-
-    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-    what = f" ({found.group(1)})" if found else ""
-    return (f"{path}: refused to load: it holds a Python object{what} besides plain tensors and data, "
-            f"and loading it could run code; vsekit only loads checkpoints that load with "
-            f"torch.load(weights_only=True), as the ones it writes do")
-
-
-def load_checkpoint(path: Path, device: str = "cpu") -> dict[str, Any]:
-    """Load a run checkpoint safely: ``weights_only=True`` never runs code from the file.
-
-    Tensors are mapped to ``device``, so a run trained on CUDA loads on a CPU-only machine. A file
-    that is damaged, truncated or holds anything but plain data is refused with a ``StoreError``.
-    """
-    import pickle
-
-    path = Path(path)
-    if not path.is_file():
-        raise StoreError(f"no checkpoint {path}")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
-    try:
-        ck = torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise StoreError(refusal(path, exc)) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise StoreError(f"{path}: not a readable checkpoint (damaged or truncated?): "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}; "
-                         f"delete it and retrain, or resume from the other checkpoint") from None
-    if not isinstance(ck, dict) or not isinstance(ck.get("model"), dict):
-        raise StoreError(f"{path}: not a vsekit run checkpoint (expected a dict with a 'model' state dict)")
-    return ck
-
-
 def make_optimizer(cfg: TrainConfig, params, lr: float) -> torch.optim.Optimizer:
     return presets.make_optimizer(cfg.optimizer, params, lr, cfg.weight_decay)
 
@@ -264,7 +207,7 @@ def _feature_attrs(source) -> dict[str, Any]:
 
 def _start_folder(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to start over a trained run without ``--overwrite``; a resume needs a checkpoint."""
-    from .rundir import holds_trained_run
+    from .checkpoint import holds_trained_run
 
     if resume:
         if not (out / "checkpoint_last.pt").is_file():
@@ -285,9 +228,9 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     ``resume`` continues from ``checkpoint_last.pt``: only ``RESUMABLE`` options may differ from the
     run's (they are applied and recorded in ``config.json``); any other differing option is refused.
     ``overwrite`` replaces a run: once the new run's inputs and model are checked, every file of the
-    old run is removed (see ``rundir``).
+    old run is removed (see ``checkpoint``).
     """
-    from .rundir import clear_run
+    from .checkpoint import clear_run
 
     log = log or (lambda msg: None)
     tensorboard = overrides.pop("tensorboard", None)  # a log folder, not a training setting

@@ -1,4 +1,5 @@
-"""``evaluate``: load training runs, score the test split block by block, print and save the metrics.
+"""``evaluate``: load training runs (``checkpoint.load_model``), score the test split block by block,
+print and save the metrics.
 
 Several runs are evaluated as one model whose similarities are the mean of theirs (SGRAF = a SAF run
 + an SGR run); they must use the same store and split.
@@ -13,36 +14,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..devices import exact_float32
-from ..storage.store import FeatureStore, StoreError
-from ..models import RetrievalModel, create_model
+from ..storage.store import FeatureStore
+from .checkpoint import load_model
 from .data import EvalSet, Tokens, open_features
 from .evaluation import PROTOCOLS, evaluate_protocol, format_table
 from .scoring import EnsembleScorer, encode_set, save_sims
-from .trainer import load_checkpoint
 
 SMALL_SIMS = 4_000_000  # sims_<split>.npy is written by default up to this many entries
-
-
-def load_run(run: str | Path, device: str = "cpu", checkpoint: str = "best") -> tuple[RetrievalModel, dict[str, Any]]:
-    """A run's model (best checkpoint by default, else the last) and its saved config."""
-    run = Path(run)
-    if not (run / "config.json").is_file():
-        raise StoreError(f"{run} is not a training run folder (no config.json); create one with `vsekit train`")
-    config = json.loads((run / "config.json").read_text())
-    path = run / f"checkpoint_{checkpoint}.pt"
-    if not path.is_file():
-        path = run / "checkpoint_last.pt"
-    exact_float32()   # scored in IEEE float32 on CUDA too (TF32 off), as trained
-    ck = load_checkpoint(path, device)
-    kw = dict(ck.get("model_kwargs") or config["model_kwargs"])
-    kw["img_shape"] = tuple(kw["img_shape"])
-    model = create_model(ck.get("model_name") or config["train"]["model"], **kw)
-    model.load_state_dict(ck["model"])
-    model.to(device).eval()
-    config["checkpoint"] = str(path)
-    config["checkpoint_epoch"] = ck.get("epoch", ck.get("state", {}).get("epoch"))
-    return model, config
 
 
 # "all": every image of the split at once, labelled as such whatever the split's size
@@ -88,7 +66,7 @@ def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = No
     for p in protocols or ():
         if p not in ALL_PROTOCOLS:
             raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(ALL_PROTOCOLS)}")
-    models, configs = zip(*(load_run(r, device, checkpoint) for r in runs))
+    models, configs = zip(*(load_model(r, device, checkpoint) for r in runs))
     store_path = Path(store or configs[0]["store"])
     for r, c in zip(runs, configs):
         if store is None and Path(c["store"]) != store_path:
