@@ -153,7 +153,7 @@ def main():
         per_byte = crc_seconds_per_byte(store, args.repeat)
         checked = FeatureSource(store.features("f"))
         unchecked = FeatureSource(store.features("f"))
-        unchecked._check = None
+        unchecked.reader.check = None
         loader_rate(checked, store, 1)   # page cache warm
         r_on, r_off = loader_rate(checked, store, args.epochs), loader_rate(unchecked, store, args.epochs)
         chunk_rows = checked.chunk_rows

@@ -130,9 +130,9 @@ def test_raw_chunk_reads_equal_zarr_and_compressed_sets_use_zarr(demo_store, tmp
             raw.write_block(blk, vals[blk.start:blk.stop])
             packed.write_block(blk, vals[blk.start:blk.stop])
     src, zsrc = FeatureSource(raw), FeatureSource(packed)
-    assert src._raw_chunk_file(0, 5) is not None and src._raw_chunk_file(20, 24) is not None
-    assert src._raw_chunk_file(1, 5) is None and src._raw_chunk_file(0, 4) is None  # not a whole chunk
-    assert zsrc._raw_chunk_file(0, 5) is None
+    assert src.reader.raw_file(0, 5) is not None and src.reader.raw_file(20, 24) is not None
+    assert src.reader.raw_file(1, 5) is None and src.reader.raw_file(0, 4) is None  # not a whole chunk
+    assert zsrc.reader.raw_file(0, 5) is None
     expect = vals.copy()
     expect[10:15] = 0
     for start, stop in src.chunks():
@@ -142,7 +142,7 @@ def test_raw_chunk_reads_equal_zarr_and_compressed_sets_use_zarr(demo_store, tmp
             np.testing.assert_array_equal(out, expect[start:stop])
             np.testing.assert_array_equal(out, np.asarray(raw.data[start:stop]))
     # a truncated chunk file is a damaged store, named as such
-    path = src._raw_chunk_file(5, 10)
+    path = src.reader.raw_file(5, 10)
     with open(path, "r+b") as f:
         f.truncate(8)
     with pytest.raises(StoreError, match="damaged"):
@@ -174,3 +174,44 @@ def test_region_counts_follow_their_rows_across_windows(demo_store):
         np.testing.assert_array_equal(b.counts.numpy(), img % 3 + 1)
         seen += img.tolist()
     assert sorted(seen) == sorted(demo_store.caption_images()[demo_store.captions_of_split("train")].tolist())
+
+
+def test_the_store_side_chunk_reader_serves_checked_raw_reads(demo_store):
+    """``storage.chunks.ChunkReader`` reads a raw float32 chunk file into the caller's buffer equal
+    to zarr's rows, and refuses a block whose file was changed, by the raw path and the zarr path
+    alike; the trainer's data module opens no chunk file and computes no checksum itself."""
+    from vsekit.storage.base import StoreError
+    from vsekit.storage.chunks import ChunkReader
+
+    rng = np.random.default_rng(3)
+    fs = demo_store.create_features("raw", (4,), "float32", block_rows=5, attrs={"kind": "global"})
+    vals = rng.normal(size=(fs.n_rows, 4)).astype(np.float32)
+    for blk in fs.blocks():
+        fs.write_block(blk, vals[blk.start:blk.stop])
+    reader = ChunkReader(fs)
+    for start, stop in [(b.start, b.stop) for b in fs.blocks()]:
+        path = reader.raw_file(start, stop)
+        out = np.full((stop - start, 4), np.nan, np.float32)
+        reader.read_raw(path, start, out)
+        np.testing.assert_array_equal(out, vals[start:stop])
+        reader.verify(start, stop)
+    path = reader.raw_file(5, 10)
+    with open(path, "r+b") as f:   # one float changed, same size: only the CRC-32 sees it
+        f.seek(4)
+        f.write(np.float32(123.0).tobytes())
+    with pytest.raises(StoreError, match=r"block 1 \(rows 5-9\) is damaged .*CRC-32"):
+        reader.read_raw(path, 5, np.empty((5, 4), np.float32))
+    with pytest.raises(StoreError, match=r"block 1 \(rows 5-9\) is damaged .*CRC-32"):
+        reader.verify(0, 10)
+    with pytest.raises(StoreError, match="damaged"):
+        FeatureSource(fs).read_into(5, 10, np.empty((5, 4), np.float32))
+
+    import ast
+    import inspect
+
+    import vsekit.train.data as data
+
+    tree = ast.parse(inspect.getsource(data))
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "open" not in called and not imported & {"crc_of", "BlockCheck", "ABSENT"}

@@ -14,13 +14,13 @@ a batch) or every caption (VSE++).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from ..storage.chunks import ChunkReader
 from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
 
 CAPTION_MODES = ("one", "all")
@@ -113,7 +113,7 @@ class FeatureSource:
             stored = fs.shape[1:]
             self.row_shape = (*stored[:-1], self.n_features) if self.packed else tuple(stored)
             self.name = fs.name
-            self._check = block_check(fs)
+            self.reader: ChunkReader | None = ChunkReader(fs)   # checked raw reads of the chunk files
         else:
             assert array is not None
             self.kind = "global" if array.ndim == 2 else ("grid" if array.ndim == 4 else "regions")
@@ -123,7 +123,7 @@ class FeatureSource:
             self.n_rows = int(array.shape[0])
             self.row_shape = tuple(array.shape[1:])
             self.name = "<array>"
-            self._check = None
+            self.reader = None
 
     @classmethod
     def from_array(cls, array: np.ndarray, counts: np.ndarray | None = None, chunk_rows: int = 256) -> "FeatureSource":
@@ -138,12 +138,14 @@ class FeatureSource:
 
         The chunk files of every block read are checked against their recorded CRC-32 first.
         """
-        verify_blocks(self, start, stop)
+        if self.reader is not None:
+            self.reader.verify(start, stop)
         raw = np.asarray(self._data[start:stop])
         if self.packed:
             raw = unpack_rows(raw, self.n_features)
         counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
-        same_generation(self)
+        if self.reader is not None:
+            self.reader.check_generation()
         return raw.astype(np.float32, copy=False), counts
 
     def read_into(self, start: int, stop: int, out: np.ndarray, counts_out: np.ndarray | None = None) -> None:
@@ -151,130 +153,21 @@ class FeatureSource:
 
         A raw float32 chunk file is read straight into ``out``; anything else goes through :meth:`read`.
         """
-        raw_file = self._raw_chunk_file(start, stop) if out.flags.c_contiguous else None
+        raw_file = (self.reader.raw_file(start, stop) if self.reader is not None and not self.packed
+                    and out.flags.c_contiguous else None)
         if raw_file is not None:
-            read_raw_checked(self, raw_file, start, out)
+            self.reader.read_raw(raw_file, start, out)
             counts = None if self._count is None else self._count[start:stop]
-            same_generation(self)
+            self.reader.check_generation()
         else:
             data, counts = self.read(start, stop)
             out[...] = data
         if counts_out is not None and counts is not None:
             counts_out[:] = counts
 
-    def _raw_chunk_file(self, start: int, stop: int) -> str | None:
-        """Path of the chunk file holding exactly rows ``[start, stop)``, when its bytes are the rows.
-
-        That is the case for an uncompressed float32 Zarr v3 array (codecs: little-endian ``bytes``
-        only, no sharding) in a local directory store, one chunk per row block: then the chunk file
-        is the rows in C order and can be read straight into the window buffer with one copy from
-        the page cache, instead of zarr's read-then-decode-then-copy. Anything else returns None
-        and goes through zarr.
-        """
-        spec = getattr(self, "_raw_spec", False)
-        if spec is False:
-            spec = self._raw_spec = _raw_layout(self._data) if self.fs is not None and not self.packed else None
-        if spec is None or start % self.chunk_rows or stop != min(start + self.chunk_rows, self.n_rows):
-            return None
-        root, encode = spec
-        return os.path.join(root, encode((start // self.chunk_rows,) + (0,) * (self._data.ndim - 1)))
-
     def chunks(self) -> list[tuple[int, int]]:
         step = self.chunk_rows
         return [(s, min(s + step, self.n_rows)) for s in range(0, self.n_rows, step)]
-
-
-def _raw_layout(array: Any) -> tuple[str, Any] | None:
-    """(array folder, chunk-key encoder) if ``array``'s chunk files are raw little-endian float32 rows."""
-    try:
-        from zarr.codecs import BytesCodec
-        from zarr.storage import LocalStore
-
-        meta = array.metadata
-        store = array.store_path.store
-        raw = (getattr(meta, "zarr_format", 3) == 3 and isinstance(store, LocalStore)
-               and array.dtype == np.dtype("<f4") and len(meta.codecs) == 1
-               and isinstance(meta.codecs[0], BytesCodec) and str(getattr(meta.codecs[0].endian, "value", "")) == "little"
-               and getattr(array, "shards", None) is None and tuple(array.chunks[1:]) == tuple(array.shape[1:])
-               and float(array.fill_value) == 0.0)
-        if not raw:
-            return None
-        folder = os.path.join(str(store.root), *array.store_path.path.split("/"))
-        encoder = meta.chunk_key_encoding.encode_chunk_key
-        return folder, lambda coords: encoder(coords).replace("/", os.sep)
-    except Exception:  # another zarr layout or version: zarr reads it
-        return None
-
-
-def _read_raw_chunk(path: str, out: np.ndarray, crc: bool = False) -> tuple[int, int]:
-    """Read a raw chunk file's first ``out.nbytes`` bytes into ``out``; a missing chunk is all fill (0).
-
-    With ``crc``, returns the CRC-32 and size of the whole file (size -1: missing), else (0, 0).
-    """
-    from ..storage.integrity import ABSENT, crc_of
-
-    try:
-        f = open(path, "rb", buffering=0)
-    except FileNotFoundError:  # never written: zarr's fill value
-        out.fill(0)
-        return 0, ABSENT
-    with f:
-        view = memoryview(out).cast("B")
-        got = 0
-        while got < len(view):
-            n = f.readinto(view[got:])
-            if not n:
-                if crc:   # the caller reports it against the recorded size
-                    return 0, got
-                raise StoreError(f"{path}: chunk file is {got} bytes, expected at least {len(view)}; "
-                                 f"the store is damaged")
-            got += n
-        if not crc:
-            return 0, 0
-        value = crc_of(view)
-        while tail := f.read(1 << 20):   # the padding of an edge chunk
-            value = crc_of(tail, value)
-            got += len(tail)
-        return value, got
-
-
-# block verification: nothing is read into a batch before its chunk files match their CRC-32 --------
-def block_check(fs: FeatureSet):
-    """The per-block checksum check of a set a reader opens (``integrity.BlockCheck``)."""
-    from ..storage.integrity import BlockCheck
-
-    return BlockCheck(fs, ("data", "count"))
-
-
-def verify_blocks(source: "FeatureSource", start: int, stop: int) -> None:
-    """Check every block overlapping rows ``[start, stop)`` (data and counts) before zarr decodes them."""
-    check = source._check
-    if check is None or stop <= start:
-        return
-    for index in range(start // source.chunk_rows, (stop - 1) // source.chunk_rows + 1):
-        check.check_file(index, "data")
-        if source._count is not None:
-            check.check_file(index, "count")
-
-
-def same_generation(source: "FeatureSource") -> None:
-    """After a read: refuse rows of a set made again (``--overwrite``) since the reader opened it."""
-    if source._check is not None:
-        source._check.check_generation()
-
-
-def read_raw_checked(source: "FeatureSource", path: str, start: int, out: np.ndarray) -> None:
-    """Read a raw chunk file into ``out`` computing its CRC-32 on the way (the rest of the file, an
-    edge chunk's padding, is read too), and refuse the block if it differs from the record."""
-    check = source._check
-    index = start // source.chunk_rows
-    if check is None or check.expected(index, "data") is None:
-        _read_raw_chunk(path, out)
-    else:
-        crc, size = _read_raw_chunk(path, out, crc=True)
-        check.check_sum(index, "data", crc, size)
-    if source._count is not None and check is not None:
-        check.check_file(index, "count")
 
 
 def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSource:
