@@ -56,16 +56,25 @@ def test_chunk_deleted_with_its_checksum_is_damage_refused_by_train_and_rewritte
     assert CliRunner().invoke(main, ["info", str(path), "g", "--verify"]).exit_code == 0
 
 
-def test_set_without_checksums_is_still_reported_as_older(extracted):
-    """A set whose writer recorded no checksums at all (an older vsekit) is not damage."""
+def test_set_that_lost_its_checksum_records_is_damage(extracted):
+    """Every set records checksums from its creation (0.1.0 has no set without them): a set whose
+    records are gone is reported and refused as damaged, not passed as unchecked."""
     import zarr
+
+    from vsekit.train.data import open_features
 
     path, _ = extracted
     g = zarr.open_group(str(path / "features" / "g"), mode="r+")
     del g[integrity.SUMS]
     g.attrs.pop("checksummed")
     r = CliRunner().invoke(main, ["info", str(path), "g", "--verify"])
-    assert r.exit_code == 0 and "6 finished blocks have no checksum (written by an older vsekit)" in r.output
+    assert r.exit_code == 1, r.output
+    assert "block 0: its rows are finished but the set's list of checksummed arrays is missing (rows 0-3)" in r.output
+    store = FeatureStore.open(path)
+    with pytest.raises(Exception, match="damaged"):
+        open_features(store, "g", np.arange(store.n_images))
+    fs = store.features("g")
+    assert not integrity.block_committed(fs, fs.blocks()[0])
 
 
 # train verifies every block it reads ---------------------------------------------------------------

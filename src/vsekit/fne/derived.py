@@ -75,8 +75,6 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
     if overwrite or not store.has_features(name):
         return None
     fs = FeatureSet(store, name)
-    if "config_hash" not in fs.attrs:   # left half-made by an older vsekit that was killed: not started
-        return None
     if (fs.attrs.get("config_hash") == attrs["config_hash"] and fs.shape == tuple(shape)
             and fs.data.dtype == np.dtype(dtype) and fs.chunk_rows == block_rows):
         made_from = fs.attrs.get("parent_generation")

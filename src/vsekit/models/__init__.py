@@ -3,7 +3,7 @@
 ``create_model(name, ...)`` builds any registered model (``base.py`` states the contract every model
 meets): ``vse``/``order`` (``vse.py``), ``seam-e``/``seam-c``/``seam-g`` (``seam.py``), ``sman``/
 ``sman-sim`` (``sman.py``), ``saf``/``sgr`` (``sgraf.py``, with the T-EMDE global module of
-``temde.py``). The training harness (data, trainer, runs, evaluation) is ``vsekit.train``.
+``temde.py``). The training harness (data, trainer, checkpoints, evaluation) is ``vsekit.train``.
 """
 
 from __future__ import annotations

@@ -283,6 +283,3 @@ class Variables:
             return value
 
         return _VAR.sub(repl, text)
-
-    def variables_in(self, text: str) -> list[str]:
-        return [m.group(1) for m in _VAR.finditer(text)]

@@ -1,8 +1,8 @@
 """Reading a training run folder: its config, per-epoch log and test metrics.
 
-A run folder (see DESIGN.md) holds ``config.json``, ``metrics.jsonl`` (one JSON object per epoch),
-``checkpoint_best.pt`` / ``checkpoint_last.pt`` and, after ``vsekit evaluate``, ``metrics.json``
-(+ ``sims_<split>.npy`` when small or asked). Any of these but ``config.json`` may be missing; the
+A run folder (its files: ``train/checkpoint.py``; docs/train.md) holds ``config.json``,
+``metrics.jsonl`` (one JSON object per epoch), ``checkpoint_best.pt`` / ``checkpoint_last.pt`` and,
+after ``vsekit evaluate``, ``metrics.json`` (+ ``sims_<split>.npy`` when small or asked). Any of these but ``config.json`` may be missing; the
 report says what is missing instead of failing.
 
 Metric names are matched loosely (``r1``, ``R@1``, ``i2t_r1``, nested ``{"i2t": {"r1": ..}}``,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet
 
 SUMS = "blocksums"
-UNRECORDED = -2   # fill value: no checksum recorded (block not written yet, or an older vsekit)
+UNRECORDED = -2   # fill value: no checksum recorded (block not written yet)
 ABSENT = -1       # size of a chunk zarr did not store (all fill value)
 
 
@@ -70,7 +70,7 @@ def record(fs: "FeatureSet", block: "Block") -> None:
     """Record the checksums of ``block``'s chunk files (just written) in ``blocksums``."""
     names = fs.group.attrs.get("checksummed")
     if not names or not fs.has_array(SUMS):
-        return  # a set made by an older vsekit: nothing to record into
+        return  # the set lost its checksum records: damaged, and ``verify`` reports its blocks so
     row = []
     for name in names:
         row.extend(_file_sum(_chunk_file(fs, name, block.index), crc=True))
@@ -84,7 +84,6 @@ class Report:
     name: str
     blocks: int
     damaged: dict[int, str] = field(default_factory=dict)
-    unrecorded: int = 0
     full: bool = True
 
     @property
@@ -94,9 +93,7 @@ class Report:
     def summary(self, store_path: str | os.PathLike) -> str:
         how = "checksums" if self.full else "chunk sizes"
         if self.ok:
-            extra = (f"; {self.unrecorded} finished blocks have no checksum (written by an older vsekit)"
-                     if self.unrecorded else "")
-            return f"{self.name}: {self.blocks} blocks, {how} verified, no damage found{extra}"
+            return f"{self.name}: {self.blocks} blocks, {how} verified, no damage found"
         lines = [f"{self.name}: {len(self.damaged)} of {self.blocks} blocks are damaged:"]
         for i, why in sorted(self.damaged.items())[:20]:
             lines.append(f"  block {i}: {why}")
@@ -137,11 +134,8 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
         if np.any(status == PENDING):
             continue  # not finished: the next run writes it anyway
         rows = f" (rows {b.start}-{b.stop - 1})"
-        if not has_sums:
-            if names:   # the writer records checksums, but the array is gone
-                report.damaged[b.index] = f"its rows are finished but the {SUMS} array is missing{rows}"
-            else:
-                report.unrecorded += 1
+        if not has_sums:   # every set records checksums: its records are gone
+            report.damaged[b.index] = f"its rows are finished but {_missing_sums(names)}{rows}"
             continue
         try:
             want = np.asarray(fs.group[SUMS][b.index])
@@ -198,6 +192,11 @@ def refuse_damaged(fs: "FeatureSet") -> None:
             f"`{remake_command(fs.store, fs.name)}`")
 
 
+def _missing_sums(names) -> str:
+    """Why a set has no checksum to compare with: its ``blocksums`` array or its list of arrays is gone."""
+    return f"the {SUMS} array is missing" if names else "the set's list of checksummed arrays is missing"
+
+
 def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     """Whether ``block`` is finished (no pending row) and its chunk files match their recorded sizes.
 
@@ -211,13 +210,13 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
         return False
     names = fs.group.attrs.get("checksummed") or []
     if not names or not fs.has_array(SUMS):
-        return True
+        return False   # the set lost its checksum records: nothing shows the block is whole
     try:
         want = np.asarray(fs.group[SUMS][block.index])
     except Exception:
         return False
     if np.all(want == UNRECORDED):
-        return True   # an older vsekit's block: its status is all there is
+        return False   # finished without its checksum (recorded before the status): lost, not committed
     return all(_file_sum(_chunk_file(fs, name, block.index), crc=False)[1] == int(want[2 * k + 1])
                for k, name in enumerate(names))
 
@@ -228,7 +227,7 @@ class BlockCheck:
     The checksums, status and generation are taken once when the reader opens the set; then every
     chunk file read is compared (CRC-32 and size) before its rows are used, and the set's generation
     is read again, so a set remade by ``--overwrite`` meanwhile is refused instead of mixed in.
-    A set written before checksums existed has nothing to check (``vsekit info --verify`` says so).
+    A finished block without its checksum record is refused as damaged.
     """
 
     def __init__(self, fs: "FeatureSet", arrays: Sequence[str] = ("data",)):
@@ -244,13 +243,12 @@ class BlockCheck:
 
     def expected(self, index: int, array: str) -> tuple[int, int] | None:
         """(CRC, size) recorded for ``array``'s chunk ``index``; None when there is nothing to check."""
-        if not self.records or array not in self.columns:
-            return None
-
+        if self.records and array not in self.columns:
+            return None   # an array the set does not have (no per-row count)
         block = self.blocks[index]
         unfinished = bool(np.any(self.status[block.start:block.stop] == PENDING))
         if self.sums is None:
-            return None if unfinished else self.refuse(index, f"the {SUMS} array is missing")
+            return None if unfinished else self.refuse(index, _missing_sums(self.columns))
         want = self.sums[index]
         if np.all(want == UNRECORDED):
             return None if unfinished else self.refuse(index, "its rows are finished but no checksum is recorded")

@@ -1,6 +1,6 @@
 """The vsekit Zarr v3 store: images, captions, tokens and feature sets with provenance.
 
-Layout (see DESIGN.md)::
+Layout (docs/store.md, "Layout")::
 
     /                      attrs: format_version, dataset, source_files, image_root, codes
     images/id|path|split   (N,)
@@ -42,7 +42,6 @@ FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
 SPLIT_CODES: dict[str, int] = {name: i for i, name in enumerate(SPLITS)}
 
-DEFAULT_ROW_CHUNK = 256
 STRING_CHUNK = 65536
 
 
@@ -488,10 +487,6 @@ class FeatureStore:
                 raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
             attrs["parent"] = parent
         self.remove_leftovers(name)
-        if self.has_features(name):
-            existing = FeatureSet(self, name)
-            if "config_hash" not in existing.attrs:   # an older vsekit was killed while creating it
-                self.delete_features(name)
         if self.has_features(name):
             existing = FeatureSet(self, name)
             same = (existing.attrs.get("config_hash") == attrs["config_hash"]

@@ -21,7 +21,7 @@ import os
 import shutil
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -54,9 +54,6 @@ class TokenizeSummary:
     empty: int
     truncated: int
     unknown: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def __str__(self) -> str:
         return (f"tokenized {self.captions} captions into {self.tokens} tokens in {self.store}\n"

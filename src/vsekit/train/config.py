@@ -9,7 +9,6 @@ without a preset that names a model starts from that model's paper preset
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -107,7 +106,3 @@ def _validate(cfg: TrainConfig) -> None:
         raise ValueError(f"--patience must be at least 1, got {cfg.patience}")
     if not cfg.shuffle_memory_gb > 0:
         raise ValueError(f"--shuffle-memory must be positive (GB), got {cfg.shuffle_memory_gb}")
-
-
-def dumps(cfg: TrainConfig) -> str:
-    return json.dumps(cfg.to_json(), indent=2, sort_keys=True)
