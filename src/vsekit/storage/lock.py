@@ -6,7 +6,7 @@ written to a temporary file and fsync'd, then ``link()``ed to the lock's name: a
 fails if the name exists, on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a
 cluster's shared filesystem and is never seen half-written (a full disk leaves no lock at all). The
 file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
-lock file (from an older vsekit, or damage) is stale at once.
+lock file (damage) is stale at once.
 
 A lock is *stale*, and broken by the next writer, when
 
