@@ -17,7 +17,6 @@ from ..storage.store import StoreError
 from ..version import __version__
 
 
-
 class VsekitGroup(click.Group):
     """A group that turns the library's expected errors into clean messages and exit code 1."""
 
