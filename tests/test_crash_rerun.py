@@ -117,18 +117,6 @@ def test_extract_killed_at_any_write_point_then_rerun_equals_uninterrupted(point
     assert not [p for p in (image_store / "features").iterdir() if p.name.startswith(".")]
 
 
-def test_set_left_without_attrs_by_older_vsekit_is_treated_as_not_started(image_store, reference):
-    """What a kill between array creation and attrs left before this fix: every rerun was refused."""
-    import zarr
-
-    g = zarr.open_group(str(image_store), mode="r+").require_group("features").create_group(NAME)
-    g.create_array("data", shape=(25, 8), dtype="float32", chunks=(4, 8))
-    g.create_array("status", shape=(25,), dtype="uint8", chunks=(4,))
-    r = run("extract", "--store", str(image_store), *FAST)
-    assert r.returncode == 0, r.stderr
-    assert_same(snapshot(image_store, NAME), reference)
-
-
 # standardize --------------------------------------------------------------------------------------
 def _parent_store(tmp_path: Path) -> Path:
     rng = np.random.default_rng(0)

@@ -121,3 +121,19 @@ def test_splits_and_captions(demo_store):
     assert set(demo_store.caption_images()[caps]) == set(np.flatnonzero(codes == 2))
     with pytest.raises(ValueError, match="unknown split 'dev'; valid choices: train, val, test, restval"):
         demo_store.split_rows("dev")
+
+
+def test_a_visible_set_without_provenance_is_refused_not_deleted(demo_store):
+    """Sets are built under a hidden name and renamed in complete, so a visible set always has its
+    ``config_hash``; one without it (edited by hand) is refused like any set with other settings,
+    never silently deleted, and ``--overwrite`` replaces it."""
+    g = demo_store.root.require_group("features").create_group("x")
+    g.create_array("data", shape=(demo_store.n_images, 3), dtype="float32", chunks=(4, 3))
+    g.create_array("status", shape=(demo_store.n_images,), dtype="uint8", chunks=(4,))
+    with pytest.raises(ProvenanceError, match=r"'x' already exists .* \(config_hash None != .*pass --overwrite"):
+        demo_store.create_features("x", (3,), "float32", attrs={"kind": "global"})
+    assert demo_store.has_features("x") and "config_hash" not in demo_store.features("x").attrs
+    fs = demo_store.create_features("x", (3,), "float32", attrs={"kind": "global"}, overwrite=True)
+    if fs.staged:
+        fs.commit()
+    assert "config_hash" in demo_store.features("x").attrs
