@@ -239,7 +239,7 @@ def check_protocols(stages: list[ResolvedStage], checked: set[str], echo: Callab
     for stage in stages:
         if stage.spec.command != "evaluate" or stage.id in checked:
             continue
-        protocols = [p for p in (stage.values.get("protocols") or ()) if p != "all"]
+        protocols = [p for p in (stage.values.get("protocol") or ()) if p != "all"]
         store = stage.values.get("store")
         if not protocols or not store or not (Path(str(store)) / "zarr.json").is_file():
             continue
@@ -278,11 +278,12 @@ def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:
         raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label}: aborted; rerun "
                             f"`vsekit run {pipeline}` to resume") from None
     except click.ClickException as exc:
+        example = (f" (e.g. --stage-option {step.stage.id}.weights=none for `--weights none`)"
+                   if has_option(step.stage.command, "weights") else "")
         raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} failed: "
                             f"{exc.format_message()}\n  command: {step.command_line()}\n  "
                             f"an option of this stage is set from the command line with `vsekit run {pipeline} "
-                            f"--stage-option {step.stage.id}.OPTION=VALUE` (e.g. --stage-option "
-                            f"{step.stage.id}.weights=none for `--weights none`), a ${{VARIABLE}} with "
+                            f"--stage-option {step.stage.id}.OPTION=VALUE`{example}, a ${{VARIABLE}} with "
                             f"`--set NAME=VALUE`\n  fix it and rerun `vsekit run {pipeline}`: finished stages "
                             f"are skipped and this one resumes") from None
 
