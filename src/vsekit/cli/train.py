@@ -30,11 +30,11 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
               help="Paper settings (docs/train.md): sh mh soe moe ph poe (f30k-*, f8k-*, *-bl) vse++ order++ order0 "
                    "seam-e seam-c seam-g sman saf-coco sgr-coco saf-f30k sgr-f30k *-temde-f30k demo "
                    "(repeatable; later ones win, options win over presets).")
-@click.option("--epochs", type=int, default=None)
-@click.option("--batch-size", type=int, default=None)
+@click.option("--epochs", type=int, default=None, help="Training epochs [default: 30, or the preset's].")
+@click.option("--batch-size", type=int, default=None, help="Images per training batch [default: 128, or the preset's].")
 @click.option("--embed-dim", type=int, default=None, help="Joint space dimension.")
 @click.option("--word-dim", type=int, default=None, help="Word embedding dimension.")
-@click.option("--lr", type=float, default=None, help="Adam learning rate.")
+@click.option("--lr", type=float, default=None, help="Learning rate [default: 0.0002, or the preset's].")
 @click.option("--lr2", type=float, default=None, help="Learning rate of the curriculum's max-loss phase.")
 @click.option("--lr-update", "lr_milestones", type=int, multiple=True,
               help="Multiply the lr by --lr-decay at this epoch (repeatable).")
@@ -55,6 +55,8 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--shuffle-memory", "shuffle_memory_gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="GB of memory for the shuffle window: the whole split is shuffled at once when it fits, "
                    "else in windows of chunks [default: 4].")
+@click.option("--eval-batch", type=click.IntRange(min=1), default=None,
+              help="Images per batch of the validation after each epoch [default: 256]; may change on --resume.")
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
@@ -80,12 +82,43 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
         name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
         if name:
             check_model_args(name, list(margs))
+    if not resume:
+        _check_feature_shape(store, features, model, presets)
     summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
                     progress=progress, log=click.echo, model_args=margs or None,
                     lr_milestones=list(lr_milestones) or None, **opts)
-    click.echo(f"trained {summary['model']} for {summary['epochs']} epochs: best val rsum "
+    n = summary["epochs"]
+    click.echo(f"trained {summary['model']} for {n} epoch{'' if n == 1 else 's'}: best val rsum "
                f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
                f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
+
+
+#: models that read a spatial feature set (a grid or regions), not one vector per image
+SPATIAL_MODELS = {"sman": "a grid set (`vsekit extract --kind grid`, rows G x G x C)",
+                  "saf": "a regions or grid set (`vsekit extract --kind regions|grid`, `ingest butd`)",
+                  "sgr": "a regions or grid set (`vsekit extract --kind regions|grid`, `ingest butd`)"}
+
+
+def _check_feature_shape(store: str, features: str, model: str | None, presets) -> None:
+    """Refuse a vector feature set (global, FNE) for a model that reads a grid or regions, naming the fix."""
+    from ..storage.store import FeatureStore
+    from ..train.config import PRESETS
+
+    name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")),
+                         None)
+    if name not in SPATIAL_MODELS:
+        return
+    st = FeatureStore.open(store)
+    if not st.has_features(features):
+        return   # the trainer names the missing set and the ones there are
+    fs = st.features(features)
+    if len(fs.shape) == 2:
+        kind = fs.attrs.get("kind") or "vectors"
+        spatial = [n for n in st.feature_names() if len(st.features(n).shape) > 2]
+        have = f"; this store has: {', '.join(spatial)}" if spatial else ""
+        raise click.UsageError(f"--model {name} reads {SPATIAL_MODELS[name]}; --features {features} holds one "
+                               f"vector of {fs.shape[1]} per image (kind {kind}): pass a grid or regions set "
+                               f"as --features{have}")
 
 
 @click.command("evaluate")

@@ -251,8 +251,10 @@ def _examples_html(res: _RunExamples, size: int, missing: set[str], summary: Rep
             f'<span class="sub">({s:.3f})</span></li>'
             for j, s, m in zip(e.top, e.top_scores, e.matches))
         if e.correct is not None and not any(e.matches):  # its best own caption, below the top k
-            tied = ", tied with captions listed before it" if e.correct_position != e.rank else ""
-            items += (f'<li class="ok" value="{e.correct_position}" data-caption="{e.correct}" '
+            # the list is numbered by the metrics' rank; a tie puts captions of the same score before it
+            tied = (f", tied: {e.correct_position - e.rank} caption(s) of the same score are listed before it"
+                    if e.correct_position != e.rank else "")
+            items += (f'<li class="ok" value="{e.rank}" data-caption="{e.correct}" '
                       f'data-rank="{e.rank}" data-position="{e.correct_position}" data-correct="1">'
                       f'{escape(res.texts.get(e.correct, ""))} <span class="sub">({e.correct_score:.3f}; '
                       f'correct, rank {e.rank}{tied})</span></li>')
