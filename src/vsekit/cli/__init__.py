@@ -101,5 +101,22 @@ for _name in COMMAND_MODULES:
     _mod.register(main)
 
 
+def _show_defaults(group: click.Group) -> None:
+    """Every option that has a default shows it in --help (docs/cli.md: "defaults shown")."""
+    unset = getattr(click.core, "UNSET", None)
+    for name in group.list_commands(None):   # type: ignore[arg-type]
+        cmd = group.get_command(None, name)  # type: ignore[arg-type]
+        if isinstance(cmd, click.Group):
+            _show_defaults(cmd)
+            continue
+        for p in cmd.params:
+            if (isinstance(p, click.Option) and not p.is_flag and not p.show_default and p.default is not None
+                    and p.default is not unset and p.default != () and "[default:" not in (p.help or "")):
+                p.show_default = True
+
+
+_show_defaults(main)
+
+
 def run() -> None:  # pragma: no cover - console entry point helper
     sys.exit(main())

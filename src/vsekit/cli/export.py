@@ -21,7 +21,8 @@ def _precomp_options(f):
                           "coco_precomp (default: on for a COCO store with over 1,000 test images).")(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "int8"]), default=None,
                      help="dtype of the .npy files (default: the feature set's).")(f)
-    f = click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))(f)
+    f = click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1),
+                     help="Captions written per image (the layouts assume a fixed number).")(f)
     f = click.option("--splits", default=None,
                      help="Store splits to write, e.g. train,val,test (default: every split present).")(f)
     f = click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")(f)

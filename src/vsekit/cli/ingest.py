@@ -98,7 +98,8 @@ def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root
               help="File prefixes to read, e.g. train,dev,test (default: every one present of "
                    "train, dev|val, test, restval).")
 @click.option("--name", default="precomp", show_default=True, help="Name of the feature set.")
-@click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))
+@click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1),
+              help="Captions per image in the files (the layouts assume a fixed number).")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype (default: the file's for global features, float16 for regions).")
 @click.option("--store", "store_path", required=True, type=click.Path(),
@@ -132,7 +133,8 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
 @click.option("--split", "default_split", default="train", show_default=True,
               type=click.Choice(["train", "val", "test", "restval"]),
               help="New store only: the split of every image when no --split-file is given.")
-@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="Stored dtype of the features.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
 @click.option("--strict", is_flag=True, help="Turn skipped lines into errors.")
@@ -209,8 +211,10 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
 @click.option("--match", type=click.Choice(["exact", "number"]), default="exact", show_default=True,
               help="File stem = image id, or the stem's last number = the (numeric) image id "
                    "(COCO_val2014_000000391895.npz -> 391895).")
-@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1))
-@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1),
+              help="Largest number of boxes accepted; rows are padded to the largest found.")
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="Stored dtype of the features.")
 @click.option("--overwrite", is_flag=True, help="Replace the feature set NAME.")
 @click.option("--strict", is_flag=True, help="Turn skipped files into errors.")
 def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):

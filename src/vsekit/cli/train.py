@@ -38,20 +38,21 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--lr2", type=float, default=None, help="Learning rate of the curriculum's max-loss phase.")
 @click.option("--lr-update", "lr_milestones", type=int, multiple=True,
               help="Multiply the lr by --lr-decay at this epoch (repeatable).")
-@click.option("--lr-decay", type=float, default=None)
+@click.option("--lr-decay", type=float, default=None, help="Factor of the lr at each --lr-update epoch [default: 0.1].")
 @click.option("--margin", type=float, default=None, help="Hinge margin alpha.")
 @click.option("--max-violation/--sum-violation", default=None, help="Hardest negative only, or all negatives.")
-@click.option("--similarity", type=click.Choice(["cosine", "order", "order-norm"]), default=None)
+@click.option("--similarity", type=click.Choice(["cosine", "order", "order-norm"]), default=None,
+              help="Similarity of the joint space [default: the model's own].")
 @click.option("--abs/--no-abs", "use_abs", default=None, help="|.| of both embeddings (order embeddings).")
 @click.option("--captions", type=click.Choice(["one", "all"]), default=None,
               help="One random caption per image per epoch, or every caption.")
 @click.option("--curriculum/--no-curriculum", default=None, help="PH/POE: sum loss, then max loss.")
 @click.option("--patience", type=int, default=None, help="Epochs without val rsum gain before the switch.")
-@click.option("--grad-clip", type=float, default=None)
+@click.option("--grad-clip", type=float, default=None, help="Clip the gradient norm to this [default: 2.0].")
 @click.option("--model-arg", "model_arg", multiple=True, help="Model argument KEY=VALUE (e.g. hops=30).")
 @click.option("--global-module", type=click.Choice(["self-attention", "t-emde", "none"]), default=None,
               help="SAF/SGR global similarity node: self-attention (SGRAF), T-EMDE sketches, or none.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int, default=None, help="Random seed of the initialisation and the shuffle [default: 0].")
 @click.option("--shuffle-memory", "shuffle_memory_gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="GB of memory for the shuffle window: the whole split is shuffled at once when it fits, "
                    "else in windows of chunks [default: 4].")
@@ -130,18 +131,21 @@ def _check_feature_shape(store: str, features: str, model: str | None, presets) 
                    "images), coco-5k, 1k (a 1000-image split, as Flickr30K's), all (every image of the "
                    "split, whatever its size). Default: coco-1k and coco-5k on a 5000-image COCO test "
                    "split, 1k on a 1000-image split, else all.")
-@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]))
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
+              help="Split to evaluate on.")
 @click.option("--store", "store", default=None, type=click.Path(exists=True, file_okay=False),
               help="Evaluate on this store instead of the run's.")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
-@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,
+              help="Checkpoint of the run: the best validation rsum, or the last epoch.")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N.")
-@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Images or captions encoded per batch.")
 @click.option("--save-sims/--no-save-sims", default=None,
               help="Write sims_<split>.npy (default: only when small).")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for metrics.json (default: the run; metrics_ensemble.json for several runs).")
-@click.option("--progress/--no-progress", default=True)
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out,
                  progress):
     """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""
