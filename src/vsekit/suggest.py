@@ -30,7 +30,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return "did you mean " + " or ".join(repr(f) for f in found) + "?"
 
 
-_LISTED = re.compile(r"(?P<head>.*?'(?P<word>[^']+)'.*?)(?P<sep>;\s*|\s*\()"
+_LISTED = re.compile(r"(?P<head>.*'(?P<word>[^']+)'[^';(]*?)(?P<sep>;\s*|\s*\()"
                      r"(?P<label>valid choices|valid|it has):\s*(?P<list>[^()\n;]*?)(?P<tail>\)?(?: \(.*\))?)$",
                      re.S)
 

@@ -58,9 +58,9 @@ _NOT_SETTINGS = frozenset({"code_version", "config_hash", "generation", "parent_
 
 
 def settings_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The settings two attrs differ in, as ``crops 10 → 5`` (``(none)`` for a missing one)."""
+    """The settings ``new`` asks for that ``old`` has otherwise, as ``crops 10 → 5`` (``(none)``: unset)."""
     out = []
-    for key in sorted(set(old) | set(new)):
+    for key in sorted(new):   # the settings asked for; the old set's attrs also hold what its writers added
         if key in _NOT_SETTINGS:
             continue
         a, b = _jsonable(old.get(key)), _jsonable(new.get(key))
