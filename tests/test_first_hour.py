@@ -173,3 +173,15 @@ def test_train_reports_one_epoch_in_the_singular(monkeypatch, tmp_path):
                                     "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     assert "trained vse for 1 epoch: best val rsum" in res.output
+
+
+def test_unknown_models_get_a_suggestion(tmp_path):
+    store = _store(tmp_path)
+    _fill(store, "g")
+    res = CliRunner().invoke(main, ["train", "--store", str(store.path), "--features", "g", "--model", "smna",
+                                    "--out", str(tmp_path / "run")])
+    assert res.exit_code == 1 and "unknown model 'smna'; did you mean 'sman'?" in res.output
+    # extract's backbone error, as the engine raises it, gets the suggestion in the CLI's Error: line
+    msg = improve_message("unknown model 'vgg91'; valid choices: inception_resnet_v2, resnet152, vgg16, vgg19 "
+                          "or any timm model name (see timm.list_models())")
+    assert "did you mean 'vgg19' or 'vgg16'?" in msg

@@ -42,7 +42,8 @@ def improve_message(message: str) -> str:
     m = _LISTED.match(message)
     if not m:
         return message
-    choices = [c.strip() for c in m.group("list").split(",") if c.strip()]
+    # "a, b or any timm model name": the last item's own words are not a choice
+    choices = [c.split(" or ")[0].strip() for c in m.group("list").split(",") if c.strip()]
     hint = did_you_mean(m.group("word"), choices)
     if not hint:
         return message

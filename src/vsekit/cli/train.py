@@ -83,6 +83,14 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
         name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
         if name:
             check_model_args(name, list(margs))
+    if model and not resume:
+        from ..models.base import model_names
+        from ..suggest import did_you_mean
+
+        if model not in model_names():
+            hint = did_you_mean(model, model_names())
+            raise click.BadParameter(f"unknown model {model!r}; {hint + ' ' if hint else ''}valid choices: "
+                                     f"{', '.join(model_names())}", param_hint="--model")
     if not resume:
         _check_feature_shape(store, features, model, presets)
     summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,

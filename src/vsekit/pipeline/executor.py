@@ -193,6 +193,7 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
     result = RunResult(pipeline.name, steps)
     n = len(steps)
     if dry_run:
+        check_protocols([s.stage for s in steps if s.action == "run"], set(), echo)
         echo(f"pipeline {pipeline.name}: {sum(s.action == 'run' for s in steps)} of {n} stages would run")
         for k, step in enumerate(steps, start=1):
             echo(f"  [{k}/{n}] {step.action:<4} {step.stage.id}: {step.reason}")
