@@ -284,7 +284,7 @@ def _examples_html(res: _RunExamples, size: int, missing: set[str], summary: Rep
         if e.correct is not None and not any(e.matches):  # its best own caption, below the top k
             # numbered by its place in the list; a tie lists captions of the same score before it, while
             # its rank (what R@K counts) gives the tie to it: say both, and why they differ
-            tied = (f"; listed {e.correct_position}th because {e.correct_position - e.rank} caption(s) of "
+            tied = (f"; listed #{e.correct_position} because {e.correct_position - e.rank} caption(s) of "
                     f"the same score come first, and R@K counts the tie in its favour"
                     if e.correct_position != e.rank else "")
             items += (f'<li class="ok" value="{e.correct_position}" data-caption="{e.correct}" '
