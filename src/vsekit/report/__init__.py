@@ -130,13 +130,13 @@ def _curves(infos: list[RunInfo]) -> str:
     charts = [line_chart(r1, title="validation R@1", ylabel="R@1 (%)"),
               line_chart(rsum, title="validation rsum", ylabel="rsum", marks=marks)]
     groups = loss_scales(loss)
-    for group in groups:   # one chart per scale: a loss ten times another's would flatten it
+    for group in groups:   # one chart per scale: a loss several times another's would flatten it
         title = "training loss" if len(groups) == 1 else f"training loss ({', '.join(s[0] for s in group)})"
         charts.append(line_chart(group, title=title, ylabel="loss"))
     return f'<div class="charts">{"".join(charts)}</div>'
 
 #: runs whose typical losses differ by more than this factor get separate loss charts
-LOSS_SCALE_RATIO = 10.0
+LOSS_SCALE_RATIO = 3.0
 
 
 def loss_scales(series: list) -> list[list]:
