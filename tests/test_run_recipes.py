@@ -142,7 +142,7 @@ def test_docs_describe_the_demo_as_pipelines_yaml_has_it():
     assert (g["resize"], g["input_size"]) == (32, 32)
     assert (grid["model"], grid["input_size"], grid["grid"]) == ("resnet18", 128, 4)
     for doc in (REPO / "docs" / "pipelines.md", REPO / "README.md"):
-        section = _demo_section(doc.read_text())
+        section = " ".join(_demo_section(doc.read_text()).split())   # line breaks as spaces
         assert "32×32" in section and "ResNet-18" in section, doc
         assert "64×64" not in section and "ResNet-152" not in section, doc
         # the time it takes: measured on a fresh clone, on 2 cores, with the date
