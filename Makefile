@@ -11,16 +11,26 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
+# The install prints pip's own progress (each package collected, downloaded, installed) and a line per
+# step with its time, so a slow first run on a loaded machine is never silent.
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,fast,slurm,bench]"
+	@echo "== install 1/3: the virtual environment $(VENV)"
+	@t=$$(date +%s); test -x $(BIN)/python || $(PYTHON) -m venv $(VENV); echo "   done in $$(( $$(date +%s) - t )) s"
+	@echo "== install 2/3: pip itself"
+	@t=$$(date +%s); $(BIN)/python -m pip install --upgrade pip && echo "   done in $$(( $$(date +%s) - t )) s"
+	@echo "== install 3/3: vsekit and its dependencies (torch is the bulk: minutes on a fresh machine)"
+	@t=$$(date +%s); $(BIN)/python -m pip install -c constraints.txt -e ".[test,fast,slurm,bench]" \
+		&& echo "   done in $$(( $$(date +%s) - t )) s"
 	touch $(STAMP)
 
+# each stage prints its elapsed time ("[k/20] STAGE: done in ..."); the report says its own
 demo: $(STAMP)
+	@echo "== demo: the demo pipeline (vsekit run demo)"
 	$(BIN)/vsekit run demo --set DEMO_DIR=$(DEMO_DIR)
-	$(BIN)/vsekit report $(DEMO_DIR)/runs/fne-sh $(DEMO_DIR)/runs/seam-e $(DEMO_DIR)/runs/sman \
-		$(DEMO_DIR)/runs/saf $(DEMO_DIR)/runs/sgr-temde --out $(DEMO_DIR)/report
+	@echo "== demo: the HTML report"
+	@t=$$(date +%s); $(BIN)/vsekit report $(DEMO_DIR)/runs/fne-sh $(DEMO_DIR)/runs/seam-e $(DEMO_DIR)/runs/sman \
+		$(DEMO_DIR)/runs/saf $(DEMO_DIR)/runs/sgr-temde --out $(DEMO_DIR)/report \
+		&& echo "   report done in $$(( $$(date +%s) - t )) s"
 
 # `make test` leaves out the tests marked slow (the paper-dimension SAF/SGR/SMAN cases, the
 # kill-at-every-write-point sweep, SLURM walltime and job-array cases, the 20-seed learning sweeps:

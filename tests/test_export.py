@@ -259,3 +259,26 @@ def test_vocab_pickle_loads_as_vsepp_vocabulary_and_json_as_scan(demo_store, tmp
                                   str(tmp_path / "v.pkl")])
     assert r.exit_code == 0 and (tmp_path / "v.pkl").read_bytes() == (
         tmp_path / "o" / "demo_precomp_vocab.pkl").read_bytes()
+
+
+def test_export_refuses_an_existing_output_and_replaces_it_whole(demo_store, tmp_path):
+    """issue 29 item 3: an existing --out is refused without --overwrite; with it, nothing old is kept."""
+    _fill(demo_store, "g", (7,), np.float32)
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "coco_precomp_vocab.json").write_text("{}")          # another store's export
+    (out / "train_ims.npy").write_bytes(b"old")
+    args = ["export", "vsepp", "--store", str(demo_store.path), "--features", "g", "--out", str(out)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and f"Error: {out} already exists; pass --overwrite to replace it" in r.output
+    assert (out / "train_ims.npy").read_bytes() == b"old"        # nothing touched
+    r = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{s}_{x}" for s in ("train", "dev", "test") for x in ("ims.npy", "caps.txt", "ids.txt"))
+    assert np.load(out / "train_ims.npy").shape[1] == 7
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".v.")]   # no hidden leftovers
+    h5 = tmp_path / "s.h5"
+    h5.write_bytes(b"old")
+    r = CliRunner().invoke(main, ["export", "hdf5", "--store", str(demo_store.path), "--out", str(h5)])
+    assert r.exit_code == 1 and "already exists; pass --overwrite" in r.output and h5.read_bytes() == b"old"

@@ -53,7 +53,7 @@ def test_img2dataset_shards_end_to_end(tmp_path):
     (tmp_path / "caps.tsv").write_text("\n".join(folder_lines) + "\n")
     store = tmp_path / "s.zarr"
 
-    _ok(["ingest", "webdataset", tmp_path / "wds" / "{00000..00002}.tar", "--splits", tmp_path / "splits.tsv",
+    _ok(["ingest", "webdataset", tmp_path / "wds" / "{00000..00002}.tar", "--split-file", tmp_path / "splits.tsv",
          "--store", store])
     _ok(["extract", "--store", store, *EXTRACT, "--name", "g"])
     fs = FeatureStore.open(store).features("g")

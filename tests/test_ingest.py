@@ -387,13 +387,13 @@ def test_butd_bad_lines(tmp_path):
 def test_cli_ingest_formats_and_errors(tmp_path):
     root, anns = _coco_files(tmp_path)
     (tmp_path / "s.json").write_text(json.dumps(SPLITS))
-    r = CliRunner().invoke(main, ["ingest", "coco", *map(str, anns), "--splits", str(tmp_path / "s.json"),
+    r = CliRunner().invoke(main, ["ingest", "coco", *map(str, anns), "--split-file", str(tmp_path / "s.json"),
                                   "--image-root", str(root), "--store", str(tmp_path / "c.zarr")])
     assert r.exit_code == 0, r.output
     assert "ingested 5 images, 10 captions" in r.output
     d = _folder(tmp_path, 2)
     (tmp_path / "c.tsv").write_text("sub/p0.jpg\ta\nsub/p1.jpg\tb\nsub/p9.jpg\tc\n")
-    r = CliRunner().invoke(main, ["ingest", "folder", str(d), str(tmp_path / "c.tsv"), "--split", "0.5,0.5,0",
+    r = CliRunner().invoke(main, ["ingest", "folder", str(d), str(tmp_path / "c.tsv"), "--ratios", "0.5,0.5,0",
                                   "--store", str(tmp_path / "f.zarr")])
     assert r.exit_code == 0, r.output
     assert "skipped 1" in r.output and "c.tsv:3" in r.output

@@ -26,7 +26,7 @@ def _coco(tmp_path: Path, file_names: list[str]) -> tuple[Path, Path]:
 
 
 def _ingest_coco(ann: Path, splits: Path, root: Path, store: Path, *more: str):
-    return CliRunner().invoke(main, ["ingest", "coco", str(ann), "--splits", str(splits), "--image-root", str(root),
+    return CliRunner().invoke(main, ["ingest", "coco", str(ann), "--split-file", str(splits), "--image-root", str(root),
                                      "--store", str(store), *more])
 
 

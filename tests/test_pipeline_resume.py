@@ -197,4 +197,6 @@ def test_run_list_works_from_an_installed_package(tmp_path):
                                     "      - {stage: info, store: x}\n")
     res = subprocess.run([sys.executable, "-c", code, "run", "--list", "--file", "mine.yaml"], cwd=work,
                          env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "only" in res.stdout and " demo " not in res.stdout, res.stdout + res.stderr
+    # the user's file adds its pipelines to the shipped recipes (it used to hide them)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "only              1 stages  mine  [yours]" in res.stdout and " demo " in res.stdout, res.stdout

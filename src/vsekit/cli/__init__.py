@@ -14,22 +14,38 @@ import click
 
 from ..storage.fserrors import FilesystemError, fs_error, is_fs_error
 from ..storage.store import StoreError
+from ..suggest import improve_message
 from ..version import __version__
+
+
+#: the exit code of every user error: a wrong option or value (Click's usage errors, 2 by Click's own
+#: default) as well as a refused input; docs/cli.md "Exit codes"
+USER_ERROR = 1
 
 
 class VsekitGroup(click.Group):
     """A group that turns the library's expected errors into clean messages and exit code 1."""
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:   # `vsekit --bogus`, `vsekit trian`
+            exc.exit_code = USER_ERROR
+            raise
+
     def invoke(self, ctx: click.Context):
         argv = [*getattr(ctx, "_protected_args", []), *ctx.args]   # the subcommand's, before click consumes them
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:   # a subcommand's wrong option or value
+            exc.exit_code = USER_ERROR
+            raise
         except (StoreError, FilesystemError, ValueError, FileNotFoundError) as exc:
             if isinstance(exc, click.ClickException):
                 raise
             if isinstance(exc, FilesystemError):
                 _quiet_unretrieved_write_errors()
-            raise click.ClickException(str(exc)) from exc
+            raise click.ClickException(improve_message(str(exc))) from exc
         except OSError as exc:   # a full, read-only or forbidden filesystem: one line naming the path
             if not is_fs_error(exc):
                 raise
@@ -78,6 +94,23 @@ from . import embed, export, extract, fne, ingest, pipeline, report, store, toke
 COMMAND_MODULES = (store, ingest, export, extract, fne, tokenize, train, pipeline, report, embed)
 for _mod in COMMAND_MODULES:
     _mod.register(main)
+
+
+def _show_defaults(group: click.Group) -> None:
+    """Every option that has a default shows it in --help (docs/cli.md: "defaults shown")."""
+    unset = getattr(click.core, "UNSET", None)
+    for name in group.list_commands(None):   # type: ignore[arg-type]
+        cmd = group.get_command(None, name)  # type: ignore[arg-type]
+        if isinstance(cmd, click.Group):
+            _show_defaults(cmd)
+            continue
+        for p in cmd.params:
+            if (isinstance(p, click.Option) and not p.is_flag and not p.show_default and p.default is not None
+                    and p.default is not unset and p.default != () and "[default:" not in (p.help or "")):
+                p.show_default = True
+
+
+_show_defaults(main)
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

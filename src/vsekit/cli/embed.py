@@ -7,15 +7,18 @@ import click
 
 @click.command("embed")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
-@click.option("--split", default="test", show_default=True, help="Split to embed.")
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
+              help="Split to embed.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for images.npy, captions.npy, their .parquet ids and embed.json.")
 @click.option("--store", default=None, type=click.Path(exists=True, file_okay=False),
               help="Embed this store instead of the run's (same vocabulary).")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
-@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,
+              help="Checkpoint of the run: the best validation rsum, or the last epoch.")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N.")
-@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(1),
+              help="Images or captions encoded per batch.")
 def embed_cmd(run, split, out, store, features, checkpoint, device, batch_size):
     """Write the images' and captions' embeddings (with ids) of SPLIT, ready for faiss."""
     from ..train.embed import embed

@@ -21,23 +21,31 @@ def _precomp_options(f):
                           "coco_precomp (default: on for a COCO store with over 1,000 test images).")(f)
     f = click.option("--dtype", type=click.Choice(["float32", "float16", "int8"]), default=None,
                      help="dtype of the .npy files (default: the feature set's).")(f)
-    f = click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))(f)
+    f = click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1),
+                     help="Captions written per image (the layouts assume a fixed number).")(f)
     f = click.option("--splits", default=None,
                      help="Store splits to write, e.g. train,val,test (default: every split present).")(f)
     f = click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")(f)
     f = click.option("--features", required=True, help="Feature set to export.")(f)
-    f = click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))(f)
+    f = OVERWRITE(f)
+    f = STORE(f)
     return f
 
 
+STORE = click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False),
+                     help="The vsekit store (a .zarr folder).")
+OVERWRITE = click.option("--overwrite", is_flag=True,
+                         help="Replace an existing --out (whole: no file of the old one is kept).")
+
+
 def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype, testall=None,
-                 restval_into_train=False, vocab_name=None):
+                 restval_into_train=False, vocab_name=None, overwrite=False):
     from ..storage.interop import export_precomp
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
     summary = export_precomp(store_path, features, out, layout=layout, splits=split_list,
                              captions_per_image=captions_per_image, dtype=dtype, testall=testall,
-                             restval_into_train=restval_into_train, vocab_name=vocab_name)
+                             restval_into_train=restval_into_train, vocab_name=vocab_name, overwrite=overwrite)
     for prefix, c in summary["splits"].items():
         click.echo(f"{out}/{prefix}_ims.npy: {c['images']} images, {prefix}_caps.txt: {c['captions']} captions")
     for path in summary.get("vocab", []):
@@ -48,39 +56,48 @@ def _run_precomp(layout, store_path, features, out, splits, captions_per_image, 
 
 @export.command("vsepp")
 @_precomp_options
-def vsepp(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name):
+def vsepp(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name,
+          overwrite):
     """VSE++ precomp files: {split}_ims.npy (N, D), {split}_caps.txt, {split}_ids.txt."""
     _run_precomp("vsepp", store_path, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name)
+                 restval_into_train, vocab_name, overwrite)
 
 
 @export.command("scan")
 @_precomp_options
-def scan(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name):
+def scan(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name,
+         overwrite):
     """SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C), {split}_caps.txt, {split}_ids.txt."""
     _run_precomp("scan", store_path, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name)
+                 restval_into_train, vocab_name, overwrite)
 
 
 @export.command("hdf5")
-@click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))
+@STORE
 @click.option("--features", multiple=True, help="Feature set(s) to include (default: all).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .h5 file.")
 @click.option("--level", default=4, show_default=True, type=click.IntRange(0, 9), help="gzip level.")
-def hdf5(store_path, features, out, level):
+@OVERWRITE
+def hdf5(store_path, features, out, level, overwrite):
     """One HDF5 file: a dataset per store array, provenance as attributes, chunked and compressed."""
     from ..storage.interop import export_hdf5
 
-    summary = export_hdf5(store_path, out, features=list(features) or None, level=level)
+    summary = export_hdf5(store_path, out, features=list(features) or None, level=level, overwrite=overwrite)
     click.echo(f"wrote {summary['out']} (feature sets: {', '.join(summary['features']) or 'none'})")
 
 
 @export.command("vocab")
-@click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False))
+@STORE
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="Output vocab.json, or a .pkl for VSE++'s pickled Vocabulary.")
-def vocab(store_path, out):
+@OVERWRITE
+def vocab(store_path, out, overwrite):
     """The store's tokenizer vocabulary as JSON (SCAN) or, for a .pkl --out, VSE++'s pickle."""
+    from pathlib import Path
+
+    from ..storage.interop import refuse_existing
+
+    refuse_existing(Path(out), overwrite)
     if str(out).lower().endswith(".pkl"):
         from pathlib import Path
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
+from .options import SPLITS
+
 from ..cluster import SPEC_HELP as CLUSTER_HELP
 
 _store = click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
                       help="The vsekit store (a .zarr folder).")
 _features = click.option("--features", required=True, help="Feature set to read.")
-_split = click.option("--split", default="train", show_default=True,
+_split = click.option("--split", default="train", show_default=True, type=SPLITS,
                       help="Split whose done rows give mean and std (train, val, test, restval; "
                            "comma-separated for several).")
 _stats_from = click.option("--stats-from", default=None, metavar="STORE::NAME",

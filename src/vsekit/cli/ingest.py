@@ -48,7 +48,7 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outs
 
 @ingest.command("coco")
 @click.argument("annotations", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--splits", "split_file", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--split-file", "split_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Split assignment: Karpathy dataset_coco.json, a JSON {image_id: split}, or "
                    "image_id<TAB>split lines.")
 @click.option("--image-root", type=click.Path(file_okay=False), default=None,
@@ -76,8 +76,8 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @ingest.command("folder")
 @click.argument("image_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("captions", type=click.Path(exists=True, dir_okay=False))
-@click.option("--split", "ratios", default="0.8,0.1,0.1", show_default=True,
-              help="train,val,test ratios used when the caption file has no split column.")
+@click.option("--ratios", "ratios", default="0.8,0.1,0.1", show_default=True,
+              help="train,val,test ratios of the random split, used when the caption file has no split column.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
@@ -94,11 +94,12 @@ def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root
 
 @ingest.command("precomp")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
-@click.option("--splits", default=None,
+@click.option("--prefixes", "splits", default=None,
               help="File prefixes to read, e.g. train,dev,test (default: every one present of "
                    "train, dev|val, test, restval).")
 @click.option("--name", default="precomp", show_default=True, help="Name of the feature set.")
-@click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1))
+@click.option("--captions-per-image", default=5, show_default=True, type=click.IntRange(1),
+              help="Captions per image in the files (the layouts assume a fixed number).")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype (default: the file's for global features, float16 for regions).")
 @click.option("--store", "store_path", required=True, type=click.Path(),
@@ -127,12 +128,13 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
 @click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
 @click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1),
               help="Largest num_boxes accepted; rows are padded to the largest found.")
-@click.option("--splits", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--split-file", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="New store only: split assignment file (Karpathy JSON, {id: split} or id<TAB>split).")
 @click.option("--split", "default_split", default="train", show_default=True,
               type=click.Choice(["train", "val", "test", "restval"]),
-              help="New store only: the split of every image when no --splits file is given.")
-@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+              help="New store only: the split of every image when no --split-file is given.")
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="Stored dtype of the features.")
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
 @click.option("--strict", is_flag=True, help="Turn skipped lines into errors.")
@@ -148,10 +150,10 @@ def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, ove
 def _split_options(f):
     f = click.option("--seed", default=0, show_default=True, help="Seed of the random split.")(f)
     f = click.option("--ratios", default="0.8,0.1,0.1", show_default=True,
-                     help="train,val,test ratios of the random split (without --splits/--split).")(f)
+                     help="train,val,test ratios of the random split (without --split-file/--split).")(f)
     f = click.option("--split", "split", default=None, type=click.Choice(["train", "val", "test", "restval"]),
                      help="Put every image in this split.")(f)
-    f = click.option("--splits", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
+    f = click.option("--split-file", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
                      help="Split assignment file (Karpathy JSON, {id: split} or id<TAB>split).")(f)
     return f
 
@@ -209,8 +211,10 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
 @click.option("--match", type=click.Choice(["exact", "number"]), default="exact", show_default=True,
               help="File stem = image id, or the stem's last number = the (numeric) image id "
                    "(COCO_val2014_000000391895.npz -> 391895).")
-@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1))
-@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True)
+@click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1),
+              help="Largest number of boxes accepted; rows are padded to the largest found.")
+@click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16", show_default=True,
+              help="Stored dtype of the features.")
 @click.option("--overwrite", is_flag=True, help="Replace the feature set NAME.")
 @click.option("--strict", is_flag=True, help="Turn skipped files into errors.")
 def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):

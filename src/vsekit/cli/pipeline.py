@@ -20,9 +20,14 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.command("run")
 @click.argument("pipeline", required=False)
 @click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
-              help="Pipelines file (default: ./pipelines.yaml, $VSEKIT_PIPELINES, or the recipes shipped with vsekit).")
+              help="Your pipelines file (default: ./pipelines.yaml, else $VSEKIT_PIPELINES); its pipelines are "
+                   "added to the recipes shipped with vsekit, and one named like a shipped recipe replaces it.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Set a ${KEY} variable (wins over the environment and the file's variables).")
+              help="Set a ${KEY} variable of the pipeline (wins over the environment and the file's "
+                   "variables); a name the pipeline does not use is refused.")
+@click.option("-o", "--stage-option", "stage_options", multiple=True, metavar="STAGE.OPTION=VALUE",
+              help="Set an option of a stage as if written in the file: STAGE is a stage id, a command "
+                   "(extract: all its stages) or *; e.g. -o extract.weights=none (repeatable).")
 @click.option("--from", "from_stage", metavar="STAGE", default=None,
               help="Rerun from this stage (id, command or 1-based number); earlier stages are not touched.")
 @click.option("--force", is_flag=True, help="Rerun every stage, even those up to date.")
@@ -33,13 +38,13 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
                    f"file's `cluster:`).")
 @click.option("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
               help="Set ${DEVICE}, the device of every stage that has --device [default: auto].")
-def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device):
+def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, cluster, device):
     """Run the named PIPELINE: skip stages that are up to date, rerun changed ones and those after them."""
-    from ..pipeline import default_file, list_pipelines, load_file
+    from ..pipeline import list_pipelines, load_pipelines
     from ..pipeline import run as run_pipeline
 
     if list_ or not pipeline:
-        pf = load_file(file or default_file())
+        pf = load_pipelines(file)
         click.echo(list_pipelines(pf))
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
@@ -52,9 +57,10 @@ def run(pipeline, file, sets, from_stage, force, dry_run, list_, cluster, device
         if not resolves_on_workers(cluster):   # slurm: the extraction's GPUs are on the nodes
             resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
-    with _cluster_settings(load_file(file or default_file()), pipeline):
+    with _cluster_settings(load_pipelines(file), pipeline):
         run_pipeline(pipeline, cli=click.get_current_context().find_root().command, file=file, sets=sets,
-                     from_stage=from_stage, force=force, dry_run=dry_run, cluster=cluster)
+                     from_stage=from_stage, force=force, dry_run=dry_run, cluster=cluster,
+                     stage_options=stage_options)
 
 
 def _cluster_settings(pf, name: str):

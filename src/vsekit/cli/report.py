@@ -11,9 +11,9 @@ import click
               help="Folder to write index.html (and report.json) into.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
               help="Split the retrieval examples come from.")
-@click.option("--captions", "n_captions", default=8, show_default=True, type=click.IntRange(min=0),
+@click.option("--caption-queries", "n_captions", default=8, show_default=True, type=click.IntRange(min=0),
               help="Sampled caption queries.")
-@click.option("--images", "n_images", default=6, show_default=True, type=click.IntRange(min=0),
+@click.option("--image-queries", "n_images", default=6, show_default=True, type=click.IntRange(min=0),
               help="Sampled image queries.")
 @click.option("--attention", "n_attention", default=3, show_default=True, type=click.IntRange(min=0),
               help="Caption-image pairs to show attention maps for.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
+from .options import WORKERS, resolve_workers
 
 
 @click.command("tokenize")
@@ -20,21 +21,21 @@ from ..cluster import SPEC_HELP as CLUSTER_HELP
 @click.option("--no-bos-eos", is_flag=True, help="Do not wrap each caption in <start> ... <end>.")
 @click.option("--max-len", type=int, default=None,
               help="Truncate each caption to this many ids (<start> and <end> included).")
-@click.option("--workers", default=1, show_default=True, type=int,
-              help="Worker processes for the counting pass (1 = in this process).")
+@click.option("--workers", default="1", show_default=True, type=WORKERS,
+              help="Worker processes for the counting pass (1 = in this process; auto: the cores, at most 4).")
 @click.option("--cluster", default=None, metavar="SPEC",
               help=f"Run the counting pass on dask: {CLUSTER_HELP}.")
 @click.option("--chunk-captions", default=16384, show_default=True, type=int,
               help="Captions per counting task (the unit of parallel work).")
 def tokenize(store: str, min_count: int, vocab_splits: str, strip_punct: bool, keep_case: bool,
-             no_bos_eos: bool, max_len: int | None, workers: int, cluster: str | None,
+             no_bos_eos: bool, max_len: int | None, workers, cluster: str | None,
              chunk_captions: int) -> None:
     """Tokenize every caption, build the vocabulary, and write tokens/ids + tokens/offsets."""
     from ..tokenize import tokenize as run_tokenize
 
     summary = run_tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
                            lowercase=not keep_case, bos_eos=not no_bos_eos, max_len=max_len,
-                           workers=workers, cluster=cluster, chunk_captions=chunk_captions)
+                           workers=resolve_workers(workers), cluster=cluster, chunk_captions=chunk_captions)
     click.echo(str(summary))
 
 

@@ -30,31 +30,34 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
               help="Paper settings (docs/train.md): sh mh soe moe ph poe (f30k-*, f8k-*, *-bl) vse++ order++ order0 "
                    "seam-e seam-c seam-g sman saf-coco sgr-coco saf-f30k sgr-f30k *-temde-f30k demo "
                    "(repeatable; later ones win, options win over presets).")
-@click.option("--epochs", type=int, default=None)
-@click.option("--batch-size", type=int, default=None)
+@click.option("--epochs", type=int, default=None, help="Training epochs [default: 30, or the preset's].")
+@click.option("--batch-size", type=int, default=None, help="Images per training batch [default: 128, or the preset's].")
 @click.option("--embed-dim", type=int, default=None, help="Joint space dimension.")
 @click.option("--word-dim", type=int, default=None, help="Word embedding dimension.")
-@click.option("--lr", type=float, default=None, help="Adam learning rate.")
+@click.option("--lr", type=float, default=None, help="Learning rate [default: 0.0002, or the preset's].")
 @click.option("--lr2", type=float, default=None, help="Learning rate of the curriculum's max-loss phase.")
 @click.option("--lr-update", "lr_milestones", type=int, multiple=True,
               help="Multiply the lr by --lr-decay at this epoch (repeatable).")
-@click.option("--lr-decay", type=float, default=None)
+@click.option("--lr-decay", type=float, default=None, help="Factor of the lr at each --lr-update epoch [default: 0.1].")
 @click.option("--margin", type=float, default=None, help="Hinge margin alpha.")
 @click.option("--max-violation/--sum-violation", default=None, help="Hardest negative only, or all negatives.")
-@click.option("--similarity", type=click.Choice(["cosine", "order", "order-norm"]), default=None)
+@click.option("--similarity", type=click.Choice(["cosine", "order", "order-norm"]), default=None,
+              help="Similarity of the joint space [default: the model's own].")
 @click.option("--abs/--no-abs", "use_abs", default=None, help="|.| of both embeddings (order embeddings).")
 @click.option("--captions", type=click.Choice(["one", "all"]), default=None,
               help="One random caption per image per epoch, or every caption.")
 @click.option("--curriculum/--no-curriculum", default=None, help="PH/POE: sum loss, then max loss.")
 @click.option("--patience", type=int, default=None, help="Epochs without val rsum gain before the switch.")
-@click.option("--grad-clip", type=float, default=None)
+@click.option("--grad-clip", type=float, default=None, help="Clip the gradient norm to this [default: 2.0].")
 @click.option("--model-arg", "model_arg", multiple=True, help="Model argument KEY=VALUE (e.g. hops=30).")
 @click.option("--global-module", type=click.Choice(["self-attention", "t-emde", "none"]), default=None,
               help="SAF/SGR global similarity node: self-attention (SGRAF), T-EMDE sketches, or none.")
-@click.option("--seed", type=int, default=None)
+@click.option("--seed", type=int, default=None, help="Random seed of the initialisation and the shuffle [default: 0].")
 @click.option("--shuffle-memory", "shuffle_memory_gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="GB of memory for the shuffle window: the whole split is shuffled at once when it fits, "
                    "else in windows of chunks [default: 4].")
+@click.option("--eval-batch", type=click.IntRange(min=1), default=None,
+              help="Images per batch of the validation after each epoch [default: 256]; may change on --resume.")
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
@@ -80,12 +83,51 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
         name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
         if name:
             check_model_args(name, list(margs))
+    if model and not resume:
+        from ..models import model_names
+        from ..suggest import did_you_mean
+
+        if model not in model_names():
+            hint = did_you_mean(model, model_names())
+            raise click.BadParameter(f"unknown model {model!r}; {hint + ' ' if hint else ''}valid choices: "
+                                     f"{', '.join(model_names())}", param_hint="--model")
+    if not resume:
+        _check_feature_shape(store, features, model, presets)
     summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
                     progress=progress, log=click.echo, model_args=margs or None,
                     lr_milestones=list(lr_milestones) or None, **opts)
-    click.echo(f"trained {summary['model']} for {summary['epochs']} epochs: best val rsum "
+    n = summary["epochs"]
+    click.echo(f"trained {summary['model']} for {n} epoch{'' if n == 1 else 's'}: best val rsum "
                f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
                f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
+
+
+#: models that read a spatial feature set (a grid or regions), not one vector per image
+SPATIAL_MODELS = {"sman": "a grid set (`vsekit extract --kind grid`, rows G x G x C)",
+                  "saf": "a regions or grid set (`vsekit extract --kind regions|grid`, `ingest butd`)",
+                  "sgr": "a regions or grid set (`vsekit extract --kind regions|grid`, `ingest butd`)"}
+
+
+def _check_feature_shape(store: str, features: str, model: str | None, presets) -> None:
+    """Refuse a vector feature set (global, FNE) for a model that reads a grid or regions, naming the fix."""
+    from ..storage.store import FeatureStore
+    from ..train.config import PRESETS
+
+    name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")),
+                         None)
+    if name not in SPATIAL_MODELS:
+        return
+    st = FeatureStore.open(store)
+    if not st.has_features(features):
+        return   # the trainer names the missing set and the ones there are
+    fs = st.features(features)
+    if len(fs.shape) == 2:
+        kind = fs.attrs.get("kind") or "vectors"
+        spatial = [n for n in st.feature_names() if len(st.features(n).shape) > 2]
+        have = f"; this store has: {', '.join(spatial)}" if spatial else ""
+        raise click.UsageError(f"--model {name} reads {SPATIAL_MODELS[name]}; --features {features} holds one "
+                               f"vector of {fs.shape[1]} per image (kind {kind}): pass a grid or regions set "
+                               f"as --features{have}")
 
 
 @click.command("evaluate")
@@ -97,18 +139,21 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
                    "images), coco-5k, 1k (a 1000-image split, as Flickr30K's), all (every image of the "
                    "split, whatever its size). Default: coco-1k and coco-5k on a 5000-image COCO test "
                    "split, 1k on a 1000-image split, else all.")
-@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]))
+@click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
+              help="Split to evaluate on.")
 @click.option("--store", "store", default=None, type=click.Path(exists=True, file_okay=False),
               help="Evaluate on this store instead of the run's.")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
-@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True)
+@click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,
+              help="Checkpoint of the run: the best validation rsum, or the last epoch.")
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N.")
-@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1))
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Images or captions encoded per batch.")
 @click.option("--save-sims/--no-save-sims", default=None,
               help="Write sims_<split>.npy (default: only when small).")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for metrics.json (default: the run; metrics_ensemble.json for several runs).")
-@click.option("--progress/--no-progress", default=True)
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out,
                  progress):
     """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""

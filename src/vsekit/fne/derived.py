@@ -83,10 +83,19 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
                 f"feature set {name!r} in {store.path} was made from an earlier {fs.attrs.get('parent')!r} "
                 f"(made again since); pass --overwrite to make it from the current one")
         return fs
+    from ..storage.store import settings_diff
+
+    diff = settings_diff(fs.attrs, attrs)
+    if fs.shape != tuple(shape):
+        diff.append(f"shape {fs.shape} → {tuple(shape)}")
+    if fs.data.dtype != np.dtype(dtype):
+        diff.append(f"dtype {fs.data.dtype} → {np.dtype(dtype)}")
+    if fs.chunk_rows != block_rows:
+        diff.append(f"rows per block {fs.chunk_rows} → {block_rows}")
     raise ProvenanceError(
         f"feature set {name!r} already exists in {store.path} with different settings "
-        f"(config_hash {fs.attrs.get('config_hash')} != {attrs['config_hash']}, or another shape, "
-        f"dtype or chunking); pass --overwrite to replace it or --name to write a new set")
+        f"({'; '.join(diff) or 'another vsekit version'}); pass --overwrite to replace it or --name to "
+        f"write a new set")
 
 
 def create(store: FeatureStore, name: str, parent: FeatureSet, width: int, dtype: Any,
@@ -136,6 +145,10 @@ class Result:
     def summary(self) -> str:
         skipped = self.blocks_total - self.blocks_written
         extra = "".join(f", {k.replace('_', ' ')} {v}" for k, v in self.details.items() if v is not None)
-        return (f"{self.parent} -> {self.name}: {self.rows} rows ({self.failed_rows} failed kept failed)"
+        if self.details.get("zero_std_features"):
+            extra += (" (features constant over the statistics rows, e.g. units that never fire on so few "
+                      "images: their z is 0)")
+        return (f"{self.parent} -> {self.name}: {self.rows} rows"
+                f"{f' ({self.failed_rows} failed in the parent, left failed)' if self.failed_rows else ''}"
                 f"{extra}; wrote {self.blocks_written} of {self.blocks_total} blocks"
                 + (f" ({skipped} already done)" if skipped else ""))

@@ -70,6 +70,10 @@ def check_source(parent: FeatureSet) -> None:
     if len(parent.shape) != 2:
         raise StoreError(f"feature set {parent.name!r} has shape {parent.shape} (kind "
                          f"{parent.attrs.get('kind')!r}); standardize/discretize work on (N, D) sets")
+    if parent.attrs.get("stage") == "discretize":
+        raise StoreError(f"feature set {parent.name!r} holds ternary FNE codes (-1, 0, 1, made by discretize); "
+                         f"standardizing codes makes no sense: standardize the float set they come from "
+                         f"({parent.attrs.get('parent')!r} is their parent), or train on {parent.name!r} as it is")
     if parent.attrs.get("packed"):
         raise StoreError(f"feature set {parent.name!r} is 2-bit packed; it cannot be standardized")
     if not np.issubdtype(parent.data.dtype, np.number):

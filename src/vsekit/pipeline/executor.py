@@ -32,7 +32,7 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import click
 
@@ -130,10 +130,10 @@ def plan(stages: list[ResolvedStage], pipeline: str, *, from_stage: str | None =
             action, reason, stale = "run", f"--from {from_stage}", True
         elif not outputs:
             action, reason = "run", "makes no recorded output, so it always runs"
-        elif cascade:
-            action, reason, stale = "run", f"an earlier stage ({cascade}) runs", True
         elif not any_output:
             action, reason = "run", "its output does not exist yet"
+        elif cascade:
+            action, reason, stale = "run", f"an earlier stage ({cascade}) runs", True
         elif recorded and not same:
             action, reason, stale = "run", "its options or inputs changed", True
         elif running and any(r.get("overwrite") for r in records):
@@ -193,6 +193,7 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
     result = RunResult(pipeline.name, steps)
     n = len(steps)
     if dry_run:
+        check_protocols([s.stage for s in steps if s.action == "run"], set(), echo)
         echo(f"pipeline {pipeline.name}: {sum(s.action == 'run' for s in steps)} of {n} stages would run")
         for k, step in enumerate(steps, start=1):
             echo(f"  [{k}/{n}] {step.action:<4} {step.stage.id}: {step.reason}")
@@ -200,7 +201,11 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
         result.seconds = time.perf_counter() - t0
         return result
     previous = ""
+    checked: set[str] = set()
     for k, step in enumerate(steps, start=1):
+        # the evaluations' protocols against the test splits as soon as their stores exist (before
+        # anything runs when they already do; else right after the ingest that makes them)
+        check_protocols([s.stage for s in steps[k - 1:] if s.action == "run"], checked, echo)
         # the inputs' files may have just been written by an earlier stage: fingerprint them now
         step.fingerprint = previous = fingerprint(step.stage, previous)
         if step.action == "skip":
@@ -209,14 +214,56 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
             continue
         echo(f"[{k}/{n}] {step.stage.id}: {step.reason}")
         echo(f"  {step.command_line()}")
+        t_stage = time.perf_counter()
         for out in step.stage.io.outputs:   # an output that does not exist yet takes no record
             out.write(record_key(pipeline.name, step.stage), _running_record(step, pipeline.name))
         _invoke(cli, step, pipeline.name)
         for out in step.stage.io.outputs:
             out.write(record_key(pipeline.name, step.stage), _record(step, pipeline.name))
         result.ran.append(step.stage.id)
+        echo(f"[{k}/{n}] {step.stage.id}: done in {_elapsed(time.perf_counter() - t_stage)} "
+             f"({_elapsed(time.perf_counter() - t0)} since the start)")
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _elapsed(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m} min {s:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+def check_protocols(stages: list[ResolvedStage], checked: set[str], echo: Callable[[str], None]) -> None:
+    """Refuse an evaluate stage whose ``--protocol`` cannot run on its store's split (coco-1k needs 5
+    images), and warn when a protocol is defined on another split size, once the store exists."""
+    for stage in stages:
+        if stage.spec.command != "evaluate" or stage.id in checked:
+            continue
+        protocols = [p for p in (stage.values.get("protocol") or ()) if p != "all"]
+        store = stage.values.get("store")
+        if not protocols or not store or not (Path(str(store)) / "zarr.json").is_file():
+            continue
+        checked.add(stage.id)
+        from ..storage.store import FeatureStore
+
+        split = stage.values.get("split") or "test"
+        try:
+            n_images = len(FeatureStore.open(str(store), mode="r").split_rows(split))
+        except Exception:   # noqa: BLE001 - an unreadable store is the stage's own error to report
+            continue
+        fix = (f"remove `protocol:` from the stage (evaluate then picks the protocols that fit the split), "
+               f"or run with `--stage-option {stage.id}.protocol=all`")
+        if "coco-1k" in protocols and n_images < 5:
+            raise PipelineError(f"{stage.spec.label}: --protocol coco-1k needs at least 5 {split} images, "
+                                f"the {split} split of {store} has {n_images}; {fix}")
+        from ..train.evaluate_run import PROTOCOL_IMAGES
+
+        for p in protocols:
+            want = PROTOCOL_IMAGES.get(p)
+            if want is not None and want != n_images:
+                echo(f"warning: {stage.spec.label}: --protocol {p} is defined on {want} {split} images, "
+                     f"the {split} split of {store} has {n_images}: its figures are not the papers'; {fix}")
 
 
 def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:
@@ -232,17 +279,26 @@ def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:
         raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label}: aborted; rerun "
                             f"`vsekit run {pipeline}` to resume") from None
     except click.ClickException as exc:
+        example = (f" (e.g. --stage-option {step.stage.id}.weights=none for `--weights none`)"
+                   if has_option(step.stage.command, "weights") else "")
         raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} failed: "
                             f"{exc.format_message()}\n  command: {step.command_line()}\n  "
-                            f"fix it and rerun `vsekit run {pipeline}`: finished stages are skipped "
-                            f"and this one resumes") from None
+                            f"an option of this stage is set from the command line with `vsekit run {pipeline} "
+                            f"--stage-option {step.stage.id}.OPTION=VALUE`{example}, a ${{VARIABLE}} with "
+                            f"`--set NAME=VALUE`\n  fix it and rerun `vsekit run {pipeline}`: finished stages "
+                            f"are skipped and this one resumes") from None
 
 
 def list_pipelines(pf: PipelineFile) -> str:
-    lines = [f"pipelines in {pf.path}:"]
+    files = [pf.path] if not pf.shipped or pf.shipped == pf.path else [pf.shipped, pf.path]
+    lines = [f"pipelines in {' and '.join(files)}:"]
     width = max((len(n) for n in pf.pipelines), default=0)
     for name, p in pf.pipelines.items():
-        lines.append(f"  {name:<{width}}  {len(p.stages):>2} stages  {p.description}")
+        mark = ""
+        if len(files) > 1:
+            mark = "  [yours, shadows the shipped one]" if name in pf.shadowed else (
+                "  [shipped]" if p.file == pf.shipped else "  [yours]")
+        lines.append(f"  {name:<{width}}  {len(p.stages):>2} stages  {p.description}{mark}")
     return "\n".join(lines)
 
 
@@ -266,22 +322,132 @@ def default_file() -> str:
     return str(repo) if repo.is_file() else "pipelines.yaml"
 
 
+def user_file(file: str | None = None) -> str | None:
+    """The user's pipelines file: ``--file``, else ``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``."""
+    if file:
+        return file
+    if Path("pipelines.yaml").is_file():
+        return "pipelines.yaml"
+    return os.environ.get("VSEKIT_PIPELINES") or None
+
+
+def load_pipelines(file: str | None = None) -> PipelineFile:
+    """The shipped recipes plus the user's file (``--file``, ``./pipelines.yaml`` or ``$VSEKIT_PIPELINES``):
+    the user's pipelines are added; one with a shipped recipe's name replaces (shadows) it."""
+    from .spec import load_file, merge_files
+
+    user = user_file(file)
+    shipped_path = PACKAGED if PACKAGED.is_file() else Path(__file__).resolve().parents[3] / "pipelines.yaml"
+    if not shipped_path.is_file():   # pragma: no cover - a broken install
+        return load_file(user or "pipelines.yaml")
+    shipped = load_file(shipped_path)
+    if user is None:
+        return merge_files(shipped, None)
+    if Path(user).is_file() and Path(user).resolve() != shipped_path.resolve() \
+            and Path(user).read_bytes() == shipped_path.read_bytes():   # a checkout's own copy
+        return merge_files(load_file(user), None)
+    return merge_files(shipped, load_file(user))
+
+
+def check_sets(pipeline: PipelineSpec, sets: Mapping[str, str]) -> None:
+    """Refuse a ``--set NAME`` that the pipeline neither declares nor uses (a typo would be ignored)."""
+    from ..suggest import did_you_mean
+    from .spec import variables_of
+
+    known = variables_of(pipeline) | {"DEVICE"}   # `vsekit run --device` sets it
+    for name in sets:
+        if name not in known:
+            hint = did_you_mean(name, known)
+            raise PipelineError(f"--set {name}: pipeline {pipeline.name!r} has no variable ${{{name}}}"
+                                f"{'; ' + hint if hint else ''} (its variables: {', '.join(sorted(known))})")
+
+
+def apply_stage_options(pipeline: PipelineSpec, options: Sequence[str], cli: click.Group) -> PipelineSpec:
+    """``--stage-option STAGE.OPTION=VALUE``: set an option of the stages named STAGE (a stage id, or
+    a command such as ``extract`` or ``ingest-karpathy`` for all its stages; ``*`` for every stage that
+    has the option); VALUE is read as YAML (``none``, ``5``, ``[a, b]``). The option itself is checked
+    against the stage's command like one written in the file."""
+    import copy
+
+    import yaml
+
+    from ..suggest import did_you_mean
+    from .spec import Located
+
+    if not options:
+        return pipeline
+    pipeline = copy.deepcopy(pipeline)
+    for item in options:
+        target, sep, rest = item.partition(".")
+        key, eq, raw = rest.partition("=")
+        if not sep or not eq or not target or not key.strip():
+            raise PipelineError(f"--stage-option {item!r}: expected STAGE.OPTION=VALUE "
+                                f"(e.g. extract.weights=none)")
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str) or value is None:
+            value = raw   # `none` stays the word none, not YAML's null
+        if target == "*":
+            from .commands import norm
+
+            matched = [s for s in pipeline.stages if norm(key) in _params_of_stage(s, cli)]
+        else:
+            matched = [s for s in pipeline.stages
+                       if target in (s.id, s.command, s.command.replace(" ", "-"), s.command.split()[0])]
+        if not matched:
+            names = sorted({s.id for s in pipeline.stages} | {s.command.split()[0] for s in pipeline.stages})
+            hint = did_you_mean(target, names)
+            raise PipelineError(f"--stage-option {item!r}: pipeline {pipeline.name!r} has no stage {target!r}"
+                                f"{'; ' + hint if hint else ''} (stages: {', '.join(s.id for s in pipeline.stages)})")
+        for stage in matched:
+            loc = Located(_located_value(value, stage.line), stage.line)
+            from .commands import norm
+
+            stage.values = {k: v for k, v in stage.values.items() if norm(k) != norm(key)}
+            stage.values[key] = loc
+            stage.key_lines[key] = stage.line
+    return pipeline
+
+
+def _located_value(value: Any, line: int) -> Any:
+    from .spec import Located
+
+    if isinstance(value, list):
+        return [Located(v, line) for v in value]
+    return value
+
+
+def _params_of_stage(stage, cli: click.Group) -> dict:
+    from .commands import params_of, resolve_command
+
+    try:
+        return params_of(resolve_command(cli, stage.command))
+    except ValueError:
+        return {}
+
+
 def run(name: str, *, cli: click.Group, file: str | None = None, sets: Mapping[str, str] | None = None,
         from_stage: str | None = None, force: bool = False, dry_run: bool = False,
         cluster: str | None = None, env: Mapping[str, str] | None = None,
-        echo: Callable[[str], None] = click.echo) -> RunResult:
+        echo: Callable[[str], None] = click.echo, stage_options: Sequence[str] = ()) -> RunResult:
     """``vsekit run NAME``: check the whole file, run the pipeline, print the metrics table.
 
     ``cli`` is the Click group whose commands the stages name (``vsekit.cli.main``); it is passed in,
     so this package never imports the CLI that imports it.
     """
-    from .spec import load_file
     from .resolve import check_file
     from .summary import metrics_table
 
-    pf = load_file(file or default_file())
-    check_file(pf.pipelines, cli, sets=sets, env=env)
+    pf = load_pipelines(file)
     pipeline = pf.get(name)
+    check_sets(pipeline, sets or {})
+    pipeline = apply_stage_options(pipeline, stage_options, cli)
+    # every pipeline of the file it comes from (the shipped recipes are checked when one is run)
+    mine = {n: p for n, p in pf.pipelines.items() if p.file == pipeline.file}
+    check_file({**mine, name: pipeline}, cli, sets=sets, env=env)
     result = run_pipeline(pipeline, cli, sets=sets, env=env, from_stage=from_stage, force=force,
                           dry_run=dry_run, cluster=cluster, echo=echo)
     if not dry_run:

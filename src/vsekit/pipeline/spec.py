@@ -124,12 +124,53 @@ class PipelineSpec:
 class PipelineFile:
     path: str
     pipelines: dict[str, PipelineSpec]
+    shipped: str | None = None                            # the shipped recipes' file, when merged in
+    shadowed: set[str] = field(default_factory=set)       # the user's pipelines that replace a shipped one
 
     def get(self, name: str) -> PipelineSpec:
         if name not in self.pipelines:
-            raise PipelineError(f"{self.path}: no pipeline {name!r}; valid choices: "
+            from ..suggest import did_you_mean
+
+            hint = did_you_mean(name, self.pipelines)
+            where = self.path if not self.shipped or self.shipped == self.path else f"{self.path} and {self.shipped}"
+            raise PipelineError(f"{where}: no pipeline {name!r}; {hint + ' ' if hint else ''}valid choices: "
                                 f"{', '.join(self.pipelines) or 'none'}")
         return self.pipelines[name]
+
+
+def merge_files(shipped: PipelineFile, user: PipelineFile | None) -> PipelineFile:
+    """The shipped recipes plus the user's pipelines; a user's pipeline of the same name replaces
+    (shadows) the shipped one, so a recipe is changed by copying it under its own name."""
+    if user is None:
+        return PipelineFile(shipped.path, dict(shipped.pipelines), shipped.path)
+    pipelines = {**shipped.pipelines, **user.pipelines}
+    return PipelineFile(user.path, pipelines, shipped.path, set(shipped.pipelines) & set(user.pipelines))
+
+
+def variables_of(pipeline: PipelineSpec) -> set[str]:
+    """Every ``${NAME}`` a pipeline declares (``variables:``) or uses (stages, defaults, variables)."""
+    names = set(pipeline.variables)
+
+    def walk(loc: Any) -> None:
+        v = loc.value if isinstance(loc, Located) else loc
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str):
+            for m in _VAR.finditer(v):
+                names.add(m.group(1))
+                if m.group(2):
+                    walk(m.group(2))
+
+    for loc in (*pipeline.variables.values(), *pipeline.defaults.values()):
+        walk(loc)
+    for stage in pipeline.stages:
+        for loc in stage.values.values():
+            walk(loc)
+    return names
 
 
 _TOP_KEYS = {"variables", "defaults", "pipelines", "version", "cluster"}

@@ -66,7 +66,7 @@ def report(runs: Sequence[str | Path], out: str | Path, *, split: str = "test", 
     t0 = time.perf_counter()
     if not runs:
         raise ValueError("give at least one run folder")
-    for name, v in (("--captions", n_captions), ("--images", n_images), ("--attention", n_attention)):
+    for name, v in (("--caption-queries", n_captions), ("--image-queries", n_images), ("--attention", n_attention)):
         if v < 0:
             raise ValueError(f"{name} must be >= 0, got {v}")
     if k < 1:
@@ -128,9 +128,39 @@ def _curves(infos: list[RunInfo]) -> str:
         rsum.append((r.name, xs, [h.get("rsum") for h in r.history], {"group": i}))
         loss.append((r.name, xs, [h.get("loss") for h in r.history], {"group": i}))
     charts = [line_chart(r1, title="validation R@1", ylabel="R@1 (%)"),
-              line_chart(rsum, title="validation rsum", ylabel="rsum", marks=marks),
-              line_chart(loss, title="training loss", ylabel="loss")]
+              line_chart(rsum, title="validation rsum", ylabel="rsum", marks=marks)]
+    groups = loss_scales(loss)
+    for group in groups:   # one chart per scale: a loss several times another's would flatten it
+        title = "training loss" if len(groups) == 1 else f"training loss ({', '.join(s[0] for s in group)})"
+        charts.append(line_chart(group, title=title, ylabel="loss"))
     return f'<div class="charts">{"".join(charts)}</div>'
+
+#: runs whose typical losses differ by more than this factor get separate loss charts
+LOSS_SCALE_RATIO = 3.0
+
+
+def loss_scales(series: list) -> list[list]:
+    """``(label, xs, ys, style)`` loss series grouped so that one chart holds losses of one scale:
+    sorted by their median, a new group starts where a median is over LOSS_SCALE_RATIO times the
+    group's smallest. Series with no values go with the first group (they draw nothing)."""
+    import statistics
+
+    def median(s) -> float | None:
+        vals = [abs(v) for v in s[2] if v is not None]
+        return statistics.median(vals) if vals else None
+
+    valued = sorted((s for s in series if median(s) is not None), key=median)
+    empty = [s for s in series if median(s) is None]
+    groups: list[list] = []
+    for s in valued:
+        if groups and median(s) <= LOSS_SCALE_RATIO * max(median(groups[-1][0]), 1e-12):
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    if not groups:
+        return [empty]
+    groups[0] += empty
+    return groups
 
 
 # retrieval examples -------------------------------------------------------------------------------
@@ -236,7 +266,8 @@ def _examples_html(res: _RunExamples, size: int, missing: set[str], summary: Rep
             figs.append(_thumb(data, g, f"#{rank} {'✓ ' if g == c.image else ''}{s:.3f}", g == c.image,
                                size, missing, f'data-image="{g}" data-rank="{rank}"'))
         if c.image not in c.top:  # below the top k (a tie can put rank k behind the k shown)
-            tied = f", tied, #{c.position} in order" if c.position != c.rank else ""
+            tied = (f"; listed #{c.position}: images of the same score come first, R@K counts the tie in "
+                    f"its favour" if c.position != c.rank else "")
             figs.append(_thumb(data, c.image, f"correct: rank {c.rank}{tied}", True, size, missing,
                                f'data-image="{c.image}" data-rank="{c.rank}" data-position="{c.position}" '
                                f'data-correct="1"'))
@@ -251,7 +282,11 @@ def _examples_html(res: _RunExamples, size: int, missing: set[str], summary: Rep
             f'<span class="sub">({s:.3f})</span></li>'
             for j, s, m in zip(e.top, e.top_scores, e.matches))
         if e.correct is not None and not any(e.matches):  # its best own caption, below the top k
-            tied = ", tied with captions listed before it" if e.correct_position != e.rank else ""
+            # numbered by its place in the list; a tie lists captions of the same score before it, while
+            # its rank (what R@K counts) gives the tie to it: say both, and why they differ
+            tied = (f"; listed #{e.correct_position} because {e.correct_position - e.rank} caption(s) of "
+                    f"the same score come first, and R@K counts the tie in its favour"
+                    if e.correct_position != e.rank else "")
             items += (f'<li class="ok" value="{e.correct_position}" data-caption="{e.correct}" '
                       f'data-rank="{e.rank}" data-position="{e.correct_position}" data-correct="1">'
                       f'{escape(res.texts.get(e.correct, ""))} <span class="sub">({e.correct_score:.3f}; '

@@ -115,8 +115,30 @@ def _word_title(model, module: str, index: int, n: int) -> str:
     if len(parts) >= 2 and parts[-2] == "txt_att" and parts[-1].isdigit():  # SMAN's text steps
         return f"word weights, step {int(parts[-1]) + 1}"
     if module:
-        return f"word weights ({module})"
+        return f"word weights ({module_in_words(module)})"
     return f"word weights ({index})" if n > 1 else "word weights"
+
+
+#: the words for the parts of a module path (``txt_enc.att.0`` → "caption encoder, attention 1")
+MODULE_WORDS = {"txt_enc": "caption encoder", "text_encoder": "caption encoder", "txt": "caption",
+                "img_enc": "image encoder", "image_encoder": "image encoder", "img": "image",
+                "att": "attention", "attn": "attention", "attention": "attention", "t_att": "text self-attention",
+                "v_att": "image self-attention", "txt_att": "caption attention", "img_att": "image attention",
+                "sim": "similarity", "gru": "GRU", "rnn": "RNN", "fc": "projection", "layers": "layer"}
+
+
+def module_in_words(module: str) -> str:
+    """A module path in words: known parts named, a number joined to the part before it (1-based)."""
+    words: list[str] = []
+    for part in module.split("."):
+        if part.isdigit():
+            if words:
+                words[-1] = f"{words[-1]} {int(part) + 1}"
+            else:
+                words.append(f"module {int(part) + 1}")
+            continue
+        words.append(MODULE_WORDS.get(part, part.replace("_", " ")))
+    return ", ".join(words)
 
 
 def _from_method(maps: dict[str, Any]) -> list[AttentionView]:

@@ -20,9 +20,13 @@ body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0
 padding:0 18px 40px;color:#222;background:#fafafa}
 h1{font-size:22px;margin:18px 0 4px}h2{font-size:18px;border-bottom:2px solid #ddd;padding-bottom:3px;margin-top:28px}
 h3{font-size:15px;margin:16px 0 6px}.sub{color:#666}
-table.metrics{border-collapse:collapse;background:#fff;margin:8px 0;font-size:13px}.tablewrap{overflow-x:auto}
-table.metrics th,table.metrics td{border:1px solid #ccc;padding:3px 5px;text-align:right;white-space:nowrap}
-table.metrics th{background:#f0f0f0;text-align:center}table.metrics td.run{text-align:left}
+table.metrics{border-collapse:collapse;background:#fff;margin:8px 0;font-size:12px;width:100%}
+.tablewrap{overflow-x:auto;max-width:100%}
+table.metrics th,table.metrics td{border:1px solid #ccc;padding:2px 4px;text-align:right;white-space:nowrap}
+table.metrics th{background:#f0f0f0;text-align:center;white-space:normal}
+table.metrics td.run{text-align:left;white-space:normal;overflow-wrap:anywhere;max-width:14em}
+tr.warning td{background:#fff7e0;color:#6b4e00;text-align:left;white-space:normal;font-size:12px}
+span.warn{color:#b07800;font-weight:700;cursor:help}
 td.best{font-weight:700;background:#e3f3e3}td.best::after{content:" \\2605";color:#2a7d2a;font-size:11px}
 td.none{color:#999;text-align:center!important}
 .note{background:#fff7e0;border-left:4px solid #e0a800;padding:4px 10px;margin:4px 0}
@@ -92,21 +96,35 @@ def metrics_table(runs: Sequence[RunInfo]) -> str:
         rows = [(r, r.metrics[proto]) for r in runs if r.metrics and proto in r.metrics]
         best = best_cells([v for _, v in rows], columns)
         for i, (run, vals) in enumerate(rows):
+            warned = metric_warnings(run, proto)
+            mark = (f' <span class="warn" title="{escape(" ".join(warned))}">&#9888;</span>' if warned else "")
             cells = [f'<td class="run">{escape(run.name)}</td><td class="run">{escape(run.label)}</td>'
-                     f'<td class="run">{escape(proto or "test")}</td>']
+                     f'<td class="run">{escape(proto or "test")}{mark}</td>']
             for col in columns:
                 v = vals.get(col)
                 cls = "best" if i in best[col] else ("none" if v is None else "")
                 cells.append(f'<td class="{cls}" data-run="{escape(run.name)}" data-protocol="{escape(proto)}" '
                              f'data-metric="{col}" data-value="{"" if v is None else repr(float(v))}">'
-                             f'{_fmt(v, col)}</td>')
+                             f'{_fmt(v, col)}{mark if col == "rsum" else ""}</td>')
             body.append("<tr>" + "".join(cells) + "</tr>")
+            body += [f'<tr class="warning" data-run="{escape(run.name)}" data-protocol="{escape(proto)}">'
+                     f'<td colspan="{len(columns) + 3}">&#9888; warning of these figures '
+                     f'(metrics.json): {escape(w)}</td></tr>' for w in warned]
     for run in runs:
         if not run.metrics:
             body.append(f'<tr><td class="run">{escape(run.name)}</td><td class="run">{escape(run.label)}'
                         f'</td><td class="none" colspan="{len(columns) + 1}">no test evaluation — run '
                         f'<code>vsekit evaluate {escape(str(run.path))}</code></td></tr>')
     return '<div class="tablewrap">' + "".join(head + body) + "</tbody></table></div>"
+
+
+def metric_warnings(run: RunInfo, protocol: str) -> list[str]:
+    """The warnings ``metrics.json`` records for a row: those naming its protocol, and those naming none."""
+    doc = run.raw_metrics if isinstance(run.raw_metrics, dict) else {}
+    warnings = [str(w) for w in (doc.get("warnings") or []) if w]
+    named = [w for w in warnings if "--protocol " in w]
+    own = [w for w in named if f"--protocol {protocol} " in w or w.rstrip().endswith(f"--protocol {protocol}")]
+    return own + [w for w in warnings if w not in named]
 
 
 def _figure(uri: str | None, path: str, caption: str, ok: bool, attrs: str, size: int) -> str:

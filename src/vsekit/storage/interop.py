@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
+import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -88,8 +90,12 @@ def _captions_by_image(store: FeatureStore, rows: np.ndarray, cpi: int) -> list[
 def export_precomp(store: FeatureStore | str | Path, features: str, out: str | Path, *, layout: str = "vsepp",
                    splits: Sequence[str] | None = None, captions_per_image: int = 5,
                    dtype: str | None = None, testall: bool | None = None, restval_into_train: bool = False,
-                   vocab_name: str | None = None) -> dict[str, Any]:
+                   vocab_name: str | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and ``{split}_ids.txt`` for each split.
+
+    An ``out`` folder that exists and holds files is refused unless ``overwrite``; then it is replaced
+    whole: the export is written into a hidden folder beside it, which takes its place at the end, so
+    no file of an earlier export is left among the new ones (and an interrupted export changes nothing).
 
     ``testall`` (default: on for a COCO store with more than 1,000 test images) writes the whole test
     split as ``testall_*`` and its first 1,000 images (the first of the five sequential folds) as
@@ -118,13 +124,47 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
     if not store.n_captions:
         raise StoreError(f"{store.path} has no captions; the {layout} layout needs "
                          f"{captions_per_image} captions per image")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out)
+    refuse_existing(final, overwrite)
     codes = store.image_splits()
     wanted = list(splits) if splits else [s for i, s in enumerate(SPLITS) if np.any(codes == i)]
     for s in wanted:
         if s not in SPLITS:
             raise ValueError(f"--splits: unknown split {s!r}; valid choices: {', '.join(SPLITS)}")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    out = final.with_name(f".{final.name}.partial-{uuid.uuid4().hex[:8]}")
+    out.mkdir()
+    try:
+        summary = _write_precomp(store, fs, out, layout, wanted, shape, captions_per_image, dtype, testall,
+                                 restval_into_train, vocab_name)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+        out.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        out.rename(final)
+    summary["out"] = str(final)
+    summary["vocab"] = [str(final / Path(p).name) for p in summary.get("vocab", [])]
+    if not summary["vocab"]:
+        summary.pop("vocab")
+    return summary
+
+
+def refuse_existing(out: Path, overwrite: bool) -> None:
+    """An output that exists (a file, or a folder with files in it) needs ``--overwrite``."""
+    if overwrite or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    raise ValueError(f"{out} already exists; pass --overwrite to replace it (it is replaced whole: "
+                     f"nothing of it is kept)")
+
+
+def _write_precomp(store, fs, out: Path, layout: str, wanted: list[str], shape: tuple, captions_per_image: int,
+                   dtype: str | None, testall: bool | None, restval_into_train: bool,
+                   vocab_name: str | None) -> dict[str, Any]:
     out_dtype = np.dtype(dtype) if dtype else fs.data.dtype
     ids = store.image_ids()
     plan = _file_plan(store, wanted, testall, restval_into_train)
@@ -320,7 +360,7 @@ def _arrays(group) -> Iterable[tuple[str, Any]]:
 
 
 def export_hdf5(store: FeatureStore | str | Path, out: str | Path, *, features: Sequence[str] | None = None,
-                level: int = 4) -> dict[str, Any]:
+                level: int = 4, overwrite: bool = False) -> dict[str, Any]:
     """Write the store (all feature sets, or those named) to one HDF5 file, chunk by chunk."""
     import h5py
 
@@ -329,6 +369,7 @@ def export_hdf5(store: FeatureStore | str | Path, out: str | Path, *, features: 
     for n in names:
         store.features(n)  # a clear error for an unknown name
     out = Path(out)
+    refuse_existing(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     with h5py.File(tmp, "w") as h5:

@@ -51,6 +51,30 @@ def config_hash(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+#: attrs that record when or by what a set was made, not its settings
+_NOT_SETTINGS = frozenset({"code_version", "config_hash", "generation", "parent_generation", "created",
+                           "finished", "complete", "stats_ready", "lock_token"})
+
+
+def settings_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The settings ``new`` asks for that ``old`` has otherwise, as ``crops 10 → 5`` (``(none)``: unset)."""
+    out = []
+    for key in sorted(new):   # the settings asked for; the old set's attrs also hold what its writers added
+        if key in _NOT_SETTINGS:
+            continue
+        a, b = _jsonable(old.get(key)), _jsonable(new.get(key))
+        if a != b:
+            out.append(f"{key} {_show(a)} → {_show(b)}")
+    return out
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def row_chunk_for(row_bytes: int, target_bytes: int = 16 << 20, lo: int = 16, hi: int = 4096) -> int:
     """Rows per chunk so that a chunk holds about ``target_bytes`` (clamped to [lo, hi])."""
     rows = max(1, target_bytes // max(1, row_bytes))
@@ -494,9 +518,14 @@ class FeatureStore:
             if same and not overwrite:
                 return existing
             if not overwrite:
+                diff = settings_diff(existing.attrs, attrs)
+                if existing.shape != (n_rows, *row_shape):
+                    diff.append(f"shape {existing.shape} → {(n_rows, *row_shape)}")
+                if existing.data.dtype != dtype:
+                    diff.append(f"dtype {existing.data.dtype} → {dtype}")
                 raise ProvenanceError(
                     f"feature set {name!r} already exists in {self.path} with different settings "
-                    f"(config_hash {existing.attrs.get('config_hash')} != {attrs['config_hash']}); "
+                    f"({'; '.join(diff) or 'another vsekit version'}); "
                     f"pass --overwrite to replace it or --name to write a new set")
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)

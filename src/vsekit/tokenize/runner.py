@@ -54,12 +54,17 @@ class TokenizeSummary:
     empty: int
     truncated: int
     unknown: int
+    min_count: int = 0
 
     def __str__(self) -> str:
         return (f"tokenized {self.captions} captions into {self.tokens} tokens in {self.store}\n"
                 f"  vocabulary: {self.vocabulary} words (specials included) from {self.vocab_captions} "
                 f"captions of {','.join(self.vocab_splits)}\n"
-                f"  empty captions: {self.empty}, truncated: {self.truncated}, <unk> tokens: {self.unknown}")
+                f"  empty captions: {self.empty}, truncated: {self.truncated}, <unk> tokens: {self.unknown}"
+                + (f" of {self.tokens} ({100 * self.unknown / self.tokens:.0f}%: words seen fewer than "
+                   f"--min-count {self.min_count} times in {','.join(self.vocab_splits)} are <unk>; "
+                   f"a small store needs a lower --min-count)"
+                   if self.tokens and self.min_count and self.unknown / self.tokens >= 0.05 else ""))
 
 
 def resolve_vocab_splits(spec: str | Sequence[str]) -> list[str]:
@@ -173,7 +178,7 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
     _swap_into_place(store)
     return TokenizeSummary(store=str(store.path), captions=n_captions, tokens=n_tokens,
                            vocabulary=len(vocab), vocab_splits=splits, vocab_captions=vocab_captions,
-                           empty=empty, truncated=truncated, unknown=unknown)
+                           empty=empty, truncated=truncated, unknown=unknown, min_count=int(min_count))
 
 
 # pass 1: count (runs in worker processes) ---------------------------------------------------------

@@ -3,9 +3,11 @@
 An annotation file has ``images`` (``id``, ``file_name``) and ``annotations`` (``image_id``,
 ``caption``). The split of each image comes from a separate file: the Karpathy split JSON
 (``dataset_coco.json``, matched by ``cocoid``), a JSON object ``{image_id: split}``, or a text file of
-``image_id<TAB>split`` lines. Image files are looked up as ``IMAGE_ROOT/file_name`` and, failing
-that, ``IMAGE_ROOT/<set>/file_name`` where ``<set>`` is the ``train2014`` / ``val2014`` part of the
-COCO file name (the layout the official zips unpack to).
+``image_id<TAB>split`` lines. Image files are looked up by one rule (:data:`LOOKUP_RULE`):
+``IMAGE_ROOT/file_name``, then ``IMAGE_ROOT/<set>/file_name`` for the set named in the file name
+(``COCO_val2014_...`` → ``val2014``) and then for each of COCO's split folders (``train2014``,
+``val2014``, ``test2014``, ``train2017``, ``val2017``, ``test2017``, the layouts the official zips
+unpack to), so plain file names such as ``000000391895.jpg`` are found in ``train2014/`` too.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ from ..store import FeatureStore
 from .common import IngestError, IngestReport, read_json, read_split_file, check_inside_root, no_images_error
 
 
+#: COCO's split folders, searched below the image root for every file name
+SPLIT_FOLDERS = ("train2014", "val2014", "test2014", "train2017", "val2017", "test2017")
+LOOKUP_RULE = (f"IMAGE_ROOT/file_name, then IMAGE_ROOT/SET/file_name for SET in the file name's own set "
+               f"(COCO_val2014_... → val2014) and {', '.join(SPLIT_FOLDERS)}")
+
+
 def _candidates(file_name: str) -> list[str]:
     names = [file_name]
     parts = Path(file_name).stem.split("_")
     if len(parts) >= 3:  # COCO_val2014_000000391895 → val2014/COCO_val2014_000000391895.jpg
         names.append(str(Path(parts[1]) / file_name))
+    for folder in SPLIT_FOLDERS:
+        name = str(Path(folder) / file_name)
+        if name not in names:
+            names.append(name)
     return names
 
 
@@ -63,14 +75,21 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
                 continue
             if split == "restval" and restval_as_train:
                 split = "train"
-            options = _candidates(str(rec["file_name"]))
-            for candidate in options:   # every place it may be read from, not only the first
+            if not isinstance(rec["file_name"], str):
+                raise IngestError(f"{where}: field 'file_name' must be a string, got "
+                                  f"{_json_type(rec['file_name'])}")
+            options = _candidates(rec["file_name"])
+            rel = None
+            for candidate in options:   # every place it may be read from, up to the one it is read from
                 check_inside_root(image_root, candidate, f"{where}.file_name", allow_outside_root)
-            rel = next((c for c in options if (image_root / c).is_file()), None)
+                if (image_root / candidate).is_file():
+                    rel = candidate
+                    break
             if rel is None:
                 if check_files:
                     looked_for = looked_for or image_root / options[0]
-                    report.skip(f"{where}: image file {image_root / options[0]} is missing")
+                    report.skip(f"{where}: image file {image_root / options[0]} is missing (looked for "
+                                f"{LOOKUP_RULE})")
                     continue
                 rel = options[0]
             row_of[image_id] = len(ids)
@@ -79,7 +98,7 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
             split_of.append(split)
         for pos, ann in enumerate(doc["annotations"]):
             where = f"{ann_path}: annotations[{pos}]"
-            if not isinstance(ann, dict) or "image_id" not in ann:
+            if not isinstance(ann, dict) or "image_id" not in ann or "caption" not in ann:
                 raise IngestError(f"{where}: an annotation needs 'image_id' and 'caption'")
             image_id = str(ann["image_id"])
             if image_id not in first_seen:
@@ -87,14 +106,17 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
                 continue
             if image_id not in row_of:  # the image itself was skipped (and reported) above
                 continue
-            text = str(ann.get("caption") or "").strip()
+            if not isinstance(ann.get("caption"), str):
+                raise IngestError(f"{where}: field 'caption' must be a string, got {_json_type(ann.get('caption'))}")
+            text = ann["caption"].strip()
             if not text:
                 report.skip(f"{where}: empty caption for image {image_id}")
                 continue
             texts.append(" ".join(text.split()))
             owners.append(row_of[image_id])
     if not ids:
-        raise no_images_error(", ".join(map(str, annotation_files)), image_root, looked_for)
+        err = no_images_error(", ".join(map(str, annotation_files)), image_root, looked_for)
+        raise IngestError(f"{err}; a file name is looked for as {LOOKUP_RULE}") if looked_for else err
     sources = [str(Path(p).resolve()) for p in annotation_files] + [str(Path(split_file).resolve())]
     with FeatureStore.building(store_path, overwrite=overwrite, dataset=dataset, image_root=image_root,
                                source_files=sources) as store:
@@ -104,3 +126,11 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
         store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(ids), "captions": len(texts)}
     return store, report
+
+
+def _json_type(value) -> str:
+    """The JSON name of a value's type, as a message shows it (``None`` for null)."""
+    if value is None:
+        return "None"
+    return {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__)

@@ -120,7 +120,7 @@ def ingest_precomp(folder: str | Path, store_path: str | Path, *, prefixes: Sequ
                               f"{', '.join(DEFAULT_PREFIXES)})")
     for p in prefixes:
         if p not in PREFIX_SPLITS:
-            raise ValueError(f"--splits: unknown precomp split {p!r}; valid: {', '.join(PREFIX_SPLITS)}")
+            raise ValueError(f"--prefixes: unknown precomp split {p!r}; valid: {', '.join(PREFIX_SPLITS)}")
     report = IngestReport(strict=strict)
     ids: list[str] = []
     texts: list[str] = []

@@ -1,0 +1,67 @@
+"""Option types shared by every command, so one option name has one type everywhere (docs/cli.md)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+SPLIT_NAMES = ("train", "val", "test", "restval")
+
+
+class Workers(click.ParamType):
+    """``--workers``: a number of worker processes, or ``auto`` (the command picks from the cores)."""
+
+    name = "workers"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        text = str(value).strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            n = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of workers or 'auto'", param, ctx)
+        if n < 0:
+            self.fail(f"{value!r}: the number of workers cannot be negative", param, ctx)
+        return n
+
+    def get_metavar(self, param, ctx=None):   # click 8.2+ passes ctx
+        return "N|auto"
+
+
+WORKERS = Workers()
+
+
+def resolve_workers(value, cap: int = 4) -> int:
+    """``auto`` → the cores this process may use, at most ``cap``; a number as is."""
+    if value == "auto":
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except AttributeError:   # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        return max(1, min(cap, cores))
+    return int(value)
+
+
+class SplitNames(click.ParamType):
+    """``--split`` where a command reads several splits: names, comma-separated (``train`` or ``train,val``)."""
+
+    name = "split"
+
+    def convert(self, value, param, ctx):
+        names = [s.strip() for s in str(value).split(",") if s.strip()]
+        for s in names:
+            if s not in SPLIT_NAMES:
+                self.fail(f"unknown split {s!r}; valid choices: {', '.join(SPLIT_NAMES)} (comma-separated)", param, ctx)
+        if not names:
+            self.fail("no split given", param, ctx)
+        return ",".join(names)
+
+    def get_metavar(self, param, ctx=None):
+        return "SPLIT[,SPLIT]"
+
+
+SPLITS = SplitNames()

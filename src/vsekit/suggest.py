@@ -1,0 +1,53 @@
+""""Did you mean ...?": the closest valid names to a mistyped one (difflib), for every error that lists choices.
+
+:func:`did_you_mean` builds the phrase; :func:`improve_message` rewrites any message of the form
+``... 'NAME'; valid choices: a, b, c`` (or ``it has: a, b``) so it leads with the suggestion and, when
+the list is long, names how many choices there are instead of printing all of them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable
+
+#: lists longer than this are shortened to their first names and a count when a suggestion is given
+LONG_LIST = 12
+
+
+def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    choices = [str(c) for c in choices]
+    lower = {c.lower(): c for c in choices}
+    found = difflib.get_close_matches(word.lower(), list(lower), n=n, cutoff=0.6)
+    return [lower[f] for f in found]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"did you mean 'sh'?"`` (or ``'sh' or 'mh'``), or ``""`` when nothing is close."""
+    found = close_matches(word, choices)
+    if not found:
+        return ""
+    return "did you mean " + " or ".join(repr(f) for f in found) + "?"
+
+
+_LISTED = re.compile(r"(?P<head>.*'(?P<word>[^']+)'[^';(]*?)(?P<sep>;\s*|\s*\()"
+                     r"(?P<label>valid choices|valid|it has):\s*(?P<list>[^()\n;]*?)(?P<tail>\)?(?: \(.*\))?)$",
+                     re.S)
+
+
+def improve_message(message: str) -> str:
+    """Insert a suggestion into a "... 'NAME'; valid choices: ..." message (unchanged when none fits)."""
+    if "did you mean" in message:
+        return message
+    m = _LISTED.match(message)
+    if not m:
+        return message
+    # "a, b or any timm model name": the last item's own words are not a choice
+    choices = [c.split(" or ")[0].strip() for c in m.group("list").split(",") if c.strip()]
+    hint = did_you_mean(m.group("word"), choices)
+    if not hint:
+        return message
+    listed = m.group("list")
+    if len(choices) > LONG_LIST:
+        listed = f"{', '.join(choices[:LONG_LIST])}, ... ({len(choices)} in all)"
+    return f"{m.group('head')}; {hint} ({m.group('label')}: {listed}){m.group('tail').lstrip(')')}"
