@@ -106,7 +106,7 @@ def test_exif_orientation_on_the_libjpeg_turbo_path(tmp_path, orientation):
 
 def test_turbo_decoder_is_within_the_measured_bound(files):
     """torch's uint8 antialiased resize vs PIL's: at most 1 level, on under 3% of the values
-    (measured: about 1%, bench/decode.py's photos; docs/extract.md)."""
+    (measured: about 1%, bench/decode.py photos; docs/gpus_clusters.md)."""
     for interp in ("bilinear", "bicubic"):
         for mode in ("shorter", "square"):
             for name, p in files.items():
