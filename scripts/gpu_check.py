@@ -137,7 +137,7 @@ class Ctx:
         """Three demo images (detectors at their own ~800-pixel input are slow on a CPU)."""
         if self._tiny is None:
             d = self.work / "tiny"
-            vsekit("demo-data", str(d / "data"), "--images", "3" if self.small else "16", "--size", "128")
+            vsekit("demo-data", str(d / "data"), "--images", "3", "--size", "128")
             vsekit("ingest", "karpathy", str(d / "data" / "dataset_demo.json"), "--image-root", str(d / "data"),
                    "--store", str(d / "tiny.zarr"))
             self._tiny = d / "tiny.zarr"
