@@ -2,7 +2,7 @@
 (random init, ``--weights none``, seed 0), at real input sizes (224 and 448), global and FNE, through
 ``vsekit.extract.extract`` (the production path: its taps, its autocast), on the CPU.
 
-    .venv/bin/python -P bench/precision.py                  # 3 images, 224 and 448 (~5-15 min on 2 busy cores)
+    .venv/bin/python -P bench/precision.py                  # 2 images, 224 and 448 (~15 min on 2 busy cores)
     .venv/bin/python -P bench/precision.py --images 2 --sizes 224
 
 Per image, the cosine of the bf16 feature vector with the fp32 one (FNE: the raw tap means, before
@@ -23,7 +23,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--images", type=int, default=3)
+    ap.add_argument("--images", type=int, default=2)
     ap.add_argument("--sizes", default="224,448")
     ap.add_argument("--models", default="vgg19,resnet152")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "precision.md"))
