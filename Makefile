@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo test test-slow bench install clean gpu-check
 
 install: $(STAMP)
 
@@ -43,6 +43,15 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python -P $$f || exit 1; done
+
+# `make gpu-check` on a GPU machine (< 10 min): every CUDA path, figures appended to
+# bench/results/gpu_check-<UTC>.jsonl as they are measured. Without network: `make gpu-check
+# WHEELS=.whl` with a folder made by scripts/build_wheels.sh. CPU mode (CI):
+# `make gpu-check GPU_CHECK_ARGS="--cpu --small"`. Uses .venv's python if there is one, else $(PYTHON).
+GPU_CHECK_ARGS ?=
+WHEELS ?=
+gpu-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)) scripts/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

@@ -72,29 +72,82 @@ def to_nchw(out, layout: Layout):
     raise ValueError(f"a {layout.kind} output has no spatial positions")
 
 
+#: at most this many bytes of a tapped map are converted to float32 at once (a batch chunk)
+POOL_CHUNK_BYTES = 64 << 20
+
+
+def _rows_per_chunk(x) -> int:
+    per_row = max(1, x[0].numel() * 4) if x.shape[0] else 1
+    return max(1, POOL_CHUNK_BYTES // per_row)
+
+
+def _by_chunks(x, fn):
+    """``fn(x.float())`` computed on batch chunks converted into one reused float32 buffer (of
+    ``x.float()``'s strides, so ``fn`` reduces in the same order), never all of ``x`` at once."""
+    import torch
+
+    n, step = x.shape[0], _rows_per_chunk(x)
+    if step >= n:
+        return fn(x.float())
+    buf = torch.empty_like(x[:step], dtype=torch.float32)   # one buffer: no allocation per chunk
+    first = fn(buf.copy_(x[:step]))
+    out = torch.empty((n, *first.shape[1:]), dtype=first.dtype, device=first.device)
+    out[:step] = first
+    for i in range(step, n, step):
+        k = min(step, n - i)
+        out[i:i + k] = fn(buf[:k].copy_(x[i:i + k]))
+    return out
+
+
+def mean_f32(x, dims):
+    """``x.float().mean(dim=dims)`` without a float32 copy of the whole of ``x``.
+
+    float32 input: exactly that (no copy is made). On CUDA, a bf16/fp16 input is reduced by
+    ``mean(dtype=float32)``, which accumulates in float32 straight from the half-precision values
+    (torch makes no float32 copy of a CUDA half input for this reduction). Elsewhere (the CPU would
+    make that copy internally) the batch is converted and reduced a chunk of rows at a time through
+    one buffer of at most ``POOL_CHUNK_BYTES``; each row's mean is the same computation as on the
+    whole batch, so the values equal ``x.float().mean(dim=dims)``
+    (``tests/test_taps_memory.py``).
+    """
+    import torch
+
+    if x.dtype == torch.float32:
+        return x.mean(dim=dims)
+    if x.device.type == "cuda":
+        return x.mean(dim=dims, dtype=torch.float32)
+    return _by_chunks(x, lambda c: c.mean(dim=dims))
+
+
 def spatial_mean(out, layout: Layout = Layout("NCHW")):
     """Average over spatial positions (tokens: over the non-prefix tokens) → new (B, C) float32.
 
-    Vectors are copied (``copy=True``): the stored value must not alias the layer's output.
+    Vectors are copied (``copy=True``): the stored value must not alias the layer's output. A
+    bf16/fp16 map is averaged in float32 without a float32 copy of the whole map (:func:`mean_f32`).
     """
     import torch
 
     if layout.kind == "NC" or out.ndim == 2:
         return out.to(torch.float32, copy=True).reshape(out.shape[0], -1)
     if layout.kind == "NLC":
-        return out[:, layout.prefix:].float().mean(dim=1)
+        return mean_f32(out[:, layout.prefix:], (1,))
     if layout.kind == "NHWC":
-        return out.float().mean(dim=(1, 2))
+        return mean_f32(out, (1, 2))
     if out.ndim == 4:
-        return out.float().mean(dim=(2, 3))
+        return mean_f32(out, (2, 3))
     return out.to(torch.float32, copy=True).reshape(out.shape[0], -1)
 
 
 def grid_pool(out, layout: Layout, grid: int):
-    """The map as NCHW float32, average-pooled to ``grid`` × ``grid`` (a new tensor)."""
+    """The map as NCHW float32, average-pooled to ``grid`` × ``grid`` (a new tensor); a half-precision
+    map is converted a batch chunk at a time (at most ``POOL_CHUNK_BYTES`` of float32 at once)."""
     import torch
 
-    return torch.nn.functional.adaptive_avg_pool2d(to_nchw(out, layout).float(), grid)
+    x = to_nchw(out, layout)
+    pool = torch.nn.functional.adaptive_avg_pool2d
+    if x.dtype == torch.float32:
+        return pool(x, grid)
+    return _by_chunks(x, lambda c: pool(c, grid))
 
 
 def keep_map(out, layout: Layout = Layout("NCHW")):

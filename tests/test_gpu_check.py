@@ -1,0 +1,68 @@
+"""`make gpu-check` in its CPU mode (issue 30): every check runs with device=cpu on tiny sizes, so the
+script that a GPU machine runs once cannot rot. The CUDA-vs-CPU comparisons become CPU-vs-CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+def _run(tmp_path, *args, timeout=600):
+    out = tmp_path / "gc.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--small", "--out", str(out), *args],
+                       capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    recs = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    return r, {x["check"]: x for x in recs}
+
+
+def test_cpu_mode_runs_every_fast_check_and_records_each_figure(tmp_path):
+    r, recs = _run(tmp_path, "--skip", "cluster")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert recs["probe"]["ok"] and recs["probe"]["nms_equal"] and recs["probe"]["decode_jpeg_equals_pil"]
+    assert recs["install"]["ok"] is None and "--wheels" in recs["install"]["why"]
+    demo = recs["demo"]
+    assert demo["ok"] and demo["global_float32_rel_err"] == 0.0 and demo["fne_float16_rel_err"] == 0.0
+    assert demo["train_loss_rel_diff"] == 0.0
+    for prec in ("fp32", "bf16"):
+        t = recs[f"throughput.{prec}"]
+        assert t["ok"] and t["floor_img_s"] > 0 and t["e2e_img_s"] > 0 and t["peak_host_rss_mib"] > 0
+    assert "throughput.fp16" not in recs          # CUDA only
+    assert recs["detectors"]["ok"] is None        # minutes on a CPU: skipped in this mode, with the reason
+    assert recs["sgraf"]["ok"] and recs["sgraf"]["sims_rel_err"] == 0.0
+    assert recs["train_step"]["ok"] in (None, True)
+    assert recs["done"]["ok"] and recs["done"]["failed"] == 0
+    assert "cluster" not in recs
+
+
+def test_a_failing_check_is_recorded_and_the_exit_status_is_1(tmp_path, monkeypatch):
+    bad = tmp_path / "wheels"
+    bad.mkdir()
+    (bad / "broken-0.0-py3-none-any.whl").write_bytes(b"not a wheel")
+    r, recs = _run(tmp_path, "--only", "install", "--wheels", str(bad))
+    assert r.returncode == 1
+    assert recs["install"]["ok"] is False and recs["done"]["failed"] == 1
+
+
+def test_unknown_check_and_no_cuda_are_one_error_line(tmp_path):
+    r, _ = _run(tmp_path, "--only", "nope")
+    assert r.returncode == 1 and "Error: --only/--skip 'nope'" in r.stderr
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "x.jsonl")], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 1 and "Error: no CUDA device here" in r.stderr
+
+
+@pytest.mark.slow
+def test_cpu_mode_cluster_check(tmp_path):
+    r, recs = _run(tmp_path, "--only", "cluster")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert recs["cluster"]["ok"] and recs["cluster"]["done"] == 24
