@@ -32,7 +32,7 @@ from .config import TrainConfig, resolve_config
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import HingeLoss
-from .scoring import EnsembleScorer, encode_set
+from .scoring import EnsembleScorer, encode_set, evaluating
 from .tblog import open_curves
 
 COMMON_ARGS = ("img_shape", "vocab_size", "embed_dim", "word_dim", "similarity", "use_abs")
@@ -112,9 +112,12 @@ def build_model(cfg: TrainConfig, img_shape, vocab_size: int) -> tuple[Retrieval
 # validation ---------------------------------------------------------------------------------------
 def validate(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evalset: EvalSet,
              cfg: TrainConfig) -> dict[str, float]:
-    enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=cfg.device)
-    scorer = EnsembleScorer([model], [enc])
-    ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image)
+    """Metrics of ``model`` on ``evalset``: encoded and scored with the whole model in eval mode, as
+    ``vsekit evaluate`` scores a checkpoint; the model's modes, parameters and buffers are unchanged."""
+    with evaluating(model):
+        enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=cfg.device)
+        scorer = EnsembleScorer([model], [enc])
+        ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image)
     return metrics_from_ranks(*ranks)
 
 
