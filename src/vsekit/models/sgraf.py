@@ -144,6 +144,14 @@ def as_lengths(lengths, device) -> torch.Tensor:
     return torch.as_tensor(lengths, device=device, dtype=torch.int64)
 
 
+def packing_lengths(given, on_device: torch.Tensor, width: int) -> torch.Tensor:
+    """The lengths that ``bidirectional_states`` packs with: the caller's own when they are on the host
+    (the trainer keeps them there: no device round trip per batch), else the device copy."""
+    if isinstance(given, torch.Tensor) and given.device.type == "cpu":
+        return given.to(torch.int64).clamp(min=1, max=width)
+    return on_device
+
+
 class CaptionBatchNorm1d(MaskedBatchNorm1d):
     """SAF's batch norm over (n_img, n_cap, nodes, C) logits, with one set of statistics per caption.
 
@@ -183,18 +191,19 @@ class CaptionBatchNorm1d(MaskedBatchNorm1d):
 
     @torch.no_grad()
     def _update_running(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
-        """The running estimates after one update per caption (captions without members skip theirs)."""
-        keep = n > 0
-        mean, var, n = mean[keep], var[keep], n[keep]
-        steps = mean.shape[0]
-        if steps == 0:
+        """The running estimates after one update per caption (captions without members skip theirs).
+
+        Written without boolean indexing, so that on a GPU the update needs no host synchronisation.
+        """
+        if mean.shape[0] == 0:
             return
+        dtype = self.running_mean.dtype
+        kept = (n > 0).to(dtype)
         unbiased = torch.where((n > 1)[:, None], var * (n / (n - 1).clamp(min=1))[:, None], var)
         decay = 1.0 - self.momentum
-        dtype = self.running_mean.dtype
-        powers = decay ** torch.arange(steps - 1, -1, -1, dtype=dtype, device=mean.device)
-        weights = (self.momentum * powers)[:, None]
-        carry = decay ** steps
+        later = kept.flip(0).cumsum(0).flip(0) - kept          # kept captions after each caption
+        weights = (self.momentum * kept * torch.pow(decay, later))[:, None]
+        carry = torch.pow(decay, kept.sum())
         self.running_mean.copy_(carry * self.running_mean + (weights * mean.to(dtype)).sum(0))
         self.running_var.copy_(carry * self.running_var + (weights * unbiased.to(dtype)).sum(0))
 
@@ -328,9 +337,11 @@ class SGRAF(RetrievalModel):
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
         tokens = tokens.long()
+        given = lengths
         lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
         mask = length_mask(lengths, tokens.shape[1])
-        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), lengths))
+        packing = packing_lengths(given, lengths, tokens.shape[1])
+        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), packing))
         u = u * mask[..., None].to(u.dtype)
         return u, mask, self._global_caption(u, mask)
 
