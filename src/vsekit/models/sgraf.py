@@ -172,6 +172,8 @@ class CaptionBatchNorm1d(MaskedBatchNorm1d):
         the captions' order with :meth:`update_running`)."""
         if not self.training:
             return super().forward(x, mask)
+        if x.dtype in (torch.float16, torch.bfloat16):   # statistics in float32 under autocast
+            x = x.float()
         if mask is None:
             mask = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
         m = mask.to(x.dtype).unsqueeze(-1)
