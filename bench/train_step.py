@@ -22,7 +22,7 @@ Every model runs in a fresh subprocess (``--one NAME``), one after the other, so
 The child also reports its system CPU time and minor page faults per step.
 
 Usage: ``python bench/train_step.py [--models reference-saf,saf,...] [--batch 128] [--steps 3]
-[--threads 2] [--out bench/results/train_step.md]``.
+[--warmup 1] [--threads 2] [--out bench/results/train_step.md]``.
 
 :func:`step_peak` gives the peak device memory of one training step on a device (``make gpu-check``).
 """
@@ -262,13 +262,14 @@ def step_peak(model: str = "saf", device: str = "cuda", batch: int = 128) -> int
     return int(torch.cuda.max_memory_allocated(device))
 
 
-def run_one(name: str, batch: int, steps: int, threads: int, tune: bool) -> dict:
+def run_one(name: str, batch: int, steps: int, threads: int, tune: bool, warmup: int = 1) -> dict:
     torch.set_num_threads(threads)
     if tune and not name.startswith("reference-"):
         from vsekit.allocator import tune_allocator
         tune_allocator()    # as the vsekit command does
     step, _ = make_step(name, batch)
-    step()   # warm-up: first allocations, the optimiser's state
+    for _ in range(warmup):
+        step()   # warm-up: first allocations, the optimiser's state
     times = []
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     for _ in range(steps):
@@ -288,17 +289,19 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per model (median), after one warm-up")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (0: the first step is timed)")
     ap.add_argument("--no-tune", action="store_true", help="leave glibc's allocator untuned for vsekit too")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(HERE / "results" / "train_step.md"))
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one, args.batch, args.steps, args.threads, not args.no_tune)), flush=True)
+        print(json.dumps(run_one(args.one, args.batch, args.steps, args.threads, not args.no_tune, args.warmup)),
+              flush=True)
         return
     rows = []
     for name in args.models.split(","):
         cmd = [sys.executable, __file__, "--one", name, "--batch", str(args.batch), "--steps", str(args.steps),
-               "--threads", str(args.threads)] + (["--no-tune"] if args.no_tune else [])
+               "--threads", str(args.threads), "--warmup", str(args.warmup)] + (["--no-tune"] if args.no_tune else [])
         env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
         res = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if res.returncode != 0:
@@ -310,7 +313,7 @@ def main() -> None:
     by = {r["model"]: r for r in rows}
     lines = [f"# Training step benchmark (`bench/train_step.py`)", "",
              f"Command: `python bench/train_step.py --models {args.models} --batch {args.batch} --steps "
-             f"{args.steps} --threads {args.threads}{' --no-tune' if args.no_tune else ''}`  ",
+             f"{args.steps} --threads {args.threads} --warmup {args.warmup}{' --no-tune' if args.no_tune else ''}`  ",
              "Each model in its own process, one after the other; median of the timed steps.", "",
              "| model | s/step | vs reference | peak RSS (GB) | system CPU s/step | minor faults/step |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]

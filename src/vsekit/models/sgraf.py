@@ -386,10 +386,11 @@ class SGRAF(RetrievalModel):
         grams = torch.bmm(img[0], img[0].transpose(1, 2))   # region Gram matrices: context norms
         budget = block_budget(u.device)
         all_regions = bool(img[1].all())
+        order_on_device = torch.as_tensor(order, device=u.device)     # one copy to the device
         for a in range(0, n_cap, CAPTION_GROUP):
             members = order[a:a + CAPTION_GROUP]
             width = max(1, max(lengths[i] for i in members))
-            idx = torch.as_tensor(members, device=u.device)
+            idx = order_on_device[a:a + CAPTION_GROUP]
             group = (u[idx, :width], u_mask[idx, :width], u_glo[idx])
             out[:, idx] = self._score_images(img, group, probes, grams, budget, all_regions)
         return out
@@ -503,7 +504,10 @@ class SGRAF(RetrievalModel):
         autocast = torch.is_autocast_enabled(v.device.type)
         cols, order = [], []
         for members, w in groups:
-            idx = torch.as_tensor(members, device=u.device)
+            if members == list(range(members[0], members[-1] + 1)):
+                idx = slice(members[0], members[-1] + 1)     # a view; no index copied to the device
+            else:
+                idx = torch.as_tensor(members, device=u.device)
             u_g, m_g = u[idx, :w], u_mask[idx, :w]
             context = self._contexts(v, grams, missing, u_g, m_g)
             if autocast:   # mixed precision: autograd's own ops, which autocast knows how to cast

@@ -57,7 +57,7 @@ class MaskedBatchNorm1d(nn.Module):
             if flat.dtype in (torch.float16, torch.bfloat16):
                 flat = flat.float()
             if mask is None:
-                n = torch.tensor(float(flat.shape[0]), dtype=flat.dtype, device=flat.device)
+                n = torch.full((), float(flat.shape[0]), dtype=flat.dtype, device=flat.device)   # no copy
                 mean = flat.mean(0)
                 var = flat.var(0, unbiased=False)
             else:
