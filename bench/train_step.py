@@ -278,7 +278,7 @@ def run_one(name: str, batch: int, steps: int, threads: int, tune: bool, warmup:
         times.append(time.perf_counter() - t)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     return {"model": name, "batch": batch, "s_per_step": statistics.median(times), "times": times,
-            "loss": float(loss), "peak_rss_gb": r1.ru_maxrss / 2**20,
+            "loss": float(loss.detach()), "peak_rss_gb": r1.ru_maxrss / 2**20,
             "sys_s_per_step": (r1.ru_stime - r0.ru_stime) / steps,
             "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / steps}
 
