@@ -59,6 +59,8 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--eval-batch", type=click.IntRange(min=1), default=None,
               help="Images per batch of the validation after each epoch [default: 256]; may change on --resume.")
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default=None,
+              help="fp32, or bf16: the forward pass under autocast, the loss and metrics in fp32 [default: fp32].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")

@@ -146,7 +146,8 @@ class SeamTextEncoder(nn.Module):
         return F.relu(y).transpose(1, 2)
 
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mask = length_mask(lengths, tokens.shape[1])
+        # host lengths (the trainer's) stay on the host for packing; the mask is formed on the device
+        mask = length_mask(lengths.to(tokens.device, non_blocking=True), tokens.shape[1])
         x = self.embed(tokens) * mask[..., None]
         if self.variant == "e":
             states = [x]

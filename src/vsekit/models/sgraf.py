@@ -51,6 +51,75 @@ CAPTION_GROUP = 32
 GLOBAL_BLOCK_ELEMENTS = 1 << 22
 
 
+# On CUDA a sub-block's largest tensor gets this fraction of the free device memory (a sub-block
+# holds about a dozen tensors of that size at once, forward and backward), within these bounds.
+DEVICE_BUDGET_FRACTION = 1 / 32
+DEVICE_BUDGET_MAX_ELEMENTS = 1 << 28
+
+
+def block_budget(device) -> int:
+    """Elements of the largest float tensor one scoring or training sub-block forms on ``device``.
+
+    CPU: ``SCORE_BLOCK_ELEMENTS`` (cache and heap friendly, see above). CUDA: sized from the free
+    device memory (``torch.cuda.mem_get_info``, read once per call; no stream synchronisation), at
+    least ``SCORE_BLOCK_ELEMENTS_ACCELERATOR``. Other accelerators: the accelerator constant.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return SCORE_BLOCK_ELEMENTS
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        elements = int(free * DEVICE_BUDGET_FRACTION) // 4
+        return max(SCORE_BLOCK_ELEMENTS_ACCELERATOR, min(DEVICE_BUDGET_MAX_ELEMENTS, elements))
+    return SCORE_BLOCK_ELEMENTS_ACCELERATOR
+
+
+def length_groups(lengths: list[int], per_word: int, budget: int) -> list[tuple[list[int], int]]:
+    """Captions in groups of similar length, each cut to its own longest caption: ``[(indices, width)]``.
+
+    ``lengths`` are host integers; captions are taken in increasing length (ties in their order) and
+    a group grows while ``members x width x per_word`` stays within ``budget`` (at least one member).
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups, a = [], 0
+    while a < len(order):
+        b = a + 1
+        while b < len(order) and (b - a + 1) * max(1, lengths[order[b]]) * per_word <= budget:
+            b += 1
+        groups.append((order[a:b], max(1, lengths[order[b - 1]])))
+        a = b
+    return groups
+
+
+class _ResidualMap(torch.autograd.Function):
+    """``W (c - u)^2 + b`` (eq. 6 before its l2norm) for contexts c (n_img, G, L, d), words u (G, L, d).
+
+    Keeps only the difference ``c - u`` for backward; the squares are formed again there for W's
+    gradient, in the buffer that then takes the input gradient ``2 (c - u) (g W)``. Plain autograd
+    keeps the difference *and* the squares (two d-wide tensors per word and image) and forms three
+    more of that size in ``pow``'s backward.
+    """
+
+    @staticmethod
+    def forward(ctx, c: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        diff = c - u
+        ctx.save_for_backward(diff, weight)
+        return F.linear(diff * diff, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        diff, weight = ctx.saved_tensors
+        d = diff.shape[-1]
+        g = grad.reshape(-1, grad.shape[-1])
+        buf = torch.mul(diff, diff).view(-1, d)
+        grad_w = g.t() @ buf if ctx.needs_input_grad[2] else None
+        grad_b = g.sum(0) if ctx.needs_input_grad[3] else None
+        torch.mm(g, weight, out=buf)                     # the squares are no longer needed
+        grad_c = buf.view(diff.shape).mul_(diff).mul_(2.0)
+        grad_u = -grad_c.sum(0) if ctx.needs_input_grad[1] else None
+        return grad_c, grad_u, grad_w, grad_b
+
+
 def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.Tensor:
     """Softmax over ``dim`` where ``mask`` is False gets exactly zero weight."""
     logits = logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
@@ -75,6 +144,14 @@ def as_lengths(lengths, device) -> torch.Tensor:
     return torch.as_tensor(lengths, device=device, dtype=torch.int64)
 
 
+def packing_lengths(given, on_device: torch.Tensor, width: int) -> torch.Tensor:
+    """The lengths that ``bidirectional_states`` packs with: the caller's own when they are on the host
+    (the trainer keeps them there: no device round trip per batch), else the device copy."""
+    if isinstance(given, torch.Tensor) and given.device.type == "cpu":
+        return given.to(torch.int64).clamp(min=1, max=width)
+    return on_device
+
+
 class CaptionBatchNorm1d(MaskedBatchNorm1d):
     """SAF's batch norm over (n_img, n_cap, nodes, C) logits, with one set of statistics per caption.
 
@@ -88,33 +165,47 @@ class CaptionBatchNorm1d(MaskedBatchNorm1d):
     estimates, as the parent class. Same parameters and buffers as the parent (checkpoints load).
     """
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                statistics: list | None = None) -> torch.Tensor:
+        """``statistics``: a list that receives this block's per-caption (mean, var, members) instead
+        of the running estimates moving now (a caller scoring captions out of order applies them in
+        the captions' order with :meth:`update_running`)."""
         if not self.training:
             return super().forward(x, mask)
+        if x.dtype in (torch.float16, torch.bfloat16):   # statistics in float32 under autocast
+            x = x.float()
         if mask is None:
             mask = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
         m = mask.to(x.dtype).unsqueeze(-1)
         n = m.sum((0, 2))                                             # (n_cap, 1) members per caption
         mean = (x * m).sum((0, 2)) / n.clamp(min=1)                   # (n_cap, C)
         var = ((x - mean[None, :, None]).pow(2) * m).sum((0, 2)) / n.clamp(min=1)
-        self._update_running(mean.detach(), var.detach(), n[:, 0])
+        if statistics is None:
+            self._update_running(mean.detach(), var.detach(), n[:, 0])
+        else:
+            statistics.append((mean.detach(), var.detach(), n[:, 0]))
         y = (x - mean[None, :, None]) * torch.rsqrt(var[None, :, None] + self.eps) * self.weight + self.bias
         return y * m
 
+    def update_running(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
+        """Move the running estimates by captions' statistics, one step per caption in their order."""
+        self._update_running(mean, var, n)
+
     @torch.no_grad()
     def _update_running(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
-        """The running estimates after one update per caption (captions without members skip theirs)."""
-        keep = n > 0
-        mean, var, n = mean[keep], var[keep], n[keep]
-        steps = mean.shape[0]
-        if steps == 0:
+        """The running estimates after one update per caption (captions without members skip theirs).
+
+        Written without boolean indexing, so that on a GPU the update needs no host synchronisation.
+        """
+        if mean.shape[0] == 0:
             return
+        dtype = self.running_mean.dtype
+        kept = (n > 0).to(dtype)
         unbiased = torch.where((n > 1)[:, None], var * (n / (n - 1).clamp(min=1))[:, None], var)
         decay = 1.0 - self.momentum
-        dtype = self.running_mean.dtype
-        powers = decay ** torch.arange(steps - 1, -1, -1, dtype=dtype, device=mean.device)
-        weights = (self.momentum * powers)[:, None]
-        carry = decay ** steps
+        later = kept.flip(0).cumsum(0).flip(0) - kept          # kept captions after each caption
+        weights = (self.momentum * kept * torch.pow(decay, later))[:, None]
+        carry = torch.pow(decay, kept.sum())
         self.running_mean.copy_(carry * self.running_mean + (weights * mean.to(dtype)).sum(0))
         self.running_var.copy_(carry * self.running_var + (weights * unbiased.to(dtype)).sum(0))
 
@@ -248,9 +339,11 @@ class SGRAF(RetrievalModel):
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
         tokens = tokens.long()
+        given = lengths
         lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
         mask = length_mask(lengths, tokens.shape[1])
-        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), lengths))
+        packing = packing_lengths(given, lengths, tokens.shape[1])
+        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), packing))
         u = u * mask[..., None].to(u.dtype)
         return u, mask, self._global_caption(u, mask)
 
@@ -281,23 +374,28 @@ class SGRAF(RetrievalModel):
         """
         if torch.is_grad_enabled() or (self.training and self.mode == "saf"):
             # SAF's training-mode BN needs each caption's logits over all images at once
-            return self._score_block(img, cap)
+            return self._score_train(img, cap)
         u, u_mask, u_glo = cap
         n_cap = u.shape[0]
-        lengths = u_mask.sum(1)
-        order = torch.argsort(lengths, stable=True)
+        # the lengths and the grouping on the host, once (no device sync per caption group)
+        lengths = u_mask.sum(1).tolist()
+        order = sorted(range(n_cap), key=lengths.__getitem__)
         out = u.new_empty(img[0].shape[0], n_cap)
         # the merged edge maps, formed once here rather than in every cache-sized sub-block
         probes = [step.probe_map() for step in self.reasoning] if self.mode == "sgr" else None
         grams = torch.bmm(img[0], img[0].transpose(1, 2))   # region Gram matrices: context norms
+        budget = block_budget(u.device)
+        all_regions = bool(img[1].all())
+        order_on_device = torch.as_tensor(order, device=u.device)     # one copy to the device
         for a in range(0, n_cap, CAPTION_GROUP):
-            idx = order[a:a + CAPTION_GROUP]
-            width = max(1, int(lengths[idx].max()))
+            members = order[a:a + CAPTION_GROUP]
+            width = max(1, max(lengths[i] for i in members))
+            idx = order_on_device[a:a + CAPTION_GROUP]
             group = (u[idx, :width], u_mask[idx, :width], u_glo[idx])
-            out[:, idx] = self._score_images(img, group, probes, grams)
+            out[:, idx] = self._score_images(img, group, probes, grams, budget, all_regions)
         return out
 
-    def _score_images(self, img, cap, probes, grams) -> torch.Tensor:
+    def _score_images(self, img, cap, probes, grams, budget, all_regions) -> torch.Tensor:
         """All images against one caption group, in image sub-blocks of bounded size.
 
         The global nodes are formed for many images at once (up to GLOBAL_BLOCK_ELEMENTS), since
@@ -306,7 +404,6 @@ class SGRAF(RetrievalModel):
         n_img, regions = img[0].shape[:2]
         n_cap, words, dim = cap[0].shape
         per_image = max(1, n_cap * words * max(dim, regions))
-        budget = SCORE_BLOCK_ELEMENTS if img[0].device.type == "cpu" else SCORE_BLOCK_ELEMENTS_ACCELERATOR
         step = max(1, budget // per_image)
         chunk = max(step, GLOBAL_BLOCK_ELEMENTS // max(1, n_cap * max(dim, self.sim_loc_w.out_features)))
         out = []
@@ -317,7 +414,7 @@ class SGRAF(RetrievalModel):
                 j = min(i + step, end)      # a sub-block never runs past its chunk's global nodes
                 sub = tuple(t[i:j] for t in img)
                 out.append(self._score_block_eval(sub, cap, probes, grams[i:j],
-                                                  None if glo is None else glo[i - a:j - a]))
+                                                  None if glo is None else glo[i - a:j - a], all_regions))
         return out[0] if len(out) == 1 else torch.cat(out, dim=0)
 
     def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
@@ -367,15 +464,142 @@ class SGRAF(RetrievalModel):
             out = self._filtered(nodes, mask)
         return torch.sigmoid(self.eval_w(out)).squeeze(-1)
 
-    def _filtered(self, nodes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # -- training: the same scores and gradients as ``_score_block``, in bounded sub-blocks ----------
+    def _score_train(self, img, cap) -> torch.Tensor:
+        """``_score_block``'s scores (and, through autograd, its gradients) in caption sub-blocks.
+
+        Every sub-block holds a group of captions against all images, so SAF's per-caption batch
+        statistics are those of the whole block; its running estimates move once per caption in
+        the captions' order, after the last group. Per sub-block:
+
+        - ``W_sl (c - u)^2`` through :class:`_ResidualMap`, which keeps one d-wide tensor per word
+          and image (the difference) where autograd would keep two and form three more in
+          backward; the attention before it keeps only K-wide tensors (K regions against d dims),
+          so recomputing it in backward (checkpointing) would cost two K x d products per word to
+          save little memory, and is not done;
+        - context norms from the region Gram matrices (as evaluation), SGR's merged edge maps formed
+          once per call, the graph masks as one additive bias, and SGR's last step on the global
+          row only (the score reads that row alone);
+        - on a CPU the captions are grouped by length and each group cut to its longest caption.
+
+        Sub-blocks are sized from :func:`block_budget`, so each tensor stays small enough to be
+        reused from the heap (CPU) and a batch of 128 fits (GPU).
+        """
+        v, v_mask, v_glo = img
+        u, u_mask, u_glo = cap
+        n_img, k, d = v.shape
+        n_cap, width = u.shape[:2]
+        budget = block_budget(v.device)
+        if v.device.type == "cpu":
+            groups = length_groups(u_mask.sum(1).tolist(), n_img * max(d, k), budget)
+        else:   # no host round trip on an accelerator: batch order, the batch's width
+            per = max(1, width * n_img * max(d, k))
+            step = max(1, budget // per)
+            groups = [(list(range(a, min(a + step, n_cap))), width) for a in range(0, n_cap, step)]
+        grams = torch.bmm(v, v.transpose(1, 2)) if d > 2 * k else None
+        missing = torch.zeros(v_mask.shape, dtype=v.dtype, device=v.device)
+        missing.masked_fill_(~v_mask, torch.finfo(v.dtype).min)
+        probes = [step.probe_map() for step in self.reasoning] if self.mode == "sgr" else None
+        statistics: list | None = [] if self.mode == "saf" and self.saf_bn.training else None
+        autocast = torch.is_autocast_enabled(v.device.type)
+        cols, order = [], []
+        for members, w in groups:
+            if members == list(range(members[0], members[-1] + 1)):
+                idx = slice(members[0], members[-1] + 1)     # a view; no index copied to the device
+            else:
+                idx = torch.as_tensor(members, device=u.device)
+            u_g, m_g = u[idx, :w], u_mask[idx, :w]
+            context = self._contexts(v, grams, missing, u_g, m_g)
+            if autocast:   # mixed precision: autograd's own ops, which autocast knows how to cast
+                nodes = l2norm(self.sim_loc_w((context - u_g).pow(2)))
+            else:
+                nodes = l2norm(_ResidualMap.apply(context, u_g, self.sim_loc_w.weight, self.sim_loc_w.bias))
+            glo = self.global_node(v_glo, u_glo[idx])
+            cols.append(self._reason(nodes, m_g, glo, probes, statistics))
+            order += members
+        scores = cols[0] if len(cols) == 1 else torch.cat(cols, dim=1)
+        if order != list(range(n_cap)):
+            inverse = torch.empty(n_cap, dtype=torch.int64)
+            inverse[torch.as_tensor(order)] = torch.arange(n_cap)
+            inverse = inverse.to(scores.device)
+            scores = scores.index_select(1, inverse)
+        else:
+            inverse = None
+        if statistics:
+            mean, var, n = (torch.cat(t) for t in zip(*statistics))
+            if inverse is not None:
+                mean, var, n = mean[inverse], var[inverse], n[inverse]
+            self.saf_bn.update_running(mean, var, n)
+        return scores
+
+    def _contexts(self, v, grams, missing, u, u_mask) -> torch.Tensor:
+        """The attended contexts ``c_t`` of eq. 6 for every image and word of a caption group: (n_img, G, L, d).
+
+        ``local_nodes`` up to ``W_sl``: attention ``s = LeakyReLU(V U^T)`` masked to the real words,
+        l2-normalised over the words and scaled by lambda, softmax over the real regions, and the
+        l2-normalised context ``c = V^T alpha``; its norm from the Gram matrix ``V V^T`` when given
+        (``|c|^2 = alpha^T V V^T alpha``), so the d-wide context is formed already normalised.
+        """
+        n_img, k, d = v.shape
+        g, w = u.shape[:2]
+        p = g * w
+        eps = 1e-8
+        attn = (v.reshape(n_img * k, d) @ u.reshape(p, d).t()).view(n_img, k, g, w)
+        attn = F.leaky_relu(attn, 0.1) * u_mask.view(1, 1, g, w).to(attn.dtype)
+        attn = l2norm(attn, dim=-1) * self.lambda_softmax + missing.view(n_img, k, 1, 1)
+        alpha = torch.softmax(attn, dim=1).view(n_img, k, p)           # over the real regions
+        if grams is not None:
+            sq_norm = (torch.bmm(grams, alpha) * alpha).sum(1)         # |V^T alpha|^2, (n_img, p)
+            alpha = alpha * sq_norm.clamp_min(eps * eps).rsqrt()[:, None, :]
+            context = torch.bmm(alpha.transpose(1, 2), v)
+        else:
+            context = l2norm(torch.bmm(alpha.transpose(1, 2), v))
+        return context.view(n_img, g, w, d)
+
+    def _reason(self, nodes, u_mask, glo, probes, statistics) -> torch.Tensor:
+        """Scores (n_img, G) of a group's local nodes (n_img, G, L, sim) with its global nodes (or None)."""
+        n_img, g, w, dim = nodes.shape
+        if glo is not None:
+            nodes = torch.cat([glo[:, :, None, :], nodes], dim=2)
+            u_mask = torch.cat([u_mask.new_ones(g, 1), u_mask], dim=1)
+        n = nodes.shape[2]
+        if self.mode == "saf":
+            out = self._filtered(nodes, u_mask[None].expand(n_img, -1, -1), statistics)
+            return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+        b = n_img * g
+        nodes = nodes.reshape(b, n, dim)
+        bias = torch.zeros(g, n, dtype=nodes.dtype, device=nodes.device)
+        bias.masked_fill_(~u_mask, torch.finfo(nodes.dtype).min)
+        bias = bias.expand(n_img, g, n).reshape(b, 1, n)
+        steps = list(zip(self.reasoning, probes))
+        last = len(steps) - 1 if glo is not None and steps else len(steps)
+        for step, (weight, pbias) in steps[:last]:
+            edges = torch.softmax(torch.bmm(F.linear(nodes, weight, pbias), nodes.transpose(1, 2)) + bias, dim=-1)
+            nodes = F.relu(step.graph(torch.bmm(edges, nodes)))
+        if glo is not None and steps:                            # the last step, global row only
+            step, (weight, pbias) = steps[-1]
+            probe = F.linear(nodes[:, 0], weight, pbias)
+            edges = torch.softmax(torch.bmm(nodes, probe[:, :, None]).squeeze(-1) + bias[:, 0], dim=-1)
+            out = F.relu(step.graph(torch.bmm(edges[:, None, :], nodes).squeeze(1)))
+        elif glo is not None:
+            out = nodes[:, 0]
+        else:
+            m = u_mask[None].expand(n_img, -1, -1).reshape(b, n, 1).to(nodes.dtype)
+            out = (nodes * m).sum(1) / m.sum(1).clamp(min=1)
+        return torch.sigmoid(self.eval_w(out)).squeeze(-1).view(n_img, g)
+
+    def _filtered(self, nodes: torch.Tensor, mask: torch.Tensor, statistics: list | None = None) -> torch.Tensor:
         """SAF (eq. 9): l2norm(sum_i a_i N_i), a = l1norm(sigmoid(BN(w . N))) over the real nodes."""
-        logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
+        if statistics is not None:
+            logits = self.saf_bn(self.saf_w(nodes), mask, statistics).squeeze(-1)
+        else:
+            logits = self.saf_bn(self.saf_w(nodes), mask).squeeze(-1)
         a = torch.sigmoid(logits) * mask.to(nodes.dtype)
         a = a / (a.sum(-1, keepdim=True) + 1e-8)
         return l2norm((a[..., None] * nodes).sum(2))
 
     # -- evaluation: the same scores as ``_score_block``, with less work and fewer memory passes ---
-    def _local_nodes_eval(self, v, v_mask, u, u_mask, grams, out) -> None:
+    def _local_nodes_eval(self, v, v_mask, u, u_mask, grams, out, all_regions=False) -> None:
         """``local_nodes`` without autograd, written into ``out`` (n_img, n_cap, L, sim_dim).
 
         Two exact shortcuts: the norm of each attended context ``c = V^T alpha`` comes from the
@@ -392,7 +616,7 @@ class SGRAF(RetrievalModel):
         attn.mul_(u_mask.view(1, 1, n_cap, n_words))
         norm = torch.linalg.vector_norm(attn, dim=-1, keepdim=True).clamp_min_(eps)
         attn.div_(norm.div_(self.lambda_softmax))                # l2norm over the words, times lambda
-        if not bool(v_mask.all()):
+        if not all_regions:
             missing = torch.zeros(v_mask.shape, dtype=attn.dtype, device=attn.device)
             attn.add_(missing.masked_fill_(~v_mask, torch.finfo(attn.dtype).min).view(n_img, k, 1, 1))
         alpha = torch.softmax(attn, dim=1).view(n_img, k, p)    # over the real regions
@@ -408,7 +632,7 @@ class SGRAF(RetrievalModel):
         sims.div_(torch.linalg.vector_norm(sims, dim=-1, keepdim=True).clamp_min_(eps))
         out.copy_(sims.view(n_img, n_cap, n_words, -1))
 
-    def _score_block_eval(self, img, cap, probes, grams, glo) -> torch.Tensor:
+    def _score_block_eval(self, img, cap, probes, grams, glo, all_regions=False) -> torch.Tensor:
         """``_score_block`` for evaluation (no autograd): the same scores, computed with
 
         - the local nodes of :meth:`_local_nodes_eval`, written into one preallocated node tensor;
@@ -424,7 +648,7 @@ class SGRAF(RetrievalModel):
         if glo is not None:
             nodes[:, :, 0] = glo
             u_mask = torch.cat([u_mask.new_ones(n_cap, 1), u_mask], dim=1)
-        self._local_nodes_eval(v, v_mask, u, cap[1], grams, nodes[:, :, first:])
+        self._local_nodes_eval(v, v_mask, u, cap[1], grams, nodes[:, :, first:], all_regions)
         mask = u_mask[None].expand(n_img, -1, -1)
         if self.mode == "saf":
             return torch.sigmoid(self.eval_w(self._filtered(nodes, mask))).squeeze(-1)

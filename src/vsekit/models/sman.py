@@ -37,7 +37,7 @@ from torch import nn
 
 from .base import RetrievalModel
 from . import sgraf
-from .sgraf import as_lengths, bidirectional_states, length_mask, masked_softmax, variant_factory
+from .sgraf import as_lengths, bidirectional_states, length_mask, masked_softmax, packing_lengths, variant_factory
 
 
 class CellAttention(nn.Module):
@@ -148,9 +148,11 @@ class SMAN(RetrievalModel):
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
         """(B, L) token ids and lengths -> a tuple of per-caption tensors."""
         tokens = tokens.long()
+        given = lengths
         lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
         mask = length_mask(lengths, tokens.shape[1])
-        states = bidirectional_states(self.lstm, self.drop(self.embed(tokens)), lengths)
+        states = bidirectional_states(self.lstm, self.drop(self.embed(tokens)),
+                                      packing_lengths(given, lengths, tokens.shape[1]))
         states = states * mask[..., None].to(states.dtype)
         t0 = states.sum(1) / lengths[:, None].to(states.dtype)
         t1 = self.txt_att[0](states, mask, t0)
@@ -178,8 +180,7 @@ class SMAN(RetrievalModel):
         if torch.is_grad_enabled():
             return self._score_block(img, cap)
         n_img, n_cap, hidden = img[0].shape[0], cap[0].shape[0], img[0].shape[1]
-        cpu = img[0].device.type == "cpu"
-        budget = sgraf.SCORE_BLOCK_ELEMENTS if cpu else sgraf.SCORE_BLOCK_ELEMENTS_ACCELERATOR
+        budget = sgraf.block_budget(img[0].device)
         cap_step = min(n_cap, sgraf.CAPTION_GROUP)
         img_step = max(1, budget // (cap_step * max(hidden, img[3].shape[1], cap[3].shape[1])))
         out = img[0].new_empty(n_img, n_cap)

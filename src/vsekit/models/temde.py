@@ -51,19 +51,28 @@ class MaskedBatchNorm1d(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.training:
+            # statistics in float32 at least (under autocast x may be bf16), weighted by the mask
+            # rather than gathered with it (boolean indexing would synchronise a GPU every call)
             flat = x.reshape(-1, self.num_features)
-            if mask is not None:
-                flat = flat[mask.reshape(-1)]
-            n = flat.shape[0]
-            if n == 0:
-                mean, var = self.running_mean, self.running_var
-            else:
+            if flat.dtype in (torch.float16, torch.bfloat16):
+                flat = flat.float()
+            if mask is None:
+                n = torch.full((), float(flat.shape[0]), dtype=flat.dtype, device=flat.device)   # no copy
                 mean = flat.mean(0)
                 var = flat.var(0, unbiased=False)
-                with torch.no_grad():
-                    unbiased = var * (n / (n - 1)) if n > 1 else var
-                    self.running_mean.lerp_(mean.detach(), self.momentum)
-                    self.running_var.lerp_(unbiased.detach(), self.momentum)
+            else:
+                w = mask.reshape(-1, 1).to(flat.dtype)
+                n = w.sum()
+                mean = (flat * w).sum(0) / n.clamp(min=1)
+                var = ((flat - mean).pow(2) * w).sum(0) / n.clamp(min=1)
+            members = n > 0          # none: the running estimates, unchanged
+            mean = torch.where(members, mean, self.running_mean.to(mean.dtype))
+            var = torch.where(members, var, self.running_var.to(var.dtype))
+            with torch.no_grad():
+                unbiased = torch.where(n > 1, var * (n / (n - 1).clamp(min=1)), var)
+                dtype = self.running_mean.dtype
+                self.running_mean.lerp_(mean.detach().to(dtype), self.momentum)
+                self.running_var.lerp_(unbiased.detach().to(dtype), self.momentum)
         else:
             mean, var = self.running_mean, self.running_var
         y = (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias

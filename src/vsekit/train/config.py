@@ -15,6 +15,9 @@ from typing import Any, Mapping, Sequence
 from .presets import MODEL_DEFAULT_PRESET, PRESETS  # noqa: F401 (re-exported)
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
 @dataclass
 class TrainConfig:
     """Everything that determines a training run (saved as ``RUN/config.json``)."""
@@ -47,6 +50,7 @@ class TrainConfig:
     window_chunks: int | None = None  # fixed window (chunks); None: sized from shuffle_memory_gb
     eval_batch: int = 256
     device: str = "cpu"
+    precision: str = "fp32"         # "fp32", or "bf16": the forward under autocast (loss, metrics fp32)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,5 +108,7 @@ def _validate(cfg: TrainConfig) -> None:
         raise ValueError("--lr and --lr2 must be positive")
     if cfg.patience < 1:
         raise ValueError(f"--patience must be at least 1, got {cfg.patience}")
+    if cfg.precision not in PRECISIONS:
+        raise ValueError(f"--precision {cfg.precision!r}: valid choices: {', '.join(PRECISIONS)}")
     if not cfg.shuffle_memory_gb > 0:
         raise ValueError(f"--shuffle-memory must be positive (GB), got {cfg.shuffle_memory_gb}")

@@ -7,7 +7,8 @@ concatenated and sliced along the first dimension; several models' block scores 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -57,13 +58,28 @@ def take(enc: Any, sel: Any) -> Any:
     raise TypeError(f"cannot index encodings of type {type(enc).__name__}")
 
 
+@contextmanager
+def evaluating(*models: torch.nn.Module) -> Iterator[None]:
+    """Every module of ``models`` in eval mode inside the block, each restored to its own mode after.
+
+    The modes are restored module by module (not ``model.train(flag)`` on the root), so a model
+    whose parts were in different modes comes back exactly as it was.
+    """
+    saved = [(m, m.training) for model in models for m in model.modules()]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
 @torch.no_grad()
 def encode_set(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evalset: EvalSet, *,
                batch_size: int = 256, device: str = "cpu") -> tuple[Any, Any]:
     """Image encodings of ``evalset.rows`` and caption encodings of ``evalset.captions``."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         imgs = []
         for feats, counts in image_batches(source, evalset.rows, batch_size):
             imgs.append(model.encode_images(feats.to(device), None if counts is None else counts.to(device)))
@@ -71,13 +87,15 @@ def encode_set(model: RetrievalModel, source: FeatureSource, tokens: Tokens, eva
         for s in range(0, len(evalset.captions), batch_size):
             toks, lengths = tokens.batch(evalset.captions[s:s + batch_size])
             caps.append(model.encode_captions(toks.to(device), lengths.to(device)))
-    finally:
-        model.train(was_training)
     return cat(imgs), cat(caps)
 
 
 class EnsembleScorer:
-    """``scorer(img_sel, cap_sel)``: the mean of every model's ``score`` on those rows."""
+    """``scorer(img_sel, cap_sel)``: the mean of every model's ``score`` on those rows.
+
+    Every call scores with the models in eval mode (SAF's batch norm on its running estimates,
+    dropout off) and leaves them in the mode it found them in.
+    """
 
     def __init__(self, models: Sequence[RetrievalModel], encodings: Sequence[tuple[Any, Any]]):
         self.models, self.encodings = list(models), list(encodings)
@@ -85,9 +103,10 @@ class EnsembleScorer:
     @torch.no_grad()
     def __call__(self, img_sel: Any, cap_sel: Any) -> torch.Tensor:
         total = None
-        for model, (img, cap) in zip(self.models, self.encodings):
-            s = model.score(take(img, img_sel), take(cap, cap_sel)).float()
-            total = s if total is None else total + s
+        with evaluating(*self.models):
+            for model, (img, cap) in zip(self.models, self.encodings):
+                s = model.score(take(img, img_sel), take(cap, cap_sel)).float()
+                total = s if total is None else total + s
         return total / len(self.models)
 
 

@@ -33,9 +33,11 @@ from .config import TrainConfig, resolve_config
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import HingeLoss
-from .scoring import EnsembleScorer, encode_set
+from .scoring import EnsembleScorer, encode_set, evaluating
 from .tblog import open_curves
 
+# steps between host reads of the running loss for the progress bar (the loss stays on the device)
+LOG_EVERY = 50
 COMMON_ARGS = ("img_shape", "vocab_size", "embed_dim", "word_dim", "similarity", "use_abs")
 
 
@@ -113,9 +115,12 @@ def build_model(cfg: TrainConfig, img_shape, vocab_size: int) -> tuple[Retrieval
 # validation ---------------------------------------------------------------------------------------
 def validate(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evalset: EvalSet,
              cfg: TrainConfig) -> dict[str, float]:
-    enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=cfg.device)
-    scorer = EnsembleScorer([model], [enc])
-    ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image)
+    """Metrics of ``model`` on ``evalset``: encoded and scored with the whole model in eval mode, as
+    ``vsekit evaluate`` scores a checkpoint; the model's modes, parameters and buffers are unchanged."""
+    with evaluating(model):
+        enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=cfg.device)
+        scorer = EnsembleScorer([model], [enc])
+        ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image)
     return metrics_from_ranks(*ranks)
 
 
@@ -220,6 +225,38 @@ def _start_folder(out: Path, resume: bool, overwrite: bool) -> None:
 
 
 # the training loop --------------------------------------------------------------------------------
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A batch tensor on ``device``: on CUDA copied from pinned memory without blocking the host
+    (the copy overlaps the previous step's device work); elsewhere ``.to`` (a no-op on the CPU)."""
+    if t is None:
+        return None
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    """The forward pass's precision context: bf16 autocast for ``--precision bf16``, else a no-op."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+
+
+class LossMeter:
+    """The epoch's summed loss, accumulated on the device: no host synchronisation per step."""
+
+    def __init__(self, device: torch.device):
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        self.total = torch.zeros((), dtype=dtype, device=device)
+        self.steps = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total += loss.detach()
+        self.steps += 1
+
+    def mean(self) -> float:
+        """The mean loss so far (one host read)."""
+        return float(self.total) / max(1, self.steps)
+
+
 def train(store: str | Path, features: str, model: str | None, out: str | Path, *, presets=(),
           resume: bool = False, overwrite: bool = False, progress: bool = True,
           log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
@@ -263,6 +300,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
         raise ValueError(f"model {cfg.model!r} reads {net.image_input!r} features but {features!r} is a "
                          f"{source.kind!r} set; choose features of kind {net.image_input!r}")
     net.to(cfg.device)
+    device = torch.device(cfg.device)
     stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
                         captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed,
                         shuffle_memory=cfg.shuffle_memory_gb * 2**30)
@@ -314,30 +352,36 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
             group["lr"] = lr
         torch.manual_seed(cfg.seed * 100003 + epoch)
         t0 = time.perf_counter()
-        total, n_batches = 0.0, 0
+        meter = LossMeter(device)
         batches = stream.epoch(epoch)
+        bar = None
         if progress:
             from tqdm.auto import tqdm
-            batches = tqdm(batches, total=len(stream), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", leave=False)
+            batches = bar = tqdm(batches, total=len(stream), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", leave=False)
         net.train()
         for batch in batches:
-            img = net.encode_images(batch.feats.to(cfg.device),
-                                    None if batch.counts is None else batch.counts.to(cfg.device))
-            cap = net.encode_captions(batch.tokens.to(cfg.device), batch.lengths.to(cfg.device))
-            scores = net.score(img, cap)
-            loss = loss_fn(scores, batch.images.to(cfg.device))
+            images = to_device(batch.images, device)
+            with autocast(cfg, device):
+                img = net.encode_images(to_device(batch.feats, device), to_device(batch.counts, device))
+                # lengths stay on the host: the models pack with them, and form their masks on the device
+                cap = net.encode_captions(to_device(batch.tokens, device), batch.lengths)
+                scores = net.score(img, cap)
+            scores = scores.float()               # the loss in fp32 whatever the forward's precision
+            loss = loss_fn(scores, images)
             extra = net.extra_loss(img, cap, scores)
             if extra is not None:
-                loss = loss + extra
+                loss = loss + extra.float()
             optim.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.grad_clip and cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
             optim.step()
-            total += float(loss.detach())
-            n_batches += 1
+            meter.add(loss)
+            if bar is not None and meter.steps % LOG_EVERY == 0:
+                bar.set_postfix(loss=f"{meter.mean():.4f}", refresh=False)
+        epoch_loss = meter.mean()
         metrics = validate(net, source, tokens, evalset, cfg)
-        entry = {"epoch": epoch, "phase": state["phase"], "loss": total / max(1, n_batches), "lr": lr,
+        entry = {"epoch": epoch, "phase": state["phase"], "loss": epoch_loss, "lr": lr,
                  "val": metrics, "time_s": round(time.perf_counter() - t0, 3)}
         state["epoch"] = epoch
         payload_extra = {"config": cfg.to_json(), "model_name": cfg.model, "model_kwargs": kw}
