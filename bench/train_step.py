@@ -189,7 +189,7 @@ def inputs(name: str, batch: int, seed: int = 0):
 
 
 def build_vsekit(name: str):
-    from vsekit.models.base import create_model
+    from vsekit.models import create_model
 
     torch.manual_seed(0)
     if name == "sman":
@@ -260,6 +260,21 @@ def step_peak(model: str = "saf", device: str = "cuda", batch: int = 128) -> int
         step()
     torch.cuda.synchronize(device)
     return int(torch.cuda.max_memory_allocated(device))
+
+
+def gpu_check(device: str = "cuda", small: bool = False) -> dict:
+    """``make gpu-check``'s hook: peak device memory of a batch-128 SAF and SGR training step on
+    CUDA (issue 31); on the CPU (its CI mode) one small step of each, so the hook cannot rot."""
+    out: dict = {"ok": True}
+    for model in ("saf", "sgr"):
+        if str(device).startswith("cuda"):
+            out[f"{model}_peak_device_gb_batch128"] = step_peak(model, device, 128) / 2**30
+        else:
+            step, _ = make_step(model, 2 if small else 8, device)
+            loss = float(step().detach())
+            out[f"{model}_cpu_step_loss"] = loss
+            out["ok"] = out["ok"] and loss == loss   # not NaN
+    return out
 
 
 def run_one(name: str, batch: int, steps: int, threads: int, tune: bool, warmup: int = 1) -> dict:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import vsekit.models.sgraf as sgraf_mod
-from vsekit.models.base import create_model
+from vsekit.models import create_model
 
 torch.set_num_threads(1)
 

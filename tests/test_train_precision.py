@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import vsekit.models.sgraf as sgraf_mod
 import vsekit.train.trainer as trainer_mod
 from vsekit.cli import main
-from vsekit.models.base import create_model
+from vsekit.models import create_model
 from vsekit.storage.store import FeatureStore
 from vsekit.train import train
 
