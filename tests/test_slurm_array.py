@@ -77,7 +77,7 @@ def commits(log: Path) -> dict[int, list[str]]:
 
 
 def leases_of(store_path, task: str) -> list[int]:
-    from vsekit.storage.arrays import lease_dir
+    from vsekit.storage.job_arrays import lease_dir
 
     return [s.key for s in lease_dir(store_path, NAME).states() if str(s.owner.get("task")) == task]
 
@@ -123,7 +123,7 @@ def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
         demo_store, reference, counted, fake_slurm, monkeypatch):
     from vsekit.extract import extract
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
     from vsekit.storage.info import describe
 
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
@@ -312,7 +312,7 @@ def test_failure_reasons_written_by_array_tasks_reach_the_set(demo_store, fake_s
     from vsekit.extract import extract
     from vsekit.extract.array import work
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
 
     paths = demo_store.root["images/path"]
     paths[5] = "no/such/image.jpg"
@@ -331,7 +331,7 @@ def test_a_task_commits_nothing_once_the_array_lost_the_sets_lock(demo_store, fa
     from vsekit.extract import array
     from vsekit.extract import extract
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
     from vsekit.storage.lock import lock_path
 
     extract(demo_store, cluster="slurm-array:1", **OPTS)
@@ -367,7 +367,7 @@ def test_overwrite_with_an_array_replaces_the_finished_set(demo_store, reference
     from vsekit.extract import extract
     from vsekit.extract.array import work
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
 
     first = extract(demo_store, workers=0, **{**OPTS, "seed": 4})   # other weights: other bits
     assert first.done == demo_store.n_images

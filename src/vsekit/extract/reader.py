@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..storage.faults import point
 from .images import ImageError, load_image, make_crops, resize
 from .plan import Plan
 from .regions import check_boxes
@@ -60,6 +61,7 @@ class RowDataset:
     def _load(self, row: int, path: str) -> Item:
         p = self.plan
         self._check_inside_root(path)
+        point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
         img = decode(path)
         if p.kind != "regions":
             crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
@@ -223,7 +225,35 @@ def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
             for s in range(first_index, first_index + n, batch_size)]
 
 
-def error_summary(items: list[Item]) -> dict[int, str]:
-    return {it.row: it.error for it in items if it.error is not None}
+def decoded(dataset, batches: Sequence[Sequence[int]], workers: int) -> Iterator[list[Item]]:
+    """The items of each batch, in order, decoded by ``workers`` processes, or threads where this
+    process may not have children (a dask worker is a daemon process)."""
+    import multiprocessing
+
+    if workers > 0 and multiprocessing.current_process().daemon:
+        yield from decoded_by_threads(dataset, batches, workers)
+    else:
+        yield from iter_batches(dataset, batches, workers)
+
+
+def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int) -> Iterator[list[Item]]:
+    """The items of each batch, in order, decoded by ``threads`` threads (0/1: in this thread).
+
+    Decoding (PIL, numpy) releases the GIL, and at most two batches are decoded ahead.
+    """
+    if threads <= 1:
+        yield from iter_batches(dataset, batches, 0)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool:
+        ahead: deque = deque()
+        for b in batches:
+            ahead.append([pool.submit(dataset.__getitem__, i) for i in b])
+            if len(ahead) > 2:
+                yield [f.result() for f in ahead.popleft()]
+        while ahead:
+            yield [f.result() for f in ahead.popleft()]
 
 
