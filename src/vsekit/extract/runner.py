@@ -188,7 +188,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
             if array:   # no driver stays: see extract/array.py
                 from .array import submit
 
-                return submit(store, fs, job, cluster)
+                return submit(store, fs, job, cluster, fresh=not existed)
             if cluster is not None:
                 from .distribute import run_on_dask
 
