@@ -86,9 +86,9 @@ class ClusterSpec:
 
     @property
     def resolves_on_workers(self) -> bool:
-        """Whether ``--device`` is resolved on the cluster's nodes, not here (SLURM: a login node may
-        have no GPU)."""
-        return self.kind in ("slurm", "slurm-array")
+        """Whether ``--device`` is resolved on the cluster's nodes, not here: SLURM (a login node may
+        have no GPU) and a running scheduler's workers (``tcp://``, started elsewhere)."""
+        return self.kind in ("slurm", "slurm-array", "tcp")
 
     def gpus_per_job(self, device: str) -> int:
         """GPUs per SLURM job: ``gpus`` (default 1) with ``cuda``/``cuda:N``, ``gpus`` with ``auto``, 0 on CPU."""
@@ -116,15 +116,37 @@ class ClusterSpec:
             return "cuda" if is_cuda(device) else "auto"
         return device
 
-    def decode_threads(self) -> int:
-        """Decoding threads per task: a SLURM job's ``cores`` shared by its workers (0: decode serially)."""
-        if self.kind != "slurm":
-            return 0
+    def decode_threads(self, device: str = "cpu", cpus: int | None = None) -> int | str:
+        """Decoding threads per task (a dask worker is a daemon process: threads, not processes),
+        at least 2 so that decoding overlaps the model: a SLURM job's ``cores`` shared by its
+        workers; ``local:N``: this machine's cores shared by the N workers; ``tcp://``: ``auto``,
+        sized on each worker from the cores it may use."""
+        if self.kind == "tcp":
+            return "auto"
+        if self.kind == "local":
+            cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+            return max(MIN_DECODE_THREADS, cpus // max(1, self.n))
         s = self.settings
-        cores = int(s.get("cores", 1) or 1)
-        workers = int(s.get("processes", 0) or 0) or (int(s.get("gpus", 0) or 0) or cores)
-        n = cores // max(1, workers)
-        return n if n > 1 else 0
+        gpus = self.gpus_per_job(device) if self.kind == "slurm" else 0
+        cores = int(s.get("cores", 0) or 0) or job_cores(gpus)
+        workers = int(s.get("processes", 0) or 0) or (gpus or int(s.get("gpus", 0) or 0) or cores)
+        return max(MIN_DECODE_THREADS, cores // max(1, workers))
+
+
+MIN_DECODE_THREADS = 2
+#: a GPU worker's host resources by default: decoding 10-crop images for one GPU takes ~6 cores
+#: (docs/gpus_clusters.md), and its batches, pinned buffers and decoders need memory beyond 4 GB
+CORES_PER_GPU, MEMORY_PER_GPU_GB, MEMORY_DEFAULT = 6, 16, "4GB"
+
+
+def job_cores(gpus: int) -> int:
+    """Default ``cores`` of a SLURM job (or array task) with ``gpus`` GPUs: 6 per GPU, else 1."""
+    return CORES_PER_GPU * gpus if gpus else 1
+
+
+def job_memory(gpus: int) -> str:
+    """Default ``memory`` of a SLURM job (or array task) with ``gpus`` GPUs: 16 GB per GPU, else 4 GB."""
+    return f"{MEMORY_PER_GPU_GB * gpus}GB" if gpus else MEMORY_DEFAULT
 
 
 #: the ``cluster:`` settings of the running ``vsekit run`` pipeline (see :func:`pipeline_settings`)
@@ -220,9 +242,8 @@ def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, floa
     specs = {}
     for k, env in enumerate(local_worker_env(n_workers, device, n_gpus)):
         options: dict[str, Any] = {"nthreads": 1, "host": "127.0.0.1", "dashboard_address": None,
-                                   "resources": dict(resources or {}), "silence_logs": 40}
-        if env:
-            options["env"] = env
+                                   "resources": dict(resources or {}), "silence_logs": 40,
+                                   "env": {**NO_PAUSE, **env}}
         specs[f"vsekit-{k}"] = {"cls": Nanny, "options": options}
     return specs
 
@@ -232,9 +253,10 @@ def _local(n: int, device: str, resources, n_gpus: int | None = None) -> Iterato
     from distributed import Scheduler, SpecCluster
 
     if is_cuda(device) and _has_dask_cuda() and ":" not in device and n_gpus is None:
+        import dask
         from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned by dask-cuda itself
 
-        with LocalCUDACluster(n_workers=n, threads_per_worker=1, host="127.0.0.1",
+        with dask.config.set({"distributed.worker.memory.pause": False}), LocalCUDACluster(n_workers=n, threads_per_worker=1, host="127.0.0.1",
                               dashboard_address=None, resources=dict(resources or {})) as cluster:
             yield cluster
         return
@@ -291,6 +313,13 @@ def lifetime_args(walltime: Any, lifetime: Any = None) -> list[str]:
     return ["--lifetime", f"{life}s", "--lifetime-stagger", f"{stagger}s"]
 
 
+#: dask pauses a worker at 80% of its memory limit, and a paused worker starts no task: a run whose
+#: blocks need more than that would hang. vsekit's workers never pause (terminating at 95% stays: a
+#: block that really exhausts memory ends its worker, and its rows are bisected).
+NO_PAUSE = {"DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False"}
+NO_PAUSE_EXPORT = [f"export {k}={v}" for k, v in NO_PAUSE.items()]
+
+
 def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[str, float] | None) -> dict:
     """``dask_jobqueue.SLURMCluster`` keyword arguments from vsekit's cluster settings.
 
@@ -301,7 +330,7 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
     s = dict(settings)
     gpus = ClusterSpec("slurm", 1, settings=s).gpus_per_job(device)
     s.pop("gpus", None)
-    cores = int(s.pop("cores", 1))
+    cores = int(s.pop("cores", 0) or 0) or job_cores(gpus)
     processes = int(s.pop("processes", gpus or cores))
     if gpus and processes != gpus:
         raise ValueError(f"cluster settings gpus: {gpus} and processes: {processes}: a job runs one worker "
@@ -309,9 +338,10 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
     if processes < 1 or cores < processes:
         raise ValueError(f"cluster settings cores: {cores}, processes: {processes}: need 1 <= processes <= cores")
     kw: dict[str, Any] = {"cores": processes, "job_cpu": cores, "processes": processes,
-                          "memory": s.pop("memory", "4GB"),
+                          "memory": s.pop("memory", None) or job_memory(gpus),
                           "job_extra_directives": list(s.pop("job_extra", []) or []),
-                          "job_script_prologue": list(s.pop("prologue", []) or []),
+                          # a paused worker starts no task: a block would wait forever (see NO_PAUSE)
+                          "job_script_prologue": [*NO_PAUSE_EXPORT, *list(s.pop("prologue", []) or [])],
                           "silence_logs": "error", "scheduler_options": {"dashboard": False}}
     extra: list[str] = []   # cores == processes: dask-jobqueue passes --nthreads 1 itself
     res = dict(resources or {})

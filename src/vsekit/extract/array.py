@@ -95,18 +95,25 @@ def mem_mb(memory: Any) -> int:
     return max(1, math.ceil(n / 2**20))
 
 
-def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path) -> str:
-    """The sbatch script of the array: one task per line of work, each running :func:`work`."""
+def array_gpus(settings: dict, device: str) -> int:
+    """GPUs per array task: ``gpus`` (default 1 with a CUDA device, 0 otherwise)."""
     from ..devices import is_cuda
 
-    gpus = int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
+    return int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
+
+
+def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path) -> str:
+    """The sbatch script of the array: one task per line of work, each running :func:`work`."""
+    from ..cluster import job_cores, job_memory
+
+    gpus = array_gpus(settings, device)
     if gpus > 1:
         raise ValueError(f"cluster setting gpus: {gpus}: an array task uses one GPU; use gpus: 1 and "
                          f"more tasks (slurm-array:N)")
     lines = ["#!/bin/bash", f"#SBATCH --job-name=vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}",
              f"#SBATCH --array=0-{tasks - 1}", "#SBATCH --ntasks=1",
-             f"#SBATCH --cpus-per-task={int(settings.get('cores', 1))}",
-             f"#SBATCH --mem={mem_mb(settings.get('memory', '4GB'))}M",
+             f"#SBATCH --cpus-per-task={int(settings.get('cores') or job_cores(gpus))}",
+             f"#SBATCH --mem={mem_mb(settings.get('memory') or job_memory(gpus))}M",
              f"#SBATCH --output={log_dir}/%x-%A_%a.out"]
     for key, flag in (("queue", "-p"), ("account", "-A"), ("walltime", "-t")):
         if settings.get(key):
@@ -141,6 +148,11 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     if fresh:
         arrays.remove(store.path, fs.name)
     settings = {k: v for k, v in cluster.settings.items() if k in ARRAY_KEYS}
+    if str(device) != "cpu" and array_gpus(settings, device) == 0:   # no silent CPU
+        line = (f"--device {device} on --cluster {cluster}: the array tasks ask for no GPU, so they run "
+                f"on CPU (set gpus: 1 in the cluster settings, or --device cuda)")
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
+        fs.update_attrs(device_note=line)
     merge_errors(fs)                     # a previous array's reasons, before anything else
     blocks = fs.pending_blocks()
     counts = fs.counts()
@@ -343,7 +355,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
         return 2
     device = resolve_device(spec["device"])
     cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "1") or 1)
-    workers = decode_workers("auto", device, cpus=cores) if cores > 1 else 0
+    workers = max(2, decode_workers("auto", device, cpus=cores))   # decoding overlaps the model
     run = Execution(device=device, batch_size=spec["batch_size"], workers=workers, strict=spec["strict"],
                     pin_memory=spec.get("pin_memory", "auto"), channels_last=spec.get("channels_last", True),
                     progress=False)
@@ -352,7 +364,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
     committed, dropped = 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
-        f"device {device}, {spec['name']!r}")
+        f"device {device}, {workers} decoding processes, {spec['name']!r}")
     try:
         with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
             point(f"array-task-{task}:start")
@@ -372,7 +384,8 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
                     why = commit(fs, buf, LeaseGuard(leases, lease, spec))
                     if why is None:
                         committed += 1
-                        say(f"committed block {block.index} (rows {block.start}-{block.stop - 1})")
+                        say(f"committed block {block.index} (rows {block.start}-{block.stop - 1}), decoded by "
+                            f"{len({d.split(':')[0] for d in buf.decoders})} processes")
                     else:
                         dropped += 1
                         say(f"block {block.index} not committed: {why}")

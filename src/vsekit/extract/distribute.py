@@ -32,7 +32,7 @@ from ..cluster import ClusterSpec
 from ..storage.store import FAILED, Block, FeatureSet, FeatureStore
 from .job import Job
 from .plan import Plan
-from .rows import DriverGone, LockGuard, commit, compute_block  # noqa: F401 (DriverGone: re-exported)
+from .rows import DriverGone, LockGuard, commit, compute_block, decoding_summary  # noqa: F401 (DriverGone: re-exported)
 from .writer import BlockBuffer
 
 
@@ -59,7 +59,14 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
     buf = compute_block(job, blk, store=store)
     if commit(fs, buf, guard) is not None:   # another copy of this task committed it meanwhile
         return _done(job, blk, len(blk), skipped=True)
-    return _done(job, blk, len(blk), errors=buf.errors)
+    return _done(job, blk, len(blk), errors=buf.errors, decoders=sorted(buf.decoders), device=_device(job))
+
+
+def _device(job: Job) -> str:
+    """The device this task ran on (``auto`` resolved here, on the worker)."""
+    from ..devices import resolve_device
+
+    return resolve_device(job.run.device)
 
 
 def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dict[str, Any]:
@@ -72,7 +79,7 @@ def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dic
                  status=buf.status[sl], extra={k: v[sl] for k, v in buf.extra.items()})
 
 
-def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterSpec) -> tuple[dict, dict]:
+def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterSpec) -> tuple[dict, dict, dict]:
     """One task per pending block on ``cluster``; a block whose task keeps killing its workers is
     bisected to find the row that does (it is marked failed, the rest extracted).
 
@@ -83,15 +90,16 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
     from tqdm.auto import tqdm
 
     if not blocks:
-        return {}, {}
+        return {}, {}, {}
     device = job.run.device
     resources = {"GPU": 1} if cluster.uses_gpu(device) else None
     # the device each task resolves on its worker; the decoding threads of each task
     task_job = Job(job.store, job.name, job.plan,
-                   job.run.replace(device=cluster.task_device(device), workers=cluster.decode_threads()),
+                   job.run.replace(device=cluster.task_device(device), workers=cluster.decode_threads(device)),
                    job.lock_name, job.lock_token)
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
+    info: dict[str, Any] = {"decoding": {}, "devices": set()}
     with cluster_client_for(cluster, resources, device) as client:
         from distributed import as_completed
 
@@ -133,6 +141,10 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
                 futures.pop(fut.key, None)
                 fut.release()
                 runs[res["index"]] = runs.get(res["index"], 0) + 1
+                if res.get("decoders"):
+                    info["decoding"] = _most(info["decoding"], decoding_summary(res["decoders"]))
+                if res.get("device"):
+                    info["devices"].add(res["device"])
                 if res["builds"]:
                     builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
                 bar.update(res["rows"])
@@ -143,7 +155,12 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
         finally:
             bar.close()
         report_deaths(client, started)
-    return runs, builds
+    return runs, builds, info
+
+
+def _most(a: dict, b: dict) -> dict:
+    """The block decoded by the most decoders, of two summaries (see :func:`.rows.decoding_summary`)."""
+    return b if b.get("decoders", 0) > a.get("decoders", 0) else a
 
 
 def cluster_client_for(cluster: ClusterSpec, resources, device: str):

@@ -33,6 +33,7 @@ class Item:
     error: str | None = None
     boxes: np.ndarray | None = None  # regions: boxes in input pixels (K, 4)
     scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
+    decoder: str = ""                # the process:thread that decoded it (how parallel decoding was)
 
 
 class RowDataset:
@@ -52,11 +53,13 @@ class RowDataset:
     def __getitem__(self, i: int) -> Item:
         row, p = self.rows[i], self.plan
         try:
-            return self._load(row, self.paths[i])
+            item = self._load(row, self.paths[i])
         except (ImageError, ValueError) as exc:
-            return Item(row, None, str(exc))
+            item = Item(row, None, str(exc))
         except Exception as exc:  # any other decoder failure must not end the run
-            return Item(row, None, f"cannot read {self.paths[i]}: {type(exc).__name__}: {exc}")
+            item = Item(row, None, f"cannot read {self.paths[i]}: {type(exc).__name__}: {exc}")
+        item.decoder = f"{os.getpid()}:{threading.current_thread().name}"
+        return item
 
     def _load(self, row: int, path: str) -> Item:
         p = self.plan

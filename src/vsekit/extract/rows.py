@@ -125,6 +125,13 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
     rows ``[lo, hi)``, still cut where the whole block's batches are cut."""
     if not blocks:
         return
+    from ..devices import resolve_device
+    from .throughput import decode_workers
+
+    workers = job.run.workers
+    if str(workers).strip().lower() == "auto":   # resolved where it runs (a tcp:// worker): at least 2
+        workers = max(2, decode_workers("auto", resolve_device(job.run.device), cpus=own_cpus()))
+    workers = decode_workers(workers, "cpu")
     store = store if store is not None else FeatureStore.open(job.store, mode="r+")
     extractor = extractor if extractor is not None else extractor_for(job)
     plan, size = job.plan, job.run.batch_size
@@ -142,14 +149,23 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         first += len(b)
     last = {k: i for i, k in enumerate(owner)}
     current: BlockBuffer | None = None
-    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, job.run.workers))):
+    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers))):
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])
         survive_worker_death(run_items, extractor, plan, items, current, job.run.strict)
+        current.decoders.update(it.decoder for it in items)
         if last[k] == i:
             yield current
             current = None
+
+
+def own_cpus() -> int:
+    """The CPU cores this process may run on (its affinity: a SLURM job's, a container's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def compute_block(job: Job, block: Block, **kwargs: Any) -> BlockBuffer:
@@ -208,3 +224,12 @@ def commit(fs: FeatureSet, buf: BlockBuffer, guard) -> str | None:
     if why is None:
         guard.write(fs, buf)
     return why
+
+
+def decoding_summary(decoders: "set[str] | list[str]") -> dict[str, Any]:
+    """How a block was decoded, from its rows' decoders (``pid:thread``): in how many processes and
+    threads, so that a run can show (and record) that its decoding ran in parallel."""
+    names = set(decoders)
+    pids = {d.split(":", 1)[0] for d in names}
+    return {"decoders": len(names), "processes": len(pids),
+            "threads": len({d for d in names if "vsekit-decode" in d})}

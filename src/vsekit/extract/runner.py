@@ -31,7 +31,7 @@ from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreErro
 from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
 from .regions import region_arrays
-from .rows import LockGuard, commit, compute_blocks, extractor_for
+from .rows import LockGuard, commit, compute_blocks, decoding_summary, extractor_for
 from .writer import BlockWriter
 
 
@@ -51,6 +51,8 @@ class ExtractResult:
     errors: dict[int, str] = field(default_factory=dict)
     block_runs: dict[int, int] = field(default_factory=dict)   # block index → times reported done
     model_builds: dict[int, int] = field(default_factory=dict)  # pid → models built (cluster)
+    decoding: dict[str, int] = field(default_factory=dict)  # the most parallel block: decoders, processes, threads
+    devices: list[str] = field(default_factory=list)        # where the blocks ran (resolved on the workers)
 
     @property
     def images_per_s(self) -> float:
@@ -159,6 +161,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
         device = resolve_device(run.device)  # auto -> cuda|cpu; an unusable device is one Error: line
     if device != "auto" and not device.startswith("cuda") and opts.precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
+    requested = str(run.device or "auto").strip().lower()
     run = run.replace(device=device)
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
@@ -192,9 +195,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
             if cluster is not None:
                 from .distribute import run_on_dask
 
-                runs, builds = run_on_dask(job, fs, blocks, cluster)
+                runs, builds, info = run_on_dask(job, fs, blocks, cluster)
             else:
-                runs, builds = run_in_process(job, fs, blocks, store)
+                runs, builds, info = run_in_process(job, fs, blocks, store)
+            _record(fs, info, requested, cluster)
         except BaseException as exc:
             _discard_or_keep(store, fs, name, existed, exc)
             raise
@@ -205,7 +209,28 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
     return ExtractResult(name=name, n_rows=fs.n_rows, done=counts["done"], failed=counts["failed"],
                          pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
-                         block_runs=runs, model_builds=builds)
+                         block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
+                         devices=sorted(info.get("devices", ())))
+
+
+def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
+    """Record how the blocks were decoded and where they ran; a cluster run that could have used a
+    GPU but ran (partly) on CPU says so in one line, and the set records that line."""
+    attrs: dict[str, Any] = {}
+    if info.get("decoding"):
+        attrs["decoding"] = info["decoding"]
+    devices = sorted(info.get("devices", ()))
+    if devices:
+        attrs["device"] = ",".join(devices)
+    if cluster is not None and requested != "cpu" and "cpu" in devices:
+        why = ("the cluster settings ask for no GPU (set gpus: 1 in the cluster settings)"
+               if cluster.kind == "slurm" and not cluster.uses_gpu(requested) else
+               "its workers see no usable GPU")
+        line = f"--device {requested} on --cluster {cluster}: tasks ran on CPU, not on a GPU: {why}"
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
+        attrs["device_note"] = line
+    if attrs:
+        fs.update_attrs(**attrs)
 
 
 def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bool, exc: BaseException) -> None:
@@ -225,7 +250,7 @@ def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bo
 
 
 # --- in-process ----------------------------------------------------------------------------------
-def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tuple[dict, dict]:
+def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tuple[dict, dict, dict]:
     """Every pending block in this process: one decoding pool over all of them, each finished block
     committed by the background writer (the guard: this run's writer lock)."""
     from tqdm.auto import tqdm
@@ -233,12 +258,13 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
     from .throughput import decode_workers
 
     if not blocks:
-        return {}, {}
+        return {}, {}, {}
     job = Job(job.store, job.name, job.plan, job.run.replace(workers=decode_workers(job.run.workers, job.run.device)),
               job.lock_name, job.lock_token)
     extractor = extractor_for(job)
     guard = LockGuard(job, skip_committed=False, record_errors=True)
     runs: dict[int, int] = {}
+    info: dict[str, Any] = {"decoding": {}, "devices": {str(job.run.device)}}
     bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
                disable=not job.run.progress, smoothing=0.1)
     writer = BlockWriter(lambda buf: commit(fs, buf, guard))
@@ -248,6 +274,9 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
                 writer.submit(buf)
                 bar.update(len(buf.block))
                 runs[buf.block.index] = runs.get(buf.block.index, 0) + 1
+                summary = decoding_summary(buf.decoders)
+                if summary["decoders"] > info["decoding"].get("decoders", 0):
+                    info["decoding"] = summary
         except KeyboardInterrupt:   # a Ctrl-C this thread's handler did not see first
             _stop_decoders()
             raise
@@ -258,7 +287,7 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
         finally:
             bar.close()
             writer.close()
-    return runs, {os.getpid(): 1}
+    return runs, {os.getpid(): 1}, info
 
 
 def _stop_decoders(signum: int | None = None) -> None:

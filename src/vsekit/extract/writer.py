@@ -28,6 +28,7 @@ class BlockBuffer:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     filled: int = 0
+    decoders: set = field(default_factory=set)   # the process:thread names that decoded its rows
 
     @classmethod
     def empty(cls, plan: Plan, block: Block) -> "BlockBuffer":
