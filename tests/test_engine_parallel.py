@@ -1,6 +1,6 @@
 """Every executor decodes in parallel, GPU jobs get a GPU's host resources, and no run lands on the
 CPU without saying so (issue 30), checked on the CPU: the decoders that really decoded each block
-are recorded (``pid:thread`` of every row, summarised in the set's ``decoding`` attrs)."""
+are recorded (``pid:thread`` of every row, summarised in the result's ``decoding``)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_in_process_decodes_in_worker_processes_and_records_it(demo_store):
     res = extract(demo_store, workers=2, **OPTS)
     assert res.decoding["processes"] == 2 and res.decoding["decoders"] == 2   # two batches, two workers
     fs = FeatureStore.open(demo_store.path).features(res.name)
-    assert fs.attrs["decoding"] == res.decoding and fs.attrs["device"] == "cpu"
+    assert fs.attrs["device"] == "cpu"
     serial = extract(demo_store, name="serial", workers=0, **OPTS)
     assert serial.decoding == {"decoders": 1, "processes": 1, "threads": 0}
     np.testing.assert_array_equal(fs.data[:], FeatureStore.open(demo_store.path).features("serial").data[:])
@@ -76,7 +76,7 @@ def test_local_cluster_run_decodes_with_threads(demo_store):
     res = extract(demo_store, cluster="local:2", **OPTS)
     assert res.done == demo_store.n_images
     assert res.decoding["threads"] >= 2 and res.decoding["processes"] == 1, res.decoding
-    assert FeatureStore.open(demo_store.path).features(res.name).attrs["decoding"] == res.decoding
+    assert res.devices == ["cpu"]
 
 
 def _job_script(settings, device):

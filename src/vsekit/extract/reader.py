@@ -106,19 +106,48 @@ def decode(path: str):
     return load_image(path)
 
 
-def collate(items: list[Item]) -> list[Item]:
-    return items
+class Batch(list):
+    """The items of one batch, their crops stacked into one uint8 tensor where they were decoded.
+
+    Collated in the decoding process, the tensor reaches the driving process through shared memory
+    (no pickled arrays through a pipe, no stacking in the thread that drives the model), and with
+    ``pin`` a DataLoader's pin thread copies it into page-locked memory (:meth:`pin_memory`).
+    """
+
+    crops = None   # uint8 (B_ok, n_crops, 3, H, W) of the ok items, in order; their .crops are None
+
+    def pin_memory(self, *args) -> "Batch":
+        if self.crops is not None:
+            self.crops = self.crops.pin_memory()
+        return self
+
+
+def collate(items: list[Item]) -> Batch:
+    """Stack the ok items' crops once, here (see :class:`Batch`); items of different shapes (BUTD's
+    original-size images) keep their own."""
+    import torch
+
+    batch = Batch(items)
+    ok = [it for it in items if isinstance(it, Item) and it.error is None and it.crops is not None]
+    if ok and len({it.crops.shape for it in ok}) == 1:
+        batch.crops = torch.from_numpy(np.stack([it.crops for it in ok]))
+        for it in ok:
+            it.crops = None
+    return batch
 
 
 def stack(items: list[Item]):
     """The ok items' crops as one uint8 tensor (B, n_crops, 3, H, W), or None."""
     import torch
 
+    if getattr(items, "crops", None) is not None:
+        return items.crops
     ok = [it.crops for it in items if it.error is None]
     return torch.from_numpy(np.stack(ok)) if ok else None
 
 
-def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers: int) -> Iterator[list[Item]]:
+def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers: int,
+                 pin: bool = False) -> Iterator[list[Item]]:
     """Yield the items of each batch of dataset indices, in order.
 
     If a decoding process dies (a segfault in a codec, the OOM killer), the batches that were in
@@ -128,12 +157,12 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
     pos, batches = 0, [list(b) for b in batches]
     while pos < len(batches):
         if workers <= 0:
-            yield [dataset[i] for i in batches[pos]]
+            yield collate([dataset[i] for i in batches[pos]])
             pos += 1
             continue
         from torch.utils.data import DataLoader
 
-        loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers,
+        loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=collate, prefetch_factor=2, worker_init_fn=die_with(os.getpid()))
         try:
             for items in loader:
@@ -228,15 +257,16 @@ def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
             for s in range(first_index, first_index + n, batch_size)]
 
 
-def decoded(dataset, batches: Sequence[Sequence[int]], workers: int) -> Iterator[list[Item]]:
-    """The items of each batch, in order, decoded by ``workers`` processes, or threads where this
-    process may not have children (a dask worker is a daemon process)."""
+def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False) -> Iterator[list[Item]]:
+    """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
+    batches pinned by the DataLoader's pin thread with ``pin``), or threads where this process may
+    not have children (a dask worker is a daemon process)."""
     import multiprocessing
 
     if workers > 0 and multiprocessing.current_process().daemon:
         yield from decoded_by_threads(dataset, batches, workers)
     else:
-        yield from iter_batches(dataset, batches, workers)
+        yield from iter_batches(dataset, batches, workers, pin)
 
 
 def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int) -> Iterator[list[Item]]:
@@ -250,13 +280,18 @@ def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int) 
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool:
+    def collated(futures):
+        return collate([f.result() for f in futures])
+
+    # the items on `threads` threads; each batch collated, in order, by one more (it only waits on them)
+    with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool, \
+            ThreadPoolExecutor(1, thread_name_prefix="vsekit-collate") as collator:
         ahead: deque = deque()
         for b in batches:
-            ahead.append([pool.submit(dataset.__getitem__, i) for i in b])
+            ahead.append(collator.submit(collated, [pool.submit(dataset.__getitem__, i) for i in b]))
             if len(ahead) > 2:
-                yield [f.result() for f in ahead.popleft()]
+                yield ahead.popleft().result()
         while ahead:
-            yield [f.result() for f in ahead.popleft()]
+            yield ahead.popleft().result()
 
 

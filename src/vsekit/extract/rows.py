@@ -93,8 +93,11 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
     if not ok:
         return
     if plan.detector == "butd-r101":  # original-size images, one at a time (butd.ButdExtractor)
+        if getattr(items, "crops", None) is not None:   # images of one size were collated: each its own
+            for it, crops in zip(ok, items.crops):
+                it.crops = crops.numpy()
         return extractor.put_items(ok, buf)
-    x = stack(ok)
+    x = stack(items)   # the ok items' crops (collated where they were decoded)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
         feats = extractor.regions(x, boxes)
@@ -149,7 +152,7 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         first += len(b)
     last = {k: i for i, k in enumerate(owner)}
     current: BlockBuffer | None = None
-    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers))):
+    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers, getattr(extractor, 'pinned', False)))):
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])

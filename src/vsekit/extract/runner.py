@@ -214,11 +214,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
 
 
 def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
-    """Record how the blocks were decoded and where they ran; a cluster run that could have used a
-    GPU but ran (partly) on CPU says so in one line, and the set records that line."""
+    """Record where the blocks ran; a cluster run that could have used a GPU but ran (partly) on CPU
+    says so in one line, and the set records that line. (How they were decoded is the result's
+    ``decoding``: it describes a run, not the set, so it stays out of the attrs.)"""
     attrs: dict[str, Any] = {}
-    if info.get("decoding"):
-        attrs["decoding"] = info["decoding"]
     devices = sorted(info.get("devices", ()))
     if devices:
         attrs["device"] = ",".join(devices)
