@@ -16,8 +16,11 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   The run's jobs are cancelled by id when it ends, also on Ctrl-C and SIGTERM. A job with G GPUs
   runs G single-threaded workers, each pinned to one of them (:mod:`vsekit.cluster_pin`); its
   ``cores`` are the decoding threads of its workers. The device is resolved on the workers.
-  Settings come from ``settings`` or, for ``vsekit run``, the ``cluster:`` section of
-  pipelines.yaml (passed as JSON in ``$VSEKIT_CLUSTER_CONFIG``); dask-jobqueue's own config fills the rest.
+  ``--cluster`` is parsed once, at the edge (:func:`parse_cluster` → :class:`ClusterSpec`, settings
+  included): the settings are the caller's, else the ``cluster:`` section of the running
+  ``vsekit run`` pipeline (:func:`pipeline_settings`), else the user's ``$VSEKIT_CLUSTER_CONFIG``
+  (JSON); dask-jobqueue's own config fills the rest. A GPU job gets 6 cores and 16 GB per GPU
+  unless its settings say otherwise, and no vsekit worker pauses for memory (:data:`NO_PAUSE`).
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
