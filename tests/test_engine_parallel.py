@@ -191,3 +191,20 @@ def test_an_array_task_decodes_with_worker_processes(demo_store, tmp_path, monke
     assert re.findall(r"committed block \d+ \(rows [\d-]+\), decoded by (\d+) processes", err) == ["2", "2"]
     fs = FeatureStore.open(demo_store.path).features("test_resnet_global")
     assert fs.counts()["done"] == demo_store.n_images
+
+
+def test_prefetch_is_an_option_of_the_cli_and_of_extract(demo_store):
+    """An option added as one field of Execution (extract/job.py) is a CLI flag and a keyword of
+    extract() at once; the features do not depend on it."""
+    from click.testing import CliRunner
+
+    from vsekit.cli import main
+
+    a = extract(demo_store, name="a", workers=1, prefetch=1, **OPTS)
+    b = extract(demo_store, name="b", workers=1, prefetch=4, **OPTS)
+    assert a.done == b.done == demo_store.n_images
+    fs = FeatureStore.open(demo_store.path)
+    np.testing.assert_array_equal(fs.features("a").data[:], fs.features("b").data[:])
+    res = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), "--model", "test_resnet",
+                                    "--weights", "none", "--prefetch", "0"])
+    assert res.exit_code == 1 and res.output.strip().splitlines()[-1] == "Error: --prefetch must be >= 1, got 0"

@@ -128,6 +128,8 @@ class Execution:
                              "(auto: on with CUDA).", choices=PIN_CHOICES)
     channels_last: bool = option(True, "--channels-last", "NHWC layout of the model and its inputs (faster "
                                  "convolutions on GPUs).", secondary="--no-channels-last")
+    prefetch: int = option(2, "--prefetch", "Batches each decoding worker prepares ahead (more: smoother "
+                           "feeding of a fast GPU, more memory).", type=int)
     strict: bool = option(False, "--strict", "Stop at the first bad image.")
     block_rows: int | None = option(None, "--block-rows", "Rows per block (unit of work and resume).", type=int,
                                     attr="block_rows", when=lambda a: bool(a.get("block_rows")),
@@ -140,6 +142,8 @@ class Execution:
         if isinstance(self.workers, int) and self.workers < 0:
             raise ValueError("--batch-size must be >= 1 and --workers >= 0")
         decode_workers(self.workers, "cpu")   # a bad --workers is one Error: line naming it
+        if int(self.prefetch) < 1:
+            raise ValueError(f"--prefetch must be >= 1, got {self.prefetch}")
         pin_memory(self.pin_memory, "cpu")   # a bad choice is one Error: line naming --pin-memory
         return self
 

@@ -147,7 +147,7 @@ def stack(items: list[Item]):
 
 
 def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers: int,
-                 pin: bool = False) -> Iterator[list[Item]]:
+                 pin: bool = False, prefetch: int = 2) -> Iterator[list[Item]]:
     """Yield the items of each batch of dataset indices, in order.
 
     If a decoding process dies (a segfault in a codec, the OOM killer), the batches that were in
@@ -163,7 +163,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         from torch.utils.data import DataLoader
 
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
-                            collate_fn=collate, prefetch_factor=2, worker_init_fn=die_with(os.getpid()))
+                            collate_fn=collate, prefetch_factor=prefetch, worker_init_fn=die_with(os.getpid()))
         try:
             for items in loader:
                 yield items
@@ -171,7 +171,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         except RuntimeError as exc:
             if not is_worker_death(exc):
                 raise
-            in_flight = batches[pos:pos + 2 * workers]
+            in_flight = batches[pos:pos + prefetch * workers]
             for b in in_flight:
                 yield _isolated(dataset, b, str(exc))
                 pos += 1
@@ -257,22 +257,24 @@ def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
             for s in range(first_index, first_index + n, batch_size)]
 
 
-def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False) -> Iterator[list[Item]]:
+def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False,
+            prefetch: int = 2) -> Iterator[list[Item]]:
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
     batches pinned by the DataLoader's pin thread with ``pin``), or threads where this process may
     not have children (a dask worker is a daemon process)."""
     import multiprocessing
 
     if workers > 0 and multiprocessing.current_process().daemon:
-        yield from decoded_by_threads(dataset, batches, workers)
+        yield from decoded_by_threads(dataset, batches, workers, prefetch)
     else:
-        yield from iter_batches(dataset, batches, workers, pin)
+        yield from iter_batches(dataset, batches, workers, pin, prefetch)
 
 
-def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int) -> Iterator[list[Item]]:
+def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int,
+                       prefetch: int = 2) -> Iterator[list[Item]]:
     """The items of each batch, in order, decoded by ``threads`` threads (0/1: in this thread).
 
-    Decoding (PIL, numpy) releases the GIL, and at most two batches are decoded ahead.
+    Decoding (PIL, numpy) releases the GIL, and at most ``prefetch`` batches are decoded ahead.
     """
     if threads <= 1:
         yield from iter_batches(dataset, batches, 0)
@@ -289,7 +291,7 @@ def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int) 
         ahead: deque = deque()
         for b in batches:
             ahead.append(collator.submit(collated, [pool.submit(dataset.__getitem__, i) for i in b]))
-            if len(ahead) > 2:
+            if len(ahead) > prefetch:
                 yield ahead.popleft().result()
         while ahead:
             yield ahead.popleft().result()

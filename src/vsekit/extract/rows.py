@@ -152,7 +152,8 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         first += len(b)
     last = {k: i for i, k in enumerate(owner)}
     current: BlockBuffer | None = None
-    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers, getattr(extractor, 'pinned', False)))):
+    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers, getattr(extractor, 'pinned', False),
+                                                         job.run.prefetch))):
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])
