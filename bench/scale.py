@@ -50,10 +50,8 @@ import os
 if os.environ.get("VSEKIT_BENCH_STANDIN"):
     import atexit, resource
     import numpy as np
-    from vsekit.extract import array as _array, distribute as _distribute, extractor as _extractor
-    from vsekit.extract.plan import Plan
+    from vsekit.extract import array as _array, distribute as _distribute, runner as _runner
     from vsekit.extract.writer import BlockBuffer
-    from vsekit.storage.store import Block, FeatureStore
 
     def _fill(plan, blk):
         buf = BlockBuffer.empty(plan, blk)
@@ -62,17 +60,17 @@ if os.environ.get("VSEKIT_BENCH_STANDIN"):
         buf.filled = len(blk)
         return buf
 
-    def run_rows(store_path, name, plan_dict, block, lo, hi, device, batch_size, strict, write,
-                 throughput=None):
-        blk = Block(*block)
-        buf = _fill(Plan.from_dict(plan_dict), blk)
-        if write:
-            buf.write(FeatureStore.open(store_path, mode="r+").features(name), record_errors=False)
-        return {"index": blk.index, "errors": {}, "pid": os.getpid(), "builds": 0, "rows": hi - lo}
+    def _compute(job, block, **kwargs):   # what the block engine would compute, without a model
+        return _fill(job.plan, block)
 
-    _distribute.run_rows = run_rows
-    _array.compute = lambda store, plan, block, *a, **k: _fill(plan, block)
-    _extractor.cached_extractor = lambda plan, device: None
+    def _compute_all(job, blocks, **kwargs):
+        for b in blocks:
+            yield _fill(job.plan, b)
+
+    _distribute.compute_block = _compute
+    _array.compute_block = _compute
+    _runner.compute_blocks = _compute_all
+    _runner.extractor_for = lambda job: None
 
     def _rss():
         out = os.environ.get("VSEKIT_BENCH_RSS")

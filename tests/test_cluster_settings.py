@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from vsekit.cli import main
-from vsekit.cluster import decode_threads, parse_cluster, slurm_kwargs, task_device, uses_gpu
+from vsekit.cluster import ClusterSpec, parse_cluster, slurm_kwargs
 from vsekit.cluster_pin import gpu_for
 
 FORMS = ("local:N", "slurm:N", "slurm-array:N", "tcp://HOST:PORT")
@@ -30,12 +30,20 @@ def test_help_of_every_stage_with_cluster_lists_every_form(command):
 
 
 def test_parse_cluster_knows_every_form():
-    assert parse_cluster("local:2") == ("local", 2)
-    assert parse_cluster("slurm:3") == ("slurm", 3)
-    assert parse_cluster("slurm-array:4") == ("slurm-array", 4)
-    assert parse_cluster("tcp://127.0.0.1:8786") == ("tcp", "tcp://127.0.0.1:8786")
+    def form(spec):
+        return spec.kind, spec.address or spec.n
+
+    assert form(parse_cluster("local:2")) == ("local", 2)
+    assert form(parse_cluster("slurm:3", {})) == ("slurm", 3)
+    assert form(parse_cluster("slurm-array:4", {})) == ("slurm-array", 4)
+    assert form(parse_cluster("tcp://127.0.0.1:8786")) == ("tcp", "tcp://127.0.0.1:8786")
+    assert parse_cluster(parse_cluster("local:2")) == parse_cluster("local:2")   # parsed once, passed on
     with pytest.raises(ValueError, match="slurm-array:N with N >= 1"):
         parse_cluster("slurm-array:0")
+
+
+def slurm(settings):
+    return ClusterSpec("slurm", 1, settings=settings)
 
 
 def _job_script(settings, device):
@@ -54,7 +62,7 @@ def test_gpu_job_runs_one_pinned_single_threaded_worker_per_gpu():
     assert "--nworkers 2" in script
     assert "--preload vsekit.cluster_pin" in script and "--resources GPU=1" in script
     assert "--lifetime 3240s" in script and "--lifetime-stagger 90s" in script   # 6 min before walltime
-    assert decode_threads("slurm", {"cores": 8, "gpus": 2}) == 4   # each worker decodes with 4 threads
+    assert slurm({"cores": 8, "gpus": 2}).decode_threads() == 4   # each worker decodes with 4 threads
 
 
 @pytest.mark.parametrize("device, settings", [("auto", {"cores": 2}), ("cpu", {"cores": 2, "gpus": 1})])
@@ -63,17 +71,15 @@ def test_cpu_job_asks_no_gres(device, settings):
     script = _job_script(settings, device)
     assert "gres" not in script and "GPU=" not in script
     assert len(re.findall(r"--nthreads\b", script)) == 1 and "--nthreads 1" in script
-    assert task_device("slurm", device, settings) == "cpu" and not uses_gpu("slurm", device, settings)
+    assert slurm(settings).task_device(device) == "cpu" and not slurm(settings).uses_gpu(device)
 
 
 def test_devices_resolve_on_workers_for_slurm():
     """Finding 6: with slurm, ``cuda``/``auto`` go to the workers unresolved (a GPU-less login node
     must not refuse them); each pinned worker sees its one GPU as ``cuda``."""
-    from vsekit.cluster import resolves_on_workers
-
-    assert resolves_on_workers("slurm:8") and not resolves_on_workers("local:2")
-    assert task_device("slurm", "cuda:1", {}) == "cuda" and uses_gpu("slurm", "cuda", {})
-    assert task_device("slurm", "auto", {"gpus": 1}) == "auto" and uses_gpu("slurm", "auto", {"gpus": 1})
+    assert parse_cluster("slurm:8", {}).resolves_on_workers and not parse_cluster("local:2").resolves_on_workers
+    assert slurm({}).task_device("cuda:1") == "cuda" and slurm({}).uses_gpu("cuda")
+    assert slurm({"gpus": 1}).task_device("auto") == "auto" and slurm({"gpus": 1}).uses_gpu("auto")
     assert gpu_for("SLURMCluster-3-0", "4,5") == "4" and gpu_for("SLURMCluster-3-1", "4,5") == "5"
     assert gpu_for("SLURMCluster-3", "7") == "7" and gpu_for("w-1", None) is None
 
@@ -82,7 +88,8 @@ def test_worker_resolves_auto_on_a_cpu_only_node(demo_store):
     """A task given ``auto`` resolves it where it runs: on this GPU-less machine, the CPU."""
     pytest.importorskip("torch")
     from vsekit.extract import extract
-    from vsekit.extract.distribute import run_rows
+    from vsekit.extract.distribute import extract_block
+    from vsekit.extract.job import Execution, Job
     from vsekit.storage import FeatureStore
 
     opts = dict(model="test_resnet", kind="fne", weights="none", seed=3, input_size=64, resize=72,
@@ -94,11 +101,12 @@ def test_worker_resolves_auto_on_a_cpu_only_node(demo_store):
     from vsekit.extract.plan import make_plan
 
     plan = make_plan("test_resnet", "fne", weights="none", seed=3, input_size=64, resize=72)
-    out = run_rows(str(demo_store.path), res.name, plan.to_dict(), (0, 0, 4), 0, 4, "auto", 2, False, True)
+    job = Job(str(demo_store.path), res.name, plan, Execution(device="auto", batch_size=2, workers=0))
+    out = extract_block(job, (0, 0, 4))
     assert "skipped" not in out
     got = FeatureStore.open(demo_store.path).features(res.name)
     assert (got.status[0:4] == 1).all() and (got.data[0:4] == want).all()
-    again = run_rows(str(demo_store.path), res.name, plan.to_dict(), (0, 0, 4), 0, 4, "auto", 2, False, True)
+    again = extract_block(job, (0, 0, 4))
     assert again.get("skipped") is True   # a committed block is not computed again
 
 
@@ -115,7 +123,7 @@ class _Slow:
 
 def test_decoding_uses_threads_and_keeps_the_order():
     """Finding 7: a task decodes with several threads (its job's cores), items in batch order."""
-    from vsekit.extract.distribute import decoded_batches
+    from vsekit.extract.reader import decoded_by_threads as decoded_batches
 
     batches = [[0, 1, 2], [3, 4], [5], [6, 7, 8, 9]]
     ds = _Slow(10)

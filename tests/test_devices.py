@@ -149,10 +149,8 @@ def test_run_device_sets_every_stage(gpus):
 
 
 def test_pipeline_cluster_section(tmp_path, monkeypatch):
-    import json
-    import os
-
-    from vsekit.cli.pipeline import _cluster_settings
+    from vsekit.cli.pipeline import cluster_settings_of
+    from vsekit.cluster import parse_cluster, pipeline_settings
     from vsekit.pipeline import load_file
     from vsekit.pipeline.spec import PipelineError
 
@@ -168,9 +166,9 @@ def test_pipeline_cluster_section(tmp_path, monkeypatch):
     assert pf.get("a").cluster == {"queue": "gpu", "walltime": "01:00:00", "cores": 4, "gpus": 1}
     assert pf.get("b").cluster == {"queue": "cpu", "walltime": "01:00:00", "cores": 4}
     monkeypatch.delenv("VSEKIT_CLUSTER_CONFIG", raising=False)
-    with _cluster_settings(pf, "a"):
-        assert json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])["queue"] == "gpu"
-    assert "VSEKIT_CLUSTER_CONFIG" not in os.environ
+    with pipeline_settings(cluster_settings_of(pf, "a")):   # what the stages' --cluster slurm:N get
+        assert parse_cluster("slurm:2").settings["queue"] == "gpu"
+    assert parse_cluster("slurm:2").settings == {}
     f.write_text("pipelines:\n  a:\n    cluster:\n      partition: gpu\n    stages: [{stage: info, store: x}]\n")
     with pytest.raises(PipelineError, match=r"line 4: cluster: unknown key 'partition'; valid: queue"):
         load_file(str(f))

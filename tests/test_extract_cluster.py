@@ -132,7 +132,8 @@ def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store,
 
     paths = [str(p) for p in demo_store.root["images/path"][:]]
     bad_row = 5
-    monkeypatch.setenv("VSEKIT_TEST_KILL_ON", paths[bad_row].rsplit("/", 1)[-1])
+    # the fault point each decoded file passes: the process decoding this one ends there (os._exit)
+    monkeypatch.setenv("VSEKIT_FAULT", "decode:" + paths[bad_row].rsplit("/", 1)[-1])
     opts = dict(OPTS, block_rows=4)
     with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
         res = extract(demo_store, cluster="local:2", **opts)

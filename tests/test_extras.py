@@ -58,7 +58,7 @@ def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     pytest.importorskip("dask_jobqueue")
     from vsekit.cluster import cluster_client, cluster_settings, parse_cluster, slurm_kwargs
 
-    assert parse_cluster("slurm:3") == ("slurm", 3)
+    assert (parse_cluster("slurm:3", {}).kind, parse_cluster("slurm:3", {}).n) == ("slurm", 3)
     with pytest.raises(ValueError, match="slurm:N with N >= 1"):
         parse_cluster("slurm:0")
     with pytest.raises(ValueError, match="valid: queue, account"):
@@ -73,7 +73,7 @@ def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     assert cpu["processes"] == 4 and not any("gres" in d for d in cpu["job_extra_directives"])
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ValueError, match="`sbatch` is not on the PATH"):
-        with cluster_client("slurm:1", settings={}):
+        with cluster_client(parse_cluster("slurm:1", {})):
             pass
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", "{not json")
     with pytest.raises(ValueError, match="VSEKIT_CLUSTER_CONFIG"):

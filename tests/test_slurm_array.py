@@ -77,7 +77,7 @@ def commits(log: Path) -> dict[int, list[str]]:
 
 
 def leases_of(store_path, task: str) -> list[int]:
-    from vsekit.storage.arrays import lease_dir
+    from vsekit.storage.job_arrays import lease_dir
 
     return [s.key for s in lease_dir(store_path, NAME).states() if str(s.owner.get("task")) == task]
 
@@ -119,11 +119,20 @@ def fake_slurm(tmp_path, monkeypatch):
     return tmp_path
 
 
+def hold_tasks(folder: Path, go: Path) -> dict[str, str]:
+    """Fault points of the array tasks (vsekit.storage.faults): task 0 holds the lease of its second
+    block, task 1 of its first (until killed or its time limit), task 2 starts once ``go`` exists."""
+    never = folder / "never"
+    return {"VSEKIT_PAUSE": f"array-task-0:claimed@2={never},array-task-1:claimed={never},"
+                            f"array-task-2:start={go}",
+            "VSEKIT_PAUSE_MAX_S": "900"}
+
+
 def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
         demo_store, reference, counted, fake_slurm, monkeypatch):
     from vsekit.extract import extract
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
     from vsekit.storage.info import describe
 
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
@@ -135,8 +144,7 @@ def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
     assert json.loads(spec.read_text())["job_id"] == "4242"
 
     go = fake_slurm / "go"    # task 2 starts once task 0 was killed and task 1 holds a block
-    hooks = {"0": {"hold_after": 1}, "1": {"sleep": 600}, "2": {"wait_for": str(go)}}
-    env = dict(os.environ, SLURM_ARRAY_JOB_ID="4242", VSEKIT_TEST_ARRAY_HOOK=json.dumps(hooks),
+    env = dict(os.environ, SLURM_ARRAY_JOB_ID="4242", **hold_tasks(fake_slurm, go),
                OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-m", "vsekit.extract.array", str(spec)],
                               env=dict(env, SLURM_ARRAY_TASK_ID=str(k))) for k in range(3)]
@@ -266,8 +274,8 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     # task 0 commits one block, then holds the next; task 1 holds its first block past the time limit
     # task 2 starts once task 0 is cancelled (else it could do every block before task 0 starts)
     go = tmp_path / "go"
-    monkeypatch.setenv("VSEKIT_TEST_ARRAY_HOOK", json.dumps(
-        {"0": {"hold_after": 1}, "1": {"sleep": 600}, "2": {"wait_for": str(go)}}))
+    for key, value in hold_tasks(tmp_path, go).items():
+        monkeypatch.setenv(key, value)
     t0 = time.time()
     sub = extract(demo_store, cluster="slurm-array:3", **OPTS)
     job = sub.job_id
@@ -290,7 +298,7 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     done_first = commits(counted)
     assert "0" in sum(done_first.values(), []) and held[0] not in [b for b, t in done_first.items() if "0" in t]
 
-    monkeypatch.delenv("VSEKIT_TEST_ARRAY_HOOK")
+    monkeypatch.delenv("VSEKIT_PAUSE")
     t1 = time.time()
     again = extract(demo_store, cluster="slurm-array:3", **OPTS)       # the same command fills the gap
     if again.job_id is not None:
@@ -312,7 +320,7 @@ def test_failure_reasons_written_by_array_tasks_reach_the_set(demo_store, fake_s
     from vsekit.extract import extract
     from vsekit.extract.array import work
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
 
     paths = demo_store.root["images/path"]
     paths[5] = "no/such/image.jpg"
@@ -331,19 +339,19 @@ def test_a_task_commits_nothing_once_the_array_lost_the_sets_lock(demo_store, fa
     from vsekit.extract import array
     from vsekit.extract import extract
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
     from vsekit.storage.lock import lock_path
 
     extract(demo_store, cluster="slurm-array:1", **OPTS)
     path = lock_path(demo_store.path, NAME)
-    compute = array.compute
+    compute = array.compute_block
 
     def compute_then_lose_the_lock(*args, **kwargs):
         buf = compute(*args, **kwargs)
         path.write_text(json.dumps(dict(json.loads(path.read_text()), token="another-run")))
         return buf
 
-    monkeypatch.setattr(array, "compute", compute_then_lose_the_lock)
+    monkeypatch.setattr(array, "compute_block", compute_then_lose_the_lock)
     assert array.work(array_dir(demo_store.path, NAME) / "spec.json", task=0) == 2
     assert FeatureStore.open(demo_store.path).features(NAME).counts()["done"] == 0
 
@@ -351,7 +359,8 @@ def test_a_task_commits_nothing_once_the_array_lost_the_sets_lock(demo_store, fa
 def test_slurm_array_spec_is_parsed_and_refused_outside_extract():
     from vsekit.cluster import cluster_client, parse_cluster
 
-    assert parse_cluster("slurm-array:16") == ("slurm-array", 16)
+    spec = parse_cluster("slurm-array:16", {})
+    assert (spec.kind, spec.n, spec.is_array) == ("slurm-array", 16, True)
     for bad in ("slurm-array:0", "slurm-array:x", "slurm-array:"):
         with pytest.raises(ValueError, match="slurm-array:N with N >= 1"):
             parse_cluster(bad)
@@ -367,7 +376,7 @@ def test_overwrite_with_an_array_replaces_the_finished_set(demo_store, reference
     from vsekit.extract import extract
     from vsekit.extract.array import work
     from vsekit.storage import FeatureStore
-    from vsekit.storage.arrays import array_dir
+    from vsekit.storage.job_arrays import array_dir
 
     first = extract(demo_store, workers=0, **{**OPTS, "seed": 4})   # other weights: other bits
     assert first.done == demo_store.n_images

@@ -16,8 +16,11 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   The run's jobs are cancelled by id when it ends, also on Ctrl-C and SIGTERM. A job with G GPUs
   runs G single-threaded workers, each pinned to one of them (:mod:`vsekit.cluster_pin`); its
   ``cores`` are the decoding threads of its workers. The device is resolved on the workers.
-  Settings come from ``settings`` or, for ``vsekit run``, the ``cluster:`` section of
-  pipelines.yaml (passed as JSON in ``$VSEKIT_CLUSTER_CONFIG``); dask-jobqueue's own config fills the rest.
+  ``--cluster`` is parsed once, at the edge (:func:`parse_cluster` → :class:`ClusterSpec`, settings
+  included): the settings are the caller's, else the ``cluster:`` section of the running
+  ``vsekit run`` pipeline (:func:`pipeline_settings`), else the user's ``$VSEKIT_CLUSTER_CONFIG``
+  (JSON); dask-jobqueue's own config fills the rest. A GPU job gets 6 cores and 16 GB per GPU
+  unless its settings say otherwise, and no vsekit worker pauses for memory (:data:`NO_PAUSE`).
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
@@ -25,6 +28,7 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import signal
@@ -33,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from .devices import gpu_assignment, is_cuda, worker_device
@@ -61,79 +66,132 @@ SLURM_KEYS = {
 }
 
 
-def parse_cluster(spec: str | None) -> tuple[str, Any] | None:
-    """``None``/``""`` → None; ``local:N`` → ("local", N); ``slurm:N`` → ("slurm", N);
-    ``slurm-array:N`` → ("slurm-array", N); ``tcp://HOST:PORT`` → ("tcp", address)."""
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``--cluster``, parsed once at the edge (the CLI, ``vsekit run``, a library call) and passed on.
+
+    ``kind``: local | slurm | slurm-array | tcp; ``n``: workers, jobs or array tasks; ``address``:
+    the scheduler of ``tcp://``; ``settings``: the SLURM settings (checked against :data:`SLURM_KEYS`).
+    """
+
+    kind: str
+    n: int = 0
+    address: str | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def is_array(self) -> bool:
+        return self.kind == "slurm-array"
+
+    @property
+    def resolves_on_workers(self) -> bool:
+        """Whether ``--device`` is resolved on the cluster's nodes, not here: SLURM (a login node may
+        have no GPU) and a running scheduler's workers (``tcp://``, started elsewhere)."""
+        return self.kind in ("slurm", "slurm-array", "tcp")
+
+    def gpus_per_job(self, device: str) -> int:
+        """GPUs per SLURM job: ``gpus`` (default 1) with ``cuda``/``cuda:N``, ``gpus`` with ``auto``, 0 on CPU."""
+        device = str(device or "auto").lower()
+        if device == "cpu":
+            return 0
+        if is_cuda(device):
+            return int(self.settings.get("gpus", 1) or 1)
+        return int(self.settings.get("gpus", 0) or 0)
+
+    def uses_gpu(self, device: str) -> bool:
+        """Whether the tasks run on GPUs (and ask for the resource ``GPU=1``)."""
+        if self.kind == "slurm":
+            return self.gpus_per_job(device) > 0
+        return is_cuda(device)
+
+    def task_device(self, device: str) -> str:
+        """The ``device`` a task gets; it resolves it on its worker. Pinned GPU workers (local, SLURM)
+        see their one GPU as ``cuda``; a SLURM job without GPUs runs on its CPUs whatever the node has."""
+        if self.kind == "local":
+            return worker_device(device)
+        if self.kind == "slurm":
+            if not self.uses_gpu(device):
+                return "cpu"
+            return "cuda" if is_cuda(device) else "auto"
+        return device
+
+    def decode_threads(self, device: str = "cpu", cpus: int | None = None) -> int | str:
+        """Decoding threads per task (a dask worker is a daemon process: threads, not processes),
+        at least 2 so that decoding overlaps the model: a SLURM job's ``cores`` shared by its
+        workers; ``local:N``: this machine's cores shared by the N workers; ``tcp://``: ``auto``,
+        sized on each worker from the cores it may use."""
+        if self.kind == "tcp":
+            return "auto"
+        if self.kind == "local":
+            cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+            return max(MIN_DECODE_THREADS, cpus // max(1, self.n))
+        s = self.settings
+        gpus = self.gpus_per_job(device) if self.kind == "slurm" else 0
+        cores = int(s.get("cores", 0) or 0) or job_cores(gpus)
+        workers = int(s.get("processes", 0) or 0) or (gpus or int(s.get("gpus", 0) or 0) or cores)
+        return max(MIN_DECODE_THREADS, cores // max(1, workers))
+
+
+MIN_DECODE_THREADS = 2
+#: a GPU worker's host resources by default: decoding 10-crop images for one GPU takes ~6 cores
+#: (docs/gpus_clusters.md), and its batches, pinned buffers and decoders need memory beyond 4 GB
+CORES_PER_GPU, MEMORY_PER_GPU_GB, MEMORY_DEFAULT = 6, 16, "4GB"
+
+
+def job_cores(gpus: int) -> int:
+    """Default ``cores`` of a SLURM job (or array task) with ``gpus`` GPUs: 6 per GPU, else 1."""
+    return CORES_PER_GPU * gpus if gpus else 1
+
+
+def job_memory(gpus: int) -> str:
+    """Default ``memory`` of a SLURM job (or array task) with ``gpus`` GPUs: 16 GB per GPU, else 4 GB."""
+    return f"{MEMORY_PER_GPU_GB * gpus}GB" if gpus else MEMORY_DEFAULT
+
+
+#: the ``cluster:`` settings of the running ``vsekit run`` pipeline (see :func:`pipeline_settings`)
+_PIPELINE_SETTINGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
+    "vsekit_cluster_settings", default=None)
+
+
+@contextlib.contextmanager
+def pipeline_settings(settings: Mapping[str, Any] | None) -> Iterator[None]:
+    """While a pipeline runs, its ``cluster:`` section is what :func:`parse_cluster` gives SLURM
+    clusters that are given no settings of their own (the stages are invoked through the CLI)."""
+    token = _PIPELINE_SETTINGS.set(dict(settings) if settings else None)
+    try:
+        yield
+    finally:
+        _PIPELINE_SETTINGS.reset(token)
+
+
+def parse_cluster(spec: "str | ClusterSpec | None", settings: Mapping[str, Any] | None = None) -> ClusterSpec | None:
+    """``None``/``""`` → None; ``local:N``, ``slurm:N``, ``slurm-array:N``, ``tcp://HOST:PORT`` → a
+    :class:`ClusterSpec` (a ClusterSpec is returned as it is). SLURM settings: ``settings``, else the
+    running pipeline's ``cluster:``, else ``$VSEKIT_CLUSTER_CONFIG`` (the user's; read here only)."""
+    if isinstance(spec, ClusterSpec):
+        return spec
     if not spec:
         return None
-    if spec.startswith("slurm-array:"):   # extract only: vsekit.extract.array
-        n = int(spec.split(":", 1)[1]) if spec.split(":", 1)[1].isdigit() else 0
-        if n < 1:
-            raise ValueError(f"--cluster {spec!r}: expected slurm-array:N with N >= 1 array tasks")
-        return "slurm-array", n
-    for kind in ("local", "slurm"):
-        if spec.startswith(f"{kind}:"):
-            try:
-                n = int(spec.split(":", 1)[1])
-            except ValueError:
-                n = 0
-            if n < 1:
-                what = {"local": "worker processes", "slurm": "SLURM jobs", "slurm-array": "array tasks"}[kind]
-                raise ValueError(f"--cluster {spec!r}: expected {kind}:N with N >= 1 {what}")
-            return kind, n
-    if spec.startswith("tcp://"):
-        return "tcp", spec
-    raise ValueError(f"--cluster {spec!r}: expected {SPEC_HELP}")
-
-
-def resolves_on_workers(spec: str | None) -> bool:
-    """Whether ``--device`` is resolved on the cluster's nodes, not here (SLURM: a login node may
-    have no GPU); a malformed ``spec`` answers False and is refused later with its own message."""
-    try:
-        parsed = parse_cluster(spec)
-    except ValueError:
-        return False
-    return parsed is not None and parsed[0] in ("slurm", "slurm-array")
-
-
-def _slurm_gpus(device: str, settings: Mapping[str, Any]) -> int:
-    """GPUs per SLURM job: ``gpus`` (default 1) with ``cuda``/``cuda:N``, ``gpus`` with ``auto``, 0 on CPU."""
-    device = str(device or "auto").lower()
-    if device == "cpu":
-        return 0
-    if is_cuda(device):
-        return int(settings.get("gpus", 1) or 1)
-    return int(settings.get("gpus", 0) or 0)
-
-
-def uses_gpu(kind: str, device: str, settings: Mapping[str, Any] | None = None) -> bool:
-    """Whether the tasks of a ``kind`` cluster run on GPUs (and ask for the resource ``GPU=1``)."""
-    if kind == "slurm":
-        return _slurm_gpus(device, cluster_settings(settings)) > 0
-    return is_cuda(device)
-
-
-def task_device(kind: str, device: str, settings: Mapping[str, Any] | None = None) -> str:
-    """The ``device`` a task gets; it resolves it on its worker. Pinned GPU workers (local, SLURM)
-    see their one GPU as ``cuda``; a SLURM job without GPUs runs on its CPUs whatever the node has."""
-    if kind == "local":
-        return worker_device(device)
-    if kind == "slurm":
-        if not uses_gpu(kind, device, settings):
-            return "cpu"
-        return "cuda" if is_cuda(device) else "auto"
-    return device
-
-
-def decode_threads(kind: str, settings: Mapping[str, Any] | None = None) -> int:
-    """Decoding threads per task: a SLURM job's ``cores`` shared by its workers (0: decode serially)."""
-    if kind != "slurm":
-        return 0
-    s = cluster_settings(settings)
-    cores = int(s.get("cores", 1) or 1)
-    workers = int(s.get("processes", 0) or 0) or (int(s.get("gpus", 0) or 0) or cores)
-    n = cores // max(1, workers)
-    return n if n > 1 else 0
+    text = str(spec)
+    if text.startswith("tcp://"):
+        return ClusterSpec("tcp", 0, text, {}, text)
+    kind, _, count = text.partition(":")
+    what = {"local": "worker processes", "slurm": "SLURM jobs", "slurm-array": "array tasks"}
+    if kind not in what:
+        raise ValueError(f"--cluster {text!r}: expected {SPEC_HELP}")
+    n = int(count) if count.isdigit() else 0
+    if n < 1:
+        raise ValueError(f"--cluster {text!r}: expected {kind}:N with N >= 1 {what[kind]}")
+    found = {}
+    if kind != "local":
+        if settings is None:
+            settings = _PIPELINE_SETTINGS.get()
+        found = cluster_settings(settings)
+    return ClusterSpec(kind, n, None, found, text)
 
 
 def cluster_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -187,9 +245,8 @@ def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, floa
     specs = {}
     for k, env in enumerate(local_worker_env(n_workers, device, n_gpus)):
         options: dict[str, Any] = {"nthreads": 1, "host": "127.0.0.1", "dashboard_address": None,
-                                   "resources": dict(resources or {}), "silence_logs": 40}
-        if env:
-            options["env"] = env
+                                   "resources": dict(resources or {}), "silence_logs": 40,
+                                   "env": {**NO_PAUSE, **env}}
         specs[f"vsekit-{k}"] = {"cls": Nanny, "options": options}
     return specs
 
@@ -199,9 +256,10 @@ def _local(n: int, device: str, resources, n_gpus: int | None = None) -> Iterato
     from distributed import Scheduler, SpecCluster
 
     if is_cuda(device) and _has_dask_cuda() and ":" not in device and n_gpus is None:
+        import dask
         from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned by dask-cuda itself
 
-        with LocalCUDACluster(n_workers=n, threads_per_worker=1, host="127.0.0.1",
+        with dask.config.set({"distributed.worker.memory.pause": False}), LocalCUDACluster(n_workers=n, threads_per_worker=1, host="127.0.0.1",
                               dashboard_address=None, resources=dict(resources or {})) as cluster:
             yield cluster
         return
@@ -258,6 +316,13 @@ def lifetime_args(walltime: Any, lifetime: Any = None) -> list[str]:
     return ["--lifetime", f"{life}s", "--lifetime-stagger", f"{stagger}s"]
 
 
+#: dask pauses a worker at 80% of its memory limit, and a paused worker starts no task: a run whose
+#: blocks need more than that would hang. vsekit's workers never pause (terminating at 95% stays: a
+#: block that really exhausts memory ends its worker, and its rows are bisected).
+NO_PAUSE = {"DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False"}
+NO_PAUSE_EXPORT = [f"export {k}={v}" for k, v in NO_PAUSE.items()]
+
+
 def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[str, float] | None) -> dict:
     """``dask_jobqueue.SLURMCluster`` keyword arguments from vsekit's cluster settings.
 
@@ -266,9 +331,9 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
     or ``auto`` device) asks ``--gres=gpu:G`` and runs G workers, each pinned to one GPU.
     """
     s = dict(settings)
-    gpus = _slurm_gpus(device, s)
+    gpus = ClusterSpec("slurm", 1, settings=s).gpus_per_job(device)
     s.pop("gpus", None)
-    cores = int(s.pop("cores", 1))
+    cores = int(s.pop("cores", 0) or 0) or job_cores(gpus)
     processes = int(s.pop("processes", gpus or cores))
     if gpus and processes != gpus:
         raise ValueError(f"cluster settings gpus: {gpus} and processes: {processes}: a job runs one worker "
@@ -276,9 +341,10 @@ def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[st
     if processes < 1 or cores < processes:
         raise ValueError(f"cluster settings cores: {cores}, processes: {processes}: need 1 <= processes <= cores")
     kw: dict[str, Any] = {"cores": processes, "job_cpu": cores, "processes": processes,
-                          "memory": s.pop("memory", "4GB"),
+                          "memory": s.pop("memory", None) or job_memory(gpus),
                           "job_extra_directives": list(s.pop("job_extra", []) or []),
-                          "job_script_prologue": list(s.pop("prologue", []) or []),
+                          # a paused worker starts no task: a block would wait forever (see NO_PAUSE)
+                          "job_script_prologue": [*NO_PAUSE_EXPORT, *list(s.pop("prologue", []) or [])],
                           "silence_logs": "error", "scheduler_options": {"dashboard": False}}
     extra: list[str] = []   # cores == processes: dask-jobqueue passes --nthreads 1 itself
     res = dict(resources or {})
@@ -402,12 +468,12 @@ def wait_for_workers(cluster, n: int, timeout: float) -> None:
 
 
 @contextlib.contextmanager
-def _slurm(n: int, device: str, resources, settings) -> Iterator[Any]:
+def _slurm(n: int, device: str, resources, settings: Mapping[str, Any]) -> Iterator[Any]:
     try:
         SLURMCluster = import_jobqueue()
     except ImportError:
         raise ValueError("--cluster slurm:N needs dask-jobqueue: pip install 'vsekit[slurm]'") from None
-    s = cluster_settings(settings)
+    s = dict(settings)
     timeout = float(s.get("start_timeout", 600))
     kw = slurm_kwargs(s, device, resources)
     _slurm_tool("sbatch")
@@ -455,33 +521,32 @@ def _quiet_job_logs() -> None:
 
 # --- the entry point --------------------------------------------------------------------------------
 @contextlib.contextmanager
-def cluster_client(spec: str | None, *, resources: Mapping[str, float] | None = None,
-                   device: str = "cpu", settings: Mapping[str, Any] | None = None,
-                   timeout: float = 30, n_gpus: int | None = None) -> Iterator[Any]:
-    """Yield a ``distributed.Client`` for ``spec``, or ``None`` for in-process work.
+def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, float] | None = None,
+                   device: str = "cpu", timeout: float = 30, n_gpus: int | None = None) -> Iterator[Any]:
+    """Yield a ``distributed.Client`` for ``spec`` (a :class:`ClusterSpec`; the text of a library
+    caller is parsed here, once), or ``None`` for in-process work.
 
     ``local:N`` and ``slurm:N`` clusters are started here and shut down afterwards (``resources``
     and, on a CUDA ``device``, ``GPU=1`` are declared by every worker); ``tcp://`` joins an
     existing scheduler. ``n_gpus`` overrides the GPU count for the local assignment (tests).
     """
-    parsed = parse_cluster(spec)
-    if parsed is None:
+    spec = parse_cluster(spec)
+    if spec is None:
         yield None
         return
     from distributed import Client
 
-    kind, arg = parsed
-    if kind == "slurm-array":
+    if spec.is_array:
         raise ValueError(f"--cluster {spec}: job arrays run `vsekit extract` only; use slurm:N here")
-    if kind == "tcp":
+    if spec.kind == "tcp":
         try:
-            client = Client(arg, timeout=timeout)
+            client = Client(spec.address, timeout=timeout)
         except OSError as exc:
-            raise ValueError(f"--cluster {arg}: cannot reach the dask scheduler ({exc})") from exc
+            raise ValueError(f"--cluster {spec.address}: cannot reach the dask scheduler ({exc})") from exc
         with client:
             yield client
         return
-    starter = (_local(arg, device, resources, n_gpus) if kind == "local"
-               else _slurm(arg, device, resources, settings))
+    starter = (_local(spec.n, device, resources, n_gpus) if spec.kind == "local"
+               else _slurm(spec.n, device, resources, spec.settings))
     with starter as cluster, Client(cluster, timeout=timeout) as client:
         yield client

@@ -34,10 +34,33 @@ def available() -> list[str]:
     return ["cpu"] + [f"cuda:{i}" for i in range(cuda_count())]
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version on this machine (``/proc/driver/nvidia/version``), or None."""
+    import re
+
+    try:
+        text = open("/proc/driver/nvidia/version").read()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]+)", text) or re.search(r"\b(\d{3,}\.\d+(?:\.\d+)?)\b", text)
+    return m.group(1) if m else "unknown version"
+
+
+def cuda_diagnosis() -> str:
+    """Why CUDA is unusable here: the torch build's CUDA version (what the driver must support) and
+    the NVIDIA driver found, e.g. ``torch 2.4.0+cu121 needs CUDA 12.1; NVIDIA driver: 470.82``."""
+    import torch
+
+    build = torch.version.cuda
+    need = f"torch {torch.__version__} needs CUDA {build}" if build else f"torch {torch.__version__} is a CPU-only build"
+    driver = driver_version()
+    return f"{need}; NVIDIA driver: {driver or 'none found'}"
+
+
 def _where() -> str:
     n = cuda_count()
     if n == 0:
-        return "this machine has no CUDA device (available: cpu)"
+        return f"this machine has no CUDA device (available: cpu; {cuda_diagnosis()})"
     return f"this machine has {n} CUDA device(s) (available: {', '.join(available())})"
 
 
@@ -49,7 +72,12 @@ def resolve_device(spec: str | None, option: str = "--device") -> str:
     raw = "auto" if spec is None else str(spec)
     s = raw.strip().lower()
     if s == "auto":
-        return "cuda" if cuda_count() > 0 else "cpu"
+        if cuda_count() > 0:
+            return "cuda"
+        if driver_version() is not None:   # a GPU driver, yet no usable CUDA: say so, once per process
+            _note_once(f"{option} auto: an NVIDIA driver is installed but CUDA is not usable, so this runs on "
+                       f"CPU ({cuda_diagnosis()})")
+        return "cpu"
     if s == "cpu":
         return "cpu"
     if s == "cuda" or s.startswith("cuda:"):
@@ -65,6 +93,17 @@ def resolve_device(spec: str | None, option: str = "--device") -> str:
             raise DeviceError(f"{option} {raw}: there is no GPU {int(index)}; {_where()}")
         return f"cuda:{int(index)}"
     raise DeviceError(f"{option} {raw!r} is not a device; valid choices: {', '.join(CHOICES)} ({_where()})")
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(line: str) -> None:
+    import sys
+
+    if line not in _NOTED:
+        _NOTED.add(line)
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
 
 
 def is_cuda(device: str) -> bool:

@@ -34,6 +34,16 @@ class VsekitGroup(click.Group):
             raise
 
     def invoke(self, ctx: click.Context):
+        from ..interrupts import Interrupted, handling
+
+        try:
+            with handling():   # Ctrl-C / SIGTERM: locks released, what was kept said, exit 130 / 143
+                return self._invoke(ctx)
+        except Interrupted as exc:
+            click.echo(str(exc) or "interrupted", err=True)
+            raise SystemExit(exc.exit_code) from None
+
+    def _invoke(self, ctx: click.Context):
         argv = [*getattr(ctx, "_protected_args", []), *ctx.args]   # the subcommand's, before click consumes them
         try:
             return super().invoke(ctx)

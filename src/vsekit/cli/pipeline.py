@@ -49,36 +49,26 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
         return
+    from ..cluster import parse_cluster, pipeline_settings
+
     sets = _parse_sets(sets)
+    settings = cluster_settings_of(load_pipelines(file), pipeline)
     if device is not None:
-        from ..cluster import resolves_on_workers
         from ..devices import resolve_device
 
-        if not resolves_on_workers(cluster):   # slurm: the extraction's GPUs are on the nodes
+        spec = parse_cluster(cluster, settings)
+        if spec is None or not spec.resolves_on_workers:   # slurm: the extraction's GPUs are on the nodes
             resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
-    with _cluster_settings(load_pipelines(file), pipeline):
+    with pipeline_settings(settings):   # what each stage's --cluster slurm:N is given
         run_pipeline(pipeline, cli=click.get_current_context().find_root().command, file=file, sets=sets,
                      from_stage=from_stage, force=force, dry_run=dry_run, cluster=cluster,
                      stage_options=stage_options)
 
 
-def _cluster_settings(pf, name: str):
-    """The pipeline's `cluster:` section, handed to --cluster slurm:N as $VSEKIT_CLUSTER_CONFIG."""
-    import contextlib
-    import json
-    import os
-
-    from ..cluster import ENV_SETTINGS
-
-    settings = pf.pipelines[name].cluster if name in pf.pipelines else {}
-    if not settings:
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    old = os.environ.get(ENV_SETTINGS)
-    os.environ[ENV_SETTINGS] = json.dumps(settings)
-    stack.callback(lambda: os.environ.pop(ENV_SETTINGS) if old is None else os.environ.update({ENV_SETTINGS: old}))
-    return stack
+def cluster_settings_of(pf, name: str) -> dict:
+    """The pipeline's `cluster:` section (the SLURM settings of its stages' --cluster slurm:N)."""
+    return dict(pf.pipelines[name].cluster) if name in pf.pipelines else {}
 
 
 def register(group: click.Group) -> None:

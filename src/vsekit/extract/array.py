@@ -2,7 +2,7 @@
 
 No scheduler and no driver stay behind. The driver (:func:`submit`, called by ``extract`` while it
 holds the set's writer lock, after creating or reopening the set exactly as every other path does)
-writes the tasks' spec (``STORE/.vsekit/arrays/NAME/spec.json``, see :mod:`vsekit.storage.arrays`),
+writes the tasks' spec (``STORE/.vsekit/arrays/NAME/spec.json``, see :mod:`vsekit.storage.job_arrays`),
 hands the set's writer lock over to the array, submits ONE ``sbatch --array=0-(N-1)`` job and exits
 with its job id. Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
 
@@ -18,7 +18,9 @@ with its job id. Each array task runs ``python -m vsekit.extract.array SPEC`` (:
    lease expires and is taken over).
 
 SIGTERM (``scancel``, the time limit) releases the lease of the block in progress, which stays
-pending. Running the same command again after the array has ended submits a new array for the
+pending (:mod:`vsekit.interrupts`; a commit under way finishes first). Each task passes the fault
+points ``array-task-K:start`` and ``array-task-K:claimed`` (:mod:`vsekit.storage.faults`), where
+tests hold or kill a given task. Running the same command again after the array has ended submits a new array for the
 blocks still pending, or reports the set done.
 """
 
@@ -30,7 +32,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -40,12 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..storage import arrays
+from ..interrupts import Interrupted, handling
+from ..storage import job_arrays as arrays
+from ..storage.faults import point
 from ..storage.leases import Lease, LeaseDir, default_ttl, owner_record
 from ..storage.lock import lock_path
 from ..storage.store import Block, FeatureSet, FeatureStore
+from .rows import commit, compute_block
 
-HOOK_ENV = "VSEKIT_TEST_ARRAY_HOOK"   # tests: {"TASK": {"sleep": S, "hold_after": K, "wait_for": FILE}}
 SBATCH_TIMEOUT_S = 60
 ARRAY_KEYS = ("queue", "account", "walltime", "cores", "memory", "gpus", "job_extra", "prologue",
               "python", "log_directory")
@@ -92,18 +95,25 @@ def mem_mb(memory: Any) -> int:
     return max(1, math.ceil(n / 2**20))
 
 
-def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path) -> str:
-    """The sbatch script of the array: one task per line of work, each running :func:`work`."""
+def array_gpus(settings: dict, device: str) -> int:
+    """GPUs per array task: ``gpus`` (default 1 with a CUDA device, 0 otherwise)."""
     from ..devices import is_cuda
 
-    gpus = int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
+    return int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
+
+
+def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path) -> str:
+    """The sbatch script of the array: one task per line of work, each running :func:`work`."""
+    from ..cluster import job_cores, job_memory
+
+    gpus = array_gpus(settings, device)
     if gpus > 1:
         raise ValueError(f"cluster setting gpus: {gpus}: an array task uses one GPU; use gpus: 1 and "
                          f"more tasks (slurm-array:N)")
     lines = ["#!/bin/bash", f"#SBATCH --job-name=vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}",
              f"#SBATCH --array=0-{tasks - 1}", "#SBATCH --ntasks=1",
-             f"#SBATCH --cpus-per-task={int(settings.get('cores', 1))}",
-             f"#SBATCH --mem={mem_mb(settings.get('memory', '4GB'))}M",
+             f"#SBATCH --cpus-per-task={int(settings.get('cores') or job_cores(gpus))}",
+             f"#SBATCH --mem={mem_mb(settings.get('memory') or job_memory(gpus))}M",
              f"#SBATCH --output={log_dir}/%x-%A_%a.out"]
     for key, flag in (("queue", "-p"), ("account", "-A"), ("walltime", "-t")):
         if settings.get(key):
@@ -117,13 +127,6 @@ def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: s
     return "\n".join(lines) + "\n"
 
 
-def array_settings() -> dict:
-    """The ``slurm:N`` settings ($VSEKIT_CLUSTER_CONFIG / pipelines.yaml ``cluster:``) an array uses."""
-    from ..cluster import cluster_settings
-
-    return {k: v for k, v in cluster_settings().items() if k in ARRAY_KEYS}
-
-
 def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None) -> dict:
     """Rewrite the set's writer lock (held by this process) as the array's; returns what it held."""
     path = lock_path(store_path, name)
@@ -133,24 +136,23 @@ def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None) -> d
     return before
 
 
-def submit_for(store: FeatureStore, fs: FeatureSet, plan, spec: str, device: str, batch_size: int,
-               strict: bool, fresh: bool) -> ArraySubmitted:
-    """``extract``'s entry: ``spec`` is ``slurm-array:N``; ``fresh``: the set was created by this run
-    (what an earlier array of the same name left in the store is removed)."""
-    from ..cluster import parse_cluster
+def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> ArraySubmitted:
+    """Submit the job array for ``fs``'s pending blocks (the caller holds the set's writer lock).
 
-    tasks = parse_cluster(spec)[1]
+    ``cluster``: the ``slurm-array:N`` :class:`~vsekit.cluster.ClusterSpec` (its settings shape the
+    jobs); ``fresh``: the set was created by this run (what an earlier array of the same name left
+    in the store is removed).
+    """
+    tasks = cluster.n
+    device = job.run.device
     if fresh:
         arrays.remove(store.path, fs.name)
-    return submit(store, fs, plan, tasks, device, batch_size, strict)
-
-
-def submit(store: FeatureStore, fs: FeatureSet, plan, tasks: int, device: str, batch_size: int,
-           strict: bool) -> ArraySubmitted:
-    """Submit the job array for ``fs``'s pending blocks (the caller holds the set's writer lock)."""
-    from .throughput import settings as throughput
-
-    settings = array_settings()
+    settings = {k: v for k, v in cluster.settings.items() if k in ARRAY_KEYS}
+    if str(device) != "cpu" and array_gpus(settings, device) == 0:   # no silent CPU
+        line = (f"--device {device} on --cluster {cluster}: the array tasks ask for no GPU, so they run "
+                f"on CPU (set gpus: 1 in the cluster settings, or --device cuda)")
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
+        fs.update_attrs(device_note=line)
     merge_errors(fs)                     # a previous array's reasons, before anything else
     blocks = fs.pending_blocks()
     counts = fs.counts()
@@ -167,10 +169,12 @@ def submit(store: FeatureStore, fs: FeatureSet, plan, tasks: int, device: str, b
     log_dir = Path(settings.get("log_directory") or adir / "logs").absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
-    spec = {"store": str(Path(store.path).resolve()), "name": fs.name, "plan": plan.to_dict(),
-            "device": device, "batch_size": batch_size, "strict": strict, "tasks": tasks,
+    run = job.run
+    spec = {"store": str(Path(store.path).resolve()), "name": fs.name, "plan": job.plan.to_dict(),
+            "device": device, "batch_size": run.batch_size, "strict": run.strict, "tasks": tasks,
+            "pin_memory": run.pin_memory, "channels_last": run.channels_last,
             "ttl": default_ttl(), "config_hash": fs.attrs.get("config_hash"), "lock_token": token,
-            "throughput": throughput(), "job_id": None, "submitted": time.time()}
+            "job_id": None, "submitted": time.time()}
     spec_file = adir / "spec.json"
     script = adir / f"job-{time.strftime('%Y%m%d-%H%M%S')}.sh"
     script.parent.mkdir(parents=True, exist_ok=True)
@@ -205,10 +209,6 @@ def say(message: str) -> None:
 
 class LockLost(Exception):
     """The set's writer lock was taken from the array: no task may commit any more."""
-
-
-class Terminated(BaseException):
-    """SIGTERM (scancel, the time limit): stop, leaving the block in progress pending."""
 
 
 class Renewer:
@@ -281,35 +281,28 @@ class Claimer:
                 time.sleep(min(5.0, max(0.2, self.leases.ttl / 10)))
 
 
-def compute(store: FeatureStore, plan, block: Block, extractor, batch_size: int, strict: bool,
-            workers: int):
-    """The block's features, in the block's own batches (as every other path cuts them)."""
-    from .reader import block_batches, iter_batches
-    from .rows import block_dataset, run_items
-    from .writer import BlockBuffer
+class LeaseGuard:
+    """An array task may write a block while it holds the block's lease, the block is still pending,
+    and the array still holds the set's writer lock (the spec's token)."""
 
-    dataset = block_dataset(store, plan, [block])
-    buf = BlockBuffer.empty(plan, block)
-    for items in iter_batches(dataset, block_batches(0, len(block), batch_size), workers):
-        run_items(extractor, plan, items, buf, strict)
-    return buf
+    def __init__(self, leases: LeaseDir, lease: Lease, spec: dict | None = None):
+        self.leases, self.lease, self.spec = leases, lease, spec
 
+    def refuses(self, fs: FeatureSet, block: Block) -> str | None:
+        if self.spec is not None and not _holds_lock(self.spec):
+            raise LockLost(f"the writer lock of {fs.name!r} is no longer this array's (broken by another run?)")
+        self.leases.renew(self.lease)
+        if not self.leases.held(self.lease):
+            return "its lease was lost (expired and taken over)"
+        if fs.block_done(block):
+            return "another task committed it first"
+        return None
 
-def commit(fs: FeatureSet, leases: LeaseDir, lease: Lease, buf, spec: dict | None = None) -> str | None:
-    """Write ``buf`` if this task still holds its lease and the block is pending (and, given the
-    array's ``spec``, the array still holds the set's writer lock); else say why not."""
-    if spec is not None and not _holds_lock(spec):
-        raise LockLost(f"the writer lock of {fs.name!r} is no longer this array's (broken by another run?)")
-    leases.renew(lease)
-    if not leases.held(lease):
-        return "its lease was lost (expired and taken over)"
-    if fs.block_done(buf.block):
-        return "another task committed it first"
-    if buf.errors:
-        arrays.write_json(arrays.array_dir(fs.store.path, fs.name) / "errors" / f"b{buf.block.index:06d}.json",
-                          {str(k): v for k, v in buf.errors.items()})
-    buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
-    return None
+    def write(self, fs: FeatureSet, buf) -> None:
+        if buf.errors:   # a file of their own: one task at a time merges them into the attrs
+            arrays.write_json(arrays.array_dir(fs.store.path, fs.name) / "errors" / f"b{buf.block.index:06d}.json",
+                              {str(k): v for k, v in buf.errors.items()})
+        buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
 
 
 def merge_errors(fs: FeatureSet) -> int:
@@ -335,11 +328,6 @@ def merge_errors(fs: FeatureSet) -> int:
         guard.release(lease)
 
 
-def _hook(task: int) -> dict:
-    raw = os.environ.get(HOOK_ENV)
-    return (json.loads(raw).get(str(task)) or {}) if raw else {}
-
-
 def _holds_lock(spec: dict) -> bool:
     try:
         info = json.loads(lock_path(spec["store"], spec["name"]).read_text())
@@ -351,9 +339,9 @@ def _holds_lock(spec: dict) -> bool:
 def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     """One array task: claim, extract and commit pending blocks until none is left; the exit status."""
     from ..devices import resolve_device
-    from . import throughput as tp
-    from .extractor import cached_extractor
+    from .job import Execution, Job
     from .plan import Plan
+    from .throughput import decode_workers
 
     spec = json.loads(Path(spec_file).read_text())
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)) if task is None else task
@@ -365,71 +353,55 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     if not _holds_lock(spec):
         say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
         return 2
-    tp.apply(spec.get("throughput"))
     device = resolve_device(spec["device"])
-    plan = Plan.from_dict(spec["plan"])
     cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "1") or 1)
-    workers = tp.decode_workers("auto", device, cpus=cores) if cores > 1 else 0
+    workers = max(2, decode_workers("auto", device, cpus=cores))   # decoding overlaps the model
+    run = Execution(device=device, batch_size=spec["batch_size"], workers=workers, strict=spec["strict"],
+                    pin_memory=spec.get("pin_memory", "auto"), channels_last=spec.get("channels_last", True),
+                    progress=False)
+    job = Job(spec["store"], spec["name"], Plan.from_dict(spec["plan"]), run)
     leases = arrays.lease_dir(spec["store"], spec["name"], ttl=spec["ttl"], owner=owner_record())
     renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
-    hook = _hook(task)
-
-    phase = {"committing": False, "term": False}
-
-    def on_term(signum, frame):   # stop at once, except inside a commit (it finishes first)
-        phase["term"] = True
-        if not phase["committing"]:
-            raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    extractor, committed, dropped = None, 0, 0
+    committed, dropped = 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
-        f"device {device}, {spec['name']!r}")
+        f"device {device}, {workers} decoding processes, {spec['name']!r}")
     try:
-        while hook.get("wait_for") and not os.path.exists(hook["wait_for"]):
-            time.sleep(0.1)
-        claimer = Claimer(fs, leases, task, spec["tasks"])
-        while True:
-            got = claimer.next()
-            if got is None:
-                break
-            lease, block = got
-            renewer.hold(lease)
-            if lease.stolen_from:
-                o = lease.stolen_from
-                say(f"block {block.index}: took over the expired lease of job {o.get('job')} task {o.get('task')}")
-            if hook.get("hold_after") is not None and committed >= int(hook["hold_after"]):
-                say(f"test hook: holding block {block.index}")
-                while True:
-                    time.sleep(1)
-            if hook.get("sleep"):
-                time.sleep(float(hook["sleep"]))
-            if extractor is None:
-                extractor = cached_extractor(plan, device)
-            buf = compute(store, plan, block, extractor, spec["batch_size"], spec["strict"], workers)
-            phase["committing"] = True
-            why = commit(fs, leases, lease, buf, spec)
-            phase["committing"] = False
-            if why is None:
-                committed += 1
-                say(f"committed block {block.index} (rows {block.start}-{block.stop - 1})")
-            else:
-                dropped += 1
-                say(f"block {block.index} not committed: {why}")
-            renewer.release()
-            if phase["term"]:
-                raise Terminated()
+        with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
+            point(f"array-task-{task}:start")
+            claimer = Claimer(fs, leases, task, spec["tasks"])
+            while True:
+                got = claimer.next()
+                if got is None:
+                    break
+                lease, block = got
+                renewer.hold(lease)
+                if lease.stolen_from:
+                    o = lease.stolen_from
+                    say(f"block {block.index}: took over the expired lease of job {o.get('job')} task {o.get('task')}")
+                point(f"array-task-{task}:claimed")
+                buf = compute_block(job, block, store=store)
+                with signals.deferred():
+                    why = commit(fs, buf, LeaseGuard(leases, lease, spec))
+                    if why is None:
+                        committed += 1
+                        say(f"committed block {block.index} (rows {block.start}-{block.stop - 1}), decoded by "
+                            f"{len({d.split(':')[0] for d in buf.decoders})} processes")
+                    else:
+                        dropped += 1
+                        say(f"block {block.index} not committed: {why}")
+                    renewer.release()
     except LockLost as exc:
         say(f"{exc}; stopping without committing")
         return 2
-    except Terminated:
+    except Interrupted as exc:
         renewer.release()
-        say(f"terminated (SIGTERM) after committing {committed} block(s); the block in progress stays pending")
-        return 143
+        what = "SIGTERM" if exc.exit_code == 143 else f"signal {exc.signum}"
+        verb = "terminated" if exc.exit_code == 143 else "interrupted"
+        say(f"{verb} ({what}) after committing {committed} block(s); the block in progress stays pending")
+        return exc.exit_code
     finally:
         renewer.release()
         renewer.stop.set()
-        signal.signal(signal.SIGTERM, previous)
     merge_errors(fs)
     say(f"no block left pending: committed {committed}, dropped {dropped}")
     return 0

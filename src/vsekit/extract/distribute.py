@@ -1,12 +1,12 @@
 """Extraction tasks on dask, and what to do when a task keeps killing its workers.
 
-One task per row block (:func:`run_rows` with ``write=True``): the block's features are written by
-the worker that made them, then its status. A task whose worker dies is run again elsewhere by the
+One task per row block (:func:`extract_block`, given the :class:`~.job.Job`): the block is computed
+and committed by the worker that made it (:mod:`.rows`), its status last. A task whose worker dies is run again elsewhere by the
 scheduler; a half-written block is still pending, so the rerun writes it whole.
 
 Exactly once: a task first asks the store whether its block is already committed (status finished
 and chunk files of the recorded sizes, :func:`vsekit.storage.integrity.block_committed`) and, if so,
-returns without computing; it asks again just before writing. A worker whose job was cancelled after
+returns without computing; its guard asks again just before writing (:func:`.rows.commit`). A worker whose job was cancelled after
 it committed blocks therefore never has them recomputed (the driver also releases each future once
 its result is recorded, so the scheduler has nothing of it left to recompute). And a task writes
 only while its driver still holds the set's writer lock (the lock's token is passed with the task):
@@ -22,127 +22,151 @@ writes the block (it owns it alone by then).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 from typing import Any, Callable
 
-from ..storage.store import FAILED, Block, FeatureStore
+from ..cluster import ClusterSpec
+from ..storage.store import FAILED, Block, FeatureSet, FeatureStore
+from .job import Job
 from .plan import Plan
-from .reader import RowDataset, block_batches, iter_batches
+from .rows import DriverGone, LockGuard, commit, compute_block, decoding_summary  # noqa: F401 (DriverGone: re-exported)
 from .writer import BlockBuffer
 
-# test-only fault injection: a worker process exits at once when it decodes a file with this name
-KILL_HOOK = "VSEKIT_TEST_KILL_ON"
 
-
-class _KillingDataset:
-    """Wraps a RowDataset: decoding a file named ``$VSEKIT_TEST_KILL_ON`` ends the process (tests)."""
-
-    def __init__(self, dataset: RowDataset, name: str):
-        self.dataset, self.name = dataset, name
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int):
-        if os.path.basename(self.dataset.paths[i]) == self.name:
-            os._exit(17)
-        return self.dataset[i]
-
-
-class DriverGone(RuntimeError):
-    """The run that submitted a task no longer holds its set's writer lock: the task must not write."""
-
-
-def driver_holds(store_path: str, name: str, token: str | None) -> bool:
-    """Whether the writer lock of ``name`` is still held, live, by the run whose lock token is ``token``."""
-    if token is None:
-        return True
-    from ..storage.lock import holder
-
-    info = holder(store_path, name)
-    return bool(info) and info.get("token") == token
-
-
-def _skipped(blk: Block) -> dict[str, Any]:
+def _done(job: Job, blk: Block, rows: int, **more: Any) -> dict[str, Any]:
     from .extractor import BUILDS
 
-    return {"index": blk.index, "errors": {}, "pid": os.getpid(), "builds": BUILDS["count"],
-            "rows": len(blk), "skipped": True}
+    return {"index": blk.index, "errors": {}, "pid": os.getpid(), "builds": BUILDS["count"], "rows": rows, **more}
 
 
-def decoded_batches(dataset, batches: list[list[int]], threads: int):
-    """The items of each batch, in order, decoded by ``threads`` threads (0/1: in this thread).
+def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
+    """One dask task: compute and commit row block ``(index, start, stop)``; returns its failures.
 
-    Threads, not processes: a dask worker is a daemon process and may not start children. Decoding
-    (PIL, numpy) releases the GIL, and at most two batches are decoded ahead.
+    A block already committed is skipped (``"skipped": True``) without computing, and the block is
+    committed only while the driver holding ``job.lock_token`` still holds the set (else
+    :class:`DriverGone`). ``job.run.device`` is resolved here, on the worker (``auto`` on a GPU node
+    is its GPU); the model is built once per worker process.
     """
-    if threads <= 1:
-        yield from iter_batches(dataset, batches, 0)
-        return
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool:
-        ahead: deque = deque()
-        todo = iter(batches)
-        for b in todo:
-            ahead.append([pool.submit(dataset.__getitem__, i) for i in b])
-            if len(ahead) > 2:
-                yield [f.result() for f in ahead.popleft()]
-        while ahead:
-            yield [f.result() for f in ahead.popleft()]
-
-
-def run_rows(store_path: str, name: str, plan_dict: dict, block: tuple[int, int, int], lo: int, hi: int,
-             device: str, batch_size: int, strict: bool, write: bool,
-             throughput: dict[str, str] | None = None, lock_token: str | None = None,
-             decode_threads: int = 0) -> dict[str, Any]:
-    """Extract rows ``[lo, hi)`` of ``block`` = (index, start, stop); write the block, or return its rows.
-
-    The rows are cut into the block's own batches (those of ``block_batches``), so a row's batch
-    neighbours, hence its bits, are the same as in a whole-block run wherever possible. With
-    ``write``, a block already committed is skipped (``"skipped": True``) and the block is written
-    only while the driver holding ``lock_token`` still holds the set (else :class:`DriverGone`).
-    ``device`` is resolved here, on the worker (``auto`` on a GPU node is its GPU).
-    """
-    from ..devices import resolve_device
-    from ..storage import integrity
-    from . import throughput as tp
-    from .extractor import BUILDS, cached_extractor
-    from .rows import block_dataset, run_items
-
-    store = FeatureStore.open(store_path, mode="r+")
-    fs = store.features(name)
+    store = FeatureStore.open(job.store, mode="r+")
+    fs = store.features(job.name)
     blk = Block(*block)
-    if write and integrity.block_committed(fs, blk):
-        return _skipped(blk)
-    if write and not driver_holds(store_path, name, lock_token):
-        raise DriverGone(f"the run that submitted block {blk.index} of {name!r} is gone; not extracting it")
-    tp.apply(throughput)  # the driver's --pin-memory / --channels-last
-    plan = Plan.from_dict(plan_dict)
-    extractor = cached_extractor(plan, resolve_device(device))
-    dataset = block_dataset(store, plan, [blk])
-    if os.environ.get(KILL_HOOK):
-        dataset = _KillingDataset(dataset, os.environ[KILL_HOOK])
-    buf = BlockBuffer.empty(plan, blk)
-    first, last = lo - blk.start, hi - blk.start
-    batches = [[i for i in b if first <= i < last] for b in block_batches(0, len(blk), batch_size)]
-    for items in decoded_batches(dataset, [b for b in batches if b], decode_threads):
-        run_items(extractor, plan, items, buf, strict)
-    out = {"index": blk.index, "errors": buf.errors, "pid": os.getpid(), "builds": BUILDS["count"],
-           "rows": hi - lo}
-    if write:
-        if integrity.block_committed(fs, blk):   # another copy of this task committed it meanwhile
-            return _skipped(blk)
-        if not driver_holds(store_path, name, lock_token):
-            raise DriverGone(f"the run that submitted block {blk.index} of {name!r} is gone; not writing it")
-        buf.write(fs, record_errors=False)
-    else:
-        sl = slice(first, last)
-        out.update(lo=lo, hi=hi, data=buf.data[sl], status=buf.status[sl],
-                   extra={k: v[sl] for k, v in buf.extra.items()})
-    return out
+    guard = LockGuard(job, skip_committed=True, record_errors=False)
+    if guard.refuses(fs, blk) is not None:
+        return _done(job, blk, len(blk), skipped=True)
+    buf = compute_block(job, blk, store=store)
+    if commit(fs, buf, guard) is not None:   # another copy of this task committed it meanwhile
+        return _done(job, blk, len(blk), skipped=True)
+    return _done(job, blk, len(blk), errors=buf.errors, decoders=sorted(buf.decoders), device=_device(job))
+
+
+def _device(job: Job) -> str:
+    """The device this task ran on (``auto`` resolved here, on the worker)."""
+    from ..devices import resolve_device
+
+    return resolve_device(job.run.device)
+
+
+def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dict[str, Any]:
+    """A bisection task: rows ``[lo, hi)`` of ``block`` computed and returned, not written."""
+    store = FeatureStore.open(job.store, mode="r+")
+    blk = Block(*block)
+    buf = compute_block(job, blk, store=store, span=(lo, hi))
+    sl = slice(lo - blk.start, hi - blk.start)
+    return _done(job, blk, hi - lo, errors=buf.errors, lo=lo, hi=hi, data=buf.data[sl],
+                 status=buf.status[sl], extra={k: v[sl] for k, v in buf.extra.items()})
+
+
+def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterSpec) -> tuple[dict, dict, dict]:
+    """One task per pending block on ``cluster``; a block whose task keeps killing its workers is
+    bisected to find the row that does (it is marked failed, the rest extracted).
+
+    Each future is released as soon as its result is recorded, and every task skips a block that is
+    already committed and refuses to write once this run no longer holds the set's lock: a lost
+    worker's finished blocks are never computed again.
+    """
+    from tqdm.auto import tqdm
+
+    if not blocks:
+        return {}, {}, {}
+    device = job.run.device
+    resources = {"GPU": 1} if cluster.uses_gpu(device) else None
+    # the device each task resolves on its worker; the decoding threads of each task
+    task_job = Job(job.store, job.name, job.plan,
+                   job.run.replace(device=cluster.task_device(device), workers=cluster.decode_threads(device)),
+                   job.lock_name, job.lock_token)
+    runs: dict[int, int] = {}
+    builds: dict[int, int] = {}
+    info: dict[str, Any] = {"decoding": {}, "devices": set()}
+    with cluster_client_for(cluster, resources, device) as client:
+        from distributed import as_completed
+
+        started = time.time()
+        token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
+        by_key, futures = {}, {}
+        for b in blocks:
+            fut = client.submit(extract_block, task_job, (b.index, b.start, b.stop),
+                                key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
+                                retries=2, resources=resources, pure=False)
+            by_key[fut.key] = b
+            futures[fut.key] = fut
+
+        def rows_of(b: Block) -> Callable[[int, int], Any]:
+            def submit(lo: int, hi: int):
+                return client.submit(extract_rows, task_job, (b.index, b.start, b.stop), lo, hi,
+                                     resources=resources, pure=False,
+                                     key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}")
+            return submit
+
+        bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
+                   disable=not job.run.progress, smoothing=0.1)
+        try:
+            for fut in as_completed(list(futures.values())):
+                try:
+                    res = fut.result()
+                except Exception as exc:
+                    if not is_killed_worker(exc):
+                        raise
+                    b = by_key[fut.key]
+                    report(f"block {b.index} (rows {b.start}-{b.stop - 1}) killed the dask workers that ran it "
+                           f"({exc}); splitting it to find the image")
+                    buf = bisect_block(client, rows_of(b), job.plan, b)
+                    commit(fs, buf, LockGuard(job, skip_committed=False, record_errors=False))
+                    res = {"index": b.index, "errors": buf.errors, "pid": os.getpid(), "builds": 0,
+                           "rows": len(b)}
+                fs.record_errors(res["errors"])
+                # recorded: forget the future, so a worker lost later has nothing of it to recompute
+                futures.pop(fut.key, None)
+                fut.release()
+                runs[res["index"]] = runs.get(res["index"], 0) + 1
+                if res.get("decoders"):
+                    info["decoding"] = _most(info["decoding"], decoding_summary(res["decoders"]))
+                if res.get("device"):
+                    info["devices"].add(res["device"])
+                if res["builds"]:
+                    builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
+                bar.update(res["rows"])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                client.cancel(list(futures.values()))
+            raise
+        finally:
+            bar.close()
+        report_deaths(client, started)
+    return runs, builds, info
+
+
+def _most(a: dict, b: dict) -> dict:
+    """The block decoded by the most decoders, of two summaries (see :func:`.rows.decoding_summary`)."""
+    return b if b.get("decoders", 0) > a.get("decoders", 0) else a
+
+
+def cluster_client_for(cluster: ClusterSpec, resources, device: str):
+    from ..cluster import cluster_client
+
+    return cluster_client(cluster, resources=resources, device=device)
 
 
 def is_killed_worker(exc: BaseException) -> bool:
@@ -174,8 +198,7 @@ def report_deaths(client, since: float) -> int:
 def bisect_block(client, submit: Callable[[int, int], Any], plan: Plan, block: Block) -> BlockBuffer:
     """Run ``block`` in ever smaller row ranges until every row is extracted or known to kill workers.
 
-    ``submit(lo, hi)`` submits :func:`run_rows` (``write=False``) for rows ``[lo, hi)`` and returns
-    its future. Returns the assembled block, failed rows marked with the reason.
+    ``submit(lo, hi)`` submits :func:`extract_rows` for rows ``[lo, hi)`` and returns its future. Returns the assembled block, failed rows marked with the reason.
     """
     from distributed import as_completed
 

@@ -41,17 +41,17 @@ def tap_reducers(plan: Plan) -> dict:
 class Extractor:
     """Holds one built model and its hooks; call ``features`` on uint8 crops (B, n_crops, 3, H, W)."""
 
-    def __init__(self, plan: Plan, device: str = "cpu"):
+    def __init__(self, plan: Plan, device: str = "cpu", *, pin_memory: str | bool = "auto",
+                 channels_last: bool = True):
         import torch
 
         from .backbones import build_model
-
-        from .throughput import current, memory_format
+        from .throughput import memory_format, pin_memory as pinned
 
         self.plan = plan
         self.device = torch.device(device)
         exact_float32()   # --precision fp32 is IEEE float32 on CUDA (no TF32), in this worker process
-        self.pinned, channels_last = current(str(self.device))  # throughput options (throughput.py)
+        self.pinned = pinned(pin_memory, str(self.device))  # throughput options (throughput.py)
         self.layout = memory_format(channels_last)
         self.model = build_model(plan.model, plan.weights, seed=plan.seed, device=str(self.device))
         self.model = self.model.to(memory_format=self.layout)
@@ -134,15 +134,18 @@ _CACHE: dict[str, Extractor] = {}
 BUILDS = {"count": 0}
 
 
-def cached_extractor(plan: Plan, device: str) -> Extractor:
+def cached_extractor(plan: Plan, device: str, *, pin_memory: str | bool = "auto",
+                     channels_last: bool = True) -> Extractor:
     import json
 
-    from .throughput import current
-
-    key = json.dumps([plan.to_dict(), device, current(device)], sort_keys=True, default=str)
+    key = json.dumps([plan.to_dict(), device, pin_memory, channels_last], sort_keys=True, default=str)
     if key not in _CACHE:
         _CACHE.clear()
-        from .butd import ButdExtractor
-        _CACHE[key] = (ButdExtractor if plan.detector == "butd-r101" else Extractor)(plan, device)
+        if plan.detector == "butd-r101":
+            from .butd import ButdExtractor
+
+            _CACHE[key] = ButdExtractor(plan, device)
+        else:
+            _CACHE[key] = Extractor(plan, device, pin_memory=pin_memory, channels_last=channels_last)
         BUILDS["count"] += 1
     return _CACHE[key]

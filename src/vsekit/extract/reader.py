@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..storage.faults import point
 from .images import ImageError, load_image, make_crops, resize
 from .plan import Plan
 from .regions import check_boxes
@@ -32,6 +33,7 @@ class Item:
     error: str | None = None
     boxes: np.ndarray | None = None  # regions: boxes in input pixels (K, 4)
     scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
+    decoder: str = ""                # the process:thread that decoded it (how parallel decoding was)
 
 
 class RowDataset:
@@ -51,15 +53,18 @@ class RowDataset:
     def __getitem__(self, i: int) -> Item:
         row, p = self.rows[i], self.plan
         try:
-            return self._load(row, self.paths[i])
+            item = self._load(row, self.paths[i])
         except (ImageError, ValueError) as exc:
-            return Item(row, None, str(exc))
+            item = Item(row, None, str(exc))
         except Exception as exc:  # any other decoder failure must not end the run
-            return Item(row, None, f"cannot read {self.paths[i]}: {type(exc).__name__}: {exc}")
+            item = Item(row, None, f"cannot read {self.paths[i]}: {type(exc).__name__}: {exc}")
+        item.decoder = f"{os.getpid()}:{threading.current_thread().name}"
+        return item
 
     def _load(self, row: int, path: str) -> Item:
         p = self.plan
         self._check_inside_root(path)
+        point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
         img = decode(path)
         if p.kind != "regions":
             crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
@@ -101,19 +106,48 @@ def decode(path: str):
     return load_image(path)
 
 
-def collate(items: list[Item]) -> list[Item]:
-    return items
+class Batch(list):
+    """The items of one batch, their crops stacked into one uint8 tensor where they were decoded.
+
+    Collated in the decoding process, the tensor reaches the driving process through shared memory
+    (no pickled arrays through a pipe, no stacking in the thread that drives the model), and with
+    ``pin`` a DataLoader's pin thread copies it into page-locked memory (:meth:`pin_memory`).
+    """
+
+    crops = None   # uint8 (B_ok, n_crops, 3, H, W) of the ok items, in order; their .crops are None
+
+    def pin_memory(self, *args) -> "Batch":
+        if self.crops is not None:
+            self.crops = self.crops.pin_memory()
+        return self
+
+
+def collate(items: list[Item]) -> Batch:
+    """Stack the ok items' crops once, here (see :class:`Batch`); items of different shapes (BUTD's
+    original-size images) keep their own."""
+    import torch
+
+    batch = Batch(items)
+    ok = [it for it in items if isinstance(it, Item) and it.error is None and it.crops is not None]
+    if ok and len({it.crops.shape for it in ok}) == 1:
+        batch.crops = torch.from_numpy(np.stack([it.crops for it in ok]))
+        for it in ok:
+            it.crops = None
+    return batch
 
 
 def stack(items: list[Item]):
     """The ok items' crops as one uint8 tensor (B, n_crops, 3, H, W), or None."""
     import torch
 
+    if getattr(items, "crops", None) is not None:
+        return items.crops
     ok = [it.crops for it in items if it.error is None]
     return torch.from_numpy(np.stack(ok)) if ok else None
 
 
-def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers: int) -> Iterator[list[Item]]:
+def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers: int,
+                 pin: bool = False, prefetch: int = 2) -> Iterator[list[Item]]:
     """Yield the items of each batch of dataset indices, in order.
 
     If a decoding process dies (a segfault in a codec, the OOM killer), the batches that were in
@@ -123,13 +157,13 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
     pos, batches = 0, [list(b) for b in batches]
     while pos < len(batches):
         if workers <= 0:
-            yield [dataset[i] for i in batches[pos]]
+            yield collate([dataset[i] for i in batches[pos]])
             pos += 1
             continue
         from torch.utils.data import DataLoader
 
-        loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers,
-                            collate_fn=collate, prefetch_factor=2, worker_init_fn=die_with(os.getpid()))
+        loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
+                            collate_fn=collate, prefetch_factor=prefetch, worker_init_fn=die_with(os.getpid()))
         try:
             for items in loader:
                 yield items
@@ -137,7 +171,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         except RuntimeError as exc:
             if not is_worker_death(exc):
                 raise
-            in_flight = batches[pos:pos + 2 * workers]
+            in_flight = batches[pos:pos + prefetch * workers]
             for b in in_flight:
                 yield _isolated(dataset, b, str(exc))
                 pos += 1
@@ -223,7 +257,43 @@ def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
             for s in range(first_index, first_index + n, batch_size)]
 
 
-def error_summary(items: list[Item]) -> dict[int, str]:
-    return {it.row: it.error for it in items if it.error is not None}
+def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False,
+            prefetch: int = 2) -> Iterator[list[Item]]:
+    """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
+    batches pinned by the DataLoader's pin thread with ``pin``), or threads where this process may
+    not have children (a dask worker is a daemon process)."""
+    import multiprocessing
+
+    if workers > 0 and multiprocessing.current_process().daemon:
+        yield from decoded_by_threads(dataset, batches, workers, prefetch)
+    else:
+        yield from iter_batches(dataset, batches, workers, pin, prefetch)
+
+
+def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int,
+                       prefetch: int = 2) -> Iterator[list[Item]]:
+    """The items of each batch, in order, decoded by ``threads`` threads (0/1: in this thread).
+
+    Decoding (PIL, numpy) releases the GIL, and at most ``prefetch`` batches are decoded ahead.
+    """
+    if threads <= 1:
+        yield from iter_batches(dataset, batches, 0)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    def collated(futures):
+        return collate([f.result() for f in futures])
+
+    # the items on `threads` threads; each batch collated, in order, by one more (it only waits on them)
+    with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool, \
+            ThreadPoolExecutor(1, thread_name_prefix="vsekit-collate") as collator:
+        ahead: deque = deque()
+        for b in batches:
+            ahead.append(collator.submit(collated, [pool.submit(dataset.__getitem__, i) for i in b]))
+            if len(ahead) > prefetch:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
 
 

@@ -1,19 +1,31 @@
-"""The rows of row blocks through reader → extractor → writer buffer: what the in-process loop, each dask
-task (:mod:`.distribute`) and each job-array task (:mod:`.array`) share. It imports none of them, so
-the runner and its distributors depend on it and not on each other."""
+"""The block engine: how a row block is computed and how it is committed, whatever runs it.
+
+- :func:`compute_blocks` / :func:`compute_block`: read → decode → model → features of a block's rows
+  into a :class:`~.writer.BlockBuffer`, in the block's own batches (so a block's bits do not depend
+  on where it runs);
+- :func:`commit`: write a computed block, if the ``guard`` (what entitles this process to write)
+  still allows it: checked here, once, right before the write. :class:`LockGuard` is the run's writer
+  lock (in-process, and on dask through the lock token the driver hands its tasks); a job array's
+  tasks hold a lease per block (:class:`vsekit.extract.array.LeaseGuard`).
+
+The executors (in-process :mod:`.runner`, dask :mod:`.distribute`, the job array :mod:`.array`)
+only hand out blocks and collect what they return; they import this module, not each other.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..storage.store import Block, FeatureStore, StoreError
+from ..storage.faults import point
+from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
+from .job import Job
 from .plan import Plan
-from .reader import Item, RowDataset, stack
+from .reader import Item, RowDataset, block_batches, decoded, stack, survive_worker_death
 from .writer import BlockBuffer
 
 
@@ -81,8 +93,11 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
     if not ok:
         return
     if plan.detector == "butd-r101":  # original-size images, one at a time (butd.ButdExtractor)
+        if getattr(items, "crops", None) is not None:   # images of one size were collated: each its own
+            for it, crops in zip(ok, items.crops):
+                it.crops = crops.numpy()
         return extractor.put_items(ok, buf)
-    x = stack(ok)
+    x = stack(items)   # the ok items' crops (collated where they were decoded)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
         feats = extractor.regions(x, boxes)
@@ -93,3 +108,132 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
     feats = extractor.features(x)
     for it, f in zip(ok, feats):
         buf.put(it.row, f)
+
+
+# --- computing ---------------------------------------------------------------------------------------
+def extractor_for(job: Job):
+    """The model of ``job`` in this process, built once per process (device resolved here)."""
+    from ..devices import resolve_device
+    from .extractor import cached_extractor
+
+    device = resolve_device(job.run.device)
+    return cached_extractor(job.plan, device, pin_memory=job.run.pin_memory,
+                            channels_last=job.run.channels_last)
+
+
+def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | None = None,
+                   span: tuple[int, int] | None = None, extractor=None) -> Iterator[BlockBuffer]:
+    """Each block of ``blocks`` computed (read, decode with ``job.run.workers`` decoders, model), in
+    order; a block is yielded once its last batch is in. ``span=(lo, hi)`` (one block only): only
+    rows ``[lo, hi)``, still cut where the whole block's batches are cut."""
+    if not blocks:
+        return
+    from ..devices import resolve_device
+    from .throughput import decode_workers
+
+    workers = job.run.workers
+    if str(workers).strip().lower() == "auto":   # resolved where it runs (a tcp:// worker): at least 2
+        workers = max(2, decode_workers("auto", resolve_device(job.run.device), cpus=own_cpus()))
+    workers = decode_workers(workers, "cpu")
+    store = store if store is not None else FeatureStore.open(job.store, mode="r+")
+    extractor = extractor if extractor is not None else extractor_for(job)
+    plan, size = job.plan, job.run.batch_size
+    dataset = block_dataset(store, plan, blocks)
+    batches: list[list[int]] = []
+    owner: list[int] = []
+    first = 0
+    for k, b in enumerate(blocks):
+        cut = block_batches(first, len(b), size)
+        if span is not None:
+            lo, hi = span[0] - b.start + first, span[1] - b.start + first
+            cut = [kept for kept in ([i for i in c if lo <= i < hi] for c in cut) if kept]
+        batches += cut
+        owner += [k] * len(cut)
+        first += len(b)
+    last = {k: i for i, k in enumerate(owner)}
+    current: BlockBuffer | None = None
+    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers, getattr(extractor, 'pinned', False),
+                                                         job.run.prefetch))):
+        point("extract:batch")
+        if current is None:
+            current = BlockBuffer.empty(plan, blocks[k])
+        survive_worker_death(run_items, extractor, plan, items, current, job.run.strict)
+        current.decoders.update(it.decoder for it in items)
+        if last[k] == i:
+            yield current
+            current = None
+
+
+def own_cpus() -> int:
+    """The CPU cores this process may run on (its affinity: a SLURM job's, a container's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def compute_block(job: Job, block: Block, **kwargs: Any) -> BlockBuffer:
+    """One block (or rows ``span`` of it) computed: see :func:`compute_blocks`."""
+    for buf in compute_blocks(job, [block], **kwargs):
+        return buf
+    return BlockBuffer.empty(job.plan, block)
+
+
+# --- committing --------------------------------------------------------------------------------------
+class DriverGone(RuntimeError):
+    """The run that handed out a block no longer holds its set's writer lock: the block is not written."""
+
+
+def lock_held(store_path: str | os.PathLike, name: str, token: str | None) -> bool:
+    """Whether the writer lock of ``name`` is still held, live, by the run whose lock token is ``token``."""
+    if token is None:
+        return True
+    from ..storage.lock import holder
+
+    info = holder(store_path, name)
+    return bool(info) and info.get("token") == token
+
+
+class LockGuard:
+    """Entitled to write while the run holding the set's writer lock (``token``) still holds it.
+
+    ``skip_committed``: a block already committed (status finished, chunk files of the recorded
+    sizes) is not written again (a dask task run twice); ``record_errors``: the failure reasons go
+    into the set's attrs with the block (only the driver writes attrs: in-process yes, dask no, its
+    driver records them from the task's result).
+    """
+
+    def __init__(self, job: Job, *, skip_committed: bool, record_errors: bool):
+        self.job, self.skip_committed, self.record_errors = job, skip_committed, record_errors
+
+    def refuses(self, fs: FeatureSet, block: Block) -> str | None:
+        from ..storage import integrity
+
+        if self.skip_committed and integrity.block_committed(fs, block):
+            return "already committed"
+        if not lock_held(self.job.store, self.job.lock_name or self.job.name, self.job.lock_token):
+            raise DriverGone(f"the run that submitted block {block.index} of {self.job.name!r} is gone; "
+                             f"not writing it")
+        return None
+
+    def write(self, fs: FeatureSet, buf: BlockBuffer) -> None:
+        buf.write(fs, record_errors=self.record_errors)
+
+
+def commit(fs: FeatureSet, buf: BlockBuffer, guard) -> str | None:
+    """Write ``buf`` (failure reasons, data and checksums, then the status that marks it done) if
+    ``guard`` still entitles this process to; else the reason it did not (the block stays as it is).
+    A guard raises when the whole run has lost the set (no later block may be written either)."""
+    why = guard.refuses(fs, buf.block)
+    if why is None:
+        guard.write(fs, buf)
+    return why
+
+
+def decoding_summary(decoders: "set[str] | list[str]") -> dict[str, Any]:
+    """How a block was decoded, from its rows' decoders (``pid:thread``): in how many processes and
+    threads, so that a run can show (and record) that its decoding ran in parallel."""
+    names = set(decoders)
+    pids = {d.split(":", 1)[0] for d in names}
+    return {"decoders": len(names), "processes": len(pids),
+            "threads": len({d for d in names if "vsekit-decode" in d})}

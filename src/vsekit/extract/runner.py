@@ -1,5 +1,10 @@
-"""The extraction runner: reader → extractor → background writer, one row block at a time,
-in-process or as one dask task per row block.
+"""The extraction runner: lock the set, create or resume it, run an executor over its pending row
+blocks, then commit the set (or discard what a failed run started).
+
+The executors only hand out blocks and collect results; computing and committing a block is the
+block engine's (:mod:`.rows`): in-process here (:func:`run_in_process`: one decoding pool over every
+block, a background writer), on dask (:mod:`.distribute`: one task per block, bisecting a block that
+kills its workers) or as a SLURM job array (:mod:`.array`: no driver stays).
 
 A rerun skips the blocks already done (a block's status is written after its data); ``overwrite``
 starts afresh. Bad images are marked failed with their reason and listed in the summary; with
@@ -8,29 +13,26 @@ starts afresh. Bad images are marked failed with their reason and listed in the 
 
 from __future__ import annotations
 
-import contextlib
+import multiprocessing
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..cluster import parse_cluster
 from ..devices import FLOAT32_RECORD
+from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
-from ..storage.faults import point
-from ..storage.lock import writer_lock
+from ..storage.lock import holder, writer_lock
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
+from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
 from .regions import region_arrays
-from .reader import block_batches, iter_batches, survive_worker_death
-from .rows import block_dataset, run_items
-from .writer import BlockBuffer, BlockWriter
-
-DEVICES = ("cpu", "cuda")
+from .rows import LockGuard, commit, compute_blocks, decoding_summary, extractor_for
+from .writer import BlockWriter
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ExtractResult:
     errors: dict[int, str] = field(default_factory=dict)
     block_runs: dict[int, int] = field(default_factory=dict)   # block index → times reported done
     model_builds: dict[int, int] = field(default_factory=dict)  # pid → models built (cluster)
+    decoding: dict[str, int] = field(default_factory=dict)  # the most parallel block: decoders, processes, threads
+    devices: list[str] = field(default_factory=list)        # where the blocks ran (resolved on the workers)
 
     @property
     def images_per_s(self) -> float:
@@ -69,48 +73,6 @@ class ExtractResult:
 
 def default_name(model: str, kind: str) -> str:
     return f"{model}_{kind}"
-
-
-class Interrupted(StoreError):
-    """Ctrl-C (exit 130) or SIGTERM (exit 143): the finished blocks are kept; the message says how
-    many and how to resume. ``exit_code`` is what the CLI exits with: 128 + the signal's number."""
-
-    def __init__(self, message: str, exit_code: int | None = None):
-        super().__init__(message)
-        self._exit_code = exit_code
-
-    @property
-    def exit_code(self) -> int:
-        return self._exit_code if self._exit_code is not None else interrupted_exit_code()
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a preempted job, a login node's limit, ``kill``) during a run: handled like Ctrl-C,
-    exit 143."""
-
-
-def exit_code_of(exc: BaseException) -> int:
-    return 143 if isinstance(exc, Terminated) else interrupted_exit_code()
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """While a cluster run is driven from the main thread, SIGTERM raises :class:`Terminated`, so the
-    run stops as on Ctrl-C (its jobs cancelled, its lock released, the kept rows reported). The CLI
-    installs :func:`sigterm_interrupts` for the whole command; this covers library callers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        _SIGNAL[0] = signum
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 #: Failure reasons whose cause may go away (the file appears, is replaced or becomes readable).
@@ -156,81 +118,89 @@ def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
             f"{fs.name!r} ({c['pending']} pending); rerun the same command to resume")
 
 
-def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global", *,
-            weights: str = "imagenet", name: str | None = None, crops: int = 1, keep_crops: bool = False,
-            resize: int | None = None, resize_mode: str | None = None, input_size: int | None = None,
-            interpolation: str | None = None, taps: str | None = None, grid: int = 7,
-            boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None, seed: int = 0,
-            batch_size: int = 32, workers: int = 2, device: str = "auto", precision: str = "fp32",
-            dtype: str | None = None, block_rows: int | None = None, cluster: str | None = None,
-            strict: bool = False, overwrite: bool = False, progress: bool = True,
-            retry_failed: bool = False, detector: str | None = None,
-            detector_weights: str | None = None) -> ExtractResult:
-    """Extract features of every image of ``store`` into ``features/<name>`` (see module doc).
+def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global",
+            **options: Any):
+    """Extract features of every image of ``store`` into ``features/<name>``: the library form of
+    ``vsekit extract``, taking every option it has (the fields of :class:`~.job.ExtractOptions` and
+    :class:`~.job.Execution`, e.g. ``crops=10, batch_size=64, device="cuda", pin_memory="on",
+    channels_last=False, cluster="local:2"``). Returns an :class:`ExtractResult`, or for
+    ``cluster="slurm-array:N"`` what was submitted (:class:`~.array.ArraySubmitted`)."""
+    opts, run = split_options(model, kind, options)
+    return run_job(store, opts, run)
+
+
+def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution):
+    """Run the job ``opts`` / ``run`` (see module doc).
 
     The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
     are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
     ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
     this run created is removed again if the run fails before any row is done.
     """
-    from ..cluster import resolves_on_workers
+    with handling():
+        try:
+            return _run_job(store, opts, run)
+        except Interrupted as exc:
+            if exc.message:
+                raise
+            raise interrupted(exc, "interrupted before the extraction started; nothing new was written "
+                                   "(rerun the same command to start again)") from None
+        except KeyboardInterrupt as exc:
+            raise interrupted(exc, "interrupted before the extraction started; nothing new was written "
+                                   "(rerun the same command to start again)") from None
+
+
+def _run_job(store, opts: ExtractOptions, run: Execution):
     from ..devices import resolve_device
 
-    if resolves_on_workers(cluster):   # slurm: the GPUs are on the nodes, not on this login node
-        device = str(device or "auto").strip().lower()
+    cluster = parse_cluster(opts.cluster)   # the text of a library caller: parsed here, once
+    run = run.checked()
+    if cluster is not None and cluster.resolves_on_workers:   # slurm: the GPUs are on the nodes
+        device = str(run.device or "auto").strip().lower()
     else:
-        device = resolve_device(device)  # auto -> cuda|cpu; an unusable device is one Error: line
-    if batch_size < 1 or workers < 0:
-        raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-    if device != "auto" and not device.startswith("cuda") and precision == "fp16":
+        device = resolve_device(run.device)  # auto -> cuda|cpu; an unusable device is one Error: line
+    if device != "auto" and not device.startswith("cuda") and opts.precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
+    requested = str(run.device or "auto").strip().lower()
+    run = run.replace(device=device)
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
         raise StoreError(f"{store.path} has no images; ingest a dataset first")
-    plan = make_plan(model, kind, weights=weights, seed=seed, crops=crops, keep_crops=keep_crops,
-                     resize=resize, resize_mode=resize_mode, input_size=input_size,
-                     interpolation=interpolation, taps=taps, grid=grid, boxes=boxes,
-                     max_regions=max_regions, min_regions=min_regions, precision=precision,
-                     store_dtype=dtype, detector=detector, detector_weights=detector_weights)
-    name = name or default_name(plan.model, kind)
-    extra = region_arrays(plan) if kind == "regions" else None
-    if block_rows is None:
-        block_rows = max(batch_size, min(256, 8 * batch_size))
+    plan = opts.plan()
+    name = opts.name or default_name(plan.model, opts.kind)
+    extra = region_arrays(plan) if opts.kind == "regions" else None
+    array = cluster is not None and cluster.is_array
     with writer_lock(store.path, name, stage="vsekit extract"):
-        existed = store.has_features(name) and not overwrite
+        existed = store.has_features(name) and not opts.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
-        array = bool(cluster and cluster.startswith("slurm-array:"))
         fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                                   block_rows=block_rows, extra=extra, overwrite=overwrite, beside=not array)
+                                   block_rows=run.rows_per_block(), extra=extra, overwrite=opts.overwrite,
+                                   beside=not array)
         if existed:
-            resume_checks(fs, retry_failed)
+            resume_checks(fs, opts.retry_failed)
         # the resolved device of the latest run and its float32 math (TF32 off; not part of the config hash)
         fs.update_attrs(device=device, **FLOAT32_RECORD)
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
+        lock = holder(store.path, name)
+        job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
+                  lock_token=lock.get("token") if lock else None)
         t0 = time.perf_counter()
         try:
             if array:   # no driver stays: see extract/array.py
-                from .array import submit_for
-                return submit_for(store, fs, plan, cluster, device, batch_size, strict, fresh=not existed)
-            if cluster:
-                runs, builds = _run_cluster(store, fs, plan, blocks, cluster, device, batch_size, strict, progress)
+                from .array import submit
+
+                return submit(store, fs, job, cluster, fresh=not existed)
+            if cluster is not None:
+                from .distribute import run_on_dask
+
+                runs, builds, info = run_on_dask(job, fs, blocks, cluster)
             else:
-                runs, builds = _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress)
+                runs, builds, info = run_in_process(job, fs, blocks, store)
+            _record(fs, info, requested, cluster)
         except BaseException as exc:
-            if fs.staged:   # a failed --overwrite: the old set stays as it was
-                store.discard(fs)
-                if isinstance(exc, KeyboardInterrupt):
-                    raise Interrupted(f"interrupted before the new {name!r} was finished; the old one is "
-                                      f"kept as it was") from None
-            elif not existed and fs.counts()["pending"] == fs.n_rows:
-                store.delete_features(name)   # nothing done: a retry with other options is not refused
-                if isinstance(exc, KeyboardInterrupt):
-                    raise Interrupted(f"interrupted before any row of {name!r} was done; nothing kept",
-                                      exit_code_of(exc)) from None
-            elif isinstance(exc, KeyboardInterrupt):
-                raise Interrupted(kept_message(fs, store), exit_code_of(exc)) from None
+            _discard_or_keep(store, fs, name, existed, exc)
             raise
         fs = store.commit(fs)
     seconds = time.perf_counter() - t0
@@ -239,223 +209,97 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
     return ExtractResult(name=name, n_rows=fs.n_rows, done=counts["done"], failed=counts["failed"],
                          pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
-                         block_runs=runs, model_builds=builds)
+                         block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
+                         devices=sorted(info.get("devices", ())))
+
+
+def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
+    """Record where the blocks ran; a cluster run that could have used a GPU but ran (partly) on CPU
+    says so in one line, and the set records that line. (How they were decoded is the result's
+    ``decoding``: it describes a run, not the set, so it stays out of the attrs.)"""
+    attrs: dict[str, Any] = {}
+    devices = sorted(info.get("devices", ()))
+    if devices:
+        attrs["device"] = ",".join(devices)
+    if cluster is not None and requested != "cpu" and "cpu" in devices:
+        why = ("the cluster settings ask for no GPU (set gpus: 1 in the cluster settings)"
+               if cluster.kind == "slurm" and not cluster.uses_gpu(requested) else
+               "its workers see no usable GPU")
+        line = f"--device {requested} on --cluster {cluster}: tasks ran on CPU, not on a GPU: {why}"
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
+        attrs["device_note"] = line
+    if attrs:
+        fs.update_attrs(**attrs)
+
+
+def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bool, exc: BaseException) -> None:
+    """After a failed run: a staged --overwrite is dropped, a set with nothing done is removed; an
+    interrupt says what was kept (as :class:`~vsekit.interrupts.Interrupted`)."""
+    if fs.staged:   # a failed --overwrite: the old set stays as it was
+        store.discard(fs)
+        if isinstance(exc, KeyboardInterrupt):
+            raise interrupted(exc, f"interrupted before the new {name!r} was finished; the old one is "
+                                   f"kept as it was") from None
+    elif not existed and fs.counts()["pending"] == fs.n_rows:
+        store.delete_features(name)   # nothing done: a retry with other options is not refused
+        if isinstance(exc, KeyboardInterrupt):
+            raise interrupted(exc, f"interrupted before any row of {name!r} was done; nothing kept") from None
+    elif isinstance(exc, KeyboardInterrupt):
+        raise interrupted(exc, kept_message(fs, store)) from None
 
 
 # --- in-process ----------------------------------------------------------------------------------
-def _run_local(store, fs, plan, blocks, device, batch_size, workers, strict, progress):
+def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tuple[dict, dict, dict]:
+    """Every pending block in this process: one decoding pool over all of them, each finished block
+    committed by the background writer (the guard: this run's writer lock)."""
     from tqdm.auto import tqdm
 
-    from .extractor import cached_extractor
+    from .throughput import decode_workers
 
     if not blocks:
-        return {}, {}
-    extractor = cached_extractor(plan, device)
-    dataset = block_dataset(store, plan, blocks)
-    batches, owner, first = [], [], 0
-    for k, b in enumerate(blocks):
-        for batch in block_batches(first, len(b), batch_size):
-            batches.append(batch)
-            owner.append(k)
-        first += len(b)
+        return {}, {}, {}
+    job = Job(job.store, job.name, job.plan, job.run.replace(workers=decode_workers(job.run.workers, job.run.device)),
+              job.lock_name, job.lock_token)
+    extractor = extractor_for(job)
+    guard = LockGuard(job, skip_committed=False, record_errors=True)
     runs: dict[int, int] = {}
-    bar = tqdm(total=len(dataset), unit="img", desc=f"extract {fs.name}", disable=not progress,
-               smoothing=0.1)
-    writer = BlockWriter(fs)
-    current: BlockBuffer | None = None
-    restore = _sigint_stops_decoders()
-    try:
-        for k, items in zip(owner, iter_batches(dataset, batches, workers)):
-            point("extract:batch")
-            if current is None or current.block != blocks[k]:
-                current = BlockBuffer.empty(plan, blocks[k])
-            survive_worker_death(run_items, extractor, plan, items, current, strict)
-            bar.update(len(items))
-            if current.full:
-                writer.submit(current)
-                runs[current.block.index] = runs.get(current.block.index, 0) + 1
-                current = None
-    except KeyboardInterrupt:
-        _stop_decoders()
-        raise
-    except RuntimeError as exc:   # torch noticed the workers _stop_decoders killed on Ctrl-C
-        if _INTERRUPTED.is_set():
-            raise KeyboardInterrupt from exc
-        raise
-    finally:
-        restore()
-        bar.close()
-        writer.close()
-    return runs, {os.getpid(): 1}
-
-
-_INTERRUPTED = threading.Event()
-
-
-def _sigint_stops_decoders():
-    """While the loop runs, Ctrl-C (or SIGTERM) first kills the decoding workers, then raises
-    KeyboardInterrupt; the signal is remembered for the exit code (130 or 143).
-
-    Without this the KeyboardInterrupt lands inside the DataLoader, whose graceful shutdown waits
-    for every worker (5 s each, longer when one is blocked on a full pipe): tens of seconds.
-    Returns the function that puts the previous handlers back.
-    """
-    _INTERRUPTED.clear()
-    _SIGNAL[0] = signal.SIGINT
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        _INTERRUPTED.set()
-        _SIGNAL[0] = signum
+    info: dict[str, Any] = {"decoding": {}, "devices": {str(job.run.device)}}
+    bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
+               disable=not job.run.progress, smoothing=0.1)
+    writer = BlockWriter(lambda buf: commit(fs, buf, guard))
+    with handling(on_signal=_stop_decoders) as signals:
         try:
+            for buf in compute_blocks(job, blocks, store=store, extractor=extractor):
+                writer.submit(buf)
+                bar.update(len(buf.block))
+                runs[buf.block.index] = runs.get(buf.block.index, 0) + 1
+                summary = decoding_summary(buf.decoders)
+                if summary["decoders"] > info["decoding"].get("decoders", 0):
+                    info["decoding"] = summary
+        except KeyboardInterrupt:   # a Ctrl-C this thread's handler did not see first
             _stop_decoders()
-        except RuntimeError:   # torch's SIGCHLD handler reporting the workers just killed
-            pass
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    return lambda: [signal.signal(sig, h) for sig, h in previous.items()]
-
-
-_SIGNAL = [signal.SIGINT]   # the signal that interrupted the run (SIGINT unless SIGTERM came)
-
-
-def sigterm_interrupts():
-    """For a whole command: SIGTERM (``kill``, a scheduler's time limit) raises KeyboardInterrupt as
-    Ctrl-C does, so locks are released and the kept rows reported; the exit code is 143, not 130.
-    Returns the function that puts the previous handler back."""
-    _SIGNAL[0] = signal.SIGINT
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def handler(signum, frame):
-        _SIGNAL[0] = signum
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, previous)
-
-
-def interrupted_exit_code() -> int:
-    """128 + the number of the signal that interrupted the run (130 for Ctrl-C, 143 for SIGTERM)."""
-    return 128 + int(_SIGNAL[0])
-
-
-def _stop_decoders() -> None:
-    """Ctrl-C: end the decoding worker processes at once. Their graceful shutdown waits for each
-    worker (torch joins with a 5 s timeout per worker, and a worker blocked on a full result pipe
-    never answers), which made an interrupted extract take tens of seconds to exit."""
-    import multiprocessing
-
-    for child in multiprocessing.active_children():
-        child.kill()
-    for child in multiprocessing.active_children():
-        child.join(timeout=1)
-
-
-# --- dask ----------------------------------------------------------------------------------------
-def extract_block(store_path: str, name: str, plan_dict: dict, index: int, start: int, stop: int,
-                  device: str, batch_size: int, strict: bool,
-                  throughput: dict[str, str] | None = None, lock_token: str | None = None,
-                  decode_threads: int = 0) -> dict[str, Any]:
-    """One dask task: extract and write row block ``[start, stop)``; returns its failures.
-
-    The model is built once per worker process (cached in ``extractor._CACHE``). A task that dies
-    with its worker is retried elsewhere; a half-written block is still pending, so the retry
-    rewrites it whole (see :mod:`vsekit.extract.distribute`).
-    """
-    from .distribute import run_rows
-
-    return run_rows(store_path, name, plan_dict, (index, start, stop), start, stop, device, batch_size,
-                    strict, write=True, throughput=throughput, lock_token=lock_token,
-                    decode_threads=decode_threads)
-
-
-def _run_cluster(store, fs, plan, blocks, spec, device, batch_size, strict, progress):
-    """One task per pending block on the cluster of ``spec``; a block whose task keeps killing its
-    workers is bisected to find the row that does (it is marked failed, the rest extracted).
-
-    Each future is released as soon as its result is recorded, and every task skips a block that is
-    already committed and refuses to write once this run no longer holds the set's lock (see
-    :mod:`vsekit.extract.distribute`): a lost worker's finished blocks are never computed again.
-    """
-    from tqdm.auto import tqdm
-
-    from ..cluster import cluster_client, decode_threads, parse_cluster, task_device, uses_gpu
-    from ..storage.lock import holder
-    from .distribute import bisect_block, is_killed_worker, report, report_deaths, run_rows
-    from .throughput import settings
-
-    if not blocks:
-        return {}, {}
-    kind = parse_cluster(spec)[0]
-    gpu = uses_gpu(kind, device)
-    resources = {"GPU": 1} if gpu else None
-    on_task = task_device(kind, device)   # slurm: resolved by each worker, not on this (login) node
-    threads = decode_threads(kind)
-    runs: dict[int, int] = {}
-    builds: dict[int, int] = {}
-    path = str(store.path.resolve())
-    tput = settings()
-    lock = holder(store.path, fs.name)
-    lock_token = lock.get("token") if lock else None
-    with _sigterm_interrupts(), cluster_client(spec, resources=resources, device=device) as client:
-        from distributed import as_completed
-
-        started = time.time()
-        token = f"{fs.attrs.get('config_hash')}-{time.time_ns()}"
-        by_key = {}
-        futures = {}
-        for b in blocks:
-            fut = client.submit(extract_block, path, fs.name, plan.to_dict(), b.index, b.start, b.stop,
-                                on_task, batch_size, strict, tput, lock_token, threads,
-                                key=f"vsekit-extract-{fs.name}-{b.index}-{token}",
-                                retries=2, resources=resources, pure=False)
-            by_key[fut.key] = b
-            futures[fut.key] = fut
-
-        def submit_rows(b):
-            def submit(lo, hi):
-                return client.submit(run_rows, path, fs.name, plan.to_dict(), (b.index, b.start, b.stop), lo,
-                                     hi, on_task, batch_size, strict, False, tput, None, threads,
-                                     resources=resources, pure=False,
-                                     key=f"vsekit-extract-{fs.name}-{b.index}-{lo}-{hi}-{token}")
-            return submit
-
-        bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
-                   disable=not progress, smoothing=0.1)
-        try:
-            queue = as_completed(list(futures.values()))
-            for fut in queue:
-                try:
-                    res = fut.result()
-                except Exception as exc:
-                    if not is_killed_worker(exc):
-                        raise
-                    b = by_key[fut.key]
-                    report(f"block {b.index} (rows {b.start}-{b.stop - 1}) killed the dask workers that ran it "
-                           f"({exc}); splitting it to find the image")
-                    buf = bisect_block(client, submit_rows(b), plan, b)
-                    buf.write(fs, record_errors=False)
-                    res = {"index": b.index, "errors": buf.errors, "pid": os.getpid(), "builds": 0,
-                           "rows": len(b)}
-                fs.record_errors(res["errors"])
-                # recorded: forget the future, so a worker lost later has nothing of it to recompute
-                futures.pop(fut.key, None)
-                fut.release()
-                runs[res["index"]] = runs.get(res["index"], 0) + 1
-                if res["builds"]:
-                    builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
-                bar.update(res["rows"])
-        except BaseException:
-            with contextlib.suppress(Exception):
-                client.cancel(list(futures.values()))
+            raise
+        except RuntimeError as exc:   # torch noticed the workers _stop_decoders killed on a signal
+            if signals.signum is not None:
+                raise Interrupted("", signals.signum) from exc
             raise
         finally:
             bar.close()
-        report_deaths(client, started)
-    return runs, builds
+            writer.close()
+    return runs, {os.getpid(): 1}, info
 
 
-__all__ = ["ExtractResult", "Interrupted", "extract", "extract_block", "default_name", "make_plan"]
+def _stop_decoders(signum: int | None = None) -> None:
+    """On Ctrl-C or SIGTERM: end the decoding worker processes at once. Their graceful shutdown
+    waits for each worker (torch joins with a 5 s timeout per worker, and a worker blocked on a full
+    result pipe never answers), which made an interrupted extract take tens of seconds to exit."""
+    try:
+        for child in multiprocessing.active_children():
+            child.kill()
+        for child in multiprocessing.active_children():
+            child.join(timeout=1)
+    except RuntimeError:   # torch's SIGCHLD handler reporting the workers just killed
+        pass
+
+
+__all__ = ["ExtractResult", "Interrupted", "extract", "run_job", "default_name", "make_plan"]

@@ -59,31 +59,3 @@ def memory_format(channels_last: bool):
     import torch
 
     return torch.channels_last if channels_last else torch.contiguous_format
-
-
-# the options of the running process (set by extract(), read by the Extractor each worker builds)
-_ENV = {"pin": "VSEKIT_PIN_MEMORY", "channels_last": "VSEKIT_CHANNELS_LAST"}
-
-
-def settings() -> dict[str, str]:
-    """This process's throughput settings, to hand to cluster workers (they apply them with ``apply``)."""
-    return {v: os.environ[v] for v in _ENV.values() if v in os.environ}
-
-
-def apply(values: dict[str, str] | None = None, *, pin: str | None = None,
-          channels_last: bool | None = None) -> None:
-    """Set this process's throughput settings (the CLI's options; a worker's from the driver)."""
-    if values:
-        os.environ.update(values)
-    if pin is not None:
-        pin_memory(pin, "cpu")  # validates
-        os.environ[_ENV["pin"]] = str(pin).lower()
-    if channels_last is not None:
-        os.environ[_ENV["channels_last"]] = "1" if channels_last else "0"
-
-
-def current(device: str) -> tuple[bool, bool]:
-    """(pinned, channels_last) for this process: from the environment that extract() sets, else defaults."""
-    pinned = pin_memory(os.environ.get(_ENV["pin"], "auto"), device)
-    channels_last = os.environ.get(_ENV["channels_last"], "1") not in ("0", "off", "false")
-    return pinned, channels_last

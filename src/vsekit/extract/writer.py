@@ -1,4 +1,5 @@
-"""The writer: a background thread that writes finished row blocks, so the model never waits on Zarr.
+"""The block buffer (one row block being assembled) and the writer: a background thread that commits
+finished blocks, so the model never waits on Zarr.
 
 The reasons of a block's failed rows go first (the driver process is the only writer of attrs), then
 its data and auxiliary arrays, then its status (FeatureSet.write_block).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,6 +28,7 @@ class BlockBuffer:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
     filled: int = 0
+    decoders: set = field(default_factory=set)   # the process:thread names that decoded its rows
 
     @classmethod
     def empty(cls, plan: Plan, block: Block) -> "BlockBuffer":
@@ -65,11 +68,11 @@ class BlockBuffer:
 
 
 class BlockWriter:
-    """Writes submitted blocks in a background thread; at most ``depth`` blocks wait in memory."""
+    """Commits submitted blocks (``commit(buf)``) in a background thread; at most ``depth`` blocks
+    wait in memory. An error is raised to the caller on the next submit or on close."""
 
-    def __init__(self, fs: FeatureSet, depth: int = 2, on_written=None):
-        self.fs = fs
-        self.on_written = on_written
+    def __init__(self, commit: Callable[[BlockBuffer], Any], depth: int = 2):
+        self.commit = commit
         self.error: BaseException | None = None
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._thread = threading.Thread(target=self._run, name="vsekit-writer", daemon=True)
@@ -83,9 +86,7 @@ class BlockWriter:
             if self.error is not None:
                 continue
             try:
-                buf.write(self.fs)
-                if self.on_written:
-                    self.on_written(buf)
+                self.commit(buf)
             except BaseException as exc:  # reported to the caller on the next submit/close
                 self.error = exc
 

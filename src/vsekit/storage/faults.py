@@ -41,21 +41,37 @@ def point(name: str) -> None:
         os._exit(KILLED)
 
 
-PAUSE_ENV, PAUSE_FILE_ENV = "VSEKIT_PAUSE", "VSEKIT_PAUSE_FILE"
+PAUSE_ENV, PAUSE_FILE_ENV, PAUSE_MAX_ENV = "VSEKIT_PAUSE", "VSEKIT_PAUSE_FILE", "VSEKIT_PAUSE_MAX_S"
 
 
 def pause(name: str) -> None:
     """With ``VSEKIT_PAUSE=NAME[@N]`` and ``VSEKIT_PAUSE_FILE=F``: at point NAME (its N-th hit), create ``F.reached``
-    and wait until ``F`` exists (at most 120 s). Tests use it to hold a run at a known point while a
-    second run starts, without sleeps."""
-    hit, nth = _hit(PAUSE_ENV, name, f"pause:{name}")
-    if not hit or hit != nth:
+    and wait until ``F`` exists (at most ``VSEKIT_PAUSE_MAX_S``, default 120 s). Tests use it to hold a
+    run at a known point while a second run starts, without sleeps. Several points, each with its
+    own file: ``VSEKIT_PAUSE=NAME[@N]=F,NAME2[@N2]=F2`` (e.g. one per job-array task)."""
+    spec = os.environ.get(PAUSE_ENV)
+    if not spec:
         return
+    for entry in spec.split(","):
+        want, _, flag = entry.partition("=")
+        point_name, _, nth = want.partition("@")
+        if point_name != name:
+            continue
+        with _lock:
+            key = f"pause:{want}"
+            _hits[key] = _hits.get(key, 0) + 1
+            hit = _hits[key]
+        if hit != int(nth or 1):
+            continue
+        _wait(flag or os.environ[PAUSE_FILE_ENV])
+
+
+def _wait(flag_file: str) -> None:
     import time
     from pathlib import Path
 
-    flag = Path(os.environ[PAUSE_FILE_ENV])
+    flag = Path(flag_file)
     Path(f"{flag}.reached").touch()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + float(os.environ.get(PAUSE_MAX_ENV, 120))
     while not flag.exists() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -83,7 +83,7 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
         lines.append(_array_line(key, fs.group[key], "      "))
     if brief:
         return lines
-    from .arrays import progress_lines   # a SLURM job array writing this set (extract --cluster slurm-array:N)
+    from .job_arrays import progress_lines   # a SLURM job array writing this set (extract --cluster slurm-array:N)
 
     lines.extend(progress_lines(fs))
     lines.append("      provenance:")

@@ -14,34 +14,14 @@ _DERIVED = {"standardize": "standardize", "discretize": "discretize"}
 
 def extract_command(store_path: str | os.PathLike, name: str, attrs: Mapping[str, Any],
                     *extra: str) -> str:
-    """``vsekit extract ...`` with every option that enters the set's config hash."""
+    """``vsekit extract ...`` with every option that enters the set's config hash: the fields of the
+    extraction job that name an attr (:func:`vsekit.extract.job.remake_args`)."""
+    from ..extract.job import remake_args
+
     a = attrs
     args = ["vsekit", "extract", "--store", str(store_path), "--model", str(a.get("model")),
             "--kind", str(a.get("kind")), "--weights", str(a.get("weights")), "--name", name]
-    if a.get("weights") == "none":
-        args += ["--seed", str(a.get("seed", 0))]
-    if a.get("kind") in ("global", "fne"):
-        args += ["--crops", str(a.get("crops", 1))]
-        if a.get("keep_crops"):
-            args.append("--keep-crops")
-    own = a.get("detector") == "butd-r101"   # BUTD has its own preprocessing: those options are refused
-    for opt, key in (("--resize", "resize"), ("--resize-mode", "resize_mode"),
-                     ("--input-size", "crop_size"), ("--interpolation", "interpolation"),
-                     ("--precision", "precision"), ("--dtype", "dtype")):
-        if a.get(key) is not None and not (own and key in ("resize", "resize_mode", "crop_size", "interpolation")):
-            args += [opt, str(a[key])]
-    if a.get("kind") == "fne" and a.get("taps"):
-        args += ["--taps", ",".join(t["name"] for t in a["taps"])]
-    if a.get("kind") == "grid":
-        args += ["--grid", str(a.get("grid"))]
-    if a.get("kind") == "regions":
-        args += ["--boxes", str(a.get("boxes")), "--max-regions", str(a.get("max_regions")),
-                 "--min-regions", str(a.get("min_regions"))]
-        if a.get("detector"):
-            args += ["--detector", str(a["detector"]), "--detector-weights", str(a.get("detector_weights"))]
-    if a.get("block_rows"):
-        args += ["--block-rows", str(a["block_rows"])]
-    return shlex.join([*args, *extra])
+    return shlex.join([*args, *remake_args(a), *extra])
 
 
 def remake_command(store, name: str, *extra: str) -> str:

@@ -1,0 +1,93 @@
+"""Ctrl-C and SIGTERM, for every command that writes: the only module that installs signal handlers
+(besides :func:`vsekit.cluster.import_jobqueue`'s guard against dask-jobqueue's own).
+
+While :func:`handling` is active (the CLI wraps every command in it, ``extract()`` its run, a job
+array task its loop), SIGINT and SIGTERM raise :class:`Interrupted` in the main thread, so locks are
+released, cluster jobs cancelled and the kept rows reported as on Ctrl-C. :class:`Interrupted` is
+the one exception of an interrupted run: a ``KeyboardInterrupt`` that carries the signal, hence the
+exit code (``128 + signal``: 130 for Ctrl-C, 143 for SIGTERM), and the message to show the user.
+
+- ``handling(on_signal=f)``: ``f(signum)`` runs first (the extraction loop kills its decoding
+  processes there, so that torch's slow graceful shutdown is skipped);
+- ``with h.deferred():`` holds a signal until the block ends (an array task finishes its commit);
+- ``h.signum``: the signal that came, for code that learns of it indirectly (a RuntimeError of
+  torch about workers the callback killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Callable, Iterator
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run stopped by SIGINT (exit 130) or SIGTERM (exit 143); ``str()`` is what to tell the user."""
+
+    def __init__(self, message: str = "", signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.message = message
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def interrupted(exc: BaseException, message: str) -> Interrupted:
+    """``exc`` (an :class:`Interrupted`, or Python's own ``KeyboardInterrupt`` for Ctrl-C) with ``message``."""
+    return Interrupted(message, getattr(exc, "signum", signal.SIGINT))
+
+
+class Handling:
+    """What :func:`handling` yields: the signal that came (``signum``) and :meth:`deferred`."""
+
+    def __init__(self, on_signal: Callable[[int], None] | None = None):
+        self.on_signal = on_signal
+        self.signum: int | None = None
+        self._defer = 0
+        self._pending: int | None = None
+
+    def _handler(self, signum, frame):
+        self.signum = signum
+        if self._defer:
+            self._pending = signum
+            return
+        if self.on_signal is not None:
+            self.on_signal(signum)
+        raise Interrupted("", signum)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A signal during the block is raised when the block has ended."""
+        self._defer += 1
+        try:
+            yield
+        finally:
+            self._defer -= 1
+        if not self._defer and self._pending is not None:
+            signum, self._pending = self._pending, None
+            raise Interrupted("", signum)
+
+
+@contextlib.contextmanager
+def handling(on_signal: Callable[[int], None] | None = None) -> Iterator[Handling]:
+    """SIGINT and SIGTERM raise :class:`Interrupted` while the block runs (main thread only; elsewhere
+    nothing is installed); the previous handlers are put back afterwards."""
+    h = Handling(on_signal)
+    if threading.current_thread() is not threading.main_thread():
+        yield h
+        return
+    previous = {sig: signal.signal(sig, h._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield h
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+__all__ = ["Interrupted", "handling", "interrupted"]
