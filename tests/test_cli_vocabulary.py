@@ -1,8 +1,7 @@
 """One option vocabulary (docs/cli.md): every command follows the table of docs/cli.md.
 
 The test is driven by the table: a command that disagrees with it fails here, and the fix is in the
-command (or, for a deliberate change, in the table). ``extract``'s options are being rebuilt on another
-branch; its rows in the table say what extract must become (LEAD: drop ``PENDING`` at merge).
+command (or, for a deliberate change, in the table).
 """
 
 from __future__ import annotations
@@ -16,9 +15,6 @@ from click.testing import CliRunner
 from vsekit.cli import main
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-#: LEAD: remove "extract" once cli/extract.py follows docs/cli.md (--progress/--no-progress, --workers
-#: of type vsekit.cli.options.WORKERS, help on every option)
-PENDING = {"extract"}
 SPLITS = {"train", "val", "test", "restval"}
 
 
@@ -63,13 +59,7 @@ COMMANDS = dict(_commands())
 TABLE = _table()
 
 
-def _param(name):
-    marks = [pytest.mark.xfail(reason="LEAD: cli/extract.py is rebuilt on the engine branch; "
-                                      "remove from PENDING at merge", strict=False)] if name in PENDING else []
-    return pytest.param(name, marks=marks, id=name)
-
-
-@pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_command_follows_the_table(command):
     cmd = COMMANDS[command]
     unset = getattr(click.core, "UNSET", None)

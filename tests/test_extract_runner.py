@@ -99,10 +99,10 @@ def test_crashing_decoder_process_does_not_end_the_run(demo_store, monkeypatch):
     bad = str(demo_store.image_file(5))
     real = reader.decode
 
-    def crashing(path):
+    def crashing(path, *plan):
         if path == bad:
             os._exit(3)  # like a segfault in a codec: the worker process dies
-        return real(path)
+        return real(path, *plan)
 
     ref = extract(demo_store, "test_resnet", "global", weights="none", input_size=32, resize=36,
                   workers=0, batch_size=4, block_rows=8, name="ref", progress=False)

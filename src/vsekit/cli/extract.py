@@ -11,6 +11,10 @@ import dataclasses
 import click
 
 from ..extract.job import Execution, ExtractOptions, fields_of
+from .options import WORKERS
+
+#: the Click types of fields whose values the CLI shares with other commands (docs/cli.md)
+CLICK_TYPES = {"workers": WORKERS}
 
 
 def _as_int(ctx, param, value):
@@ -23,8 +27,6 @@ def click_option(f: dataclasses.Field):
     kw: dict = {"help": m["help"] or None}
     if m["metavar"]:
         kw["metavar"] = m["metavar"]
-    if m["inverse"]:   # --no-progress sets progress=False
-        return click.option(m["flag"], f.name, flag_value=False, default=True, help=m["help"])
     if isinstance(f.default, bool):
         decls = [f"{m['flag']}/{m['secondary']}"] if m["secondary"] else [m["flag"]]
         return click.option(*decls, f.name, is_flag=True, default=f.default,
@@ -35,7 +37,9 @@ def click_option(f: dataclasses.Field):
             kw["callback"] = _as_int
         default = None if f.default is None else str(f.default)
     else:
-        if m["type"] is not None:
+        if f.name in CLICK_TYPES:
+            kw["type"] = CLICK_TYPES[f.name]
+        elif m["type"] is not None:
             kw["type"] = m["type"]
         default = f.default
     show = m["show_default"] and f.default is not None

@@ -86,11 +86,16 @@ class Extractor:
             return self.tapper.run(self.model, self._normalise(x))
 
     def features(self, crops) -> np.ndarray:
-        """uint8 (B, n_crops, 3, H, W) → float32 (B, D), (B, n_crops, D) or (B, G, G, C)."""
+        """uint8 (B, n_crops, H, W, 3) from the decoders, or (B, n_crops, 3, H, W) → float32 (B, D),
+        (B, n_crops, D) or (B, G, G, C). NHWC crops are read as a channels-last view (no copy); the
+        two layouts cannot be confused because a crop is at least 8 pixels wide (plan.py)."""
         import torch
 
         b, nc = crops.shape[:2]
-        outs = self.forward(crops.reshape(b * nc, *crops.shape[2:]))
+        x = crops.reshape(b * nc, *crops.shape[2:])
+        if x.shape[-1] == 3 and x.shape[1] != 3:   # NHWC
+            x = x.permute(0, 3, 1, 2)
+        outs = self.forward(x)
         if self.plan.kind == "grid":
             return outs[0].float().permute(0, 2, 3, 1).cpu().numpy()
         feats = torch.cat([o.float() for o in outs], dim=1).reshape(b, nc, -1)

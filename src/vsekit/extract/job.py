@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..cluster import SPEC_HELP
+from .images import DECODERS
 from .plan import KINDS, PRECISIONS, STORE_DTYPES, Plan
 from .throughput import PIN_CHOICES, decode_workers, pin_memory
 
@@ -23,15 +24,14 @@ from .throughput import PIN_CHOICES, decode_workers, pin_memory
 def option(default: Any, flag: str, help: str = "", *, choices: tuple | None = None, type: type | None = None,
            attr: str | None = None, when: Callable[[Mapping], bool] | None = None,
            render: Callable[[Any], list[str]] | None = None, secondary: str | None = None,
-           inverse: bool = False, metavar: str | None = None, show_default: bool = True) -> Any:
+           metavar: str | None = None, show_default: bool = True) -> Any:
     """A dataclass field with what the CLI and ``remake`` need to know about it.
 
-    ``secondary``: the off switch of a boolean (``--no-channels-last``); ``inverse``: a flag that
-    sets the field to False (``--no-progress``); ``render``: the arguments a value of the set's attrs
+    ``secondary``: the off switch of a boolean (``--no-channels-last``, ``--no-progress``); ``render``: the arguments a value of the set's attrs
     gives in the remake command (default ``[flag, str(value)]``).
     """
     meta = {"flag": flag, "help": help, "choices": choices, "type": type, "attr": attr, "when": when,
-            "render": render, "secondary": secondary, "inverse": inverse, "metavar": metavar,
+            "render": render, "secondary": secondary, "metavar": metavar,
             "show_default": show_default}
     return field(default=default, metadata=meta)
 
@@ -52,7 +52,8 @@ class ExtractOptions:
     model: str = option("vgg19", "--model",
                         "vgg16 (the FNE paper's) | vgg19 | resnet152 | inception_resnet_v2 | any timm model name.",
                         attr="model")
-    kind: str = option("global", "--kind", choices=KINDS, attr="kind")
+    kind: str = option("global", "--kind", "Feature kind: global | fne | grid | regions.", choices=KINDS,
+                       attr="kind")
     weights: str = option("imagenet", "--weights", "imagenet | none | PATH to a checkpoint.", attr="weights")
     name: str | None = option(None, "--name", "Feature set name [default: MODEL_KIND].", show_default=False)
     seed: int = option(0, "--seed", "Seed of the random initialisation with --weights none.", type=int,
@@ -70,10 +71,15 @@ class ExtractOptions:
     input_size: int | None = option(None, "--input-size", "Crop (network input) size [default: from the weights; "
                                     "448 for grid/regions].", type=int, attr="crop_size",
                                     when=lambda a: not _own_preprocessing(a))
-    interpolation: str | None = option(None, "--interpolation", "",
+    interpolation: str | None = option(None, "--interpolation", "Resize filter [default: from the weights].",
                                        choices=("bilinear", "bicubic", "nearest", "lanczos"),
                                        attr="interpolation", when=lambda a: not _own_preprocessing(a))
-    precision: str = option("fp32", "--precision", choices=PRECISIONS, attr="precision")
+    precision: str = option("fp32", "--precision", "Numeric precision of the forward pass (bf16/fp16: autocast; "
+                            "see docs/gpus_clusters.md).", choices=PRECISIONS, attr="precision")
+    decoder: str = option("pil", "--decoder", "How images are decoded and resized: pil (PIL's pixels) | turbo "
+                          "(libjpeg-turbo with DCT scaling and torch's resize: faster, pixels differ by a few "
+                          "levels; docs/extract.md).", choices=DECODERS, attr="decoder",
+                          when=lambda a: a.get("decoder") not in (None, "pil"))
     dtype: str | None = option(None, "--dtype", "Stored dtype [default: float32 global/fne, float16 grid/regions].",
                                choices=STORE_DTYPES, attr="dtype")
     taps: str | None = option(None, "--taps", "FNE layers: comma-separated glob patterns (see --list-layers).",
@@ -84,7 +90,8 @@ class ExtractOptions:
     boxes: str | None = option(None, "--boxes", "Regions: a JSON file {image_id: [[x1,y1,x2,y2], ...]}, or "
                                "'detector' (= --detector coco-frcnn).", attr="boxes",
                                when=lambda a: a.get("kind") == "regions")
-    max_regions: int = option(36, "--max-regions", type=int, attr="max_regions",
+    max_regions: int = option(36, "--max-regions", "Regions kept per image (the stored K).", type=int,
+                              attr="max_regions",
                               when=lambda a: a.get("kind") == "regions")
     min_regions: int | None = option(None, "--min-regions", "Floor of detector boxes per image [default: 10; "
                                      "butd-r101: = --max-regions].", type=int, attr="min_regions",
@@ -112,7 +119,8 @@ class ExtractOptions:
                          input_size=self.input_size, interpolation=self.interpolation, taps=self.taps,
                          grid=self.grid, boxes=self.boxes, max_regions=self.max_regions,
                          min_regions=self.min_regions, precision=self.precision, store_dtype=self.dtype,
-                         detector=self.detector, detector_weights=self.detector_weights)
+                         detector=self.detector, detector_weights=self.detector_weights,
+                         decoder=self.decoder)
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,7 @@ class Execution:
     block_rows: int | None = option(None, "--block-rows", "Rows per block (unit of work and resume).", type=int,
                                     attr="block_rows", when=lambda a: bool(a.get("block_rows")),
                                     show_default=False)
-    progress: bool = option(True, "--no-progress", "No progress bar.", inverse=True)
+    progress: bool = option(True, "--progress", "Show a progress bar.", secondary="--no-progress")
 
     def checked(self) -> "Execution":
         if int(self.batch_size) < 1:

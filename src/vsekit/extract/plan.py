@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .backbones import get_backbone, weights_kind
-from .images import CROP_CHOICES, INTERPOLATIONS, RESIZE_MODES
+from .images import CROP_CHOICES, DEFAULT_DECODER, INTERPOLATIONS, RESIZE_MODES, check_decoder, hash_settings
 from .taps import probe, select_taps, spatial_tap, tap_columns
 
 KINDS = ("global", "fne", "grid", "regions")
@@ -49,6 +49,7 @@ class Plan:
     extra: dict = field(default_factory=dict)
     weights_sha256: str | None = None   # --weights PATH: its content digest (part of the config hash)
     detector_sha256: str | None = None  # --detector-weights PATH: its content digest (idem)
+    decoder: str = "pil"                # images.DECODERS: how JPEGs are decoded and resized
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -68,7 +69,8 @@ class Plan:
              "crops": self.crops, "keep_crops": self.keep_crops, "resize": self.resize,
              "resize_mode": self.resize_mode, "crop_size": self.crop_size, "mean": list(self.mean),
              "std": list(self.std), "interpolation": self.interpolation, "precision": self.precision,
-             "taps": [dict(t) for t in self.taps], "dtype": self.store_dtype}
+             "taps": [dict(t) for t in self.taps], "dtype": self.store_dtype,
+             **hash_settings(self.decoder)}   # nothing for "pil": sets made before decoders keep their hash
         if self.weights_sha256:
             a["weights_sha256"] = self.weights_sha256
         if self.kind == "grid":
@@ -114,12 +116,15 @@ def _make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", s
                interpolation: str | None = None, taps: str | None = None, grid: int = 7,
                boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None,
                precision: str = "fp32", store_dtype: str | None = None, detector: str | None = None,
-               detector_weights: str | None = None) -> Plan:
+               detector_weights: str | None = None, decoder: str = DEFAULT_DECODER) -> Plan:
     from .backbones import build_model
     from .regions import resolve_detector
 
     _choice("--kind", kind, KINDS)
     _choice("--precision", precision, PRECISIONS)
+    check_decoder(decoder)
+    if kind == "regions" and decoder != DEFAULT_DECODER:
+        raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
     if kind == "regions":
         boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)
         if detector == "butd-r101":
@@ -160,7 +165,7 @@ def _make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", s
     kw = dict(model=model, kind=kind, weights=weights_attr, seed=int(seed), crops=int(crops),
               keep_crops=bool(keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
               mean=pre.mean, std=pre.std, interpolation=interpolation or pre.interpolation,
-              precision=precision, store_dtype=store_dtype)
+              precision=precision, store_dtype=store_dtype, decoder=decoder)
     if wkind == "path":
         from ..digest import file_digest
 

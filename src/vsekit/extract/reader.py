@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..storage.faults import point
-from .images import ImageError, load_image, make_crops, resize
+from .images import ImageError, decode_crops, image_crops, load_image, resize
 from .plan import Plan
 from .regions import check_boxes
 
@@ -29,7 +29,7 @@ from .regions import check_boxes
 @dataclass
 class Item:
     row: int
-    crops: np.ndarray | None        # uint8 (n_crops, 3, H, W)
+    crops: np.ndarray | None        # uint8 (n_crops, H, W, 3); regions: (1, 3, H, W)
     error: str | None = None
     boxes: np.ndarray | None = None  # regions: boxes in input pixels (K, 4)
     scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
@@ -65,10 +65,9 @@ class RowDataset:
         p = self.plan
         self._check_inside_root(path)
         point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
-        img = decode(path)
         if p.kind != "regions":
-            crops = make_crops(img, p.resize, p.crop_size, p.crops, p.resize_mode, p.interpolation)
-            return Item(row, crops)
+            return Item(row, decode(path, p))   # NHWC: no transpose here, the model reads channels-last
+        img = decode(path)
         if p.detector == "butd-r101":  # the detector scales the original image itself (butd.preprocess)
             return Item(row, np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)[None].copy())
         w, h = img.size
@@ -97,13 +96,19 @@ class RowDataset:
                              f"outside the image root (ingest with --allow-outside-root if this is intended)")
 
 
-def decode(path: str):
-    """Hook point for tests (a decoder that crashes its process); decodes to RGB."""
+def decode(path: str, plan: Plan | None = None):
+    """One image file: with the ``plan`` of a crop kind (global, fne, grid), its uint8 NHWC crops
+    (n_crops, H, W, 3), decoded with ``plan.decoder`` (:func:`vsekit.extract.images.decode_crops`);
+    without, the 8-bit RGB PIL image (regions). Tests wrap it (a decoder that crashes its process)."""
     from ..storage.sources import shards
 
-    if shards.is_ref(path):  # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
-        return shards.load_image(path)
-    return load_image(path)
+    ref = shards.is_ref(path)   # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
+    if plan is None or plan.kind == "regions":
+        return shards.load_image(path) if ref else load_image(path)
+    args = (plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation)
+    if ref:
+        return image_crops(shards.load_image(path), *args, decoder=plan.decoder)
+    return decode_crops(path, *args, decoder=plan.decoder)
 
 
 class Batch(list):
@@ -114,7 +119,7 @@ class Batch(list):
     ``pin`` a DataLoader's pin thread copies it into page-locked memory (:meth:`pin_memory`).
     """
 
-    crops = None   # uint8 (B_ok, n_crops, 3, H, W) of the ok items, in order; their .crops are None
+    crops = None   # uint8 (B_ok, n_crops, H, W, 3) (regions: CHW) of the ok items, in order; their .crops are None
 
     def pin_memory(self, *args) -> "Batch":
         if self.crops is not None:
@@ -137,7 +142,7 @@ def collate(items: list[Item]) -> Batch:
 
 
 def stack(items: list[Item]):
-    """The ok items' crops as one uint8 tensor (B, n_crops, 3, H, W), or None."""
+    """The ok items' crops as one uint8 tensor (B, n_crops, H, W, 3); regions (B, 1, 3, H, W); or None."""
     import torch
 
     if getattr(items, "crops", None) is not None:

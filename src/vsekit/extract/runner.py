@@ -28,6 +28,7 @@ from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
 from ..storage.lock import holder, writer_lock
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
+from .images import decoder_attrs
 from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
 from .regions import region_arrays
@@ -181,6 +182,8 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
             resume_checks(fs, opts.retry_failed)
         # the resolved device of the latest run and its float32 math (TF32 off; not part of the config hash)
         fs.update_attrs(device=device, **FLOAT32_RECORD)
+        if plan.kind != "regions":   # how the pixels were made: libraries and versions (not settings)
+            fs.update_attrs(decoding=decoder_attrs(plan.decoder))
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
         lock = holder(store.path, name)

@@ -19,7 +19,7 @@ from .outputs import StageIO, stage_io
 from .spec import Located, MissingVariable, PipelineError, PipelineSpec, StageSpec, Variables
 
 #: options that say where or how fast a stage runs, not what it makes: not part of the fingerprint
-NOT_FINGERPRINTED = frozenset({"cluster", "workers", "device", "pin-memory", "channels-last", "progress",
+NOT_FINGERPRINTED = frozenset({"cluster", "workers", "device", "pin-memory", "channels-last", "prefetch", "progress",
                                "no-progress", "quiet", "verbose"})
 
 
