@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -26,3 +27,30 @@ def demo_store(demo_dir, tmp_path):
 
     store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, tmp_path / "demo.zarr")
     return store
+
+
+def make_region_store(path, *, n_train: int, n_val: int, per_image: int, regions: int, channels: int,
+                      name: str = "regions"):
+    """A tokenised store of random region features (train / val / test = n_train / n_val / n_val
+    images, ``per_image`` captions of 2-5 words each, 2..K valid regions per image), for training tests."""
+    from vsekit.storage.store import FeatureStore
+    from vsekit.tokenize import tokenize
+
+    rng = np.random.default_rng(0)
+    n = n_train + 2 * n_val
+    store = FeatureStore.create(path, dataset=name)
+    store.write_images([f"im{i}" for i in range(n)], [f"{i}.jpg" for i in range(n)],
+                       ["train"] * n_train + ["val"] * n_val + ["test"] * n_val)
+    rows = np.repeat(np.arange(n), per_image)
+    words = [f"w{i}" for i in range(30)]
+    store.write_captions([" ".join(rng.choice(words, rng.integers(2, 6))) for _ in rows], rows)
+    tokenize(store, min_count=1)
+    k, c = regions, channels
+    fs = store.create_features(name, (k, c), "float32", block_rows=32, attrs={"kind": "regions"},
+                               extra={"count": ((), "int32")})
+    for b in fs.blocks():
+        data = rng.standard_normal((len(b), k, c), dtype=np.float32)
+        counts = rng.integers(2, k + 1, len(b)).astype(np.int32)
+        data[np.arange(k)[None, :] >= counts[:, None]] = 0
+        fs.write_block(b, data, count=counts)
+    return str(path)

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import make_region_store
 from vsekit.storage.store import FeatureStore
 from vsekit.train import train
 from vsekit.train.config import resolve_config
 from vsekit.train.data import EvalSet, Tokens, open_features
-from vsekit.train.runs import evaluate
+from vsekit.train.evaluate_run import evaluate
 from vsekit.train.trainer import build_model, validate
 
 torch.set_num_threads(1)
@@ -28,26 +29,8 @@ SMALL = dict(embed_dim=16, word_dim=8, batch_size=16, model_args={"sim_dim": 8},
 
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory):
-    from vsekit.tokenize import tokenize
-
-    rng = np.random.default_rng(0)
-    n = N_TRAIN + 2 * N_VAL
-    path = tmp_path_factory.mktemp("valmode") / "s.zarr"
-    store = FeatureStore.create(path, dataset="valmode")
-    store.write_images([f"im{i}" for i in range(n)], [f"{i}.jpg" for i in range(n)],
-                       ["train"] * N_TRAIN + ["val"] * N_VAL + ["test"] * N_VAL)
-    rows = np.repeat(np.arange(n), PER_IMAGE)
-    words = [f"w{i}" for i in range(30)]
-    store.write_captions([" ".join(rng.choice(words, rng.integers(2, 6))) for _ in rows], rows)
-    tokenize(store, min_count=1)
-    fs = store.create_features("regions", (K, C), "float32", block_rows=32, attrs={"kind": "regions"},
-                               extra={"count": ((), "int32")})
-    for b in fs.blocks():
-        data = rng.standard_normal((len(b), K, C), dtype=np.float32)
-        counts = rng.integers(2, K + 1, len(b)).astype(np.int32)
-        data[np.arange(K)[None, :] >= counts[:, None]] = 0
-        fs.write_block(b, data, count=counts)
-    return str(path)
+    return make_region_store(tmp_path_factory.mktemp("valmode") / "s.zarr", n_train=N_TRAIN, n_val=N_VAL,
+                             per_image=PER_IMAGE, regions=K, channels=C)
 
 
 def _setup(store_path, model="saf"):
