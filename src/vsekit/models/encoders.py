@@ -52,7 +52,7 @@ class ImageEncoder(nn.Module):
         nn.init.uniform_(self.fc.weight, -r, r)
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
-        x = l2norm(self.fc(feats.float()))
+        x = l2norm(self.fc(feats.to(self.fc.weight.dtype)))   # stored int8/float16 rows in the weights' dtype
         return x.abs() if self.use_abs else x
 
 

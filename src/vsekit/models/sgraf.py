@@ -328,7 +328,7 @@ class SGRAF(RetrievalModel):
 
     # -- encoders: each returns (members (B, L, d), mask (B, L) bool, global (B, G)) ----------------
     def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None):
-        feats = feats.float()
+        feats = feats.to(self.img_fc.weight.dtype)   # float32 (float64 in the exactness tests)
         b, k = feats.shape[:2]
         if counts is None:
             mask = torch.ones(b, k, dtype=torch.bool, device=feats.device)

@@ -131,7 +131,7 @@ class SMAN(RetrievalModel):
     # -- encoders --------------------------------------------------------------------------------
     def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None):
         """(B, G, G, C) or (B, M, C) cells -> a tuple of per-image tensors."""
-        cells = self.drop(feats.float().flatten(1, -2))
+        cells = self.drop(feats.to(self.glo.weight.dtype).flatten(1, -2))
         v0 = torch.tanh(self.glo(cells.mean(1)))
         if self.cell_gru is not None:
             v0 = v0 + self.cell_gru(cells)[0].mean(1)
