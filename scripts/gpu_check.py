@@ -121,6 +121,7 @@ class Ctx:
         self.model = "test_resnet" if args.small else "vgg19"   # timm's tiny test ResNet: seconds on a CPU
         self._demo = None
         self._tiny = None
+        self.site: Path | None = None   # where check_install put the wheels
 
     def demo_store(self) -> Path:
         """A small demo dataset ingested once (the demo's own synthetic images)."""
@@ -192,23 +193,27 @@ def check_probe(ctx: Ctx):
 
 
 def check_install(ctx: Ctx):
+    """Install the wheels (not vsekit's own: this checkout's sources are what is checked) into a site
+    folder and check that a fresh interpreter imports vsekit from ``src/`` with them. ``main`` then
+    runs the other checks in a fresh interpreter with that path: adding a site folder to a running
+    interpreter left ``distributed`` unimportable on the H100 (2026-11-27)."""
     if not ctx.args.wheels:
         return None, {"why": "no --wheels folder given (the environment is already installed)"}
-    wheels = Path(ctx.args.wheels)
+    wheels = [w for w in sorted(Path(ctx.args.wheels).glob("*.whl")) if not w.name.startswith("vsekit-")]
     target = ctx.work / "site"
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-           "--target", str(target), *map(str, sorted(wheels.glob("*.whl")))]
+           "--target", str(target), *map(str, wheels)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         return False, {"pip": r.stderr[-2000:]}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(target)])}
-    r2 = subprocess.run([sys.executable, "-c", "import vsekit.cli, zarr, dask.distributed, nltk; print(zarr.__version__)"],
-                        capture_output=True, text=True, env=env, timeout=300)
-    if r2.returncode == 0:   # this process and the ones it starts (dask workers) see the wheels
-        sys.path[:0] = [str(target)]
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(target), os.environ.get("PYTHONPATH", "")])
-    return r2.returncode == 0, {"wheels": len(list(wheels.glob("*.whl"))), "site": str(target),
-                                "import": (r2.stdout or r2.stderr).strip()[-1000:]}
+    probe = ("import vsekit, vsekit.cli, zarr, dask.distributed, distributed, nltk; "
+             "print(zarr.__version__, distributed.__version__, vsekit.__file__)")
+    r2 = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=300)
+    ok = r2.returncode == 0 and str(ROOT / "src") in r2.stdout
+    if ok:
+        ctx.site = target
+    return ok, {"wheels": len(wheels), "site": str(target), "import": (r2.stdout or r2.stderr).strip()[-1000:]}
 
 
 def check_demo(ctx: Ctx):
@@ -420,6 +425,24 @@ def main(argv=None) -> int:
     ctx = Ctx(args, work, res)
     t_all = time.perf_counter()
     try:
+        if "install" in only and "install" not in skip and args.wheels:
+            t0 = time.perf_counter()
+            ok, figures = check_install(ctx)
+            res.add("install", ok, seconds=round(time.perf_counter() - t0, 2), **figures)
+            if ok:   # the other checks in a fresh interpreter that sees src/ and the installed wheels
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                    [str(ROOT / "src"), str(ctx.site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+                rest, given = [], list(argv if argv is not None else sys.argv[1:])
+                while given:   # the arguments less --wheels DIR / --wheels=DIR
+                    a = given.pop(0)
+                    if a == "--wheels":
+                        given.pop(0)
+                    elif not a.startswith("--wheels="):
+                        rest.append(a)
+                rest = [*rest, "--out", str(res.path), "--skip", ",".join(sorted(skip | {"install"}))]
+                r = subprocess.run([sys.executable, str(Path(__file__).resolve()), *rest], env=env)
+                return r.returncode
+            skip = skip | {"install"}
         for name in (c for c in CHECKS if c in only and c not in skip):
             t0 = time.perf_counter()
             try:
