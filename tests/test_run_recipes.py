@@ -80,8 +80,8 @@ def test_user_file_adds_to_the_shipped_recipes_and_shadows_by_name(tmp_path, mon
     res = CliRunner().invoke(main, ["run", "--list"])
     assert res.exit_code == 0, res.output
     assert "coco-fne-vgg16" in res.output and "[shipped]" in res.output
-    assert re.search(r"\n  mine +1 stages  my own  \[yours\]\n", res.output)
-    assert re.search(r"\n  demo +1 stages  my demo  \[yours, shadows the shipped one\]\n", res.output)
+    assert re.search(r"\n  mine +1 stage   my own  \[yours\]\n", res.output)
+    assert re.search(r"\n  demo +1 stage   my demo  \[yours, shadows the shipped one\]\n", res.output)
     res = CliRunner().invoke(main, ["run", "coco-fne-vg16"])
     assert res.exit_code == 1 and "no pipeline 'coco-fne-vg16'; did you mean 'coco-fne-vgg16'" in res.output
 

@@ -87,12 +87,10 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
             check_model_args(name, list(margs))
     if model and not resume:
         from ..models import model_names
-        from ..suggest import did_you_mean
+        from ..suggest import unknown_model
 
-        if model not in model_names():
-            hint = did_you_mean(model, model_names())
-            raise click.BadParameter(f"unknown model {model!r}; {hint + ' ' if hint else ''}valid choices: "
-                                     f"{', '.join(model_names())}", param_hint="--model")
+        if model not in model_names():   # one `Error:` line, as extract's (no usage block)
+            raise ValueError(unknown_model(model, model_names()))
     if not resume:
         _check_feature_shape(store, features, model, presets)
     summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..cluster import parse_cluster
+from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
@@ -61,8 +62,8 @@ class ExtractResult:
 
     def summary(self, max_errors: int = 20) -> str:
         lines = [f"{self.name}: {self.done} done, {self.failed} failed, {self.pending} pending of "
-                 f"{self.n_rows} rows; ran {self.blocks_run} blocks, skipped {self.blocks_skipped} "
-                 f"already done; {self.images} images in {self.seconds:.1f}s ({self.images_per_s:.1f} img/s)"]
+                 f"{plural(self.n_rows, 'row')}; ran {plural(self.blocks_run, 'block')}, skipped "
+                 f"{self.blocks_skipped} already done; {self.images} images in {self.seconds:.1f}s ({self.images_per_s:.1f} img/s)"]
         if self.errors:
             lines.append(f"failed images ({len(self.errors)}):")
             for row, why in sorted(self.errors.items())[:max_errors]:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..storage import integrity
+from ..words import plural
 from ..storage.store import (FAILED, FeatureSet, FeatureStore, ProvenanceError, StoreError, _jsonable,
                              config_hash, read_generation)
 
@@ -150,5 +151,5 @@ class Result:
                       "images: their z is 0)")
         return (f"{self.parent} -> {self.name}: {self.rows} rows"
                 f"{f' ({self.failed_rows} failed in the parent, left failed)' if self.failed_rows else ''}"
-                f"{extra}; wrote {self.blocks_written} of {self.blocks_total} blocks"
+                f"{extra}; wrote {self.blocks_written} of {plural(self.blocks_total, 'block')}"
                 + (f" ({skipped} already done)" if skipped else ""))
