@@ -78,6 +78,10 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
     fs = FeatureSet(store, name)
     if (fs.attrs.get("config_hash") == attrs["config_hash"] and fs.shape == tuple(shape)
             and fs.data.dtype == np.dtype(dtype) and fs.chunk_rows == block_rows):
+        if fs.attrs.get("stale"):   # a re-split changed the rows its statistics (or its parent's) came from
+            raise ProvenanceError(
+                f"feature set {name!r} in {store.path} is stale: {fs.attrs['stale']}; pass --overwrite to "
+                f"make it again")
         made_from = fs.attrs.get("parent_generation")
         if made_from is not None and made_from != attrs.get("parent_generation"):
             raise ProvenanceError(

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..storage.lock import writer_lock
+from ..storage.splits import refuse_stale
 from ..storage.store import FeatureSet, FeatureStore, StoreError
 from . import derived, passes
 from .pack import pack, packed_width
@@ -104,6 +105,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     pin = derived.Pin.of(parent, "discretize")
     check_thresholds(thresholds)
     check_standardized(parent, allow_raw)
+    refuse_stale(parent)
     parent.check(complete=True)
     with writer_lock(store.path, output_name(features, name), stage="vsekit discretize"):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,

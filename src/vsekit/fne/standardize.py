@@ -24,6 +24,7 @@ import numpy as np
 
 from ..storage.faults import point
 from ..storage.lock import writer_lock
+from ..storage.splits import refuse_stale
 from ..storage.store import FAILED, FeatureSet, FeatureStore, StoreError, write_array
 from . import derived, passes
 from . import stats as st
@@ -177,6 +178,7 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
     they were computed are never written.
     """
     parent = store.features(features)
+    refuse_stale(parent)
     pin = pin or derived.Pin.of(parent, "standardize")
     check_source(parent, allow_standardized=allow_standardized)
     out = output_name(features, name)

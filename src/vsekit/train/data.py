@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..storage.chunks import ChunkReader
+from ..storage.splits import refuse_stale
 from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
 
 CAPTION_MODES = ("one", "all")
@@ -178,6 +179,7 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
     from ..storage.integrity import refuse_damaged
 
     refuse_damaged(fs)   # a deleted or truncated chunk would otherwise be read as zeros
+    refuse_stale(fs)     # statistics of a split that `vsekit split` has changed since
     status = np.asarray(fs.status[:])
     pending = rows[status[rows] != DONE]
     pending = pending[status[pending] != FAILED]
