@@ -248,3 +248,28 @@ def test_a_mistyped_option_ranks_the_closest_first():
     res = CliRunner().invoke(main, ["extract", "--modle", "vgg19"])
     assert res.exit_code == 1
     assert "Did you mean '--model'?" in res.output or "Did you mean one of: '--model', " in res.output, res.output
+
+
+def test_counts_of_one_are_singular(tmp_path):
+    """Issue 34, item 5: "ran 1 blocks", "1 failed rows", "1 stages"."""
+    from vsekit.extract.runner import ExtractResult
+    from vsekit.fne.derived import Result
+    from vsekit.storage.interop import export_vsepp
+
+    text = ExtractResult("x", n_rows=1, done=1, failed=0, pending=0, blocks_run=1, blocks_skipped=0, seconds=1.0,
+                         images=1).summary()
+    assert "pending of 1 row; ran 1 block, skipped 0 already done" in text
+    assert "wrote 1 of 1 block" in Result("f", "f.z", rows=3, failed_rows=0, blocks_written=1, blocks_total=1).summary()
+    store = _store(tmp_path)
+    fs = _fill(store, "g")
+    status = np.asarray(fs.status[:]).copy()
+    status[2] = 2
+    fs.status[:] = status
+    with pytest.raises(StoreError, match=r"'g' has 1 failed row; first: row 2 \(id 2\): no reason recorded\. "):
+        export_vsepp(store, "g", tmp_path / "o", captions_per_image=1)
+    (tmp_path / "p.yaml").write_text("pipelines:\n  one:\n    description: d\n    stages:\n"
+                                     f"      - {{stage: info, store: {store.path}}}\n")
+    res = CliRunner().invoke(main, ["run", "one", "--file", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 0 and "pipeline one: 1 stage ran, 0 skipped" in res.output, res.output
+    res = CliRunner().invoke(main, ["run", "one", "--file", str(tmp_path / "p.yaml"), "--dry-run"])
+    assert "pipeline one: 1 of 1 stage would run" in res.output, res.output

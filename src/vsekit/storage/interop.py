@@ -65,10 +65,10 @@ def _complete_set(store: FeatureStore, features: str, drop_failed: bool = False,
     if failed and not drop_failed:
         from ..words import plural
 
-        first = sorted(fs.errors().items())[:1]
-        ids = store.image_ids() if first and store.n_images == fs.n_rows else None
-        why = (f"; first: row {first[0][0]}{f' (id {ids[first[0][0]]})' if ids is not None else ''}: "
-               f"{first[0][1]}") if first else ""
+        row = int(np.flatnonzero(fs.status_values() == FAILED)[0])
+        ids = store.image_ids() if store.n_images == fs.n_rows else None
+        why = (f"; first: row {row}{f' (id {ids[row]})' if ids is not None else ''}: "
+               f"{fs.errors().get(row, 'no reason recorded')}")
         raise StoreError(f"feature set {features!r} has {plural(failed, 'failed row')}{why}. The {layout} layout "
                          f"needs a vector for every image: pass --drop-failed to leave them and their captions "
                          f"out, or retry them (`vsekit info {store.path} {features}` shows how)")
