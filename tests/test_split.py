@@ -160,3 +160,16 @@ def test_ingest_overwrite_refuses_to_drop_feature_sets_without_drop_features(tmp
     assert res.exit_code == 0, res.output
     assert "dropped 1 feature set: feat" in res.output
     assert FeatureStore.open(store).feature_names() == []
+
+
+def test_a_pipeline_reruns_a_set_that_a_resplit_made_stale(tmp_path):
+    from vsekit.fne import standardize
+    from vsekit.pipeline.outputs import FeaturesOutput
+
+    store = _store(tmp_path)
+    standardize(store, "feat")
+    out = FeaturesOutput(str(store.path), "feat.z")
+    out.write("p/standardize", {"fingerprint": "abc"})
+    assert out.read("p/standardize")["fingerprint"] == "abc"
+    assert _split("--store", str(store.path), "--val", "4", "--test", "1").exit_code == 0
+    assert out.read("p/standardize")["fingerprint"] != "abc"   # the plan sees it changed: rerun, overwrite
