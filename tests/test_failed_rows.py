@@ -96,3 +96,35 @@ def test_info_lists_failed_rows_with_reasons_splits_and_the_two_ways_out(tmp_pat
         assert "3 (im3): truncated JPEG" in out and "12 (im12): truncated JPEG" in out
         assert "two ways out:" in out and "retry them: " in out
         assert "drop them: train and evaluate already skip them" in out and "--drop-failed" in out
+
+
+def test_ingest_and_extract_say_when_a_split_is_tiny_or_has_no_usable_image(tmp_path):
+    """The first hour of the issue: 14 images gave one validation image, the truncated one; neither
+    ingest nor extract said a word."""
+    import io
+
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    root.mkdir()
+    for i in range(N):
+        buf = io.BytesIO()
+        Image.new("RGB", (24, 24), (i * 15, 80, 200 - i * 10)).save(buf, "JPEG")
+        (root / f"{i}.jpg").write_bytes(buf.getvalue())
+    (root / "captions.tsv").write_text("".join(f"{i}.jpg\ta photo number {i}\n" for i in range(N)))
+    res = CliRunner().invoke(main, ["ingest", "folder", str(root), str(root / "captions.tsv"),
+                                    "--store", str(tmp_path / "s.zarr")])
+    assert res.exit_code == 0, res.output
+    store = FeatureStore.open(tmp_path / "s.zarr")
+    codes = store.image_splits()
+    assert int((codes == 1).sum()) == 1   # the default 0.8,0.1,0.1 of 14 images
+    assert "note: split 'val' has 1 image: validation or test figures on it are noise; " \
+           f"`vsekit split --store {store.path} --val N --test N` re-splits" in res.output
+    val_row = int(np.flatnonzero(codes == 1)[0])
+    path = root / str(store.image_paths()[val_row])
+    path.write_bytes(path.read_bytes()[:40])   # truncated
+    res = CliRunner().invoke(main, ["extract", "--store", str(store.path), "--model", "test_resnet", "--weights",
+                                    "none", "--input-size", "16", "--resize", "20", "--workers", "0",
+                                    "--no-progress", "--name", "g"])
+    assert res.exit_code == 0, res.output
+    assert "warning: every val image failed in 'g' (1 of 1): training will refuse to validate on it" in res.output

@@ -32,11 +32,17 @@ def _dropping(store_path: str, overwrite: bool, drop_features: bool) -> list[str
     return feature_names_at(store_path) if overwrite and drop_features else []
 
 
-def _said(dropped: list[str]) -> None:
+def _said(dropped: list[str], store=None) -> None:
+    """The sets --drop-features deleted, and a note on a tiny val or test split (with how to re-split)."""
     from ..words import plural
 
     if dropped:
         click.echo(f"--drop-features: dropped {plural(len(dropped), 'feature set')}: {', '.join(dropped)}")
+    if store is not None:
+        from ..storage.splits import split_notes
+
+        for note in split_notes(store):
+            click.echo(note, err=True)
 
 
 _outside = click.option("--allow-outside-root", is_flag=True,
@@ -62,11 +68,11 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outs
 
     root = image_root or str(Path(json_path).parent)
     dropped = _dropping(store_path, overwrite, drop_features)
-    _, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
+    store, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
                                 strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
                                 allow_outside_root=allow_outside_root)
-    _said(dropped)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("coco")
@@ -91,11 +97,11 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 
     root = image_root or str(Path(annotations[0]).parent)
     dropped = _dropping(store_path, overwrite, drop_features)
-    _, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
+    store, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
                             strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
                             allow_outside_root=allow_outside_root)
-    _said(dropped)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("folder")
@@ -112,11 +118,11 @@ def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root
     from ..storage.sources.folder import ingest_folder
 
     dropped = _dropping(store_path, overwrite, drop_features)
-    _, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
+    store, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
                               check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
                               allow_outside_root=allow_outside_root)
-    _said(dropped)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("precomp")
@@ -142,7 +148,7 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
     from ..storage.sources.precomp import ingest_precomp
 
     prefixes = [p.strip() for p in splits.split(",") if p.strip()] if splits else None
-    _, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
+    store, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
                                captions_per_image=captions_per_image, dtype=dtype, strict=strict,
                                overwrite=overwrite)
     click.echo(report.summary())
@@ -169,7 +175,7 @@ def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, ove
     """Ingest bottom-up-attention TSV files (image_id, image_w, image_h, num_boxes, boxes, features)."""
     from ..storage.sources.butd import ingest_butd
 
-    _, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
+    store, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
                             default_split=default_split, dtype=dtype, strict=strict, overwrite=overwrite)
     click.echo(report.summary())
 
@@ -196,11 +202,11 @@ def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, stor
     from ..storage.sources.webdataset import ingest_webdataset
 
     dropped = _dropping(store_path, overwrite, drop_features)
-    _, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
+    store, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
                                   seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
                                   allow_outside_root=allow_outside_root)
-    _said(dropped)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("parquet")
@@ -225,13 +231,13 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
     from ..storage.sources.parquet import ingest_parquet
 
     dropped = _dropping(store_path, overwrite, drop_features)
-    _, report = ingest_parquet(list(files), store_path, image_column=image_column,
+    store, report = ingest_parquet(list(files), store_path, image_column=image_column,
                                caption_column=caption_column, id_column=id_column, split_column=split_column,
                                image_root=image_root, check_files=not no_check_files, split_file=split_file,
                                split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
                                allow_outside_root=allow_outside_root)
-    _said(dropped)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("npz")
@@ -252,7 +258,7 @@ def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
     """Ingest per-image .npz region features (x, bbox, num_bbox, image_h, image_w; bottom-up-attention.pytorch)."""
     from ..storage.sources.npz import ingest_npz
 
-    _, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
+    store, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
                            strict=strict, overwrite=overwrite)
     click.echo(report.summary())
 

@@ -159,6 +159,34 @@ def refuse_stale(fs: FeatureSet) -> None:
     raise StoreError(f"feature set {fs.name!r} is stale: {why}; remake it: {cmds}")
 
 
+# --- notes after ingest and extract ---------------------------------------------------------------
+FEW = 10   # a val or test split this small gets a note at ingest (train warns below 100)
+
+
+def split_notes(store: FeatureStore, name: str | None = None) -> list[str]:
+    """What a researcher should hear right after ingest (a tiny val/test split) or extract (a split whose
+    every image failed), with the command that changes the split and keeps the features."""
+    from ..words import plural
+    from .store import FAILED
+
+    codes = store.image_splits()
+    fix = f"`vsekit split --store {store.path} --val N --test N` re-splits, keeping every feature set"
+    if name is None:
+        return [f"note: split {s!r} has {plural(int(np.sum(codes == i)), 'image')}: validation or test figures "
+                f"on it are noise; {fix}" for i, s in enumerate(SPLITS)
+                if s in ("val", "test") and 0 < np.sum(codes == i) < FEW]
+    status = store.features(name).status_values()
+    notes = []
+    for i, s in enumerate(SPLITS):
+        rows = codes == i
+        bad = int(np.sum(rows & (status == FAILED)))
+        if bad and bad == int(np.sum(rows)):
+            notes.append(f"warning: every {s} image failed in {name!r} ({bad} of {bad}): training will refuse to "
+                         f"validate on it; pass train --val-split, or {fix}, or retry the rows "
+                         f"(`vsekit info {store.path} {name}`)")
+    return notes
+
+
 # --- the command -----------------------------------------------------------------------------------
 def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[float] | None = None,
             split_file: str | None = None, val: int | None = None, test: int | None = None, seed: int = 0,
