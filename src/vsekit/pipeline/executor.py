@@ -72,6 +72,8 @@ class Step:
 
     def argv(self) -> list[str]:
         extra = {"overwrite": True} if self.overwrite else {}
+        if self.overwrite and has_option(self.stage.command, "drop-features"):
+            extra["drop-features"] = True   # a re-ingest: the stages after it remake its feature sets
         if self.resume:
             extra["resume"] = True
         return self.stage.argv(extra)
