@@ -345,10 +345,10 @@ class FeatureStore:
         with lock.creating_store(path), contextlib.ExitStack() as held_store:
             if path.exists() and not overwrite:
                 raise StoreError(f"{path} already exists; pass --overwrite to replace it")
-            if path.exists() and not drop_features:
-                refuse_dropping_features(path)
             if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
                 held_store.enter_context(lock.replacing_store(path))
+                if not drop_features:
+                    refuse_dropping_features(path)
             remove_stale_staging(path)
             staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
             store = cls.create(staging, overwrite=True, **create_kw)
