@@ -196,7 +196,9 @@ def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarra
         status = np.asarray(fs.fs.status[:])
         rows = rows[status[rows] == DONE]
     if not len(rows):
-        raise StoreError(f"{store.path}: split {split!r} has no images with done features in {fs.name!r}")
+        raise StoreError(f"{store.path}: split {split!r} has no usable images in {fs.name!r} (it is empty, or "
+                         f"every image in it failed: `vsekit info {store.path} {fs.name}` lists them); choose "
+                         f"another split, or re-split keeping the features: `vsekit split --store {store.path} ...`")
     return rows
 
 
