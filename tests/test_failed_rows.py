@@ -92,7 +92,7 @@ def test_info_lists_failed_rows_with_reasons_splits_and_the_two_ways_out(tmp_pat
         res = CliRunner().invoke(main, ["info", *args])
         assert res.exit_code == 0, res.output
         out = res.output
-        assert "failed rows (2):" in out and "2 failed rows by split; train 1, val 1" in out
+        assert "failed rows (2):" in out and "2 failed rows, by split: train 1, val 1" in out
         assert "3 (im3): truncated JPEG" in out and "12 (im12): truncated JPEG" in out
         assert "two ways out:" in out and "retry them: " in out
         assert "drop them: train and evaluate already skip them" in out and "--drop-failed" in out

@@ -123,9 +123,9 @@ def failed_lines(store: FeatureStore, fs, limit: int = 20) -> list[str]:
     where = ""
     if same_rows and len(failed):
         codes = store.image_splits()[failed]
-        where = "; " + ", ".join(f"{s} {int(np.sum(codes == i))}" for i, s in enumerate(SPLITS) if np.any(codes == i))
-    lines = [f"      failed rows ({len(rows)}):" if len(rows) else "      failed rows (0):",
-             f"        {plural(len(failed), 'failed row')} by split{where or ': -'}"]
+        where = ", ".join(f"{s} {int(np.sum(codes == i))}" for i, s in enumerate(SPLITS) if np.any(codes == i))
+    lines = [f"      failed rows ({len(rows)}):",
+             f"        {plural(len(failed), 'failed row')}, by split: {where or '-'}"]
     ids = store.image_ids() if same_rows else None
     for row in rows[:limit]:
         label = f"{row} ({ids[row]})" if ids is not None else str(row)
