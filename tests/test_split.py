@@ -173,3 +173,30 @@ def test_a_pipeline_reruns_a_set_that_a_resplit_made_stale(tmp_path):
     assert out.read("p/standardize")["fingerprint"] == "abc"
     assert _split("--store", str(store.path), "--val", "4", "--test", "1").exit_code == 0
     assert out.read("p/standardize")["fingerprint"] != "abc"   # the plan sees it changed: rerun, overwrite
+
+
+def test_the_vocabulary_of_changed_splits_is_flagged_and_tokenize_clears_it(tmp_path):
+    from vsekit.tokenize import tokenize
+    from vsekit.train.data import FeatureSource, training_rows
+
+    store = _store(tmp_path)
+    tokenize(store, min_count=1)   # vocabulary from train,val
+    res = _split("--store", str(store.path), "--val", "3", "--test", "2")
+    assert res.exit_code == 0 and "note: the vocabulary was counted on the captions of train,val" in res.output
+    st = FeatureStore.open(store.path)
+    said: list[str] = []
+    training_rows(st, FeatureSource(st.features("feat")), "train", "val", said.append)
+    assert any(s.startswith("note: the vocabulary was counted") for s in said), said
+    tokenize(st.path, min_count=1)
+    assert not FeatureStore.open(store.path).root["tokens"].attrs.get("stale")
+
+
+def test_a_resplit_is_refused_while_a_writer_works_in_the_store(tmp_path):
+    from vsekit.storage.lock import writer_lock
+
+    store = _store(tmp_path)
+    old = _codes(store.path).copy()
+    with writer_lock(store.path, "feat.z", stage="vsekit standardize"):
+        res = _split("--store", str(store.path), "--val", "3", "--test", "2")
+    assert res.exit_code == 1 and "'feat.z' in it is being written" in res.output, res.output
+    np.testing.assert_array_equal(_codes(store.path), old)
