@@ -128,3 +128,20 @@ def test_ingest_and_extract_say_when_a_split_is_tiny_or_has_no_usable_image(tmp_
                                     "--no-progress", "--name", "g"])
     assert res.exit_code == 0, res.output
     assert "warning: every val image failed in 'g' (1 of 1): training will refuse to validate on it" in res.output
+
+
+def test_evaluating_a_run_after_a_resplit_warns_that_it_may_have_trained_on_the_test_images(tmp_path):
+    import os
+    import time
+
+    store = _store(tmp_path, failed=())
+    assert _train(store, tmp_path / "run").exit_code == 0
+    args = ["evaluate", str(tmp_path / "run"), "--split", "test", "--no-progress", "--device", "cpu"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0 and "was re-split" not in res.output, res.output
+    cfg = tmp_path / "run" / "config.json"
+    os.utime(cfg, (time.time() - 60, time.time() - 60))   # trained a minute before the re-split
+    assert CliRunner().invoke(main, ["split", "--store", str(store.path), "--val", "2", "--test", "2"]).exit_code == 0
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert f"was re-split (" in res.output and f"after {tmp_path / 'run'} was trained" in res.output

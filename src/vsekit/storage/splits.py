@@ -187,6 +187,21 @@ def split_notes(store: FeatureStore, name: str | None = None) -> list[str]:
     return notes
 
 
+def resplit_since(store: FeatureStore, run_dir: str | os.PathLike) -> str | None:
+    """A warning when ``store`` was re-split after the run in ``run_dir`` was trained (its config.json
+    is older than the last re-split): the split it is evaluated on may hold images it trained on."""
+    history = store.root.attrs.get("split_history") or []
+    cfg = Path(run_dir) / "config.json"
+    if not history or not cfg.is_file():
+        return None
+    at = _dt.datetime.fromisoformat(history[-1]["at"])
+    trained = _dt.datetime.fromtimestamp(cfg.stat().st_mtime, _dt.timezone.utc)
+    if trained > at + _dt.timedelta(seconds=1):
+        return None
+    return (f"{store.path} was re-split ({history[-1]['at']}) after {run_dir} was trained: the split evaluated "
+            f"here may hold images it trained or validated on; retrain it on the new split")
+
+
 # --- the command -----------------------------------------------------------------------------------
 def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[float] | None = None,
             split_file: str | None = None, val: int | None = None, test: int | None = None, seed: int = 0,
