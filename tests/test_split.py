@@ -200,3 +200,16 @@ def test_a_resplit_is_refused_while_a_writer_works_in_the_store(tmp_path):
         res = _split("--store", str(store.path), "--val", "3", "--test", "2")
     assert res.exit_code == 1 and "'feat.z' in it is being written" in res.output, res.output
     np.testing.assert_array_equal(_codes(store.path), old)
+
+
+def test_val_alone_keeps_the_test_images_and_draws_val_from_the_rest(tmp_path):
+    store = _store(tmp_path)
+    old = _codes(store.path).copy()
+    res = _split("--store", str(store.path), "--val", "4", "--seed", "2")
+    assert res.exit_code == 0, res.output
+    codes = _codes(store.path)
+    assert np.array_equal(codes == 2, old == 2)   # test untouched
+    pool = np.flatnonzero(old != 2)
+    want = set(pool[np.random.default_rng(2).permutation(len(pool))][:4])
+    assert set(np.flatnonzero(codes == 1)) == want and int((codes == 0).sum()) == N - 1 - 4
+    assert FeatureStore.open(store.path).attrs["split_history"][-1]["kept"] == "test"

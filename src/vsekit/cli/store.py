@@ -37,9 +37,9 @@ def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
 @click.option("--split-file", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Split assignment file (Karpathy JSON, {id: split} or id<TAB>split); every image needs one.")
 @click.option("--val", type=click.IntRange(min=0), default=None,
-              help="Images in val, chosen at random (with --test; the rest is train).")
+              help="Images in val, chosen at random (the rest is train; without --test, test keeps its images).")
 @click.option("--test", type=click.IntRange(min=0), default=None,
-              help="Images in test, chosen at random (with --val; the rest is train).")
+              help="Images in test, chosen at random (the rest is train; without --val, val keeps its images).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--dry-run", is_flag=True, help="Print the new split and what it makes stale, and change nothing.")
 def split(store, ratios, split_file, val, test, seed, dry_run):

@@ -106,15 +106,24 @@ def assign(store: FeatureStore, *, ratios: str | Sequence[float] | None = None, 
                              f"there (first: id {missing[0]!r}); every image needs one")
         return (np.asarray([split_code(table[str(i)]) for i in ids], np.uint8),
                 {"split_file": str(Path(split_file).resolve())})
+    # one of the two alone keeps the other split's images as they are and draws from the rest
+    old = store.image_splits()
+    keep = split_code("test") if test is None else split_code("val") if val is None else None
+    pool = np.flatnonzero(old != keep) if keep is not None else np.arange(n)
     val, test = int(val or 0), int(test or 0)
-    if val < 0 or test < 0 or val + test > n:
-        raise ValueError(f"--val {val} --test {test}: the store has {n} images; choose sizes that leave "
-                         f"some for train")
-    order = np.random.default_rng(seed).permutation(n)
-    codes = np.full(n, split_code("train"), np.uint8)
+    if val < 0 or test < 0 or val + test > len(pool):
+        raise ValueError(f"--val {val} --test {test}: the store has {len(pool)} images to choose from"
+                         f"{f' ({SPLITS[keep]} kept as it is)' if keep is not None else ''}; choose sizes "
+                         f"that leave some for train")
+    order = pool[np.random.default_rng(seed).permutation(len(pool))]
+    codes = old.copy() if keep is not None else np.empty(n, np.uint8)
+    codes[pool] = split_code("train")
     codes[order[:val]] = split_code("val")
     codes[order[val:val + test]] = split_code("test")
-    return codes, {"val": val, "test": test, "seed": int(seed)}
+    how = {"val": val, "test": test, "seed": int(seed)}
+    if keep is not None:
+        how = {k: v for k, v in how.items() if k != SPLITS[keep]} | {"kept": SPLITS[keep]}
+    return codes, how
 
 
 # --- what a split change invalidates ---------------------------------------------------------------
