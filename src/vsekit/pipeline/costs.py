@@ -138,6 +138,10 @@ def work_lines(steps: Sequence[Any], demo_counts: dict[str, int] | None = None) 
     lines = ["work each stage implies:"]
     for k, step in enumerate(steps, start=1):
         st = step.stage
+        if st.spec.command == "demo-data" and st.values.get("images"):   # the ingest after it reads these
+            n = int(st.values["images"])
+            val = test = max(1, int(round(n * 0.125)))   # make_demo_data's default fractions
+            demo_counts = {"train": n - val - test, "val": val, "test": test}
         store = st.values.get("store")
         store = str(store) if store else None
         counts = known.get(store) if store else None
