@@ -69,6 +69,9 @@ def test_resplit_keeps_feature_sets_and_marks_train_statistics_stale(tmp_path):
     hist = st.attrs["split_history"][-1]
     assert hist["val"] == 3 and hist["seed"] == 1 and hist["before"]["train"] == 12 and hist["after"]["val"] == 3
     assert st.features("feat").attrs.get("stale") is None
+    info = CliRunner().invoke(main, ["info", str(store.path)]).output
+    assert "STALE: its mean/std came from split 'train' before `vsekit split` changed" in info
+    assert "STALE: made from 'feat.z', which is stale" in info
     # a stale set is refused by its readers, with the commands that remake it
     for cmd in (["discretize", "--store", str(store.path), "--features", "feat.z", "--name", "q"],
                 ["export", "vsepp", "--store", str(store.path), "--features", "feat.z.fne", "--out",
