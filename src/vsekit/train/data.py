@@ -215,6 +215,12 @@ def _failed_rows_of(store: FeatureStore, fs: FeatureSource, split: str) -> tuple
     return rows, rows[status[rows] == FAILED]
 
 
+def _usable(store: FeatureStore, fs: FeatureSource, split: str) -> int:
+    """Images of ``split`` whose features are done (failed and pending ones are not usable)."""
+    rows = store.split_rows(split)
+    return len(rows) if fs.fs is None else int(np.sum(np.asarray(fs.fs.status[:])[rows] == DONE))
+
+
 def _first_failure(store: FeatureStore, fs: FeatureSource, failed: np.ndarray) -> str:
     if not len(failed) or fs.fs is None:
         return ""
@@ -251,10 +257,9 @@ def training_rows(store: FeatureStore, fs: FeatureSource, train_split: str, val_
         if note:
             log(f"note: {note}")
     rows, failed = _failed_rows_of(store, fs, val_split)
-    usable = len(rows) - len(failed)
+    usable = _usable(store, fs, val_split)
     if usable == 0:
-        others = [s for s in ("val", "test", "restval") if s != val_split
-                  and len(_failed_rows_of(store, fs, s)[0]) - len(_failed_rows_of(store, fs, s)[1]) > 0]
+        others = [s for s in ("val", "test", "restval") if s != val_split and _usable(store, fs, s) > 0]
         choose = f"choose other rows with --val-split {others[0]}, or " if others else ""
         raise StoreError(
             f"{store.path}: the validation split {val_split!r} has no usable images in {fs.name!r} "
