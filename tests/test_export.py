@@ -114,7 +114,7 @@ def test_export_refusals(demo_store, tmp_path):
         regs.write_block(b, np.ones((len(b), 3, 2)), status=np.r_[2, np.ones(len(b) - 1)])
     regs.record_errors({4: "unreadable JPEG"})
     with pytest.raises(StoreError, match=r"'half' has 5 failed rows; first: row 4 \(id [^)]+\): unreadable JPEG\. "
-                                         r"The scan layout needs a vector for every image: pass --drop-failed") as err:
+                                         r"The scan layout needs features for every image: pass --drop-failed") as err:
         export_scan(demo_store, "half", tmp_path / "o")
     assert len(str(err.value)) < 400 and "--retry-failed" not in str(err.value)   # was ~1,100 characters
     with pytest.raises(StoreError, match="the vsepp layout holds one vector per image"):

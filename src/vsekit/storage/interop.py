@@ -70,7 +70,7 @@ def _complete_set(store: FeatureStore, features: str, drop_failed: bool = False,
         why = (f"; first: row {row}{f' (id {ids[row]})' if ids is not None else ''}: "
                f"{fs.errors().get(row, 'no reason recorded')}")
         raise StoreError(f"feature set {features!r} has {plural(failed, 'failed row')}{why}. The {layout} layout "
-                         f"needs a vector for every image: pass --drop-failed to leave them and their captions "
+                         f"needs features for every image: pass --drop-failed to leave them and their captions "
                          f"out, or retry them (`vsekit info {store.path} {features}` shows how)")
     if fs.n_rows != store.n_images:
         raise StoreError(f"feature set {features!r} has {fs.n_rows} rows but the store has "
