@@ -127,6 +127,8 @@ CASES = {
                      ["{S}", "pixels", "--out", "{OUT}/rb"], ["{S}", "pixels", "--rows", "a,b", "--out", "{OUT}/rb"]],
     "run": [["nope", "--file", "{YAML}"], ["--file", "{ROOT}/missing.yaml", "--list"], ["t", "--set", "novalue"],
             ["nope", "--file", "{JSON}"]],
+    "split": [["--store", "{S}"], ["--store", "{S}", "--ratios", "0.5,0.5"], ["--store", "{S}", "--val", "999"],
+              ["--store", "{S}", "--split-file", "{JSON}"], ["--store", "{EMPTY}", "--val", "1"]],
     "standardize": [["--store", "{S}", "--features", "nope"],
                     ["--store", "{S}", "--features", "pixels", "--split", "tset"],
                     ["--store", "{S}", "--features", "pixels", "--stats-from", "{EMPTY}::pixels"]],

@@ -113,8 +113,10 @@ def test_export_refusals(demo_store, tmp_path):
     for b in regs.blocks()[1:]:
         regs.write_block(b, np.ones((len(b), 3, 2)), status=np.r_[2, np.ones(len(b) - 1)])
     regs.record_errors({4: "unreadable JPEG"})
-    with pytest.raises(StoreError, match="'half' has 5 failed rows \\(first: row 4: unreadable JPEG\\)"):
+    with pytest.raises(StoreError, match=r"'half' has 5 failed rows; first: row 4 \(id [^)]+\): unreadable JPEG\. "
+                                         r"The scan layout needs features for every image: pass --drop-failed") as err:
         export_scan(demo_store, "half", tmp_path / "o")
+    assert len(str(err.value)) < 400 and "--retry-failed" not in str(err.value)   # was ~1,100 characters
     with pytest.raises(StoreError, match="the vsepp layout holds one vector per image"):
         _fill(demo_store, "r2", (3, 2), np.float16, kind="regions")
         export_vsepp(demo_store, "r2", tmp_path / "o")
@@ -282,3 +284,35 @@ def test_export_refuses_an_existing_output_and_replaces_it_whole(demo_store, tmp
     h5.write_bytes(b"old")
     r = CliRunner().invoke(main, ["export", "hdf5", "--store", str(demo_store.path), "--out", str(h5)])
     assert r.exit_code == 1 and "already exists; pass --overwrite" in r.output and h5.read_bytes() == b"old"
+
+
+def test_drop_failed_leaves_failed_images_and_their_captions_out_and_records_it(demo_store, tmp_path):
+    """Issue 34: a broken image could not be dropped; export refused any set with a failed row."""
+    g = _fill(demo_store, "g", (7,), np.float32)
+    fs = demo_store.features("g")
+    test_rows = demo_store.split_rows("test")
+    bad = [int(test_rows[1]), int(demo_store.split_rows("train")[0])]
+    status = np.asarray(fs.status[:]).copy()
+    status[bad] = 2
+    fs.status[:] = status
+    fs.record_errors({bad[0]: "truncated JPEG", bad[1]: "cannot decode"})
+    r = CliRunner().invoke(main, ["export", "vsepp", "--store", str(demo_store.path), "--features", "g",
+                                  "--out", str(tmp_path / "v")])
+    assert r.exit_code == 1 and "--drop-failed" in r.output and not (tmp_path / "v").exists()
+    r = CliRunner().invoke(main, ["export", "vsepp", "--store", str(demo_store.path), "--features", "g",
+                                  "--out", str(tmp_path / "v"), "--drop-failed"])
+    assert r.exit_code == 0, r.output
+    assert "--drop-failed: left out 2 failed images and their 10 captions" in r.output
+    keep = test_rows[test_rows != bad[0]]
+    np.testing.assert_array_equal(np.load(tmp_path / "v" / "test_ims.npy"), g[keep])
+    ids = demo_store.image_ids()
+    assert (tmp_path / "v" / "test_ids.txt").read_text().split() == [str(ids[r]) for r in keep]
+    text, owners = demo_store.caption_text(), demo_store.caption_images()
+    want = [" ".join(str(text[m]).split()) for r in keep for m in np.flatnonzero(owners == r)[:5]]
+    assert (tmp_path / "v" / "test_caps.txt").read_text().splitlines() == want
+    train_ids = (tmp_path / "v" / "train_ids.txt").read_text().split()
+    assert str(ids[bad[1]]) not in train_ids and len(train_ids) == len(demo_store.split_rows("train")) - 1
+    rows = [line.split("\t") for line in (tmp_path / "v" / "dropped_failed.tsv").read_text().splitlines()]
+    assert rows[0] == ["split", "image_id", "row", "captions", "reason"]
+    assert sorted(rows[1:]) == sorted([["test", str(ids[bad[0]]), str(bad[0]), "5", "truncated JPEG"],
+                                       ["train", str(ids[bad[1]]), str(bad[1]), "5", "cannot decode"]])

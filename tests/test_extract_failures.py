@@ -89,9 +89,10 @@ def test_retry_failed_retries_missing_files_and_messages_give_the_command(demo_s
         assert fs.counts()["failed"] == 1
         r = CliRunner().invoke(main, ["export", "vsepp", "--store", str(demo_store.path), "--features", "g",
                                       "--out", str(tmp_path / "out")])
-        assert r.exit_code == 1 and "--retry-failed" in r.output and "vsekit extract --store" in r.output
+        # one short line (issue 34): the two ways out, and where the exact retry command is
+        assert r.exit_code == 1 and "--drop-failed" in r.output and f"vsekit info {demo_store.path} g" in r.output
         info = CliRunner().invoke(main, ["info", str(demo_store.path), "g"])
-        assert "--retry-failed" in info.output
+        assert "--retry-failed" in info.output and "vsekit extract --store" in info.output
         again = extract(demo_store, "test_resnet", "global", name="g", **KW)   # without the flag: kept failed
         assert again.failed == 1 and again.blocks_run == 0
     finally:

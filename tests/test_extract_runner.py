@@ -218,3 +218,39 @@ def test_regions_from_the_detector(tmp_path):
         b = boxes[row, :k]  # original pixels of the 80x60 image
         assert (b[:, 0] >= 0).all() and (b[:, 2] <= 80 + 1e-3).all() and (b[:, 3] <= 60 + 1e-3).all()
         assert (b[:, 2] > b[:, 0]).all() and not boxes[row, k:].any() and not data[row, k:].any()
+
+
+class _Bar:
+    """Records what the extraction's progress bar is told (issue 34: it jumped from 0 to 100%)."""
+
+    seen: list = []
+
+    def __init__(self, *a, total=None, disable=False, **k):
+        self.total = total
+        _Bar.seen = [("total", total)]
+
+    def set_postfix_str(self, text, refresh=True):
+        if text:
+            _Bar.seen.append(("says", text))
+
+    def update(self, n):
+        _Bar.seen.append(("update", n))
+
+    def close(self):
+        pass
+
+
+def test_the_progress_bar_moves_per_batch_and_says_what_a_single_batch_does(tmp_path, demo_dir, monkeypatch):
+    import tqdm.auto
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", _Bar)
+    demo = sorted((demo_dir / "images").glob("*.jpg"))
+    store = _store_of(tmp_path, {f"{i}.jpg": demo[i] for i in range(3)})
+    # smaller than a batch: one batch in all; the bar says it is decoding, then running the model
+    extract(store, "test_resnet", "global", weights="none", input_size=16, resize=20, workers=0, batch_size=8,
+            name="one", progress=True)
+    assert _Bar.seen == [("total", 3), ("says", "decoding 3 images"), ("says", "model on 3 images"), ("update", 3)]
+    # one block of two batches: the bar moves per batch, not once per block
+    extract(store, "test_resnet", "global", weights="none", input_size=16, resize=20, workers=0, batch_size=2,
+            block_rows=4, name="two", progress=True)
+    assert [e for e in _Bar.seen if e[0] == "update"] == [("update", 2), ("update", 1)]

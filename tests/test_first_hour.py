@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from vsekit.cli import main
-from vsekit.storage.store import FeatureStore, ProvenanceError
+from vsekit.storage.store import FeatureStore, ProvenanceError, StoreError
 from vsekit.suggest import did_you_mean, improve_message
 
 
@@ -94,6 +94,44 @@ def test_standardize_refuses_ternary_codes(tmp_path):
     res = CliRunner().invoke(main, ["standardize", "--store", str(store.path), "--features", "feat.z.fne"])
     assert res.exit_code == 1 and "'feat.z.fne' holds ternary FNE codes" in res.output
     assert "feat.z.fne.z" not in FeatureStore.open(store.path).feature_names()
+
+
+def test_discretize_refuses_raw_features_and_allow_raw_lets_it_through(tmp_path):
+    from vsekit.fne import discretize
+
+    store = _store(tmp_path)
+    _fill(store, "feat")
+    res = CliRunner().invoke(main, ["discretize", "--store", str(store.path), "--features", "feat"])
+    assert res.exit_code == 1 and res.output.count("Error:") == 1, res.output
+    assert "'feat' holds raw, unstandardised values" in res.output
+    assert "vsekit standardize --features feat" in res.output and "--allow-raw" in res.output
+    assert "feat.fne" not in FeatureStore.open(store.path).feature_names()   # nothing written
+    res = CliRunner().invoke(main, ["discretize", "--store", str(store.path), "--features", "feat", "--allow-raw"])
+    assert res.exit_code == 0, res.output
+    x = np.asarray(FeatureStore.open(store.path).features("feat").data[:], dtype=np.float64)
+    want = np.where(x > 0.15, 1, np.where(x < -0.25, -1, 0))
+    np.testing.assert_array_equal(FeatureStore.open(store.path).features("feat.fne").data[:], want)
+    with pytest.raises(StoreError, match="raw, unstandardised"):
+        discretize(store, "feat", name="again")
+
+
+def test_standardize_refuses_a_standardized_set_unless_allowed(tmp_path):
+    from vsekit.fne import fne, standardize
+
+    store = _store(tmp_path)
+    _fill(store, "feat")
+    standardize(store, "feat")
+    for cmd in ("standardize", "fne"):
+        res = CliRunner().invoke(main, [cmd, "--store", str(store.path), "--features", "feat.z"])
+        assert res.exit_code == 1 and "'feat.z' is standardized already" in res.output, res.output
+        assert "vsekit discretize --features feat.z" in res.output and "--allow-standardized" in res.output
+    assert "feat.z.z" not in FeatureStore.open(store.path).feature_names()
+    res = CliRunner().invoke(main, ["standardize", "--store", str(store.path), "--features", "feat.z",
+                                    "--allow-standardized"])
+    assert res.exit_code == 0, res.output
+    assert FeatureStore.open(store.path).features("feat.z.z").attrs["parent"] == "feat.z"
+    with pytest.raises(StoreError, match="standardized already"):
+        fne(store, "feat.z")
 
 
 def _coco(tmp_path: Path, captions) -> tuple[Path, Path]:
@@ -180,8 +218,58 @@ def test_unknown_models_get_a_suggestion(tmp_path):
     _fill(store, "g")
     res = CliRunner().invoke(main, ["train", "--store", str(store.path), "--features", "g", "--model", "smna",
                                     "--out", str(tmp_path / "run")])
-    assert res.exit_code == 1 and "unknown model 'smna'; did you mean 'sman'?" in res.output
+    assert res.exit_code == 1 and "--model 'smna': unknown model; did you mean 'sman'?" in res.output
     # extract's backbone error, as the engine raises it, gets the suggestion in the CLI's Error: line
     msg = improve_message("unknown model 'vgg91'; valid choices: inception_resnet_v2, resnet152, vgg16, vgg19 "
                           "or any timm model name (see timm.list_models())")
     assert "did you mean 'vgg19' or 'vgg16'?" in msg
+
+
+def test_a_bad_model_is_one_error_line_in_train_and_extract_and_timm_names_are_suggested(tmp_path):
+    """Issue 34, item 5: `train --model vsepp` printed a Click usage block, extract one Error: line;
+    `--model resnet81` was offered vsekit's four backbones, not timm's resnet18."""
+    store = _store(tmp_path)
+    _fill(store, "g")
+    train = CliRunner().invoke(main, ["train", "--store", str(store.path), "--features", "g", "--model", "vsepp",
+                                      "--out", str(tmp_path / "run")])
+    extract = CliRunner().invoke(main, ["extract", "--store", str(store.path), "--model", "resnet81",
+                                        "--kind", "global", "--weights", "none"])
+    for res in (train, extract):
+        assert res.exit_code == 1, res.output
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error: --model '"), res.output   # no Usage: block
+        assert "unknown model; did you mean" in lines[0] and "(valid choices: " in lines[0]
+    assert "did you mean 'vse'" in train.output
+    assert "did you mean 'resnet18'" in extract.output and "any timm model name" in extract.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_mistyped_option_ranks_the_closest_first():
+    res = CliRunner().invoke(main, ["extract", "--modle", "vgg19"])
+    assert res.exit_code == 1
+    assert "Did you mean '--model'?" in res.output or "Did you mean one of: '--model', " in res.output, res.output
+
+
+def test_counts_of_one_are_singular(tmp_path):
+    """Issue 34, item 5: "ran 1 blocks", "1 failed rows", "1 stages"."""
+    from vsekit.extract.runner import ExtractResult
+    from vsekit.fne.derived import Result
+    from vsekit.storage.interop import export_vsepp
+
+    text = ExtractResult("x", n_rows=1, done=1, failed=0, pending=0, blocks_run=1, blocks_skipped=0, seconds=1.0,
+                         images=1).summary()
+    assert "pending of 1 row; ran 1 block, skipped 0 already done" in text
+    assert "wrote 1 of 1 block" in Result("f", "f.z", rows=3, failed_rows=0, blocks_written=1, blocks_total=1).summary()
+    store = _store(tmp_path)
+    fs = _fill(store, "g")
+    status = np.asarray(fs.status[:]).copy()
+    status[2] = 2
+    fs.status[:] = status
+    with pytest.raises(StoreError, match=r"'g' has 1 failed row; first: row 2 \(id 2\): no reason recorded\. "):
+        export_vsepp(store, "g", tmp_path / "o", captions_per_image=1)
+    (tmp_path / "p.yaml").write_text("pipelines:\n  one:\n    description: d\n    stages:\n"
+                                     f"      - {{stage: info, store: {store.path}}}\n")
+    res = CliRunner().invoke(main, ["run", "one", "--file", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 0 and "pipeline one: 1 stage ran, 0 skipped" in res.output, res.output
+    res = CliRunner().invoke(main, ["run", "one", "--file", str(tmp_path / "p.yaml"), "--dry-run"])
+    assert "pipeline one: 1 of 1 stage would run" in res.output, res.output

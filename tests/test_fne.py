@@ -177,7 +177,7 @@ def test_nonfinite_values_are_refused_with_rows_and_columns(tmp_path):
     assert not store.has_features("feat.z")  # refused before anything was written
     # discretize finds them in its single pass
     with pytest.raises(StoreError, match=r"rows \[5, 50\] and columns \[0, 2, 7\]"):
-        discretize(store, "feat")
+        discretize(store, "feat", allow_raw=True)
 
 
 # --- stats from elsewhere ---------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_discretize_thresholds_are_strict(tmp_path):
     status = np.full(24, DONE, np.uint8)
     status[4] = FAILED
     store = make_store(tmp_path / "s.zarr", x, status, taps=None, splits=SPLITS[:24])
-    res = discretize(store, "feat")
+    res = discretize(store, "feat", allow_raw=True)   # the thresholds are checked on the values as given
     q = store.features("feat.fne")
     assert q.data.dtype == np.int8 and res.name == "feat.fne"
     np.testing.assert_array_equal(q.data[0], want)
@@ -229,14 +229,14 @@ def test_discretize_thresholds_are_strict(tmp_path):
     np.testing.assert_array_equal(q.status[:], status)
     assert q.attrs["thresholds"] == [-0.25, 0.15] and q.attrs["parent"] == "feat"
 
-    discretize(store, "feat", thresholds=(-0.5, 0.5), pack=True, name="feat.p")
+    discretize(store, "feat", thresholds=(-0.5, 0.5), pack=True, name="feat.p", allow_raw=True)
     p = store.features("feat.p")
     assert p.data.dtype == np.uint8 and p.shape == (24, 3)
     assert p.attrs["packed"] is True and p.attrs["n_features"] == 12 and p.attrs["thresholds"] == [-0.5, 0.5]
     got = unpack(p.data[:], p.attrs["n_features"])
     np.testing.assert_array_equal(got, np.where((status == FAILED)[:, None], 0, ternary(x, -0.5, 0.5)))
     with pytest.raises(ValueError, match="LO <= HI"):
-        discretize(store, "feat", thresholds=(0.2, 0.1))
+        discretize(store, "feat", thresholds=(0.2, 0.1), allow_raw=True)
 
 
 def test_fne_packed_equals_separate_stages(tmp_path):

@@ -199,4 +199,4 @@ def test_run_list_works_from_an_installed_package(tmp_path):
                          env=env, capture_output=True, text=True, timeout=300)
     # the user's file adds its pipelines to the shipped recipes (it used to hide them)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "only              1 stages  mine  [yours]" in res.stdout and " demo " in res.stdout, res.stdout
+    assert "only              1 stage   mine  [yours]" in res.stdout and " demo " in res.stdout, res.stdout

@@ -80,10 +80,20 @@ def test_user_file_adds_to_the_shipped_recipes_and_shadows_by_name(tmp_path, mon
     res = CliRunner().invoke(main, ["run", "--list"])
     assert res.exit_code == 0, res.output
     assert "coco-fne-vgg16" in res.output and "[shipped]" in res.output
-    assert re.search(r"\n  mine +1 stages  my own  \[yours\]\n", res.output)
-    assert re.search(r"\n  demo +1 stages  my demo  \[yours, shadows the shipped one\]\n", res.output)
+    assert re.search(r"\n  mine +1 stage   my own  \[yours\]\n", res.output)
+    assert re.search(r"\n  demo +1 stage   my demo  \[yours, shadows the shipped one\]\n", res.output)
     res = CliRunner().invoke(main, ["run", "coco-fne-vg16"])
     assert res.exit_code == 1 and "no pipeline 'coco-fne-vg16'; did you mean 'coco-fne-vgg16'" in res.output
+
+
+def test_run_list_marks_every_pipeline_shipped_even_without_a_file_of_yours(tmp_path, monkeypatch):
+    """Issue 34, item 5: the marks appeared only when a user file existed (the docs say always)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("VSEKIT_PIPELINES", raising=False)
+    res = CliRunner().invoke(main, ["run", "--list"])
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.output.splitlines()[1:] if line.startswith("  ")]
+    assert len(rows) >= 6 and all(line.endswith("[shipped]") for line in rows), res.output
 
 
 def test_protocol_that_cannot_fit_the_split_is_refused_before_anything_runs(tmp_path):

@@ -22,6 +22,16 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lower[f] for f in found]
 
 
+def unknown_model(word: str, choices: Iterable[str], *, more: str = "", pool: Iterable[str] | None = None) -> str:
+    """The one message of a ``--model`` that names nothing (train and extract alike): the closest names
+    from ``pool`` (default ``choices``; extract passes timm's names too), then the valid choices.
+    ``more`` ends the list (``"or any timm model name"``)."""
+    choices = list(choices)
+    hint = did_you_mean(word, choices if pool is None else pool)
+    listed = ", ".join(choices) + (f" {more}" if more else "")
+    return f"--model {word!r}: unknown model; {hint + ' ' if hint else ''}(valid choices: {listed})"
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """``"did you mean 'sh'?"`` (or ``'sh' or 'mh'``), or ``""`` when nothing is close."""
     found = close_matches(word, choices)

@@ -48,8 +48,9 @@ class VsekitGroup(click.Group):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:   # a subcommand's wrong option or value
+            exc = _ranked(exc)
             exc.exit_code = USER_ERROR
-            raise
+            raise exc from None
         except (StoreError, FilesystemError, ValueError, FileNotFoundError) as exc:
             if isinstance(exc, click.ClickException):
                 raise
@@ -61,6 +62,26 @@ class VsekitGroup(click.Group):
                 raise
             _quiet_unretrieved_write_errors()
             raise click.ClickException(str(fs_error(exc, _store_arg(argv)))) from exc
+
+
+class _RankedNoSuchOption(click.NoSuchOption):
+    """Click lists "did you mean" options alphabetically (``--modle``: ``--decoder`` before ``--model``);
+    this keeps difflib's order, the closest first."""
+
+    def format_message(self) -> str:
+        if not self.possibilities:
+            return self.message
+        if len(self.possibilities) == 1:
+            return f"{self.message} Did you mean {self.possibilities[0]!r}?"
+        return f"{self.message} (Did you mean one of: {', '.join(repr(p) for p in self.possibilities)}?)"
+
+
+def _ranked(exc: click.UsageError) -> click.UsageError:
+    if type(exc) is not click.NoSuchOption or not exc.possibilities:
+        return exc
+    ranked = _RankedNoSuchOption(exc.option_name, exc.message, ctx=exc.ctx)
+    ranked.possibilities = list(exc.possibilities)   # get_close_matches' order: best first
+    return ranked
 
 
 class _UnretrievedOSError(logging.Filter):

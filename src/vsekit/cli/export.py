@@ -27,6 +27,9 @@ def _precomp_options(f):
                      help="Store splits to write, e.g. train,val,test (default: every split present).")(f)
     f = click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder.")(f)
     f = click.option("--features", required=True, help="Feature set to export.")(f)
+    f = click.option("--drop-failed", is_flag=True,
+                     help="Leave the images whose features failed, and their captions, out of every file "
+                          "(listed in dropped_failed.tsv); without it a set with failed rows is refused.")(f)
     f = OVERWRITE(f)
     f = STORE(f)
     return f
@@ -39,15 +42,21 @@ OVERWRITE = click.option("--overwrite", is_flag=True,
 
 
 def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype, testall=None,
-                 restval_into_train=False, vocab_name=None, overwrite=False):
+                 restval_into_train=False, vocab_name=None, overwrite=False, drop_failed=False):
     from ..storage.interop import export_precomp
+    from ..words import plural
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
     summary = export_precomp(store_path, features, out, layout=layout, splits=split_list,
                              captions_per_image=captions_per_image, dtype=dtype, testall=testall,
-                             restval_into_train=restval_into_train, vocab_name=vocab_name, overwrite=overwrite)
+                             restval_into_train=restval_into_train, vocab_name=vocab_name, overwrite=overwrite,
+                             drop_failed=drop_failed)
     for prefix, c in summary["splits"].items():
         click.echo(f"{out}/{prefix}_ims.npy: {c['images']} images, {prefix}_caps.txt: {c['captions']} captions")
+    if summary.get("dropped"):
+        d = summary["dropped"]
+        click.echo(f"--drop-failed: left out {plural(d['images'], 'failed image')} and their "
+                   f"{plural(d['captions'], 'caption')} (listed in {out}/{d['file']})")
     for path in summary.get("vocab", []):
         click.echo(f"wrote {path}")
     for warning in summary["warnings"]:
@@ -57,19 +66,19 @@ def _run_precomp(layout, store_path, features, out, splits, captions_per_image, 
 @export.command("vsepp")
 @_precomp_options
 def vsepp(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name,
-          overwrite):
+          overwrite, drop_failed):
     """VSE++ precomp files: {split}_ims.npy (N, D), {split}_caps.txt, {split}_ids.txt."""
     _run_precomp("vsepp", store_path, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name, overwrite)
+                 restval_into_train, vocab_name, overwrite, drop_failed)
 
 
 @export.command("scan")
 @_precomp_options
 def scan(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name,
-         overwrite):
+         overwrite, drop_failed):
     """SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C), {split}_caps.txt, {split}_ids.txt."""
     _run_precomp("scan", store_path, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name, overwrite)
+                 restval_into_train, vocab_name, overwrite, drop_failed)
 
 
 @export.command("hdf5")

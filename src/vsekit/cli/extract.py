@@ -77,7 +77,14 @@ def extract_cmd(store, list_layers, **values):
     values["cluster"] = parse_cluster(values["cluster"])   # the one place the CLI's --cluster is read
     opts = ExtractOptions(**{k: v for k, v in values.items() if k not in EXECUTION_NAMES})
     run = Execution(**{k: v for k, v in values.items() if k in EXECUTION_NAMES})
-    click.echo(run_job(store, opts, run).summary())
+    result = run_job(store, opts, run)
+    click.echo(result.summary())
+    if getattr(result, "failed", 0):   # a split left without a usable image is said now, not at train time
+        from ..storage.splits import split_notes
+        from ..storage.store import FeatureStore
+
+        for note in split_notes(FeatureStore.open(store), result.name):
+            click.echo(note, err=True)
 
 
 def register(group: click.Group) -> None:

@@ -21,6 +21,8 @@ _thresholds = click.option("--thresholds", nargs=2, type=float, default=(-0.25, 
 _pack = click.option("--pack", is_flag=True, help="Store 4 ternary features per byte (2 bits each).")
 _cluster = click.option("--cluster", default=None, metavar="SPEC",
                         help=f"Run on a dask cluster instead of in-process threads: {CLUSTER_HELP}.")
+_allow_standardized = click.option("--allow-standardized", is_flag=True,
+                                   help="Standardize a set that standardize made already (refused by default).")
 _overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing output set made with other settings.")
 
 
@@ -32,12 +34,13 @@ _overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing
 @click.option("--name", default=None, help="Output set name [default: FEATURES.z].")
 @_cluster
 @_overwrite
-def standardize(store, features, split, stats_from, name, cluster, overwrite):
+@_allow_standardized
+def standardize(store, features, split, stats_from, name, cluster, overwrite, allow_standardized):
     """Z-standardise a feature set with one split's per-feature mean and std -> FEATURES.z."""
     from ..fne import standardize as run
 
     result = run(store, features, split=split, stats_from=stats_from, name=name, cluster=cluster,
-                 overwrite=overwrite)
+                 overwrite=overwrite, allow_standardized=allow_standardized)
     click.echo(f"standardize: {result.summary()}")
 
 
@@ -49,12 +52,15 @@ def standardize(store, features, split, stats_from, name, cluster, overwrite):
 @click.option("--name", default=None, help="Output set name [default: FEATURES.fne].")
 @_cluster
 @_overwrite
-def discretize(store, features, thresholds, pack, name, cluster, overwrite):
+@click.option("--allow-raw", is_flag=True,
+              help="Discretize a set that standardize did not make (its values must be z-scores already; "
+                   "refused by default).")
+def discretize(store, features, thresholds, pack, name, cluster, overwrite, allow_raw):
     """Map standardised features to {-1, 0, 1} (int8, or 2-bit packed) -> FEATURES.fne."""
     from ..fne import discretize as run
 
     result = run(store, features, thresholds=thresholds, pack=pack, name=name, cluster=cluster,
-                 overwrite=overwrite)
+                 overwrite=overwrite, allow_raw=allow_raw)
     click.echo(f"discretize: {result.summary()}")
 
 
@@ -67,12 +73,13 @@ def discretize(store, features, thresholds, pack, name, cluster, overwrite):
 @_pack
 @_cluster
 @_overwrite
-def fne(store, features, split, stats_from, thresholds, pack, cluster, overwrite):
+@_allow_standardized
+def fne(store, features, split, stats_from, thresholds, pack, cluster, overwrite, allow_standardized):
     """Standardize and discretize in one pass -> FEATURES.z and FEATURES.z.fne."""
     from ..fne import fne as run
 
     z, q = run(store, features, split=split, stats_from=stats_from, thresholds=thresholds, pack=pack,
-               cluster=cluster, overwrite=overwrite)
+               cluster=cluster, overwrite=overwrite, allow_standardized=allow_standardized)
     click.echo(f"standardize: {z.summary()}")
     click.echo(f"discretize: {q.summary()}")
 

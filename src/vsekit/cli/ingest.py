@@ -14,8 +14,35 @@ def ingest() -> None:
 def _common(f):
     f = click.option("--store", "store_path", required=True, type=click.Path(), help="Store to create.")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
+    f = DROP_FEATURES(f)
     f = click.option("--strict", is_flag=True, help="Turn skipped items into errors.")(f)
     return f
+
+
+DROP_FEATURES = click.option(
+    "--drop-features", is_flag=True,
+    help="With --overwrite: also delete the old store's feature sets (refused by default; to change only "
+         "the split, `vsekit split` keeps them).")
+
+
+def _dropping(store_path: str, overwrite: bool, drop_features: bool) -> list[str]:
+    """The feature sets an --overwrite --drop-features will delete (said after the ingest)."""
+    from ..storage.store import feature_names_at
+
+    return feature_names_at(store_path) if overwrite and drop_features else []
+
+
+def _said(dropped: list[str], store=None) -> None:
+    """The sets --drop-features deleted, and a note on a tiny val or test split (with how to re-split)."""
+    from ..words import plural
+
+    if dropped:
+        click.echo(f"--drop-features: dropped {plural(len(dropped), 'feature set')}: {', '.join(dropped)}")
+    if store is not None:
+        from ..storage.splits import split_notes
+
+        for note in split_notes(store):
+            click.echo(note, err=True)
 
 
 _outside = click.option("--allow-outside-root", is_flag=True,
@@ -33,17 +60,19 @@ _outside = click.option("--allow-outside-root", is_flag=True,
 @_outside
 @_common
 def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
-             overwrite, strict):
+             overwrite, drop_features, strict):
     """Ingest a Karpathy split file (dataset_coco.json, dataset_flickr30k.json, ...)."""
     from pathlib import Path
 
     from ..storage.sources.karpathy import ingest_karpathy
 
     root = image_root or str(Path(json_path).parent)
-    _, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
-                                strict=strict, check_files=not no_check_files, overwrite=overwrite,
+    dropped = _dropping(store_path, overwrite, drop_features)
+    store, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
+                                strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
                                 allow_outside_root=allow_outside_root)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("coco")
@@ -60,17 +89,19 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outs
 @_outside
 @_common
 def coco(annotations, split_file, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
-         overwrite, strict):
+         overwrite, drop_features, strict):
     """Ingest official COCO captions_*.json files with a split assignment file."""
     from pathlib import Path
 
     from ..storage.sources.coco import ingest_coco
 
     root = image_root or str(Path(annotations[0]).parent)
-    _, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
-                            strict=strict, check_files=not no_check_files, overwrite=overwrite,
+    dropped = _dropping(store_path, overwrite, drop_features)
+    store, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
+                            strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
                             allow_outside_root=allow_outside_root)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("folder")
@@ -82,14 +113,16 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, strict):
+def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, drop_features, strict):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder
 
-    _, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
-                              check_files=not no_check_files, overwrite=overwrite,
+    dropped = _dropping(store_path, overwrite, drop_features)
+    store, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
+                              check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
                               allow_outside_root=allow_outside_root)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("precomp")
@@ -115,7 +148,7 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
     from ..storage.sources.precomp import ingest_precomp
 
     prefixes = [p.strip() for p in splits.split(",") if p.strip()] if splits else None
-    _, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
+    store, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
                                captions_per_image=captions_per_image, dtype=dtype, strict=strict,
                                overwrite=overwrite)
     click.echo(report.summary())
@@ -142,7 +175,7 @@ def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, ove
     """Ingest bottom-up-attention TSV files (image_id, image_w, image_h, num_boxes, boxes, features)."""
     from ..storage.sources.butd import ingest_butd
 
-    _, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
+    store, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
                             default_split=default_split, dtype=dtype, strict=strict, overwrite=overwrite)
     click.echo(report.summary())
 
@@ -163,15 +196,17 @@ def _split_options(f):
 @_outside
 @_split_options
 @_common
-def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, strict):
+def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, drop_features, strict):
     """Ingest WebDataset tar SHARDS (img2dataset/open_clip: KEY.jpg + KEY.txt|json); brace patterns
     like shard-{0000..0009}.tar work. Images stay in the shards and are read in place."""
     from ..storage.sources.webdataset import ingest_webdataset
 
-    _, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
-                                  seed=seed, strict=strict, overwrite=overwrite,
+    dropped = _dropping(store_path, overwrite, drop_features)
+    store, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
+                                  seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
                                   allow_outside_root=allow_outside_root)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("parquet")
@@ -190,17 +225,19 @@ def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, stor
 @_split_options
 @_common
 def parquet(files, image_column, caption_column, id_column, split_column, image_root, no_check_files,
-            allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, strict):
+            allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, drop_features, strict):
     """Ingest parquet FILES (or folders of them): img2dataset's parquet output, HF datasets exports.
     Image bytes stay in the files and are read in place."""
     from ..storage.sources.parquet import ingest_parquet
 
-    _, report = ingest_parquet(list(files), store_path, image_column=image_column,
+    dropped = _dropping(store_path, overwrite, drop_features)
+    store, report = ingest_parquet(list(files), store_path, image_column=image_column,
                                caption_column=caption_column, id_column=id_column, split_column=split_column,
                                image_root=image_root, check_files=not no_check_files, split_file=split_file,
-                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite,
+                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
                                allow_outside_root=allow_outside_root)
     click.echo(report.summary())
+    _said(dropped, store)
 
 
 @ingest.command("npz")
@@ -221,7 +258,7 @@ def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
     """Ingest per-image .npz region features (x, bbox, num_bbox, image_h, image_w; bottom-up-attention.pytorch)."""
     from ..storage.sources.npz import ingest_npz
 
-    _, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
+    store, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
                            strict=strict, overwrite=overwrite)
     click.echo(report.summary())
 
@@ -230,11 +267,14 @@ def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
 @click.argument("h5_path", type=click.Path(exists=True, dir_okay=False))
 @click.option("--store", "store_path", required=True, type=click.Path(), help="Store to create.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
-def hdf5(h5_path, store_path, overwrite):
+@DROP_FEATURES
+def hdf5(h5_path, store_path, overwrite, drop_features):
     """Rebuild a store from a `vsekit export hdf5` file."""
     from ..storage.interop import ingest_hdf5
 
-    store = ingest_hdf5(h5_path, store_path, overwrite=overwrite)
+    dropped = _dropping(store_path, overwrite, drop_features)
+    store = ingest_hdf5(h5_path, store_path, overwrite=overwrite, drop_features=drop_features)
+    _said(dropped)
     click.echo(f"ingested {store.n_images} images, {store.n_captions} captions, "
                f"{len(store.feature_names())} feature sets")
 

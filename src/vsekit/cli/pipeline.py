@@ -33,12 +33,15 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--force", is_flag=True, help="Rerun every stage, even those up to date.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (what runs, what is skipped and why) and stop.")
 @click.option("--list", "list_", is_flag=True, help="List the pipelines in the file.")
+@click.option("--smoke", is_flag=True,
+              help="Run the pipeline end to end on a few synthetic images in vsekit-smoke/PIPELINE/, in minutes: "
+                   "random weights, small inputs, 1 epoch (each change is printed first).")
 @click.option("--cluster", default=None, metavar="SPEC",
               help=f"Pass --cluster to every stage that accepts it: {CLUSTER_HELP} (slurm uses the "
                    f"file's `cluster:`).")
 @click.option("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
               help="Set ${DEVICE}, the device of every stage that has --device [default: auto].")
-def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, cluster, device):
+def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, smoke, cluster, device):
     """Run the named PIPELINE: skip stages that are up to date, rerun changed ones and those after them."""
     from ..pipeline import list_pipelines, load_pipelines
     from ..pipeline import run as run_pipeline
@@ -60,10 +63,23 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         if spec is None or not spec.resolves_on_workers:   # slurm: the extraction's GPUs are on the nodes
             resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
+    cli = click.get_current_context().find_root().command
+    counts = None
+    if smoke:   # the recipe on synthetic data: its variables and stage options set (pipeline/smoke.py)
+        from ..pipeline.smoke import make_smoke_data, plan_smoke
+
+        plan = plan_smoke(load_pipelines(file).get(pipeline), cli)
+        click.echo("\n".join(plan.notes))
+        sets, stage_options, counts = {**plan.sets, **sets}, (*plan.options, *stage_options), plan.split_counts()
+        if not dry_run:
+            make_smoke_data(plan)
     with pipeline_settings(settings):   # what each stage's --cluster slurm:N is given
-        run_pipeline(pipeline, cli=click.get_current_context().find_root().command, file=file, sets=sets,
-                     from_stage=from_stage, force=force, dry_run=dry_run, cluster=cluster,
-                     stage_options=stage_options)
+        result = run_pipeline(pipeline, cli=cli, file=file, sets=sets, from_stage=from_stage, force=force,
+                              dry_run=dry_run, cluster=cluster, stage_options=stage_options)
+    if dry_run:   # the work each stage implies (pipeline/costs.py)
+        from ..pipeline.costs import work_lines
+
+        click.echo("\n".join(work_lines(result.steps, counts)))
 
 
 def cluster_settings_of(pf, name: str) -> dict:

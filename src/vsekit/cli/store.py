@@ -29,6 +29,30 @@ def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
     click.echo(describe(FeatureStore.open(store), name))
 
 
+@click.command("split")
+@click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The vsekit store (a .zarr folder).")
+@click.option("--ratios", default=None,
+              help="train,val,test ratios of a random split (as `ingest folder --ratios`, same --seed, same split).")
+@click.option("--split-file", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Split assignment file (Karpathy JSON, {id: split} or id<TAB>split); every image needs one.")
+@click.option("--val", type=click.IntRange(min=0), default=None,
+              help="Images in val, chosen at random (the rest is train; without --test, test keeps its images).")
+@click.option("--test", type=click.IntRange(min=0), default=None,
+              help="Images in test, chosen at random (the rest is train; without --val, val keeps its images).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
+@click.option("--dry-run", is_flag=True, help="Print the new split and what it makes stale, and change nothing.")
+def split(store, ratios, split_file, val, test, seed, dry_run):
+    """Assign the store's images to train/val/test anew, keeping every feature set (no re-extraction).
+
+    Sets made from a split's statistics (standardize's .z and what was derived from it) are marked
+    stale when that split's images change, and the commands that remake them are printed."""
+    from ..storage.splits import resplit
+
+    click.echo(resplit(store, ratios=ratios, split_file=split_file, val=val, test=test, seed=seed,
+                       dry_run=dry_run).summary())
+
+
 @click.command("demo-data")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--images", default=400, show_default=True, help="Number of images.")
@@ -44,4 +68,5 @@ def demo_data(out_dir: str, images: int, seed: int, size: int) -> None:
 
 def register(group: click.Group) -> None:
     group.add_command(info)
+    group.add_command(split)
     group.add_command(demo_data)

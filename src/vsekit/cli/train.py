@@ -56,6 +56,9 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--shuffle-memory", "shuffle_memory_gb", type=click.FloatRange(min=0, min_open=True), default=None,
               help="GB of memory for the shuffle window: the whole split is shuffled at once when it fits, "
                    "else in windows of chunks [default: 4].")
+@click.option("--val-split", type=click.Choice(["train", "val", "test", "restval"]), default=None,
+              help="Split whose usable images validate each epoch and pick the best checkpoint [default: val]; "
+                   "failed rows are skipped.")
 @click.option("--eval-batch", type=click.IntRange(min=1), default=None,
               help="Images per batch of the validation after each epoch [default: 256]; may change on --resume.")
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
@@ -87,12 +90,10 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
             check_model_args(name, list(margs))
     if model and not resume:
         from ..models import model_names
-        from ..suggest import did_you_mean
+        from ..suggest import unknown_model
 
-        if model not in model_names():
-            hint = did_you_mean(model, model_names())
-            raise click.BadParameter(f"unknown model {model!r}; {hint + ' ' if hint else ''}valid choices: "
-                                     f"{', '.join(model_names())}", param_hint="--model")
+        if model not in model_names():   # one `Error:` line, as extract's (no usage block)
+            raise ValueError(unknown_model(model, model_names()))
     if not resume:
         _check_feature_shape(store, features, model, presets)
     summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,

@@ -190,8 +190,10 @@ def get_backbone(name: str) -> BackboneSpec:
     import timm
 
     if not timm.is_model(name):
-        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(registered_backbones())} "
-                         f"or any timm model name (see timm.list_models())")
+        from ..suggest import unknown_model
+
+        raise ValueError(unknown_model(name, registered_backbones(), pool=[*registered_backbones(), *timm.list_models()],
+                                       more="or any timm model name, see timm.list_models()"))
     return BackboneSpec(name=name, build=_timm_build(name), preprocess=_timm_preprocess,
                         global_tap=_timm_global, conv_tap=_timm_conv, fne_taps=block_outputs)
 

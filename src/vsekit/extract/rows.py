@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -122,10 +122,13 @@ def extractor_for(job: Job):
 
 
 def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | None = None,
-                   span: tuple[int, int] | None = None, extractor=None) -> Iterator[BlockBuffer]:
+                   span: tuple[int, int] | None = None, extractor=None,
+                   progress: Callable[[str, int], None] | None = None) -> Iterator[BlockBuffer]:
     """Each block of ``blocks`` computed (read, decode with ``job.run.workers`` decoders, model), in
     order; a block is yielded once its last batch is in. ``span=(lo, hi)`` (one block only): only
-    rows ``[lo, hi)``, still cut where the whole block's batches are cut."""
+    rows ``[lo, hi)``, still cut where the whole block's batches are cut. ``progress(event, images)``
+    hears each batch: ``"decoded"`` before its model runs, ``"done"`` after (a progress bar moves per
+    batch, not per block, and says what a single batch is doing)."""
     if not blocks:
         return
     from ..devices import resolve_device
@@ -157,7 +160,11 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])
+        if progress is not None:
+            progress("decoded", len(items))
         survive_worker_death(run_items, extractor, plan, items, current, job.run.strict)
+        if progress is not None:
+            progress("done", len(items))
         current.decoders.update(it.decoder for it in items)
         if last[k] == i:
             yield current

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..cluster import parse_cluster
+from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
@@ -61,8 +62,8 @@ class ExtractResult:
 
     def summary(self, max_errors: int = 20) -> str:
         lines = [f"{self.name}: {self.done} done, {self.failed} failed, {self.pending} pending of "
-                 f"{self.n_rows} rows; ran {self.blocks_run} blocks, skipped {self.blocks_skipped} "
-                 f"already done; {self.images} images in {self.seconds:.1f}s ({self.images_per_s:.1f} img/s)"]
+                 f"{plural(self.n_rows, 'row')}; ran {plural(self.blocks_run, 'block')}, skipped "
+                 f"{self.blocks_skipped} already done; {self.images} images in {self.seconds:.1f}s ({self.images_per_s:.1f} img/s)"]
         if self.errors:
             lines.append(f"failed images ({len(self.errors)}):")
             for row, why in sorted(self.errors.items())[:max_errors]:
@@ -267,14 +268,14 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
     guard = LockGuard(job, skip_committed=False, record_errors=True)
     runs: dict[int, int] = {}
     info: dict[str, Any] = {"decoding": {}, "devices": {str(job.run.device)}}
-    bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
-               disable=not job.run.progress, smoothing=0.1)
+    total = sum(len(b) for b in blocks)
+    bar = tqdm(total=total, unit="img", desc=f"extract {fs.name}", disable=not job.run.progress, smoothing=0.1)
+    tick = batch_progress(bar, min(total, job.run.batch_size))
     writer = BlockWriter(lambda buf: commit(fs, buf, guard))
     with handling(on_signal=_stop_decoders) as signals:
         try:
-            for buf in compute_blocks(job, blocks, store=store, extractor=extractor):
+            for buf in compute_blocks(job, blocks, store=store, extractor=extractor, progress=tick):
                 writer.submit(buf)
-                bar.update(len(buf.block))
                 runs[buf.block.index] = runs.get(buf.block.index, 0) + 1
                 summary = decoding_summary(buf.decoders)
                 if summary["decoders"] > info["decoding"].get("decoders", 0):
@@ -290,6 +291,21 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
             bar.close()
             writer.close()
     return runs, {os.getpid(): 1}, info
+
+
+def batch_progress(bar, first: int):
+    """The bar moves per batch, and says what the current batch is doing: a dataset smaller than a
+    batch (one batch in all) shows "decoding N images", then "model on N images", not a bar stuck at 0
+    that jumps to 100%."""
+    bar.set_postfix_str(f"decoding {first} image{'s' if first != 1 else ''}", refresh=True)
+
+    def tick(event: str, n: int) -> None:
+        if event == "decoded":
+            bar.set_postfix_str(f"model on {n} image{'s' if n != 1 else ''}", refresh=True)
+        else:
+            bar.set_postfix_str("", refresh=False)
+            bar.update(n)
+    return tick
 
 
 def _stop_decoders(signum: int | None = None) -> None:

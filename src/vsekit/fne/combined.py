@@ -25,8 +25,8 @@ def output_names(features: str) -> tuple[str, str]:
 
 def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = "train",
         stats_from: str | None = None, thresholds: Sequence[float] = disc.DEFAULT_THRESHOLDS,
-        pack: bool = False, cluster: str | None = None,
-        overwrite: bool = False) -> tuple[derived.Result, derived.Result]:
+        pack: bool = False, cluster: str | None = None, overwrite: bool = False,
+        allow_standardized: bool = False) -> tuple[derived.Result, derived.Result]:
     """Write ``<features>.z`` and ``<features>.z.fne``; returns both stages' results."""
     from ..cluster import cluster_client
 
@@ -36,7 +36,8 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
             cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "fne")
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
-                                               overwrite=overwrite, client=client, pin=pin)
+                                               overwrite=overwrite, client=client, pin=pin,
+                                               allow_standardized=allow_standardized)
         made = [zset]
         try:
             # a .z set being remade (staged) makes its .fne set afresh too

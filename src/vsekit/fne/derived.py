@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..storage import integrity
+from ..words import plural
 from ..storage.store import (FAILED, FeatureSet, FeatureStore, ProvenanceError, StoreError, _jsonable,
                              config_hash, read_generation)
 
@@ -77,6 +78,10 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
     fs = FeatureSet(store, name)
     if (fs.attrs.get("config_hash") == attrs["config_hash"] and fs.shape == tuple(shape)
             and fs.data.dtype == np.dtype(dtype) and fs.chunk_rows == block_rows):
+        if fs.attrs.get("stale"):   # a re-split changed the rows its statistics (or its parent's) came from
+            raise ProvenanceError(
+                f"feature set {name!r} in {store.path} is stale: {fs.attrs['stale']}; pass --overwrite to "
+                f"make it again")
         made_from = fs.attrs.get("parent_generation")
         if made_from is not None and made_from != attrs.get("parent_generation"):
             raise ProvenanceError(
@@ -150,5 +155,5 @@ class Result:
                       "images: their z is 0)")
         return (f"{self.parent} -> {self.name}: {self.rows} rows"
                 f"{f' ({self.failed_rows} failed in the parent, left failed)' if self.failed_rows else ''}"
-                f"{extra}; wrote {self.blocks_written} of {self.blocks_total} blocks"
+                f"{extra}; wrote {self.blocks_written} of {plural(self.blocks_total, 'block')}"
                 + (f" ({skipped} already done)" if skipped else ""))

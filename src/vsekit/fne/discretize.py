@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..storage.lock import writer_lock
+from ..storage.splits import refuse_stale
 from ..storage.store import FeatureSet, FeatureStore, StoreError
 from . import derived, passes
 from .pack import pack, packed_width
@@ -53,7 +54,7 @@ def output_name(features: str, name: str | None = None) -> str:
 
 def prepare(store: FeatureStore, features: str, *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
             pack_bits: bool = False, name: str | None = None, overwrite: bool = False,
-            parent: FeatureSet | None = None) -> tuple[FeatureSet, Discretize]:
+            parent: FeatureSet | None = None, allow_raw: bool = False) -> tuple[FeatureSet, Discretize]:
     """Validate and create (or reopen) the ``.fne`` set of ``features``."""
     lo, hi = check_thresholds(thresholds)
     parent = parent or store.features(features)
@@ -63,6 +64,7 @@ def prepare(store: FeatureStore, features: str, *, thresholds: Sequence[float] =
         raise StoreError(f"feature set {parent.name!r} has dtype {parent.data.dtype}"
                          f"{' (packed)' if parent.attrs.get('packed') else ''}; discretize needs float "
                          f"values (standardize first)")
+    check_standardized(parent, allow_raw)
     out = output_name(features, name)
     width = parent.shape[1]
     config = dict(stage="discretize", thresholds=[lo, hi], packed=bool(pack_bits), values=[-1, 0, 1])
@@ -77,19 +79,37 @@ def prepare(store: FeatureStore, features: str, *, thresholds: Sequence[float] =
     return fs, Discretize(lo, hi, bool(pack_bits))
 
 
+def check_standardized(parent: FeatureSet, allow_raw: bool = False) -> None:
+    """The thresholds (-0.25 / 0.15) are in units of a feature's standard deviation: they mean
+    something only on z-scores. Refuse a set that ``standardize`` did not make, unless ``allow_raw``
+    (features standardised elsewhere, or thresholds chosen for raw values on purpose)."""
+    if allow_raw or parent.attrs.get("stage") == "standardize":
+        return
+    what = ("ternary FNE codes (made by discretize)" if parent.attrs.get("stage") == "discretize"
+            else f"raw, unstandardised values (kind {parent.attrs.get('kind', '?')!r}, not made by standardize)")
+    raise StoreError(f"feature set {parent.name!r} holds {what}; the thresholds are z-scores, so "
+                     f"discretizing it thresholds the wrong quantity: standardize it first "
+                     f"(`vsekit standardize --features {parent.name}`, then discretize {parent.name + '.z'!r}), "
+                     f"or pass --allow-raw if its values are z-scores already")
+
+
 def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                thresholds: Sequence[float] = DEFAULT_THRESHOLDS, pack: bool = False,
-               name: str | None = None, cluster: str | None = None, overwrite: bool = False) -> derived.Result:
+               name: str | None = None, cluster: str | None = None, overwrite: bool = False,
+               allow_raw: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
     from ..cluster import cluster_client
 
     store = passes.open_store(store)
     parent = store.features(features)
     pin = derived.Pin.of(parent, "discretize")
+    check_thresholds(thresholds)
+    check_standardized(parent, allow_raw)
+    refuse_stale(parent)
     parent.check(complete=True)
     with writer_lock(store.path, output_name(features, name), stage="vsekit discretize"):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
-                         overwrite=overwrite, parent=parent)
+                         overwrite=overwrite, parent=parent, allow_raw=allow_raw)
         try:
             with cluster_client(cluster) as client:
                 outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]

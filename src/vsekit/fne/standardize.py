@@ -24,6 +24,7 @@ import numpy as np
 
 from ..storage.faults import point
 from ..storage.lock import writer_lock
+from ..storage.splits import refuse_stale
 from ..storage.store import FAILED, FeatureSet, FeatureStore, StoreError, write_array
 from . import derived, passes
 from . import stats as st
@@ -65,8 +66,9 @@ class Stats:
         return int(np.sum(self.std == 0))
 
 
-def check_source(parent: FeatureSet) -> None:
-    """Standardisation applies to (N, D) numeric feature sets that are complete."""
+def check_source(parent: FeatureSet, *, allow_standardized: bool = False) -> None:
+    """Standardisation applies to (N, D) numeric feature sets that are complete and not standardised
+    already (``allow_standardized``: do it anyway)."""
     if len(parent.shape) != 2:
         raise StoreError(f"feature set {parent.name!r} has shape {parent.shape} (kind "
                          f"{parent.attrs.get('kind')!r}); standardize/discretize work on (N, D) sets")
@@ -74,6 +76,12 @@ def check_source(parent: FeatureSet) -> None:
         raise StoreError(f"feature set {parent.name!r} holds ternary FNE codes (-1, 0, 1, made by discretize); "
                          f"standardizing codes makes no sense: standardize the float set they come from "
                          f"({parent.attrs.get('parent')!r} is their parent), or train on {parent.name!r} as it is")
+    if parent.attrs.get("stage") == "standardize" and not allow_standardized:
+        raise StoreError(f"feature set {parent.name!r} is standardized already (made by standardize from "
+                         f"{parent.attrs.get('parent')!r}); standardizing it again makes "
+                         f"{parent.name + '.z'!r} of values already z-scored: discretize it instead "
+                         f"(`vsekit discretize --features {parent.name}`), or pass --allow-standardized "
+                         f"to standardize it again on purpose")
     if parent.attrs.get("packed"):
         raise StoreError(f"feature set {parent.name!r} is 2-bit packed; it cannot be standardized")
     if not np.issubdtype(parent.data.dtype, np.number):
@@ -162,15 +170,17 @@ def _refuse_nonfinite(parent: FeatureSet, codes: np.ndarray, state: np.ndarray, 
 
 def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_from: str | None = None,
             name: str | None = None, overwrite: bool = False, client: Any = None,
-            pin: derived.Pin | None = None) -> tuple[FeatureSet, FeatureSet, Standardize, dict]:
+            pin: derived.Pin | None = None,
+            allow_standardized: bool = False) -> tuple[FeatureSet, FeatureSet, Standardize, dict]:
     """Validate, compute (or reuse) statistics and create the ``.z`` set; no data blocks are written yet.
 
     ``pin``: the parent's generation when the stage began; statistics of a parent made again while
     they were computed are never written.
     """
     parent = store.features(features)
+    refuse_stale(parent)
     pin = pin or derived.Pin.of(parent, "standardize")
-    check_source(parent)
+    check_source(parent, allow_standardized=allow_standardized)
     out = output_name(features, name)
     attrs = derived.derived_attrs(parent, stage="standardize", split=None if stats_from else split,
                                   stats_from=stats_from, ddof=0, zero_std="zero", precision="fp32")
@@ -205,7 +215,7 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
 
 def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split: str = "train",
                 stats_from: str | None = None, name: str | None = None, cluster: str | None = None,
-                overwrite: bool = False) -> derived.Result:
+                overwrite: bool = False, allow_standardized: bool = False) -> derived.Result:
     """Standardize feature set ``features`` into ``<features>.z`` (or ``name``); see the module docstring."""
     from ..cluster import cluster_client
 
@@ -214,7 +224,8 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
             cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
-                                       overwrite=overwrite, client=client, pin=pin)
+                                       overwrite=overwrite, client=client, pin=pin,
+                                       allow_standardized=allow_standardized)
         try:
             outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
             # the scan checked the values; each block is checked to come from the pinned parent

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 import click
 
 from ..version import __version__
+from ..words import plural
 from .commands import has_option
 from .resolve import ResolvedStage, resolve_pipeline
 from .spec import PipelineError, PipelineFile, PipelineSpec
@@ -71,6 +72,8 @@ class Step:
 
     def argv(self) -> list[str]:
         extra = {"overwrite": True} if self.overwrite else {}
+        if self.overwrite and has_option(self.stage.command, "drop-features"):
+            extra["drop-features"] = True   # a re-ingest: the stages after it remake its feature sets
         if self.resume:
             extra["resume"] = True
         return self.stage.argv(extra)
@@ -194,7 +197,7 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
     n = len(steps)
     if dry_run:
         check_protocols([s.stage for s in steps if s.action == "run"], set(), echo)
-        echo(f"pipeline {pipeline.name}: {sum(s.action == 'run' for s in steps)} of {n} stages would run")
+        echo(f"pipeline {pipeline.name}: {sum(s.action == 'run' for s in steps)} of {plural(n, 'stage')} would run")
         for k, step in enumerate(steps, start=1):
             echo(f"  [{k}/{n}] {step.action:<4} {step.stage.id}: {step.reason}")
             echo(f"        {step.command_line()}")
@@ -294,11 +297,11 @@ def list_pipelines(pf: PipelineFile) -> str:
     lines = [f"pipelines in {' and '.join(files)}:"]
     width = max((len(n) for n in pf.pipelines), default=0)
     for name, p in pf.pipelines.items():
-        mark = ""
-        if len(files) > 1:
-            mark = "  [yours, shadows the shipped one]" if name in pf.shadowed else (
-                "  [shipped]" if p.file == pf.shipped else "  [yours]")
-        lines.append(f"  {name:<{width}}  {len(p.stages):>2} stages  {p.description}{mark}")
+        # always marked, whether or not a file of yours exists (docs/pipelines.md)
+        mark = "  [yours, shadows the shipped one]" if name in pf.shadowed else (
+            "  [shipped]" if pf.shipped and p.file == pf.shipped else "  [yours]")
+        lines.append(f"  {name:<{width}}  {len(p.stages):>2} {'stage ' if len(p.stages) == 1 else 'stages'}  "
+                     f"{p.description}{mark}")
     return "\n".join(lines)
 
 
@@ -462,6 +465,6 @@ def run(name: str, *, cli: click.Group, file: str | None = None, sets: Mapping[s
         if table:
             echo("")
             echo(table)
-        echo(f"pipeline {name}: {len(result.ran)} stages ran, {len(result.skipped)} skipped "
+        echo(f"pipeline {name}: {plural(len(result.ran), 'stage')} ran, {len(result.skipped)} skipped "
              f"in {result.seconds:.1f} s")
     return result

@@ -59,7 +59,10 @@ class _AttrsOutput(Output):
 
     def read(self, key: str) -> dict[str, Any] | None:
         g = self._group()
-        return None if g is None else (dict(g.attrs.get("pipeline", {})).get(key))
+        record = None if g is None else (dict(g.attrs.get("pipeline", {})).get(key))
+        if record is not None and g.attrs.get("stale"):   # `vsekit split` changed the rows it was made from
+            record = {**record, "fingerprint": "stale"}   # so the plan reruns it (with --overwrite)
+        return record
 
     def write(self, key: str, record: dict[str, Any]) -> None:
         g = self._group("r+")

@@ -79,9 +79,14 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
     if attrs.get("parent"):
         head += f"  (from {attrs['parent']})"
     lines = [head]
+    if attrs.get("stale"):
+        lines.append(f"      STALE: {attrs['stale']}; train, evaluate and export refuse it until it is made again "
+                     f"(`vsekit info {store.path} {name}` shows how)")
     for key in sorted(fs.group.array_keys()):
         lines.append(_array_line(key, fs.group[key], "      "))
     if brief:
+        if c is not None and c["failed"]:
+            lines.extend(failed_lines(store, fs, limit=3))
         return lines
     from .job_arrays import progress_lines   # a SLURM job array writing this set (extract --cluster slurm-array:N)
 
@@ -91,16 +96,50 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
         if key in _HIDDEN_ATTRS:
             continue
         lines.append(f"        {key}: {_fmt_attr(attrs[key])}")
-    errors = fs.errors()
-    if errors:
-        lines.append(f"      failed rows ({len(errors)}):")
-        ids = store.image_ids() if store.n_images == fs.n_rows else None
-        for row, reason in sorted(errors.items())[:20]:
-            label = f"{row} ({ids[row]})" if ids is not None else str(row)
-            lines.append(f"        {label}: {reason}")
-        from .interop import retry_advice
+    if attrs.get("stale"):
+        from .splits import refuse_stale
 
-        lines.append(f"      {retry_advice(store, name)}")
+        try:
+            refuse_stale(fs)
+        except Exception as exc:  # noqa: BLE001 - its message is the remake advice
+            lines.append(f"      {exc}")
+    if c is not None and (c["failed"] or fs.errors()):
+        lines.extend(failed_lines(store, fs, limit=20))
+    return lines
+
+
+def failed_lines(store: FeatureStore, fs, limit: int = 20) -> list[str]:
+    """A set's failed rows: how many in each split, the first ``limit`` with their reasons, and the two
+    ways out (retry them, or drop them: train and evaluate skip them, export with --drop-failed)."""
+    from ..words import plural
+    from .interop import retry_advice
+    from .store import FAILED
+
+    status = fs.status_values()
+    failed = np.flatnonzero(status == FAILED)
+    errors = fs.errors()
+    rows = sorted(set(int(r) for r in failed) | set(errors))
+    same_rows = store.n_images == fs.n_rows
+    where = ""
+    if same_rows and len(failed):
+        codes = store.image_splits()[failed]
+        where = ", ".join(f"{s} {int(np.sum(codes == i))}" for i, s in enumerate(SPLITS) if np.any(codes == i))
+    lines = [f"      failed rows ({len(rows)}):",
+             f"        {plural(len(failed), 'failed row')}, by split: {where or '-'}"]
+    ids = store.image_ids() if same_rows else None
+    for row in rows[:limit]:
+        label = f"{row} ({ids[row]})" if ids is not None else str(row)
+        lines.append(f"        {label}: {errors.get(row, 'failed (no reason recorded)')}")
+    if len(rows) > limit:
+        lines.append(f"        ... and {len(rows) - limit} more (vsekit info {store.path} {fs.name})")
+    lines.append("      two ways out:")
+    retry = (retry_advice(store, fs.name) if limit > 3 else
+             f"fix the files, then rerun the extraction with --retry-failed (`vsekit info {store.path} {fs.name}` "
+             f"prints the exact command)")
+    lines.append(f"        retry them: {retry}")
+    lines.append(f"        drop them: train and evaluate already skip them (and say how many); "
+                 f"`vsekit export vsepp|scan --store {store.path} --features {fs.name} --out DIR --drop-failed` "
+                 f"leaves them and their captions out of an export")
     return lines
 
 

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .integrity import SUMS
-from .store import SPLITS, FeatureStore, StoreError, write_array, write_strings
+from .store import FAILED, SPLITS, FeatureStore, StoreError, write_array, write_strings
 
 SPLIT_PREFIX = {"train": "train", "val": "dev", "test": "test", "restval": "restval"}
 LAYOUTS = ("vsepp", "scan")
@@ -56,14 +56,22 @@ def retry_advice(store: FeatureStore, name: str) -> str:
     return text
 
 
-def _complete_set(store: FeatureStore, features: str):
+def _complete_set(store: FeatureStore, features: str, drop_failed: bool = False, layout: str = "vsepp"):
     fs = store.features(features, complete=True)
+    from .splits import refuse_stale
+
+    refuse_stale(fs)
     failed = fs.counts()["failed"]
-    if failed:
-        first = sorted(fs.errors().items())[:1]
-        why = f" (first: row {first[0][0]}: {first[0][1]})" if first else ""
-        raise StoreError(f"feature set {features!r} has {failed} failed rows{why}; exports need every "
-                         f"row. {retry_advice(store, features)}, or export another set")
+    if failed and not drop_failed:
+        from ..words import plural
+
+        row = int(np.flatnonzero(fs.status_values() == FAILED)[0])
+        ids = store.image_ids() if store.n_images == fs.n_rows else None
+        why = (f"; first: row {row}{f' (id {ids[row]})' if ids is not None else ''}: "
+               f"{fs.errors().get(row, 'no reason recorded')}")
+        raise StoreError(f"feature set {features!r} has {plural(failed, 'failed row')}{why}. The {layout} layout "
+                         f"needs features for every image: pass --drop-failed to leave them and their captions "
+                         f"out, or retry them (`vsekit info {store.path} {features}` shows how)")
     if fs.n_rows != store.n_images:
         raise StoreError(f"feature set {features!r} has {fs.n_rows} rows but the store has "
                          f"{store.n_images} images")
@@ -90,7 +98,8 @@ def _captions_by_image(store: FeatureStore, rows: np.ndarray, cpi: int) -> list[
 def export_precomp(store: FeatureStore | str | Path, features: str, out: str | Path, *, layout: str = "vsepp",
                    splits: Sequence[str] | None = None, captions_per_image: int = 5,
                    dtype: str | None = None, testall: bool | None = None, restval_into_train: bool = False,
-                   vocab_name: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+                   vocab_name: str | None = None, overwrite: bool = False,
+                   drop_failed: bool = False) -> dict[str, Any]:
     """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and ``{split}_ids.txt`` for each split.
 
     An ``out`` folder that exists and holds files is refused unless ``overwrite``; then it is replaced
@@ -103,11 +112,15 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
     restval images together as ``train_*``. ``vocab_name`` also writes the store's vocabulary as
     ``{name}_vocab.json`` (SCAN) and ``{name}_vocab.pkl`` (VSE++). ``summary["warnings"]`` lists the
     layouts the reference loaders would misread (a ``dev`` that is not 5,000 captions...).
+
+    A set with failed rows is refused unless ``drop_failed``: then those images and their captions are
+    left out of every file, listed in ``dropped_failed.tsv`` (split, image id, row, captions, reason)
+    and counted in ``summary["dropped"]``.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown precomp layout {layout!r}; valid choices: {', '.join(LAYOUTS)}")
     store = _open(store)
-    fs = _complete_set(store, features)
+    fs = _complete_set(store, features, drop_failed, layout)
     if fs.attrs.get("packed"):
         raise StoreError(f"feature set {features!r} is 2-bit packed; export its unpacked parent "
                          f"{fs.attrs.get('parent')!r} or a set made without --pack")
@@ -136,7 +149,7 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
     out.mkdir()
     try:
         summary = _write_precomp(store, fs, out, layout, wanted, shape, captions_per_image, dtype, testall,
-                                 restval_into_train, vocab_name)
+                                 restval_into_train, vocab_name, drop_failed)
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
@@ -164,12 +177,15 @@ def refuse_existing(out: Path, overwrite: bool) -> None:
 
 def _write_precomp(store, fs, out: Path, layout: str, wanted: list[str], shape: tuple, captions_per_image: int,
                    dtype: str | None, testall: bool | None, restval_into_train: bool,
-                   vocab_name: str | None) -> dict[str, Any]:
+                   vocab_name: str | None, drop_failed: bool = False) -> dict[str, Any]:
     out_dtype = np.dtype(dtype) if dtype else fs.data.dtype
     ids = store.image_ids()
-    plan = _file_plan(store, wanted, testall, restval_into_train)
+    failed = np.asarray(fs.status_values() == FAILED) if drop_failed else None
+    plan = _file_plan(store, wanted, testall, restval_into_train, failed)
     summary: dict[str, Any] = {"out": str(out), "layout": layout, "splits": {},
                                "warnings": _loader_warnings(plan, captions_per_image)}
+    if failed is not None and failed.any():
+        summary["dropped"] = _write_dropped(store, fs, out, failed, wanted, restval_into_train)
     targets = []
     text = None
     for prefix, rows in plan:
@@ -204,13 +220,32 @@ def _write_precomp(store, fs, out: Path, layout: str, wanted: list[str], shape: 
     return summary
 
 
+DROPPED_FILE = "dropped_failed.tsv"
+
+
+def _write_dropped(store: FeatureStore, fs, out: Path, failed: np.ndarray, wanted: Sequence[str],
+                   restval_into_train: bool) -> dict[str, Any]:
+    """List the failed images left out of the export (and how many captions went with them)."""
+    splits = set(wanted) | ({"restval"} if restval_into_train and "train" in wanted else set())
+    codes = store.image_splits()
+    rows = [int(r) for r in np.flatnonzero(failed) if SPLITS[codes[r]] in splits]
+    ids, errors = store.image_ids(), fs.errors()
+    per_image = np.bincount(store.caption_images(), minlength=store.n_images)
+    lines = ["split\timage_id\trow\tcaptions\treason\n"]
+    for r in rows:
+        reason = " ".join(str(errors.get(r, "failed")).split())
+        lines.append(f"{SPLITS[codes[r]]}\t{ids[r]}\t{r}\t{int(per_image[r])}\t{reason}\n")
+    (out / DROPPED_FILE).write_text("".join(lines), encoding="utf-8")
+    return {"images": len(rows), "captions": int(per_image[rows].sum()) if rows else 0, "file": DROPPED_FILE}
+
+
 COCO_1K = 1000      # images in coco_precomp's test_* (one fold of testall)
 DEV_CAPTIONS = 5000  # both reference loaders set the dev set's length to 5,000 captions
 
 
 def _file_plan(store: FeatureStore, wanted: Sequence[str], testall: bool | None,
-               restval_into_train: bool) -> list[tuple[str, np.ndarray]]:
-    """(file prefix, sorted image rows) of each file set to write."""
+               restval_into_train: bool, failed: np.ndarray | None = None) -> list[tuple[str, np.ndarray]]:
+    """(file prefix, sorted image rows) of each file set to write; ``failed`` rows are left out."""
     if restval_into_train:
         wanted = [s for s in wanted if s != "restval"]
     plan = []
@@ -218,6 +253,12 @@ def _file_plan(store: FeatureStore, wanted: Sequence[str], testall: bool | None,
         rows = store.split_rows(["train", "restval"] if s == "train" and restval_into_train else s)
         if not len(rows):
             raise StoreError(f"split {s!r} has no images in {store.path}")
+        if failed is not None:
+            rows = rows[~failed[rows]]
+            if not len(rows):
+                raise StoreError(f"split {s!r} has no images left once its failed rows are dropped; "
+                                 f"export the other splits with --splits, or re-split: `vsekit split --store "
+                                 f"{store.path} ...`")
         if s == "test":
             on = ("coco" in store.dataset.lower() and len(rows) > COCO_1K) if testall is None else testall
             if on:
@@ -392,7 +433,8 @@ def export_hdf5(store: FeatureStore | str | Path, out: str | Path, *, features: 
     return {"out": str(out), "features": names}
 
 
-def ingest_hdf5(h5_path: str | Path, store_path: str | Path, *, overwrite: bool = False) -> FeatureStore:
+def ingest_hdf5(h5_path: str | Path, store_path: str | Path, *, overwrite: bool = False,
+                drop_features: bool = False) -> FeatureStore:
     """Rebuild a store from an :func:`export_hdf5` file (the inverse, chunk by chunk)."""
     import h5py
 
@@ -409,7 +451,7 @@ def ingest_hdf5(h5_path: str | Path, store_path: str | Path, *, overwrite: bool 
         attrs = _get_attrs(h5)
         if "vsekit_format" not in attrs or "images" not in h5:
             raise IngestError(f"{h5_path}: not a vsekit HDF5 export (no vsekit_format attribute or images group)")
-        with FeatureStore.building(store_path, overwrite=overwrite, dataset=attrs.get("dataset", ""),
+        with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=attrs.get("dataset", ""),
                                    source_files=[str(h5_path.resolve())]) as store:
             keep = {k: v for k, v in attrs.items() if k not in ("complete", "vsekit_format", "vsekit_version")}
             store.root.attrs.update(keep)

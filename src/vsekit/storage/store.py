@@ -331,10 +331,13 @@ class FeatureStore:
 
     @classmethod
     @contextlib.contextmanager
-    def building(cls, path: str | os.PathLike, *, overwrite: bool = False, **create_kw: Any) -> Iterator["FeatureStore"]:
+    def building(cls, path: str | os.PathLike, *, overwrite: bool = False, drop_features: bool = False,
+                 **create_kw: Any) -> Iterator["FeatureStore"]:
         """Create a store in a staging folder and move it into place only when the block succeeds.
 
-        Ingestion uses this, so a failed ingest leaves nothing behind that looks like a store.
+        Ingestion uses this, so a failed ingest leaves nothing behind that looks like a store. Replacing
+        a store that holds feature sets (hours of extraction) needs ``drop_features`` as well as
+        ``overwrite``: a new split alone is ``vsekit split``, which keeps them.
         """
         from . import lock
 
@@ -344,6 +347,8 @@ class FeatureStore:
                 raise StoreError(f"{path} already exists; pass --overwrite to replace it")
             if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
                 held_store.enter_context(lock.replacing_store(path))
+                if not drop_features:
+                    refuse_dropping_features(path)
             remove_stale_staging(path)
             staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
             store = cls.create(staging, overwrite=True, **create_kw)
@@ -648,6 +653,33 @@ class FeatureStore:
 
 # helpers ------------------------------------------------------------------------------------------
 _STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
+
+
+def refuse_dropping_features(path: str | os.PathLike) -> None:
+    """Refuse to replace a store whose feature sets would go with it (``--drop-features`` allows it)."""
+    from ..words import plural
+
+    path = Path(path)
+    if not (path / "zarr.json").is_file():
+        return
+    try:
+        names = FeatureStore.open(path).feature_names()
+    except StoreError:   # not a readable store: nothing of vsekit's to lose
+        return
+    if not names:
+        return
+    shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
+    raise StoreError(f"{path} holds {plural(len(names), 'feature set')} ({shown}); --overwrite would delete "
+                     f"them. To change only the split, keep them: `vsekit split --store {path} --ratios ...` "
+                     f"(or --split-file, or --val N --test N). To re-ingest and delete them, add --drop-features")
+
+
+def feature_names_at(path: str | os.PathLike) -> list[str]:
+    """The feature sets of the store at ``path`` (none when there is no readable store there)."""
+    try:
+        return FeatureStore.open(path).feature_names() if (Path(path) / "zarr.json").is_file() else []
+    except StoreError:
+        return []
 
 
 INGEST_LOCK = "ingest"

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..storage.chunks import ChunkReader
+from ..storage.splits import refuse_stale
 from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
 
 CAPTION_MODES = ("one", "all")
@@ -178,6 +179,7 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
     from ..storage.integrity import refuse_damaged
 
     refuse_damaged(fs)   # a deleted or truncated chunk would otherwise be read as zeros
+    refuse_stale(fs)     # statistics of a split that `vsekit split` has changed since
     status = np.asarray(fs.status[:])
     pending = rows[status[rows] != DONE]
     pending = pending[status[pending] != FAILED]
@@ -194,8 +196,85 @@ def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarra
         status = np.asarray(fs.fs.status[:])
         rows = rows[status[rows] == DONE]
     if not len(rows):
-        raise StoreError(f"{store.path}: split {split!r} has no images with done features in {fs.name!r}")
+        raise StoreError(f"{store.path}: split {split!r} has no usable images in {fs.name!r} (it is empty, or "
+                         f"every image in it failed: `vsekit info {store.path} {fs.name}` lists them); choose "
+                         f"another split, or re-split keeping the features: `vsekit split --store {store.path} ...`")
     return rows
+
+
+#: a validation split with fewer usable images than this gets a warning that its figures are noise
+SMALL_VAL = 100
+
+
+def _failed_rows_of(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(every image row of ``split``, those whose features failed)."""
+    rows = store.split_rows(split)
+    if fs.fs is None:
+        return rows, rows[:0]
+    status = np.asarray(fs.fs.status[:])
+    return rows, rows[status[rows] == FAILED]
+
+
+def _usable(store: FeatureStore, fs: FeatureSource, split: str) -> int:
+    """Images of ``split`` whose features are done (failed and pending ones are not usable)."""
+    rows = store.split_rows(split)
+    return len(rows) if fs.fs is None else int(np.sum(np.asarray(fs.fs.status[:])[rows] == DONE))
+
+
+def _first_failure(store: FeatureStore, fs: FeatureSource, failed: np.ndarray) -> str:
+    if not len(failed) or fs.fs is None:
+        return ""
+    r = int(failed[0])
+    why = fs.fs.errors().get(r, "failed")
+    return f"; failed: row {r} (id {store.image_ids()[r]}): {why}"
+
+
+def failed_note(store: FeatureStore, fs: FeatureSource, split: str) -> str | None:
+    """"2 failed rows of split 'test' left out ..." when a command skips failed rows, else None."""
+    from ..words import plural
+
+    rows, failed = _failed_rows_of(store, fs, split)
+    if not len(failed):
+        return None
+    return (f"{plural(len(failed), 'failed row')} of split {split!r} in {fs.name!r} left out, with their "
+            f"captions: {len(rows) - len(failed)} of {plural(len(rows), 'image')} used "
+            f"(`vsekit info {store.path} {fs.name}` lists them)")
+
+
+def training_rows(store: FeatureStore, fs: FeatureSource, train_split: str, val_split: str,
+                  log=None) -> tuple[np.ndarray, "EvalSet"]:
+    """The usable training rows and the validation set, said and checked before training starts.
+
+    Failed rows are skipped and counted; a validation split without a usable image is refused with
+    the ways to choose one (``--val-split``, ``vsekit split``, a retry); one under :data:`SMALL_VAL`
+    images gets a warning that the validation figures (and the best epoch they pick) are noise.
+    """
+    from ..words import plural
+
+    log = log or (lambda msg: None)
+    for split in dict.fromkeys((train_split, val_split)):
+        note = failed_note(store, fs, split)
+        if note:
+            log(f"note: {note}")
+    rows, failed = _failed_rows_of(store, fs, val_split)
+    usable = _usable(store, fs, val_split)
+    if usable == 0:
+        others = [s for s in ("val", "test", "restval") if s != val_split and _usable(store, fs, s) > 0]
+        choose = f"choose other rows with --val-split {others[0]}, or " if others else ""
+        raise StoreError(
+            f"{store.path}: the validation split {val_split!r} has no usable images in {fs.name!r} "
+            f"({plural(len(rows), 'image')}{_first_failure(store, fs, failed)}). To validate, {choose}"
+            f"re-split the store keeping its features (`vsekit split --store {store.path} --val N --test N`), "
+            f"or retry the failed rows (`vsekit info {store.path} {fs.name}` shows how)")
+    if val_split == train_split:
+        log(f"warning: --val-split {val_split} is the training split: val rsum measures fit, not retrieval")
+    elif usable < SMALL_VAL:
+        log(f"warning: the validation split {val_split!r} has {plural(usable, 'usable image')} (under "
+            f"{SMALL_VAL}): the val rsum of each epoch, and the best epoch it picks, are noise; validate on more "
+            f"with --val-split or `vsekit split --store {store.path} --val N`")
+    if store.has_tokens and store.root["tokens"].attrs.get("stale"):
+        log(f"note: {store.root['tokens'].attrs['stale']}")
+    return usable_rows(store, fs, train_split), EvalSet.from_store(store, val_split, fs)
 
 
 # the training stream ------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import torch
 
 from ..storage.store import FeatureStore
 from .checkpoint import load_model
-from .data import EvalSet, Tokens, open_features
+from ..storage.splits import resplit_since
+from .data import EvalSet, Tokens, failed_note, open_features
 from .evaluation import PROTOCOLS, evaluate_protocol, format_table
 from .scoring import EnsembleScorer, encode_set, save_sims
 
@@ -91,7 +92,8 @@ def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = No
     cap_image = evalset.caption_image
     results: dict[str, Any] = {}
     protocols = list(protocols or default_protocols(fstore, n_img))
-    warnings = protocol_warnings(protocols, n_img, split)
+    warnings = protocol_warnings(protocols, n_img, split) + [w for w in [failed_note(fstore, source, split),
+                                                                       *(resplit_since(fstore, r) for r in runs)] if w]
     for protocol in protocols:
         with torch.no_grad():   # "all" is the whole split in one fold, as "1k" computes it
             results[protocol] = evaluate_protocol(scorer, n_img, cap_image, "1k" if protocol == "all" else protocol,

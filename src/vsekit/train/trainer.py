@@ -30,7 +30,7 @@ from . import presets
 from ..models import _MODELS, RetrievalModel, create_model, model_names
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, resolve_config
-from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, usable_rows
+from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import HingeLoss
 from .scoring import EnsembleScorer, encode_set, evaluating
@@ -293,8 +293,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     source = open_features(fstore, features, fstore.split_rows(cfg.train_split))
     if resume:
         _check_same_features(saved, features, source)
-    train_rows = usable_rows(fstore, source, cfg.train_split)
-    evalset = EvalSet.from_store(fstore, cfg.val_split, source)
+    train_rows, evalset = training_rows(fstore, source, cfg.train_split, cfg.val_split, log)  # failed rows said
     net, kw = build_model(cfg, source.row_shape, tokens.vocab_size)
     if net.image_input != source.image_input:
         raise ValueError(f"model {cfg.model!r} reads {net.image_input!r} features but {features!r} is a "

@@ -39,7 +39,7 @@ def _candidates(file_name: str) -> list[str]:
 
 def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, image_root: str | Path,
                 store_path: str | Path, *, restval_as_train: bool = False, strict: bool = False,
-                check_files: bool = True, overwrite: bool = False,
+                check_files: bool = True, overwrite: bool = False, drop_features: bool = False,
                 dataset: str = "coco", allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store from COCO caption annotation files; returns the store and a skip report."""
     if not annotation_files:
@@ -118,7 +118,7 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
         err = no_images_error(", ".join(map(str, annotation_files)), image_root, looked_for)
         raise IngestError(f"{err}; a file name is looked for as {LOOKUP_RULE}") if looked_for else err
     sources = [str(Path(p).resolve()) for p in annotation_files] + [str(Path(split_file).resolve())]
-    with FeatureStore.building(store_path, overwrite=overwrite, dataset=dataset, image_root=image_root,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=dataset, image_root=image_root,
                                source_files=sources) as store:
         store.write_images(ids, paths, split_of)
         store.write_captions(texts, owners)

@@ -51,7 +51,7 @@ def assign_splits(n: int, ratios: tuple[float, float, float], seed: int) -> list
 
 def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: str | Path, *,
                   ratios: str | Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0, strict: bool = False,
-                  check_files: bool = True, overwrite: bool = False,
+                  check_files: bool = True, overwrite: bool = False, drop_features: bool = False,
                   dataset: str | None = None, allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store from an image folder and a caption table; returns the store and a skip report.
 
@@ -135,7 +135,7 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
                               f"{first_line[seen[image_id]]})")
         seen[image_id] = row
     name = dataset or captions_file.stem
-    with FeatureStore.building(store_path, overwrite=overwrite, dataset=name, image_root=image_dir,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_dir,
                                source_files=[str(captions_file.resolve())]) as store:
         store.write_images(ids, paths, splits)
         store.write_captions(texts, owners)

@@ -16,7 +16,7 @@ from .common import IngestError, IngestReport, check_inside_root, no_images_erro
 
 def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: str | Path, *,
                     restval_as_train: bool = False, strict: bool = False, check_files: bool = True,
-                    overwrite: bool = False, dataset: str | None = None,
+                    overwrite: bool = False, drop_features: bool = False, dataset: str | None = None,
                     allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store from a Karpathy split file; malformed records are errors naming the image
     index and field, and image paths that leave ``image_root`` are refused unless
@@ -66,7 +66,7 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
     if not ids:
         raise no_images_error(json_path, image_root, looked_for)
     name = dataset or doc.get("dataset") or json_path.stem.replace("dataset_", "")
-    with FeatureStore.building(store_path, overwrite=overwrite, dataset=name, image_root=image_root,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_root,
                                source_files=[str(json_path.resolve())]) as store:
         store.write_images(ids, paths, splits)
         store.write_captions(texts, owners)

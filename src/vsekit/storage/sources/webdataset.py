@@ -132,7 +132,7 @@ def scan_shard(shard: Path, report: IngestReport,
 def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Path, *,
                       split_file: str | Path | None = None, split: str | None = None,
                       ratios: str | Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0, strict: bool = False,
-                      overwrite: bool = False, dataset: str | None = None,
+                      overwrite: bool = False, drop_features: bool = False, dataset: str | None = None,
                       allow_outside_root: bool = False) -> tuple[FeatureStore, IngestReport]:
     """Create a store whose images stay in ``shards`` (paths or brace patterns)."""
     paths = expand_shards(shards)
@@ -157,7 +157,7 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
         raise IngestError(f"{', '.join(map(str, paths[:3]))}: no usable samples")
     splits, ids, refs, texts, owners = _splits(ids, refs, texts, owners, split_file, split, ratios, seed, report)
     name = dataset or paths[0].parent.name or "webdataset"
-    with FeatureStore.building(store_path, overwrite=overwrite, dataset=name, image_root=root,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=root,
                                source_files=[str(p.resolve()) for p in paths]) as store:
         store.write_images(ids, refs, splits)
         store.write_captions(texts, owners)
