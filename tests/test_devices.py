@@ -150,8 +150,9 @@ def test_run_device_sets_every_stage(gpus):
 
 def test_pipeline_cluster_section(tmp_path, monkeypatch):
     from vsekit.cli.pipeline import cluster_settings_of
-    from vsekit.cluster import parse_cluster, pipeline_settings
-    from vsekit.pipeline import load_file
+    from vsekit.cli import main
+    from vsekit.cluster import parse_cluster
+    from vsekit.pipeline import load_file, resolve_pipeline
     from vsekit.pipeline.spec import PipelineError
 
     f = tmp_path / "p.yaml"
@@ -166,9 +167,26 @@ def test_pipeline_cluster_section(tmp_path, monkeypatch):
     assert pf.get("a").cluster == {"queue": "gpu", "walltime": "01:00:00", "cores": 4, "gpus": 1}
     assert pf.get("b").cluster == {"queue": "cpu", "walltime": "01:00:00", "cores": 4}
     monkeypatch.delenv("VSEKIT_CLUSTER_CONFIG", raising=False)
-    with pipeline_settings(cluster_settings_of(pf, "a")):   # what the stages' --cluster slurm:N get
-        assert parse_cluster("slurm:2").settings["queue"] == "gpu"
+    # what a stage's --cluster slurm:N gets: parsed once, with the pipeline's settings, no contextvar
+    assert parse_cluster("slurm:2", cluster_settings_of(pf, "a")).settings["queue"] == "gpu"
     assert parse_cluster("slurm:2").settings == {}
+    f.write_text("cluster: {queue: cpu}\n"
+                 "pipelines:\n"
+                 "  a:\n"
+                 "    cluster: {queue: gpu, gpus: 1}\n"
+                 "    stages: [{stage: tokenize, store: x, cluster: 'slurm:2'}]\n"
+                 "  b:\n"
+                 "    stages: [{stage: tokenize, store: x, cluster: 'slurm:2'}]\n")
+    pf = load_file(str(f))
+    [stage] = resolve_pipeline(pf.get("a"), main, env={}, cluster_settings=cluster_settings_of(pf, "a"))
+    assert stage.values["cluster"].settings == {"queue": "gpu", "gpus": 1}
+    [stage] = resolve_pipeline(pf.get("a"), main, env={}, cluster="slurm:3",
+                               cluster_settings=cluster_settings_of(pf, "a"))   # `vsekit run --cluster`
+    assert (stage.values["cluster"].n, stage.values["cluster"].settings["queue"]) == (3, "gpu")
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", '{"queue": "env"}')   # a pipeline without settings: the user's
+    f.write_text("pipelines:\n  b:\n    stages: [{stage: tokenize, store: x, cluster: 'slurm:2'}]\n")
+    [stage] = resolve_pipeline(load_file(str(f)).get("b"), main, env={}, cluster_settings=None)
+    assert stage.values["cluster"].settings == {"queue": "env"}
     f.write_text("pipelines:\n  a:\n    cluster:\n      partition: gpu\n    stages: [{stage: info, store: x}]\n")
     with pytest.raises(PipelineError, match=r"line 4: cluster: unknown key 'partition'; valid: queue"):
         load_file(str(f))

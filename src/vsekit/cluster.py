@@ -17,9 +17,9 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   runs G single-threaded workers, each pinned to one of them (:mod:`vsekit.cluster_pin`); its
   ``cores`` are the decoding threads of its workers. The device is resolved on the workers.
   ``--cluster`` is parsed once, at the edge (:func:`parse_cluster` → :class:`ClusterSpec`, settings
-  included): the settings are the caller's, else the ``cluster:`` section of the running
-  ``vsekit run`` pipeline (:func:`pipeline_settings`), else the user's ``$VSEKIT_CLUSTER_CONFIG``
-  (JSON); dask-jobqueue's own config fills the rest. A GPU job gets 6 cores and 16 GB per GPU
+  included): the settings are the caller's (``vsekit run`` passes its pipeline's ``cluster:``
+  section), else the user's ``$VSEKIT_CLUSTER_CONFIG`` (JSON, read here only); dask-jobqueue's own
+  config fills the rest. The parsed spec is what every stage receives. A GPU job gets 6 cores and 16 GB per GPU
   unless its settings say otherwise, and no vsekit worker pauses for memory (:data:`NO_PAUSE`).
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
@@ -28,7 +28,6 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import os
 import signal
@@ -152,26 +151,10 @@ def job_memory(gpus: int) -> str:
     return f"{MEMORY_PER_GPU_GB * gpus}GB" if gpus else MEMORY_DEFAULT
 
 
-#: the ``cluster:`` settings of the running ``vsekit run`` pipeline (see :func:`pipeline_settings`)
-_PIPELINE_SETTINGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
-    "vsekit_cluster_settings", default=None)
-
-
-@contextlib.contextmanager
-def pipeline_settings(settings: Mapping[str, Any] | None) -> Iterator[None]:
-    """While a pipeline runs, its ``cluster:`` section is what :func:`parse_cluster` gives SLURM
-    clusters that are given no settings of their own (the stages are invoked through the CLI)."""
-    token = _PIPELINE_SETTINGS.set(dict(settings) if settings else None)
-    try:
-        yield
-    finally:
-        _PIPELINE_SETTINGS.reset(token)
-
-
 def parse_cluster(spec: "str | ClusterSpec | None", settings: Mapping[str, Any] | None = None) -> ClusterSpec | None:
     """``None``/``""`` → None; ``local:N``, ``slurm:N``, ``slurm-array:N``, ``tcp://HOST:PORT`` → a
-    :class:`ClusterSpec` (a ClusterSpec is returned as it is). SLURM settings: ``settings``, else the
-    running pipeline's ``cluster:``, else ``$VSEKIT_CLUSTER_CONFIG`` (the user's; read here only)."""
+    :class:`ClusterSpec` (a ClusterSpec is returned as it is). SLURM settings: ``settings`` (``vsekit
+    run``: its pipeline's ``cluster:``), else ``$VSEKIT_CLUSTER_CONFIG`` (the user's; read here only)."""
     if isinstance(spec, ClusterSpec):
         return spec
     if not spec:
@@ -186,11 +169,7 @@ def parse_cluster(spec: "str | ClusterSpec | None", settings: Mapping[str, Any] 
     n = int(count) if count.isdigit() else 0
     if n < 1:
         raise ValueError(f"--cluster {text!r}: expected {kind}:N with N >= 1 {what[kind]}")
-    found = {}
-    if kind != "local":
-        if settings is None:
-            settings = _PIPELINE_SETTINGS.get()
-        found = cluster_settings(settings)
+    found = cluster_settings(settings) if kind != "local" else {}
     return ClusterSpec(kind, n, None, found, text)
 
 

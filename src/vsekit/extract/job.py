@@ -15,7 +15,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..cluster import SPEC_HELP
 from .images import DECODERS
 from .plan import KINDS, PRECISIONS, STORE_DTYPES, Plan
 from .throughput import PIN_CHOICES, decode_workers, pin_memory
@@ -46,8 +45,8 @@ def _global(a: Mapping) -> bool:
 
 @dataclass(frozen=True)
 class ExtractOptions:
-    """What is extracted: the options that make the plan (and the set's settings hash), the set's
-    name, and how the run treats what is there already."""
+    """What is extracted: the options that make the plan (and the set's settings hash) and the
+    set's name. How the run goes (where, device, resume or start afresh) is :class:`Execution`."""
 
     model: str = option("vgg19", "--model",
                         "vgg16 (the FNE paper's) | vgg19 | resnet152 | inception_resnet_v2 | any timm model name.",
@@ -104,11 +103,6 @@ class ExtractOptions:
                                           "weights) | none (random) | PATH [default: imagenet for coco-frcnn; "
                                           "butd-r101 needs PATH or none].", attr="detector_weights",
                                           when=lambda a: a.get("kind") == "regions" and bool(a.get("detector")))
-    cluster: Any = option(None, "--cluster", f"Where the blocks run: {SPEC_HELP}.", metavar="SPEC",
-                          show_default=False)   # a ClusterSpec, or its text (parsed once, by extract())
-    overwrite: bool = option(False, "--overwrite", "Start afresh instead of resuming.")
-    retry_failed: bool = option(False, "--retry-failed",
-                                "Try again the rows that failed on a missing or unreadable image file.")
 
     def plan(self) -> Plan:
         """Check every option and resolve the defaults (ValueError naming the bad option)."""
@@ -125,8 +119,10 @@ class ExtractOptions:
 
 @dataclass(frozen=True)
 class Execution:
-    """How the blocks are computed; nothing here changes the features beyond float rounding, so
-    nothing here enters the settings hash (``block_rows`` is the set's layout, fixed at creation)."""
+    """How the blocks are computed, and how the run treats what the set holds already (resume,
+    ``overwrite``, ``retry_failed``); nothing here changes the features beyond float rounding, so
+    nothing here enters the settings hash (``block_rows`` is the set's layout, fixed at creation).
+    Where the blocks run is the :class:`~vsekit.cluster.ClusterSpec` passed beside it."""
 
     device: str = option("auto", "--device", "auto (CUDA when available, else CPU) | cpu | cuda | cuda:N.")
     batch_size: int = option(32, "--batch-size", "Images per forward pass.", type=int)
@@ -143,6 +139,9 @@ class Execution:
                                     attr="block_rows", when=lambda a: bool(a.get("block_rows")),
                                     show_default=False)
     progress: bool = option(True, "--progress", "Show a progress bar.", secondary="--no-progress")
+    overwrite: bool = option(False, "--overwrite", "Start afresh instead of resuming.")
+    retry_failed: bool = option(False, "--retry-failed",
+                                "Try again the rows that failed on a missing or unreadable image file.")
 
     def checked(self) -> "Execution":
         if int(self.batch_size) < 1:
@@ -184,7 +183,8 @@ EXECUTION_NAMES = frozenset(f.name for f in dataclasses.fields(Execution))
 
 
 def split_options(model: str, kind: str, values: Mapping[str, Any]) -> tuple[ExtractOptions, Execution]:
-    """``extract()``'s keyword arguments as the two dataclasses; an unknown one is a TypeError."""
+    """``extract()``'s keyword arguments (less ``cluster``) as the two dataclasses; an unknown one is
+    a TypeError."""
     unknown = set(values) - OPTION_NAMES - EXECUTION_NAMES
     if unknown:
         raise TypeError(f"extract() got unknown option(s) {', '.join(sorted(unknown))}; valid: "

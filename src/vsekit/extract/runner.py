@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import parse_cluster
+from ..cluster import ClusterSpec, parse_cluster
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
@@ -120,18 +120,19 @@ def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
 
 
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global",
-            **options: Any):
+            cluster: "ClusterSpec | str | None" = None, **options: Any):
     """Extract features of every image of ``store`` into ``features/<name>``: the library form of
     ``vsekit extract``, taking every option it has (the fields of :class:`~.job.ExtractOptions` and
     :class:`~.job.Execution`, e.g. ``crops=10, batch_size=64, device="cuda", pin_memory="on",
     channels_last=False, cluster="local:2"``). Returns an :class:`ExtractResult`, or for
     ``cluster="slurm-array:N"`` what was submitted (:class:`~.array.ArraySubmitted`)."""
     opts, run = split_options(model, kind, options)
-    return run_job(store, opts, run)
+    return run_job(store, opts, run, parse_cluster(cluster))   # a library caller's text: parsed here, once
 
 
-def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution):
-    """Run the job ``opts`` / ``run`` (see module doc).
+def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution,
+            cluster: ClusterSpec | None = None):
+    """Run the job ``opts`` / ``run`` where ``cluster`` says (None: in-process; see module doc).
 
     The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
     are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
@@ -140,7 +141,7 @@ def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: 
     """
     with handling():
         try:
-            return _run_job(store, opts, run)
+            return _run_job(store, opts, run, cluster)
         except Interrupted as exc:
             if exc.message:
                 raise
@@ -151,10 +152,9 @@ def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: 
                                    "(rerun the same command to start again)") from None
 
 
-def _run_job(store, opts: ExtractOptions, run: Execution):
+def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec | None):
     from ..devices import resolve_device
 
-    cluster = parse_cluster(opts.cluster)   # the text of a library caller: parsed here, once
     run = run.checked()
     if cluster is not None and cluster.resolves_on_workers:   # slurm: the GPUs are on the nodes
         device = str(run.device or "auto").strip().lower()
@@ -172,14 +172,14 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
     with writer_lock(store.path, name, stage="vsekit extract"):
-        existed = store.has_features(name) and not opts.overwrite
+        existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
         fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                                   block_rows=run.rows_per_block(), extra=extra, overwrite=opts.overwrite,
+                                   block_rows=run.rows_per_block(), extra=extra, overwrite=run.overwrite,
                                    beside=not array)
         if existed:
-            resume_checks(fs, opts.retry_failed)
+            resume_checks(fs, run.retry_failed)
         # the resolved device of the latest run and its float32 math (TF32 off; not part of the config hash)
         fs.update_attrs(device=device, **FLOAT32_RECORD)
         if plan.kind != "regions":   # how the pixels were made: libraries and versions (not settings)

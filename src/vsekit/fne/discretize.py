@@ -79,7 +79,7 @@ def prepare(store: FeatureStore, features: str, *, thresholds: Sequence[float] =
 
 def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                thresholds: Sequence[float] = DEFAULT_THRESHOLDS, pack: bool = False,
-               name: str | None = None, cluster: str | None = None, overwrite: bool = False) -> derived.Result:
+               name: str | None = None, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
     from ..cluster import cluster_client
 
