@@ -62,7 +62,7 @@ def test_gpu_job_runs_one_pinned_single_threaded_worker_per_gpu():
     assert "--nworkers 2" in script
     assert "--preload vsekit.cluster_pin" in script and "--resources GPU=1" in script
     assert "--lifetime 3240s" in script and "--lifetime-stagger 90s" in script   # 6 min before walltime
-    assert slurm({"cores": 8, "gpus": 2}).decode_threads() == 4   # each worker decodes with 4 threads
+    assert slurm({"cores": 8, "gpus": 2}).task_cpus() == 4   # each worker decodes with its 4 cores' threads
 
 
 @pytest.mark.parametrize("device, settings", [("auto", {"cores": 2}), ("cpu", {"cores": 2, "gpus": 1})])

@@ -118,24 +118,23 @@ class ClusterSpec:
             return "cuda" if is_cuda(device) else "auto"
         return device
 
-    def decode_threads(self, device: str = "cpu", cpus: int | None = None) -> int | str:
-        """Decoding threads per task (a dask worker is a daemon process: threads, not processes),
-        at least 2 so that decoding overlaps the model: a SLURM job's ``cores`` shared by its
-        workers; ``local:N``: this machine's cores shared by the N workers; ``tcp://``: ``auto``,
-        sized on each worker from the cores it may use."""
+    def task_cpus(self, device: str = "cpu", cpus: int | None = None) -> int | None:
+        """The CPU cores of one task (a dask worker is single-threaded: its decoding threads share
+        them): a SLURM job's ``cores`` shared by its workers; ``local:N``: this machine's cores
+        shared by the N workers; ``tcp://``: None, the cores of each worker, seen there. The task
+        sizes its decoding from them (:func:`vsekit.extract.site.resolve`)."""
         if self.kind == "tcp":
-            return "auto"
+            return None
         if self.kind == "local":
             cpus = cpus if cpus is not None else (os.cpu_count() or 1)
-            return max(MIN_DECODE_THREADS, cpus // max(1, self.n))
+            return max(1, cpus // max(1, self.n))
         s = self.settings
         gpus = self.gpus_per_job(device) if self.kind == "slurm" else 0
         cores = int(s.get("cores", 0) or 0) or job_cores(gpus)
         workers = int(s.get("processes", 0) or 0) or (gpus or int(s.get("gpus", 0) or 0) or cores)
-        return max(MIN_DECODE_THREADS, cores // max(1, workers))
+        return max(1, cores // max(1, workers))
 
 
-MIN_DECODE_THREADS = 2
 #: a GPU worker's host resources by default: decoding 10-crop images for one GPU takes ~6 cores
 #: (docs/gpus_clusters.md), and its batches, pinned buffers and decoders need memory beyond 4 GB
 CORES_PER_GPU, MEMORY_PER_GPU_GB, MEMORY_DEFAULT = 6, 16, "4GB"

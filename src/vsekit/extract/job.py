@@ -161,10 +161,28 @@ class Execution:
         return dataclasses.replace(self, **changes)
 
 
+SITES = ("in-process", "dask", "array")
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a task runs: ``kind`` (in-process | dask | array) and ``cpus``, the cores that are the
+    task's (a local:N or slurm:N worker's share, an array task's ``--cpus-per-task``; None: the
+    cores this process may use)."""
+
+    kind: str = "in-process"
+    cpus: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in SITES:
+            raise ValueError(f"site {self.kind!r}; valid: {', '.join(SITES)}")
+
+
 @dataclass(frozen=True)
 class Job:
     """What a task needs to compute and commit blocks of one set: the store, the set, its plan, how
-    to run (the device as the task's process resolves it) and the run's lock token."""
+    to run (the whole Execution as asked, resolved by the task on its ``site``) and the run's lock
+    token."""
 
     store: str
     name: str                       # the set to open (a staged name while --overwrite builds it)
@@ -172,6 +190,7 @@ class Job:
     run: Execution
     lock_name: str | None = None    # the set's writer lock (its public name)
     lock_token: str | None = None   # the token of the run holding it (None: not checked)
+    site: Site = Site()             # where its tasks run (``run`` is resolved there: .site.resolve)
 
 
 def fields_of(cls) -> list[dataclasses.Field]:

@@ -263,13 +263,12 @@ def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
 
 
 def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False,
-            prefetch: int = 2) -> Iterator[list[Item]]:
+            prefetch: int = 2, threads: bool = False) -> Iterator[list[Item]]:
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
-    batches pinned by the DataLoader's pin thread with ``pin``), or threads where this process may
-    not have children (a dask worker is a daemon process)."""
-    import multiprocessing
-
-    if workers > 0 and multiprocessing.current_process().daemon:
+    batches pinned by the DataLoader's pin thread with ``pin``), or by threads with ``threads`` (a
+    dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
+    says so)."""
+    if workers > 0 and threads:
         yield from decoded_by_threads(dataset, batches, workers, prefetch)
     else:
         yield from iter_batches(dataset, batches, workers, pin, prefetch)

@@ -33,6 +33,7 @@ from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
 from .regions import region_arrays
 from .rows import LockGuard, commit, compute_blocks, decoding_summary, extractor_for
+from .site import resolve
 from .writer import BlockWriter
 
 
@@ -221,6 +222,10 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
     says so in one line, and the set records that line. (How they were decoded is the result's
     ``decoding``: it describes a run, not the set, so it stays out of the attrs.)"""
     attrs: dict[str, Any] = {}
+    notes = sorted(info.get("notes", ()))
+    for line in notes:   # what the tasks could not apply as asked (extract/site.py): said and kept
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
+    attrs["execution_notes"] = notes
     devices = sorted(info.get("devices", ()))
     if devices:
         attrs["device"] = ",".join(devices)
@@ -231,8 +236,7 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
         line = f"--device {requested} on --cluster {cluster}: tasks ran on CPU, not on a GPU: {why}"
         print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
         attrs["device_note"] = line
-    if attrs:
-        fs.update_attrs(**attrs)
+    fs.update_attrs(**attrs)
 
 
 def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bool, exc: BaseException) -> None:
@@ -257,22 +261,19 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
     committed by the background writer (the guard: this run's writer lock)."""
     from tqdm.auto import tqdm
 
-    from .throughput import decode_workers
-
     if not blocks:
         return {}, {}, {}
-    job = Job(job.store, job.name, job.plan, job.run.replace(workers=decode_workers(job.run.workers, job.run.device)),
-              job.lock_name, job.lock_token)
-    extractor = extractor_for(job)
+    resolved = resolve(job.run, job.site)   # this process is where the blocks run
+    extractor = extractor_for(job, resolved)
     guard = LockGuard(job, skip_committed=False, record_errors=True)
     runs: dict[int, int] = {}
-    info: dict[str, Any] = {"decoding": {}, "devices": {str(job.run.device)}}
+    info: dict[str, Any] = {"decoding": {}, "devices": {resolved.run.device}, "notes": set(resolved.notes)}
     bar = tqdm(total=sum(len(b) for b in blocks), unit="img", desc=f"extract {fs.name}",
                disable=not job.run.progress, smoothing=0.1)
     writer = BlockWriter(lambda buf: commit(fs, buf, guard))
     with handling(on_signal=_stop_decoders) as signals:
         try:
-            for buf in compute_blocks(job, blocks, store=store, extractor=extractor):
+            for buf in compute_blocks(job, blocks, store=store, extractor=extractor, resolved=resolved):
                 writer.submit(buf)
                 bar.update(len(buf.block))
                 runs[buf.block.index] = runs.get(buf.block.index, 0) + 1
