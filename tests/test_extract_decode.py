@@ -159,16 +159,12 @@ def test_errors_are_the_old_ones_under_every_decoder(tmp_path, monkeypatch):
             with pytest.raises(ImageError) as new:
                 decode_crops(tmp_path / name, 24, 20, 10, decoder=dec)
             assert str(new.value) == str(old.value)
-    monkeypatch.setenv("VSEKIT_MAX_DECODED_PIXELS", "1000")
     for dec in DECODERS:
         with pytest.raises(ImageError, match="40x30 is over the decoded pixel budget"):
-            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec)
-    monkeypatch.delenv("VSEKIT_MAX_DECODED_PIXELS")
-    monkeypatch.setenv("VSEKIT_MAX_RESIZED_PIXELS", "500")
+            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec, max_decoded=1000)
     for dec in DECODERS:
         with pytest.raises(ImageError, match="40x30 resized to 32x24 would be over the resized pixel budget"):
-            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec)
-    monkeypatch.delenv("VSEKIT_MAX_RESIZED_PIXELS")
+            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec, max_resized=500)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
     for dec in DECODERS:
         with pytest.raises(ImageError, match="decompression-bomb"):

@@ -7,6 +7,7 @@ import click
 from .options import CLUSTER, SPLITS
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
+from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
 
 _store = click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
                       help="The vsekit store (a .zarr folder).")
