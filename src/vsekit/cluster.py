@@ -192,22 +192,15 @@ def cluster_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any
 
 
 # --- local:N ----------------------------------------------------------------------------------------
-def local_worker_env(n_workers: int, device: str, n_gpus: int | None = None,
-                     visible: str | None = None) -> list[dict[str, str]]:
+def local_worker_env(n_workers: int, device: str, n_gpus: int, visible: str | None) -> list[dict[str, str]]:
     """The extra environment of each local worker: its own GPU on a CUDA device, nothing on CPU.
 
-    ``visible`` is this process's ``CUDA_VISIBLE_DEVICES`` (default: from the environment); GPU k of
-    the assignment is the k-th visible one, so a job already restricted to GPUs "2,3" uses 2 and 3.
+    ``n_gpus``: the GPUs this process sees; ``visible``: its ``CUDA_VISIBLE_DEVICES``. GPU k of the
+    assignment is the k-th visible one, so a job already restricted to GPUs "2,3" uses 2 and 3.
     """
     if not is_cuda(device):
         return [{} for _ in range(n_workers)]
-    if visible is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else None
-    if n_gpus is None:
-        from .devices import cuda_count
-
-        n_gpus = cuda_count()
     out = []
     for gpu in gpu_assignment(n_workers, device, n_gpus):
         real = ids[int(gpu)] if ids and int(gpu) < len(ids) else gpu
@@ -215,13 +208,16 @@ def local_worker_env(n_workers: int, device: str, n_gpus: int | None = None,
     return out
 
 
-def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, float] | None = None,
-                       n_gpus: int | None = None) -> dict[str, dict[str, Any]]:
-    """``distributed.SpecCluster`` worker specs: single-threaded nannies, each with its env and resources."""
+def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
+    """``distributed.SpecCluster`` worker specs: single-threaded nannies, each with its env (its GPU,
+    of those this process sees) and resources."""
     from distributed import Nanny
 
+    from .devices import cuda_count
+
+    n_gpus = cuda_count() if is_cuda(device) else 0
     specs = {}
-    for k, env in enumerate(local_worker_env(n_workers, device, n_gpus)):
+    for k, env in enumerate(local_worker_env(n_workers, device, n_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))):
         options: dict[str, Any] = {"nthreads": 1, "host": "127.0.0.1", "dashboard_address": None,
                                    "resources": dict(resources or {}), "silence_logs": 40,
                                    "env": {**NO_PAUSE, **env}}
@@ -230,10 +226,10 @@ def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, floa
 
 
 @contextlib.contextmanager
-def _local(n: int, device: str, resources, n_gpus: int | None = None) -> Iterator[Any]:
+def _local(n: int, device: str, resources) -> Iterator[Any]:
     from distributed import Scheduler, SpecCluster
 
-    if is_cuda(device) and _has_dask_cuda() and ":" not in device and n_gpus is None:
+    if is_cuda(device) and _has_dask_cuda() and ":" not in device:
         import dask
         from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned by dask-cuda itself
 
@@ -242,7 +238,7 @@ def _local(n: int, device: str, resources, n_gpus: int | None = None) -> Iterato
             yield cluster
         return
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
-    with SpecCluster(workers=local_worker_specs(n, device, resources, n_gpus), scheduler=scheduler,
+    with SpecCluster(workers=local_worker_specs(n, device, resources), scheduler=scheduler,
                      silence_logs=40) as cluster:
         yield cluster
 
@@ -500,13 +496,13 @@ def _quiet_job_logs() -> None:
 # --- the entry point --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, float] | None = None,
-                   device: str = "cpu", timeout: float = 30, n_gpus: int | None = None) -> Iterator[Any]:
+                   device: str = "cpu", timeout: float = 30) -> Iterator[Any]:
     """Yield a ``distributed.Client`` for ``spec`` (a :class:`ClusterSpec`; the text of a library
     caller is parsed here, once), or ``None`` for in-process work.
 
     ``local:N`` and ``slurm:N`` clusters are started here and shut down afterwards (``resources``
     and, on a CUDA ``device``, ``GPU=1`` are declared by every worker); ``tcp://`` joins an
-    existing scheduler. ``n_gpus`` overrides the GPU count for the local assignment (tests).
+    existing scheduler.
     """
     spec = parse_cluster(spec)
     if spec is None:
@@ -524,7 +520,7 @@ def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, 
         with client:
             yield client
         return
-    starter = (_local(spec.n, device, resources, n_gpus) if spec.kind == "local"
+    starter = (_local(spec.n, device, resources) if spec.kind == "local"
                else _slurm(spec.n, device, resources, spec.settings))
     with starter as cluster, Client(cluster, timeout=timeout) as client:
         yield client

@@ -333,12 +333,6 @@ def _draft_size(size: tuple[int, int], orientation: int, target: tuple[int, int]
     return None
 
 
-def decode_rgb(path: str | Path, decoder: str = DEFAULT_DECODER) -> np.ndarray | Image.Image:
-    """``path`` decoded to 8-bit RGB, EXIF-rotated, with :func:`load_image`'s pixels and errors: an
-    HWC uint8 array where libjpeg-turbo decoded it, the PIL image otherwise."""
-    return _decode(Path(path), check_decoder(decoder), None, "shorter", True)[0]
-
-
 def _size(img) -> tuple[int, int]:
     return img.size if isinstance(img, Image.Image) else (int(img.shape[1]), int(img.shape[0]))
 

@@ -1,7 +1,7 @@
 """Deterministic fault injection for the reliability tests and the fault study (docs/reliability.md).
 
 This is the one module that reads the fault variables, and it reads them once per process (at the
-first point reached; :func:`reset` reads them again, for a test that changes them in-process). They
+first point reached; a process started later, such as a test's subprocess, reads its own). They
 are a test harness, not a setting: nothing they hold changes what a run computes, only where a
 process is killed or held.
 
@@ -33,14 +33,6 @@ def _read() -> tuple[str, str] | bool:
     fault, pause_spec = os.environ.get(ENV, ""), os.environ.get(PAUSE_ENV, "")
     _config = (fault, pause_spec) if (fault or pause_spec) else False
     return _config
-
-
-def reset() -> None:
-    """Read the variables again at the next point (a test that sets them in this process)."""
-    global _config
-    with _lock:
-        _config = None
-        _hits.clear()
 
 
 def point(name: str) -> None:

@@ -314,16 +314,6 @@ class _VocabPickler(pickle._Pickler):
         super().save_global(obj, name)
 
 
-def export_vsepp(store, features: str, out, **kw) -> dict[str, Any]:
-    """The VSE++ precomp layout (see :func:`export_precomp`)."""
-    return export_precomp(store, features, out, layout="vsepp", **kw)
-
-
-def export_scan(store, features: str, out, **kw) -> dict[str, Any]:
-    """The SCAN / SGRAF precomp layout (see :func:`export_precomp`)."""
-    return export_precomp(store, features, out, layout="scan", **kw)
-
-
 # HDF5 ---------------------------------------------------------------------------------------------
 def _set_attrs(obj, attrs: dict[str, Any]) -> None:
     as_json = []
