@@ -147,6 +147,9 @@ def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[
                 values[key] = value
                 continue
             if key == "cluster" and not p.is_argument and not isinstance(value, (list, dict)):
+                if tolerate_missing:   # checking the file only: parsed when its pipeline runs, once
+                    values[key] = value
+                    continue
                 try:
                     values[key] = parse_cluster(value, cluster_settings)
                 except ValueError as exc:
