@@ -69,32 +69,26 @@ class ExtractOptions:
                             "see docs/gpus_clusters.md).", choices=PRECISIONS, attr="precision")
     decoder: str = option("pil", "--decoder", "How images are decoded and resized: pil (PIL's pixels) | turbo "
                           "(libjpeg-turbo with DCT scaling and torch's resize: faster, pixels differ by a few "
-                          "levels; docs/extract.md).", choices=DECODERS, attr="decoder",
-                          when=lambda a: a.get("decoder") not in (None, "pil"))
+                          "levels; docs/extract.md).", choices=DECODERS, attr="decoder")
     dtype: str | None = option(None, "--dtype", "Stored dtype [default: float32 global/fne, float16 grid/regions].",
                                choices=STORE_DTYPES, attr="dtype")
     taps: str | None = option(None, "--taps", "FNE layers: comma-separated glob patterns (see --list-layers).",
                               attr="taps", when=lambda a: a.get("kind") == "fne" and bool(a.get("taps")),
                               render=lambda v: ["--taps", ",".join(t["name"] for t in v)])
     grid: int = option(7, "--grid", "Grid side G for --kind grid (14 keeps layer4 whole).", type=int,
-                       attr="grid", when=lambda a: a.get("kind") == "grid")
+                       attr="grid")
     boxes: str | None = option(None, "--boxes", "Regions: a JSON file {image_id: [[x1,y1,x2,y2], ...]}, or "
-                               "'detector' (= --detector coco-frcnn).", attr="boxes",
-                               when=lambda a: a.get("kind") == "regions")
+                               "'detector' (= --detector coco-frcnn).", attr="boxes")
     max_regions: int = option(36, "--max-regions", "Regions kept per image (the stored K).", type=int,
-                              attr="max_regions",
-                              when=lambda a: a.get("kind") == "regions")
+                              attr="max_regions")
     min_regions: int | None = option(None, "--min-regions", "Floor of detector boxes per image [default: 10; "
-                                     "butd-r101: = --max-regions].", type=int, attr="min_regions",
-                                     when=lambda a: a.get("kind") == "regions")
+                                     "butd-r101: = --max-regions].", type=int, attr="min_regions")
     detector: str | None = option(None, "--detector", "Regions from a detector: butd-r101 (bottom-up-attention "
                                   "boxes and features) or coco-frcnn (COCO boxes, --model features). See "
-                                  "docs/extract.md.", choices=("butd-r101", "coco-frcnn"), attr="detector",
-                                  when=lambda a: a.get("kind") == "regions" and bool(a.get("detector")))
+                                  "docs/extract.md.", choices=("butd-r101", "coco-frcnn"), attr="detector")
     detector_weights: str | None = option(None, "--detector-weights", "imagenet (coco-frcnn: torchvision's COCO "
                                           "weights) | none (random) | PATH [default: imagenet for coco-frcnn; "
-                                          "butd-r101 needs PATH or none].", attr="detector_weights",
-                                          when=lambda a: a.get("kind") == "regions" and bool(a.get("detector")))
+                                          "butd-r101 needs PATH or none].", attr="detector_weights")
 
     max_decoded_pixels: int | None = option(None, "--max-decoded-pixels", "Fail an image whose decoded size is "
                                             "over this many 8-bit pixels, read from its header [default: PIL's "
