@@ -13,8 +13,8 @@ using it where it acts. No setting travels through the environment.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from ..storage.remake import register as register_remake
 from .fields import fields_of, option
