@@ -562,3 +562,21 @@ def test_stage_outputs_are_named_by_the_stages_themselves(monkeypatch):
     monkeypatch.setattr(discretize, "output_name", lambda features, name=None: name or f"{features}.q")
     assert made("standardize", features="f") == ["f.std"]
     assert made("fne", features="f") == ["f.std", "f.std.q"]
+
+
+def test_stages_run_as_functions_with_typed_values_not_through_the_command_line(tmp_path, monkeypatch):
+    """Before: each stage was run by `cli.main(args=argv)`, its values turned back into text and parsed
+    again. Now the stage's command function is called with the typed values; no command line is parsed."""
+    parsed: list[list[str]] = []
+    real = click.Command.parse_args
+
+    def spy(self, ctx, args):
+        if args:
+            parsed.append(list(args))
+        return real(self, ctx, args)
+
+    monkeypatch.setattr(click.Command, "parse_args", spy)
+    path = _toy(tmp_path)
+    result, _out = _run(path)
+    assert result.ran == ["demo-data", "ingest-karpathy", "feats", "standardize", "evaluate"]
+    assert parsed == []
