@@ -150,12 +150,19 @@ def test_a_value_that_cannot_apply_is_noted_and_recorded(demo_store, capsys):
     assert FeatureStore.open(demo_store.path).features(again.name).attrs["execution_notes"] == []
 
 
-def test_local_cluster_run_decodes_with_threads(demo_store):
+def test_local_cluster_run_decodes_with_threads(demo_store, capfd):
     pytest.importorskip("distributed")
     res = extract(demo_store, cluster="local:2", **OPTS)
     assert res.done == demo_store.n_images
     assert res.decoding["threads"] >= 2 and res.decoding["processes"] == 1, res.decoding
     assert res.devices == ["cpu"]
+    assert FeatureStore.open(demo_store.path).features(res.name).attrs["execution_notes"] == []
+    # --workers 3 on dask: kept (3 threads per task, not replaced), said once and recorded
+    three = extract(demo_store, name="three", cluster="local:2", workers=3, **OPTS)
+    assert 2 <= three.decoding["threads"] <= 3 and three.decoding["processes"] == 1, three.decoding
+    notes = FeatureStore.open(demo_store.path).features("three").attrs["execution_notes"]
+    assert len(notes) == 1 and notes[0].startswith("--workers 3: 3 decoding threads, not processes")
+    assert capfd.readouterr().err.count("vsekit: note: --workers 3: 3 decoding threads") == 1
 
 
 def _job_script(settings, device):
