@@ -74,3 +74,28 @@ def test_the_remake_command_follows_from_the_recorded_attrs(tmp_path):
                                             **common).attrs())
     assert glob[glob.index("--decoder") + 1] == "turbo" and glob[glob.index("--max-decoded-pixels") + 1] == "7"
     assert "--grid" not in glob and "--max-regions" not in glob and "--max-resized-pixels" not in glob
+
+
+def test_the_decoded_budget_holds_for_images_inside_shards(tmp_path):
+    """An image read from a tar shard (ingest webdataset) is held to the same budget as a file."""
+    import io
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    from vsekit.extract.images import ImageError, load_ref_image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((30, 40, 3), np.uint8)).save(buf, format="PNG")   # 1200 px
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tar:
+        info = tarfile.TarInfo("a.png")
+        info.size = len(buf.getvalue())
+        tar.addfile(info, io.BytesIO(buf.getvalue()))
+    with tarfile.open(shard) as tar:
+        m = tar.getmember("a.png")
+        ref = f"{shard}::a.png@{m.offset_data}+{m.size}"
+    assert load_ref_image(ref).size == (40, 30)
+    with pytest.raises(ImageError, match="40x30 is over the decoded pixel budget .*--max-decoded-pixels"):
+        load_ref_image(ref, max_decoded=1000)

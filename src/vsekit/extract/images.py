@@ -121,9 +121,10 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
     return to_rgb(img), full
 
 
-def load_ref_image(path: str | Path):
+def load_ref_image(path: str | Path, max_decoded: int | None = None):
     """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
-    :mod:`vsekit.storage.sources.shards`) to 8-bit RGB, EXIF-rotated, raising ImageError on bad input."""
+    :mod:`vsekit.storage.sources.shards`) to 8-bit RGB, EXIF-rotated, raising ImageError on bad input
+    (and on an image over the decoded pixel budget, as :func:`load_image`)."""
     import io
 
     from ..storage.sources import shards
@@ -135,6 +136,10 @@ def load_ref_image(path: str | Path):
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
+                budget = pixel_budgets(max_decoded)[0]
+                if decoded_cost(img.size, img.mode) > budget:   # from the header, before any pixel is decoded
+                    raise ImageError(f"image {img.size[0]}x{img.size[1]} is over the decoded pixel budget ({budget} "
+                                     f"pixels of 8 bits, PIL's decompression-bomb limit or --max-decoded-pixels): {path}")
                 img.load()
                 img = ImageOps.exif_transpose(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:

@@ -105,10 +105,10 @@ def decode(path: str, plan: Plan | None = None):
     ref = shards.is_ref(path)   # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
     decoded_max = plan.setting("max_decoded_pixels") if plan is not None else None
     if plan is None or plan.kind == "regions":
-        return load_ref_image(path) if ref else load_image(path, decoded_max)
+        return load_ref_image(path, decoded_max) if ref else load_image(path, decoded_max)
     args = (plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation)
     if ref:
-        return image_crops(load_ref_image(path), *args, decoder=plan.decoder, max_resized=plan.setting("max_resized_pixels"))
+        return image_crops(load_ref_image(path, decoded_max), *args, decoder=plan.decoder, max_resized=plan.setting("max_resized_pixels"))
     return decode_crops(path, *args, decoder=plan.decoder, max_decoded=decoded_max,
                         max_resized=plan.setting("max_resized_pixels"))
 
