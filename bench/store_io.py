@@ -73,10 +73,10 @@ def _baseline_npy(src: str, out: str, q) -> None:
 
 
 def _vsekit_scan(store: str, out: str, q) -> None:
-    from vsekit.storage.interop import export_scan
+    from vsekit.storage.interop import export_precomp
 
     t = time.perf_counter()
-    export_scan(store, "regions", out)
+    export_precomp(store, "regions", out, layout="scan")
     q.put((time.perf_counter() - t, _peak_mb()))
 
 

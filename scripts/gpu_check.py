@@ -178,13 +178,14 @@ def check_probe(ctx: Ctx):
     # the "pil" decoder's claim: libjpeg-turbo through torchvision decodes to PIL's pixels
     from PIL import Image
 
-    from vsekit.extract.images import decode_rgb, load_image
+    from vsekit.extract import images
+    from vsekit.extract.images import load_image
 
     rng = np.random.default_rng(0)
     img = np.clip(rng.normal(128, 40, (120, 160, 3)), 0, 255).astype(np.uint8)
     p = ctx.work / "probe.jpg"
     Image.fromarray(img).save(p, quality=90)
-    dec = decode_rgb(p)
+    dec = images._decode(p, "pil", None, "shorter", True)[0]   # the full-size decode extraction starts with
     out["decode_jpeg_equals_pil"] = bool(isinstance(dec, np.ndarray) and np.array_equal(dec, np.asarray(load_image(p))))
     ok = out["nms_equal"] and out["roi_align_rel_err"] < 1e-4 and out["decode_jpeg_equals_pil"]
     if ctx.device.startswith("cuda") and not out["cuda_available"]:

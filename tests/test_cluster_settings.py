@@ -62,7 +62,7 @@ def test_gpu_job_runs_one_pinned_single_threaded_worker_per_gpu():
     assert "--nworkers 2" in script
     assert "--preload vsekit.cluster_pin" in script and "--resources GPU=1" in script
     assert "--lifetime 3240s" in script and "--lifetime-stagger 90s" in script   # 6 min before walltime
-    assert slurm({"cores": 8, "gpus": 2}).decode_threads() == 4   # each worker decodes with 4 threads
+    assert slurm({"cores": 8, "gpus": 2}).task_cpus() == 4   # each worker decodes with its 4 cores' threads
 
 
 @pytest.mark.parametrize("device, settings", [("auto", {"cores": 2}), ("cpu", {"cores": 2, "gpus": 1})])
@@ -154,3 +154,50 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_and_works_off_the_main_thread():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["{'cls':", "'SLURMCluster'}", "True"], res.stdout
+
+
+def _count_parses(monkeypatch) -> list[str]:
+    """Every text ``parse_cluster`` is asked to parse (a ClusterSpec passed on is not a parse)."""
+    import vsekit.cluster as cluster
+
+    real, texts = cluster.parse_cluster, []
+
+    def counting(spec, settings=None):
+        if isinstance(spec, str) and spec:
+            texts.append(spec)
+        return real(spec, settings)
+
+    monkeypatch.setattr(cluster, "parse_cluster", counting)
+    return texts
+
+
+def test_vsekit_run_parses_its_cluster_once_and_hands_every_stage_the_spec(tmp_path, monkeypatch):
+    """Before: --cluster travelled as text and each stage parsed it again (SLURM settings through a
+    context variable). Now `vsekit run` parses it once, with the pipeline's `cluster:` settings."""
+    texts = _count_parses(monkeypatch)
+    f = tmp_path / "p.yaml"
+    f.write_text("pipelines:\n"
+                 "  p:\n"
+                 "    cluster: {queue: gpu}\n"
+                 "    stages:\n"
+                 f"      - {{stage: tokenize, store: {tmp_path}/s.zarr}}\n"
+                 f"      - {{stage: tokenize, id: again, store: {tmp_path}/t.zarr, cluster: 'slurm:1'}}\n")
+    res = CliRunner().invoke(main, ["run", "p", "--file", str(f), "--dry-run", "--cluster", "slurm:2"])
+    assert res.exit_code == 0, res.output
+    assert texts == ["slurm:2"]   # once, for the whole run; the stage's own is replaced
+    assert res.output.count("--cluster slurm:2") == 2
+    texts.clear()
+    res = CliRunner().invoke(main, ["run", "p", "--file", str(f), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert texts == ["slurm:1"]   # the one stage that names a cluster: parsed once, when it is resolved
+
+
+def test_a_command_parses_its_cluster_once(demo_store, monkeypatch, tmp_path):
+    """`vsekit extract --cluster slurm-array:1` (no sbatch here: refused after the spec was used)."""
+    texts = _count_parses(monkeypatch)
+    monkeypatch.setenv("PATH", str(tmp_path))   # no sbatch
+    res = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), "--model", "test_resnet",
+                                    "--weights", "none", "--input-size", "32", "--resize", "36",
+                                    "--device", "cpu", "--cluster", "slurm-array:1"])
+    assert res.exit_code == 1 and "`sbatch` is not on the PATH" in res.output, res.output
+    assert texts == ["slurm-array:1"]

@@ -301,3 +301,29 @@ def test_standardize_refused_while_another_process_holds_the_lock(tmp_path):
         r = CliRunner().invoke(main, cmd)
         assert r.exit_code == 1 and "'p.z'" in r.output and "being written by" in r.output, r.output
     assert not FeatureStore.open(path).has_features("p.z")
+
+
+def test_fault_points_read_the_environment_once_per_process(monkeypatch):
+    """The fault variables are read at the first point of a process (one module, storage/faults.py),
+    and a point then costs one test of a global: a variable set later in the process is not seen."""
+    from vsekit.storage import faults
+
+    class Killed(Exception):
+        pass
+
+    def exit_(code):
+        raise Killed(code)
+
+    monkeypatch.setattr(faults.os, "_exit", exit_)
+    monkeypatch.setattr(faults, "_hits", {})
+    monkeypatch.delenv("VSEKIT_FAULT", raising=False)
+    monkeypatch.delenv("VSEKIT_PAUSE", raising=False)
+    monkeypatch.setattr(faults, "_config", None)   # as in a new process
+    faults.point("test:here")
+    assert faults._config is False   # off: nothing else is looked at
+    monkeypatch.setenv("VSEKIT_FAULT", "test:here@2")
+    faults.point("test:here")        # not read again: no fault
+    monkeypatch.setattr(faults, "_config", None)   # a new process with the variable set
+    faults.point("test:here")        # the first hit of two
+    with pytest.raises(Killed, match="137"):
+        faults.point("test:here")

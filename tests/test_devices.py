@@ -100,34 +100,43 @@ def test_gpu_assignment_round_robin():
 
 
 def test_local_worker_env_maps_onto_visible_gpus():
-    assert local_worker_env(2, "cpu", 0) == [{}, {}]
+    assert local_worker_env(2, "cpu", 0, None) == [{}, {}]
     assert local_worker_env(3, "cuda", 2, visible="") == [{"CUDA_VISIBLE_DEVICES": v} for v in "010"]
     # a job already restricted to GPUs 5 and 7: worker k gets the k-th of those
     assert local_worker_env(2, "cuda", 2, visible="5,7") == [{"CUDA_VISIBLE_DEVICES": "5"},
                                                              {"CUDA_VISIBLE_DEVICES": "7"}]
 
 
-def test_local_worker_specs_declare_gpu_resource():
-    specs = local_worker_specs(2, "cuda", {"GPU": 1}, n_gpus=2)
+def test_local_worker_specs_declare_gpu_resource(monkeypatch):
+    from vsekit import devices
+
+    monkeypatch.setattr(devices, "cuda_count", lambda: 2)   # the GPUs this process sees
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    specs = local_worker_specs(2, "cuda", {"GPU": 1})
     opts = [s["options"] for s in specs.values()]
     assert [o["env"]["CUDA_VISIBLE_DEVICES"] for o in opts] == ["0", "1"]
     assert all(o["resources"] == {"GPU": 1} and o["nthreads"] == 1 for o in opts)
 
 
-def test_local_cluster_pins_each_worker_to_its_own_gpu():
-    """Started for real (CPU machine, 2 GPUs pretended): each worker process sees one, different GPU,
-    and a task that needs GPU=1 runs on both workers."""
+def test_local_cluster_pins_each_worker_to_its_own_gpu(monkeypatch):
+    """Started for real (CPU machine, 2 GPUs pretended where vsekit counts them, no dask-cuda): each
+    worker process sees one, different GPU, and a task that needs GPU=1 runs on both workers."""
     pytest.importorskip("distributed")
     import os
 
+    from vsekit import cluster, devices
     from vsekit.cluster import cluster_client
+
+    monkeypatch.setattr(devices, "cuda_count", lambda: 2)
+    monkeypatch.setattr(cluster, "_has_dask_cuda", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
     def visible(_):
         import time
         time.sleep(0.2)
         return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
 
-    with cluster_client("local:2", device="cuda", resources={"GPU": 1}, n_gpus=2) as client:
+    with cluster_client("local:2", device="cuda", resources={"GPU": 1}) as client:
         info = client.scheduler_info()["workers"]
         assert sorted(w["resources"].get("GPU") for w in info.values()) == [1, 1]
         envs = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -150,8 +159,9 @@ def test_run_device_sets_every_stage(gpus):
 
 def test_pipeline_cluster_section(tmp_path, monkeypatch):
     from vsekit.cli.pipeline import cluster_settings_of
-    from vsekit.cluster import parse_cluster, pipeline_settings
-    from vsekit.pipeline import load_file
+    from vsekit.cli import main
+    from vsekit.cluster import parse_cluster
+    from vsekit.pipeline import load_file, resolve_pipeline
     from vsekit.pipeline.spec import PipelineError
 
     f = tmp_path / "p.yaml"
@@ -166,9 +176,26 @@ def test_pipeline_cluster_section(tmp_path, monkeypatch):
     assert pf.get("a").cluster == {"queue": "gpu", "walltime": "01:00:00", "cores": 4, "gpus": 1}
     assert pf.get("b").cluster == {"queue": "cpu", "walltime": "01:00:00", "cores": 4}
     monkeypatch.delenv("VSEKIT_CLUSTER_CONFIG", raising=False)
-    with pipeline_settings(cluster_settings_of(pf, "a")):   # what the stages' --cluster slurm:N get
-        assert parse_cluster("slurm:2").settings["queue"] == "gpu"
+    # what a stage's --cluster slurm:N gets: parsed once, with the pipeline's settings, no contextvar
+    assert parse_cluster("slurm:2", cluster_settings_of(pf, "a")).settings["queue"] == "gpu"
     assert parse_cluster("slurm:2").settings == {}
+    f.write_text("cluster: {queue: cpu}\n"
+                 "pipelines:\n"
+                 "  a:\n"
+                 "    cluster: {queue: gpu, gpus: 1}\n"
+                 "    stages: [{stage: tokenize, store: x, cluster: 'slurm:2'}]\n"
+                 "  b:\n"
+                 "    stages: [{stage: tokenize, store: x, cluster: 'slurm:2'}]\n")
+    pf = load_file(str(f))
+    [stage] = resolve_pipeline(pf.get("a"), main, env={}, cluster_settings=cluster_settings_of(pf, "a"))
+    assert stage.values["cluster"].settings == {"queue": "gpu", "gpus": 1}
+    [stage] = resolve_pipeline(pf.get("a"), main, env={}, cluster="slurm:3",
+                               cluster_settings=cluster_settings_of(pf, "a"))   # `vsekit run --cluster`
+    assert (stage.values["cluster"].n, stage.values["cluster"].settings["queue"]) == (3, "gpu")
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", '{"queue": "env"}')   # a pipeline without settings: the user's
+    f.write_text("pipelines:\n  b:\n    stages: [{stage: tokenize, store: x, cluster: 'slurm:2'}]\n")
+    [stage] = resolve_pipeline(load_file(str(f)).get("b"), main, env={}, cluster_settings=None)
+    assert stage.values["cluster"].settings == {"queue": "env"}
     f.write_text("pipelines:\n  a:\n    cluster:\n      partition: gpu\n    stages: [{stage: info, store: x}]\n")
     with pytest.raises(PipelineError, match=r"line 4: cluster: unknown key 'partition'; valid: queue"):
         load_file(str(f))

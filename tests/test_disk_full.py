@@ -153,7 +153,7 @@ def test_unretrieved_write_errors_after_a_full_disk_stay_out_of_the_output(caplo
     import gc
     import logging
 
-    from vsekit.cli import _quiet_unretrieved_write_errors
+    from vsekit.storage.fserrors import _quiet_unretrieved_write_errors
 
     async def fails(exc):
         raise exc

@@ -36,7 +36,7 @@ def test_a_dask_task_decodes_with_threads_sized_where_it_runs(demo_store, monkey
     """Inside a dask worker (a daemon process: no child processes) a task decodes with threads; a
     tcp:// task sizes them on its worker (``auto``: at least 2), as local:N and slurm:N tasks do."""
     from vsekit.extract.distribute import extract_block
-    from vsekit.extract.job import Execution, Job
+    from vsekit.extract.job import Execution, Job, Site
     from vsekit.extract.plan import make_plan
 
     ref = extract(demo_store, workers=0, **OPTS)
@@ -44,9 +44,10 @@ def test_a_dask_task_decodes_with_threads_sized_where_it_runs(demo_store, monkey
     want = fs.data[0:8].copy()
     fs.status[0:8] = 0   # block 0 pending again
     plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=36)
-    worker = ClusterSpec("tcp", address="tcp://x:1", text="tcp://x:1").decode_threads("cpu")
-    assert worker == "auto"
-    job = Job(str(demo_store.path), ref.name, plan, Execution(device="auto", batch_size=4, workers=worker))
+    cpus = ClusterSpec("tcp", address="tcp://x:1", text="tcp://x:1").task_cpus("cpu")
+    assert cpus is None   # a tcp:// worker's cores are seen on the worker
+    job = Job(str(demo_store.path), ref.name, plan, Execution(device="auto", batch_size=4, workers="auto"),
+              site=Site("dask", cpus))
 
     class Daemon:
         daemon = True
@@ -61,22 +62,107 @@ def test_a_dask_task_decodes_with_threads_sized_where_it_runs(demo_store, monkey
     assert (got.status[0:8] == 1).all() and np.array_equal(got.data[0:8], want)
 
 
+def _dask_threads(spec: ClusterSpec, device: str, cpus: int | None = None, workers="auto") -> int:
+    """The decoding threads of one dask task of ``spec``, as resolved on its worker (extract/site.py)."""
+    from vsekit.extract.job import Execution, Site
+    from vsekit.extract.site import resolve
+
+    return resolve(Execution(device="cpu", workers=workers), Site("dask", spec.task_cpus(device, cpus))).run.workers
+
+
 def test_every_cluster_kind_gets_parallel_decoding():
     """Before: local:N and tcp:// got 0 decoding threads, slurm:N cores // workers with cores 1."""
-    assert ClusterSpec("local", 2).decode_threads("cpu", cpus=2) == 2
-    assert ClusterSpec("local", 2).decode_threads("cpu", cpus=16) == 8
-    assert ClusterSpec("slurm", 2, settings={}).decode_threads("cpu") == 2
-    assert ClusterSpec("slurm", 2, settings={"gpus": 1}).decode_threads("cuda") == 6   # the GPU default cores
-    assert ClusterSpec("slurm", 2, settings={"cores": 8, "gpus": 2}).decode_threads("cuda") == 4
-    assert ClusterSpec("tcp", address="tcp://h:1").decode_threads("cuda") == "auto"
+    assert _dask_threads(ClusterSpec("local", 2), "cpu", cpus=2) == 2
+    assert _dask_threads(ClusterSpec("local", 2), "cpu", cpus=16) == 8
+    assert _dask_threads(ClusterSpec("slurm", 2, settings={}), "cpu") == 2
+    assert _dask_threads(ClusterSpec("slurm", 2, settings={"gpus": 1}), "cuda") == 6   # the GPU default cores
+    assert _dask_threads(ClusterSpec("slurm", 2, settings={"cores": 8, "gpus": 2}), "cuda") == 4
+    assert ClusterSpec("tcp", address="tcp://h:1").task_cpus("cuda") is None   # sized on the worker
+    assert _dask_threads(ClusterSpec("tcp", address="tcp://h:1"), "cuda") >= 2
 
 
-def test_local_cluster_run_decodes_with_threads(demo_store):
+def test_one_function_resolves_an_execution_for_every_site(monkeypatch):
+    """Device, decoding workers, how they decode and the prefetch come from one call, on the site
+    where the task runs; "at least 2" holds on cluster sites only; an explicit number is kept."""
+    from vsekit.extract.job import Execution, Site
+    from vsekit.extract.site import resolve
+    from vsekit.extract.throughput import decode_workers
+
+    here = resolve(Execution(device="auto", workers="auto", prefetch=3), Site("in-process", 2))
+    assert (here.run.device, here.run.workers, here.run.prefetch) == ("cpu", decode_workers("auto", "cpu", cpus=2), 3)
+    assert here.decoding == "processes" and here.notes == ()
+    array = resolve(Execution(device="cpu", workers="auto"), Site("array", 1))
+    assert array.run.workers == 2 and array.decoding == "processes"   # 1 core: still 2, decoding overlaps
+    assert resolve(Execution(device="cpu", workers=0), Site("array", 8)).decoding == "in-thread"
+    assert resolve(Execution(device="cpu", workers=5), Site("array", 1)).run.workers == 5
+    with pytest.raises(ValueError, match="--prefetch must be >= 1"):
+        resolve(Execution(device="cpu", prefetch=0), Site("in-process"))
+
+
+def test_a_dask_workers_given_count_is_kept_and_noted(monkeypatch):
+    """Before: on dask, --workers N was silently replaced by the cluster's own thread count. Now the
+    task keeps N (as threads: a dask worker is a daemon process) and says so in a note."""
+    from vsekit.extract.job import Execution, Site
+    from vsekit.extract.site import resolve
+
+    class Daemon:
+        daemon = True
+        name = "Dask Worker process"
+
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: Daemon())
+    got = resolve(Execution(device="cpu", workers=3), Site("dask", 8))
+    assert got.run.workers == 3 and got.decoding == "threads"
+    assert len(got.notes) == 1 and got.notes[0].startswith("--workers 3: 3 decoding threads, not processes")
+    auto = resolve(Execution(device="cpu", workers="auto"), Site("dask", 8))
+    assert auto.run.workers == 8 and auto.notes == ()   # auto is the worker's share: nothing to note
+
+
+def test_workers_and_prefetch_reach_an_array_tasks_execution(tmp_path):
+    """Before: the array's spec was a hand-built dict without --workers and --prefetch (each task
+    used auto and 2). Now the whole Execution is serialised and each task resolves it."""
+    from types import SimpleNamespace
+
+    from vsekit.extract.array import task_execution, task_spec
+    from vsekit.extract.job import Execution, Job
+    from vsekit.extract.plan import make_plan
+
+    plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=36)
+    run = Execution(device="cpu", batch_size=7, workers=3, prefetch=5, pin_memory="off", channels_last=False,
+                    strict=True)
+    store = SimpleNamespace(path=tmp_path / "s.zarr")
+    fs = SimpleNamespace(name="x", attrs={"config_hash": "h"})
+    spec = json.loads(json.dumps(task_spec(store, fs, Job(str(store.path), "x", plan, run), 2, "tok")))
+    got = task_execution(spec, cpus=1).run
+    assert (got.workers, got.prefetch, got.batch_size, got.pin_memory, got.channels_last, got.strict) == \
+        (3, 5, 7, "off", False, True)
+    assert got.progress is False   # a batch log draws no bar
+    assert task_execution(dict(spec, run=dict(spec["run"], workers="auto")), cpus=1).run.workers == 2
+
+
+def test_a_value_that_cannot_apply_is_noted_and_recorded(demo_store, capsys):
+    """--pin-memory on with the CPU: nothing to pin. Said once and kept in the set's attrs."""
+    res = extract(demo_store, name="pinned", workers=0, pin_memory="on", **OPTS)
+    fs = FeatureStore.open(demo_store.path).features(res.name)
+    assert fs.attrs["execution_notes"] == ["--pin-memory on: the tasks run on cpu, where there is nothing "
+                                           "to pin; batches are not pinned"]
+    assert "vsekit: note: --pin-memory on: the tasks run on cpu" in capsys.readouterr().err
+    again = extract(demo_store, name="pinned", workers=0, overwrite=True, **OPTS)
+    assert FeatureStore.open(demo_store.path).features(again.name).attrs["execution_notes"] == []
+
+
+def test_local_cluster_run_decodes_with_threads(demo_store, capfd):
     pytest.importorskip("distributed")
     res = extract(demo_store, cluster="local:2", **OPTS)
     assert res.done == demo_store.n_images
     assert res.decoding["threads"] >= 2 and res.decoding["processes"] == 1, res.decoding
     assert res.devices == ["cpu"]
+    assert FeatureStore.open(demo_store.path).features(res.name).attrs["execution_notes"] == []
+    # --workers 3 on dask: kept (3 threads per task, not replaced), said once and recorded
+    three = extract(demo_store, name="three", cluster="local:2", workers=3, **OPTS)
+    assert 2 <= three.decoding["threads"] <= 3 and three.decoding["processes"] == 1, three.decoding
+    notes = FeatureStore.open(demo_store.path).features("three").attrs["execution_notes"]
+    assert len(notes) == 1 and notes[0].startswith("--workers 3: 3 decoding threads, not processes")
+    assert capfd.readouterr().err.count("vsekit: note: --workers 3: 3 decoding threads") == 1
 
 
 def _job_script(settings, device):
@@ -170,7 +256,7 @@ def test_an_array_without_gpus_says_its_tasks_run_on_cpu(demo_store, tmp_path, m
     attrs = FeatureStore.open(demo_store.path).features("test_resnet_global").attrs
     assert "ask for no GPU" in attrs["device_note"]
     spec = json.loads((demo_store.path / ".vsekit" / "arrays" / "test_resnet_global" / "spec.json").read_text())
-    assert spec["device"] == "auto"   # resolved by each task on its node
+    assert spec["run"]["device"] == "auto"   # resolved by each task on its node
 
 
 def test_an_array_task_decodes_with_worker_processes(demo_store, tmp_path, monkeypatch, capfd):
@@ -193,16 +279,31 @@ def test_an_array_task_decodes_with_worker_processes(demo_store, tmp_path, monke
     assert fs.counts()["done"] == demo_store.n_images
 
 
-def test_prefetch_is_an_option_of_the_cli_and_of_extract(demo_store):
+def test_prefetch_is_an_option_of_the_cli_and_of_extract(demo_store, monkeypatch):
     """An option added as one field of Execution (extract/job.py) is a CLI flag and a keyword of
-    extract() at once; the features do not depend on it."""
+    extract() at once, and reaches the decoders (a prefetch dropped on the way fails here); the
+    features do not depend on it."""
     from click.testing import CliRunner
 
     from vsekit.cli import main
+    from vsekit.extract import reader, rows
 
+    seen = []
+
+    def spy(dataset, batches, workers, pin=False, prefetch=2, threads=False):
+        seen.append((workers, prefetch))
+        return reader.decoded(dataset, batches, workers, pin, prefetch, threads)
+
+    monkeypatch.setattr(rows, "decoded", spy)
     a = extract(demo_store, name="a", workers=1, prefetch=1, **OPTS)
     b = extract(demo_store, name="b", workers=1, prefetch=4, **OPTS)
     assert a.done == b.done == demo_store.n_images
+    assert seen == [(1, 1), (1, 4)]   # the decoders were asked for 1, then 4 batches ahead
+    cli = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), "--model", "test_resnet",
+                                    "--weights", "none", "--input-size", "32", "--resize", "36", "--name", "c",
+                                    "--device", "cpu", "--workers", "1", "--prefetch", "3", "--no-progress"])
+    assert cli.exit_code == 0, cli.output
+    assert seen[-1] == (1, 3)
     fs = FeatureStore.open(demo_store.path)
     np.testing.assert_array_equal(fs.features("a").data[:], fs.features("b").data[:])
     res = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), "--model", "test_resnet",

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from vsekit.cli import main
 from vsekit.storage import FeatureStore, StoreError, ingest_precomp
-from vsekit.storage.interop import export_scan, export_vsepp, ingest_hdf5
+from vsekit.storage.interop import export_precomp, ingest_hdf5
 
 
 def _fill(store: FeatureStore, name: str, row_shape, dtype, seed=0, block_rows=5, kind="global", extra=None):
@@ -58,14 +58,14 @@ def test_vsepp_files_and_round_trip(demo_store, tmp_path):
 def test_scan_round_trip_regions_and_grid(demo_store, tmp_path):
     regs = _fill(demo_store, "reg", (36, 4), np.float16, kind="regions",
                  extra={"boxes": ((36, 4), "float32"), "count": ((), "int16")})
-    export_scan(demo_store, "reg", tmp_path / "s")
+    export_precomp(demo_store, "reg", tmp_path / "s", layout="scan")
     ims = np.load(tmp_path / "s" / "train_ims.npy")
     assert ims.shape == (len(demo_store.split_rows("train")), 36, 4) and ims.dtype == np.float16
     back, _ = ingest_precomp(tmp_path / "s", tmp_path / "back.zarr", name="reg")
     fs = back.features("reg", {"kind": "regions"})
     assert np.array_equal(fs.data[:], regs[_split_order(demo_store)])
     grid = _fill(demo_store, "grid", (2, 2, 3), np.float16, kind="grid")
-    export_scan(demo_store, "grid", tmp_path / "gr", splits=["val"], dtype="float32")
+    export_precomp(demo_store, "grid", tmp_path / "gr", splits=["val"], dtype="float32", layout="scan")
     ims = np.load(tmp_path / "gr" / "dev_ims.npy")
     assert ims.dtype == np.float32
     assert np.array_equal(ims, grid[demo_store.split_rows("val")].reshape(-1, 4, 3).astype(np.float32))
@@ -109,26 +109,26 @@ def test_export_refusals(demo_store, tmp_path):
     regs = demo_store.create_features("half", (3, 2), np.float16, attrs={"kind": "regions"}, block_rows=4)
     regs.write_block(0, np.ones((4, 3, 2)))
     with pytest.raises(StoreError, match="'half' is incomplete: 20 of 24 rows are pending"):
-        export_scan(demo_store, "half", tmp_path / "o")
+        export_precomp(demo_store, "half", tmp_path / "o", layout="scan")
     for b in regs.blocks()[1:]:
         regs.write_block(b, np.ones((len(b), 3, 2)), status=np.r_[2, np.ones(len(b) - 1)])
     regs.record_errors({4: "unreadable JPEG"})
     with pytest.raises(StoreError, match=r"'half' has 5 failed rows; first: row 4 \(id [^)]+\): unreadable JPEG\. "
                                          r"The scan layout needs features for every image: pass --drop-failed") as err:
-        export_scan(demo_store, "half", tmp_path / "o")
+        export_precomp(demo_store, "half", tmp_path / "o", layout="scan")
     assert len(str(err.value)) < 400 and "--retry-failed" not in str(err.value)   # was ~1,100 characters
     with pytest.raises(StoreError, match="the vsepp layout holds one vector per image"):
         _fill(demo_store, "r2", (3, 2), np.float16, kind="regions")
-        export_vsepp(demo_store, "r2", tmp_path / "o")
+        export_precomp(demo_store, "r2", tmp_path / "o", layout="vsepp")
     with pytest.raises(StoreError, match="the scan layout holds"):
-        export_scan(demo_store, "g", tmp_path / "o")
+        export_precomp(demo_store, "g", tmp_path / "o", layout="scan")
     with pytest.raises(StoreError, match=r"image row \d+ \(id \d+\) has 5 captions; .* needs 6"):
-        export_vsepp(demo_store, "g", tmp_path / "o", captions_per_image=6)
+        export_precomp(demo_store, "g", tmp_path / "o", captions_per_image=6, layout="vsepp")
     r = CliRunner().invoke(main, ["export", "vsepp", "--store", str(demo_store.path), "--features", "nope",
                                   "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "no feature set 'nope'" in r.output and "it has: g, half, r2" in r.output
     with pytest.raises(ValueError, match="unknown split 'dev'"):
-        export_vsepp(demo_store, "g", tmp_path / "o", splits=["dev"])
+        export_precomp(demo_store, "g", tmp_path / "o", splits=["dev"], layout="vsepp")
 
 
 def test_export_vocab(demo_store, tmp_path):
@@ -208,7 +208,7 @@ def test_coco_testall_and_restval_into_train_read_by_reference_loader(tmp_path):
     with pytest.raises(IndexError):  # what the warning is about
         ds[4999]
     # without COCO in the name (or with --no-testall) test is the whole split
-    summary = export_vsepp(store, "g", tmp_path / "plain", testall=False, splits=["test"])
+    summary = export_precomp(store, "g", tmp_path / "plain", testall=False, splits=["test"], layout="vsepp")
     assert list(summary["splits"]) == ["test"] and summary["splits"]["test"]["images"] == 1200
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vsekit.extract.images import (DECODERS, DEFAULT_DECODER, ImageError, decode_crops, decode_rgb, decoder_attrs,
+from vsekit.extract.images import (DECODERS, DEFAULT_DECODER, ImageError, decode_crops, decoder_attrs,
                                    hash_settings, image_crops, load_image, make_crops)
 
 pytest.importorskip("torchvision")
@@ -58,6 +58,16 @@ def files(tmp_path_factory):
     Image.fromarray(photo(150, 131, 9)).save(root / "p.png")
     out["png"] = root / "p.png"
     return out
+
+
+def decode_rgb(path, decoder=DEFAULT_DECODER):
+    """The full-size decode every ``decode_crops`` starts with (libjpeg-turbo where it can), as the
+    extraction runs it: ``images._decode`` with the fast JPEG path and no resize target."""
+    from pathlib import Path
+
+    from vsekit.extract import images
+
+    return images._decode(Path(path), decoder, None, "shorter", True)[0]
 
 
 def test_decode_rgb_equals_pil_for_every_jpeg_kind(files):
@@ -159,16 +169,12 @@ def test_errors_are_the_old_ones_under_every_decoder(tmp_path, monkeypatch):
             with pytest.raises(ImageError) as new:
                 decode_crops(tmp_path / name, 24, 20, 10, decoder=dec)
             assert str(new.value) == str(old.value)
-    monkeypatch.setenv("VSEKIT_MAX_DECODED_PIXELS", "1000")
     for dec in DECODERS:
         with pytest.raises(ImageError, match="40x30 is over the decoded pixel budget"):
-            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec)
-    monkeypatch.delenv("VSEKIT_MAX_DECODED_PIXELS")
-    monkeypatch.setenv("VSEKIT_MAX_RESIZED_PIXELS", "500")
+            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec, max_decoded=1000)
     for dec in DECODERS:
         with pytest.raises(ImageError, match="40x30 resized to 32x24 would be over the resized pixel budget"):
-            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec)
-    monkeypatch.delenv("VSEKIT_MAX_RESIZED_PIXELS")
+            decode_crops(tmp_path / "ok.jpg", 24, 20, 1, decoder=dec, max_resized=500)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 500)
     for dec in DECODERS:
         with pytest.raises(ImageError, match="decompression-bomb"):

@@ -108,21 +108,19 @@ def test_resize_matches_torchvision_resize(wh, interp):
 
 # --- pixel budgets (issue 19: a thin image must not exhaust memory) -------------------------------------
 def test_pixel_budgets_fail_before_decoding_or_resizing(tmp_path, monkeypatch, rgb):
-    from vsekit.extract.images import ENV_DECODED, ENV_RESIZED, pixel_budgets
+    from vsekit.extract.images import pixel_budgets
 
     assert pixel_budgets() == (Image.MAX_IMAGE_PIXELS, 16_000_000)
+    assert pixel_budgets(1000, 500) == (1000, 500)
     Image.fromarray(rgb).save(tmp_path / "ok.png")  # 40x30 = 1200 px
-    monkeypatch.setenv(ENV_DECODED, "1000")
-    with pytest.raises(ImageError, match="40x30 is over the decoded pixel budget"):
-        load_image(tmp_path / "ok.png")
-    monkeypatch.delenv(ENV_DECODED)
+    with pytest.raises(ImageError, match="40x30 is over the decoded pixel budget .*--max-decoded-pixels"):
+        load_image(tmp_path / "ok.png", max_decoded=1000)
     img = load_image(tmp_path / "ok.png")
-    monkeypatch.setenv(ENV_RESIZED, "500")
     with pytest.raises(ImageError, match="resized to 32x24 would be over the resized pixel budget"):
-        resize(img, 24)
-    monkeypatch.setenv(ENV_RESIZED, "lots")
-    with pytest.raises(ValueError, match="VSEKIT_MAX_RESIZED_PIXELS"):
-        pixel_budgets()
+        resize(img, 24, max_resized=500)
+    monkeypatch.setenv("VSEKIT_MAX_RESIZED_PIXELS", "500")   # the environment decides nothing (it used to)
+    monkeypatch.setenv("VSEKIT_MAX_DECODED_PIXELS", "1000")
+    assert resize(load_image(tmp_path / "ok.png"), 24).size == (32, 24)
 
 
 def test_thin_image_is_marked_failed_without_resizing(tmp_path, monkeypatch):

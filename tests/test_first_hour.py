@@ -254,7 +254,7 @@ def test_counts_of_one_are_singular(tmp_path):
     """Issue 34, item 5: "ran 1 blocks", "1 failed rows", "1 stages"."""
     from vsekit.extract.runner import ExtractResult
     from vsekit.fne.derived import Result
-    from vsekit.storage.interop import export_vsepp
+    from vsekit.storage.interop import export_precomp
 
     text = ExtractResult("x", n_rows=1, done=1, failed=0, pending=0, blocks_run=1, blocks_skipped=0, seconds=1.0,
                          images=1).summary()
@@ -266,7 +266,7 @@ def test_counts_of_one_are_singular(tmp_path):
     status[2] = 2
     fs.status[:] = status
     with pytest.raises(StoreError, match=r"'g' has 1 failed row; first: row 2 \(id 2\): no reason recorded\. "):
-        export_vsepp(store, "g", tmp_path / "o", captions_per_image=1)
+        export_precomp(store, "g", tmp_path / "o", layout="vsepp", captions_per_image=1)
     (tmp_path / "p.yaml").write_text("pipelines:\n  one:\n    description: d\n    stages:\n"
                                      f"      - {{stage: info, store: {store.path}}}\n")
     res = CliRunner().invoke(main, ["run", "one", "--file", str(tmp_path / "p.yaml")])

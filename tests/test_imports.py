@@ -255,4 +255,73 @@ def test_image_error_lives_in_storage(tmp_path):
         shards.read_bytes(f"{tmp_path}/nope.tar::a.jpg@0+10")
     graph = import_graph()
     uses = {m for m in graph["vsekit.storage.sources.shards"] if m.startswith("vsekit.extract")}
-    assert uses <= {"vsekit.extract.images"}   # decoding only (to_rgb), not the error
+    assert uses == set()   # it reads the bytes; extraction decodes them (extract.images.load_ref_image)
+
+
+# --- layers (docs/architecture.md, "Layers") ---------------------------------------------------------
+#: bottom up; a module belongs to the layer of its longest matching prefix ("vsekit" alone: only the
+#: package itself); it may import its own layer and those below, never one above
+LAYERS = (
+    ("foundation", ("vsekit", "vsekit.version", "vsekit.suggest", "vsekit.digest", "vsekit.interrupts",
+                    "vsekit.allocator", "vsekit.devices", "vsekit.cluster", "vsekit.cluster_pin")),
+    ("storage", ("vsekit.storage",)),
+    ("stages", ("vsekit.extract", "vsekit.fne", "vsekit.tokenize", "vsekit.models", "vsekit.train",
+                "vsekit.report")),
+    ("pipeline", ("vsekit.pipeline",)),
+    ("cli", ("vsekit.cli",)),
+)
+
+
+def layer_of(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for level, (_name, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            exact_only = p == "vsekit"
+            if module == p or (not exact_only and module.startswith(p + ".")):
+                if best is None or len(p) > best[1]:
+                    best = (level, len(p))
+    return None if best is None else best[0]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above its own, as ``a (layer) -> b (layer)``."""
+    out = []
+    for m, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            lm, lt = layer_of(m), layer_of(t)
+            if lm is not None and lt is not None and lt > lm:
+                out.append(f"{m} ({LAYERS[lm][0]}) -> {t} ({LAYERS[lt][0]})")
+    return out
+
+
+def test_every_module_is_in_a_layer():
+    assert [m for m in import_graph() if layer_of(m) is None] == []
+
+
+def test_imports_go_only_sideways_or_down():
+    """The layer rule of docs/architecture.md over the whole import graph, imports inside functions
+    and dynamic ones included."""
+    found = upward_imports(import_graph())
+    assert found == [], "upward imports: " + "; ".join(found)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """A storage module importing a stage inside a function is caught; a stage importing storage is not."""
+    (tmp_path / "mod.py").write_text("def later():\n    from ..extract import images\n    return images\n")
+    known = {"vsekit.storage.mod", "vsekit.extract", "vsekit.extract.images"}
+    edges = _imports("vsekit.storage.mod", tmp_path / "mod.py", known)
+    assert edges == {"vsekit.extract.images"}
+    assert upward_imports({"vsekit.storage.mod": edges}) == [
+        "vsekit.storage.mod (storage) -> vsekit.extract.images (stages)"]
+    assert upward_imports({"vsekit.extract.images": {"vsekit.storage.base"}, "vsekit.cli": {"vsekit.pipeline"},
+                           "vsekit.fne.derived": {"vsekit.extract.job"}}) == []
+    assert upward_imports({"vsekit.cluster": {"vsekit.storage.store"}}) != []
+
+
+def test_the_architecture_page_names_every_layer():
+    text = (ROOT.parents[1] / "docs" / "architecture.md").read_text()
+    layers = text[text.index("## Layers"):text.index("## Extraction")]
+    for _name, prefixes in LAYERS:
+        for p in prefixes:
+            path = "src/" + p.replace(".", "/") + ("" if p in ("vsekit",) else "")
+            assert path in layers or path + ".py" in layers or path + "/" in layers, p

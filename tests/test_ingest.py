@@ -326,10 +326,10 @@ def test_butd_new_store_fixed_and_adaptive(tmp_path):
         assert np.array_equal(data[row, :n], feats.astype(np.float32))
         assert not data[row, n:].any() and not fs.array("boxes")[row, n:].any()
     assert fs.array("image_size")[0].tolist() == [640, 480]
-    from vsekit.storage.interop import export_scan  # a caption-less store cannot become a precomp folder
+    from vsekit.storage.interop import export_precomp  # a caption-less store cannot become a precomp folder
 
     with pytest.raises(StoreError, match="has no captions; the scan layout needs 5 captions per image"):
-        export_scan(store, "regions", tmp_path / "out")
+        export_precomp(store, "regions", tmp_path / "out", layout="scan")
 
 
 def test_butd_into_existing_store(demo_store, tmp_path):

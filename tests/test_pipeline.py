@@ -524,7 +524,8 @@ def test_fingerprint_ignores_where_a_stage_runs_but_not_its_input_files(tmp_path
     spec = load_file(path).get("toy")
     plain_fps = [fingerprint(s, "") for s in resolve_pipeline(spec, _group(), env={})]
     clustered = resolve_pipeline(spec, _group(), env={}, cluster="local:3")
-    assert clustered[2].values["cluster"] == "local:3" and "--cluster" in clustered[2].argv()
+    assert (clustered[2].values["cluster"].kind, clustered[2].values["cluster"].n) == ("local", 3)   # parsed once
+    assert "--cluster" in clustered[2].argv()
     assert [fingerprint(s, "") for s in clustered] == plain_fps
     _run(path)
     result, out = _run(path)
@@ -561,3 +562,21 @@ def test_stage_outputs_are_named_by_the_stages_themselves(monkeypatch):
     monkeypatch.setattr(discretize, "output_name", lambda features, name=None: name or f"{features}.q")
     assert made("standardize", features="f") == ["f.std"]
     assert made("fne", features="f") == ["f.std", "f.std.q"]
+
+
+def test_stages_run_as_functions_with_typed_values_not_through_the_command_line(tmp_path, monkeypatch):
+    """Before: each stage was run by `cli.main(args=argv)`, its values turned back into text and parsed
+    again. Now the stage's command function is called with the typed values; no command line is parsed."""
+    parsed: list[list[str]] = []
+    real = click.Command.parse_args
+
+    def spy(self, ctx, args):
+        if args:
+            parsed.append(list(args))
+        return real(self, ctx, args)
+
+    monkeypatch.setattr(click.Command, "parse_args", spy)
+    path = _toy(tmp_path)
+    result, _out = _run(path)
+    assert result.ran == ["demo-data", "ingest-karpathy", "feats", "standardize", "evaluate"]
+    assert parsed == []

@@ -237,12 +237,20 @@ def test_short_row_softmax_matches_torch():
 
 
 def test_sgraf_average_is_mean_of_saf_and_sgr():
+    """SGRAF's score is the mean of SAF's and SGR's: what evaluation runs (``EnsembleScorer``, used by
+    ``vsekit evaluate RUN_SAF RUN_SGR``), against the two models' own scores in eval mode, in float64."""
+    from vsekit.train.scoring import EnsembleScorer
+
     saf, sgr = make("saf", "self-attention", seed=6), make("sgr", "self-attention", seed=7)
     feats, tokens = inputs(6)
     with torch.no_grad():
-        avg = sgraf_mod.average_scores([saf, sgr], feats, COUNTS, tokens, LENGTHS)
-        s1 = saf.score(saf.encode_images(feats, COUNTS), saf.encode_captions(tokens, LENGTHS))
-        s2 = sgr.score(sgr.encode_images(feats, COUNTS), sgr.encode_captions(tokens, LENGTHS))
+        saf.eval(), sgr.eval()
+        enc = [(m.encode_images(feats, COUNTS), m.encode_captions(tokens, LENGTHS)) for m in (saf, sgr)]
+        s1 = saf.score(*enc[0]).double()
+        s2 = sgr.score(*enc[1]).double()
+        saf.train(), sgr.train()
+        avg = EnsembleScorer([saf, sgr], enc)(slice(0, 6), slice(0, len(LENGTHS))).double()
+    assert saf.training and sgr.training   # the scorer leaves the models as it found them
     assert torch.allclose(avg, (s1 + s2) / 2, atol=1e-6)
     assert not torch.allclose(avg, s1) and not torch.allclose(avg, s2)
 

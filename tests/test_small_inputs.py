@@ -45,10 +45,9 @@ def test_decoded_budget_counts_bytes_so_a_16_bit_image_counts_double(tmp_path, m
     Image.fromarray(a).save(tmp_path / "wide.png")                       # 16-bit grayscale
     Image.fromarray((a // 257).astype(np.uint8)).save(tmp_path / "narrow.png")
     assert Image.open(tmp_path / "wide.png").mode.startswith("I;16")
-    monkeypatch.setenv("VSEKIT_MAX_DECODED_PIXELS", "15000")            # 10,000 pixels fit, 20,000 bytes do not
-    assert load_image(tmp_path / "narrow.png").size == (100, 100)
+    # 10,000 pixels fit in 15,000, 20,000 bytes do not
+    assert load_image(tmp_path / "narrow.png", max_decoded=15000).size == (100, 100)
     with pytest.raises(ImageError, match=r"100x100 x 2 bytes per sample \(I;16.*\) is over the decoded pixel budget"):
-        load_image(tmp_path / "wide.png")
-    monkeypatch.setenv("VSEKIT_MAX_DECODED_PIXELS", "20000")
-    rgb = np.asarray(load_image(tmp_path / "wide.png"))
+        load_image(tmp_path / "wide.png", max_decoded=15000)
+    rgb = np.asarray(load_image(tmp_path / "wide.png", max_decoded=20000))
     np.testing.assert_array_equal(rgb[..., 0], np.rint(a / 257.0).astype(np.uint8))

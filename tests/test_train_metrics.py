@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from vsekit.train.evaluation import (
-    average_metrics, evaluate_protocol, format_table, metrics_from_ranks, protocol_folds, ranks_from_matrix,
+    average_metrics, evaluate_protocol, format_table, metrics_from_ranks, protocol_folds,
 )
 
 # three images with 4, 5 and 6 captions
@@ -128,3 +128,15 @@ def test_cat_pads_per_word_encodings_of_different_batches():
     assert torch.equal(words[2], b[0][0])
     assert mask.dtype == torch.bool and not mask[:2, 3:].any() and mask[2].all()
     assert torch.equal(take((words, mask), slice(2, 3))[1], b[1])
+
+
+def ranks_from_matrix(sims, caption_image, **kw):
+    """Ranks of an in-memory (n_images, n_captions) similarity matrix, through the evaluation's own
+    blockwise ``compute_ranks`` (float64 scores)."""
+    import numpy as np
+    import torch
+
+    from vsekit.train.evaluation import compute_ranks
+
+    sims_t = torch.as_tensor(np.asarray(sims, dtype=np.float64))
+    return compute_ranks(lambda i, c: sims_t[i][:, c], sims_t.shape[0], np.asarray(caption_image), **kw)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from vsekit.cli import main
 from vsekit.train import train
-from vsekit.train.evaluation import metrics_from_ranks, ranks_from_matrix
+from vsekit.train.evaluation import metrics_from_ranks
 
 torch.set_num_threads(1)
 
@@ -168,3 +168,15 @@ def test_every_model_learns_the_demo_data(store_path, tmp_path, model):
     tests/test_learning_seeds.py runs seeds 0-19 (worst values in its docstring)."""
     best, bar, s = learns_the_demo_data(store_path, tmp_path / model, model, seed=0, chance=chance_rsum(store_path))
     assert best >= bar, (model, bar, s)
+
+
+def ranks_from_matrix(sims, caption_image, **kw):
+    """Ranks of an in-memory (n_images, n_captions) similarity matrix, through the evaluation's own
+    blockwise ``compute_ranks`` (float64 scores)."""
+    import numpy as np
+    import torch
+
+    from vsekit.train.evaluation import compute_ranks
+
+    sims_t = torch.as_tensor(np.asarray(sims, dtype=np.float64))
+    return compute_ranks(lambda i, c: sims_t[i][:, c], sims_t.shape[0], np.asarray(caption_image), **kw)

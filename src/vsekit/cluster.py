@@ -17,9 +17,9 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   runs G single-threaded workers, each pinned to one of them (:mod:`vsekit.cluster_pin`); its
   ``cores`` are the decoding threads of its workers. The device is resolved on the workers.
   ``--cluster`` is parsed once, at the edge (:func:`parse_cluster` → :class:`ClusterSpec`, settings
-  included): the settings are the caller's, else the ``cluster:`` section of the running
-  ``vsekit run`` pipeline (:func:`pipeline_settings`), else the user's ``$VSEKIT_CLUSTER_CONFIG``
-  (JSON); dask-jobqueue's own config fills the rest. A GPU job gets 6 cores and 16 GB per GPU
+  included): the settings are the caller's (``vsekit run`` passes its pipeline's ``cluster:``
+  section), else the user's ``$VSEKIT_CLUSTER_CONFIG`` (JSON, read here only); dask-jobqueue's own
+  config fills the rest. The parsed spec is what every stage receives. A GPU job gets 6 cores and 16 GB per GPU
   unless its settings say otherwise, and no vsekit worker pauses for memory (:data:`NO_PAUSE`).
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
@@ -28,7 +28,6 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import os
 import signal
@@ -119,24 +118,23 @@ class ClusterSpec:
             return "cuda" if is_cuda(device) else "auto"
         return device
 
-    def decode_threads(self, device: str = "cpu", cpus: int | None = None) -> int | str:
-        """Decoding threads per task (a dask worker is a daemon process: threads, not processes),
-        at least 2 so that decoding overlaps the model: a SLURM job's ``cores`` shared by its
-        workers; ``local:N``: this machine's cores shared by the N workers; ``tcp://``: ``auto``,
-        sized on each worker from the cores it may use."""
+    def task_cpus(self, device: str = "cpu", cpus: int | None = None) -> int | None:
+        """The CPU cores of one task (a dask worker is single-threaded: its decoding threads share
+        them): a SLURM job's ``cores`` shared by its workers; ``local:N``: this machine's cores
+        shared by the N workers; ``tcp://``: None, the cores of each worker, seen there. The task
+        sizes its decoding from them (:func:`vsekit.extract.site.resolve`)."""
         if self.kind == "tcp":
-            return "auto"
+            return None
         if self.kind == "local":
             cpus = cpus if cpus is not None else (os.cpu_count() or 1)
-            return max(MIN_DECODE_THREADS, cpus // max(1, self.n))
+            return max(1, cpus // max(1, self.n))
         s = self.settings
         gpus = self.gpus_per_job(device) if self.kind == "slurm" else 0
         cores = int(s.get("cores", 0) or 0) or job_cores(gpus)
         workers = int(s.get("processes", 0) or 0) or (gpus or int(s.get("gpus", 0) or 0) or cores)
-        return max(MIN_DECODE_THREADS, cores // max(1, workers))
+        return max(1, cores // max(1, workers))
 
 
-MIN_DECODE_THREADS = 2
 #: a GPU worker's host resources by default: decoding 10-crop images for one GPU takes ~6 cores
 #: (docs/gpus_clusters.md), and its batches, pinned buffers and decoders need memory beyond 4 GB
 CORES_PER_GPU, MEMORY_PER_GPU_GB, MEMORY_DEFAULT = 6, 16, "4GB"
@@ -152,26 +150,10 @@ def job_memory(gpus: int) -> str:
     return f"{MEMORY_PER_GPU_GB * gpus}GB" if gpus else MEMORY_DEFAULT
 
 
-#: the ``cluster:`` settings of the running ``vsekit run`` pipeline (see :func:`pipeline_settings`)
-_PIPELINE_SETTINGS: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar(
-    "vsekit_cluster_settings", default=None)
-
-
-@contextlib.contextmanager
-def pipeline_settings(settings: Mapping[str, Any] | None) -> Iterator[None]:
-    """While a pipeline runs, its ``cluster:`` section is what :func:`parse_cluster` gives SLURM
-    clusters that are given no settings of their own (the stages are invoked through the CLI)."""
-    token = _PIPELINE_SETTINGS.set(dict(settings) if settings else None)
-    try:
-        yield
-    finally:
-        _PIPELINE_SETTINGS.reset(token)
-
-
 def parse_cluster(spec: "str | ClusterSpec | None", settings: Mapping[str, Any] | None = None) -> ClusterSpec | None:
     """``None``/``""`` → None; ``local:N``, ``slurm:N``, ``slurm-array:N``, ``tcp://HOST:PORT`` → a
-    :class:`ClusterSpec` (a ClusterSpec is returned as it is). SLURM settings: ``settings``, else the
-    running pipeline's ``cluster:``, else ``$VSEKIT_CLUSTER_CONFIG`` (the user's; read here only)."""
+    :class:`ClusterSpec` (a ClusterSpec is returned as it is). SLURM settings: ``settings`` (``vsekit
+    run``: its pipeline's ``cluster:``), else ``$VSEKIT_CLUSTER_CONFIG`` (the user's; read here only)."""
     if isinstance(spec, ClusterSpec):
         return spec
     if not spec:
@@ -186,11 +168,7 @@ def parse_cluster(spec: "str | ClusterSpec | None", settings: Mapping[str, Any] 
     n = int(count) if count.isdigit() else 0
     if n < 1:
         raise ValueError(f"--cluster {text!r}: expected {kind}:N with N >= 1 {what[kind]}")
-    found = {}
-    if kind != "local":
-        if settings is None:
-            settings = _PIPELINE_SETTINGS.get()
-        found = cluster_settings(settings)
+    found = cluster_settings(settings) if kind != "local" else {}
     return ClusterSpec(kind, n, None, found, text)
 
 
@@ -214,22 +192,15 @@ def cluster_settings(settings: Mapping[str, Any] | None = None) -> dict[str, Any
 
 
 # --- local:N ----------------------------------------------------------------------------------------
-def local_worker_env(n_workers: int, device: str, n_gpus: int | None = None,
-                     visible: str | None = None) -> list[dict[str, str]]:
+def local_worker_env(n_workers: int, device: str, n_gpus: int, visible: str | None) -> list[dict[str, str]]:
     """The extra environment of each local worker: its own GPU on a CUDA device, nothing on CPU.
 
-    ``visible`` is this process's ``CUDA_VISIBLE_DEVICES`` (default: from the environment); GPU k of
-    the assignment is the k-th visible one, so a job already restricted to GPUs "2,3" uses 2 and 3.
+    ``n_gpus``: the GPUs this process sees; ``visible``: its ``CUDA_VISIBLE_DEVICES``. GPU k of the
+    assignment is the k-th visible one, so a job already restricted to GPUs "2,3" uses 2 and 3.
     """
     if not is_cuda(device):
         return [{} for _ in range(n_workers)]
-    if visible is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else None
-    if n_gpus is None:
-        from .devices import cuda_count
-
-        n_gpus = cuda_count()
     out = []
     for gpu in gpu_assignment(n_workers, device, n_gpus):
         real = ids[int(gpu)] if ids and int(gpu) < len(ids) else gpu
@@ -237,13 +208,16 @@ def local_worker_env(n_workers: int, device: str, n_gpus: int | None = None,
     return out
 
 
-def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, float] | None = None,
-                       n_gpus: int | None = None) -> dict[str, dict[str, Any]]:
-    """``distributed.SpecCluster`` worker specs: single-threaded nannies, each with its env and resources."""
+def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
+    """``distributed.SpecCluster`` worker specs: single-threaded nannies, each with its env (its GPU,
+    of those this process sees) and resources."""
     from distributed import Nanny
 
+    from .devices import cuda_count
+
+    n_gpus = cuda_count() if is_cuda(device) else 0
     specs = {}
-    for k, env in enumerate(local_worker_env(n_workers, device, n_gpus)):
+    for k, env in enumerate(local_worker_env(n_workers, device, n_gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))):
         options: dict[str, Any] = {"nthreads": 1, "host": "127.0.0.1", "dashboard_address": None,
                                    "resources": dict(resources or {}), "silence_logs": 40,
                                    "env": {**NO_PAUSE, **env}}
@@ -252,10 +226,10 @@ def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, floa
 
 
 @contextlib.contextmanager
-def _local(n: int, device: str, resources, n_gpus: int | None = None) -> Iterator[Any]:
+def _local(n: int, device: str, resources) -> Iterator[Any]:
     from distributed import Scheduler, SpecCluster
 
-    if is_cuda(device) and _has_dask_cuda() and ":" not in device and n_gpus is None:
+    if is_cuda(device) and _has_dask_cuda() and ":" not in device:
         import dask
         from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned by dask-cuda itself
 
@@ -264,7 +238,7 @@ def _local(n: int, device: str, resources, n_gpus: int | None = None) -> Iterato
             yield cluster
         return
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
-    with SpecCluster(workers=local_worker_specs(n, device, resources, n_gpus), scheduler=scheduler,
+    with SpecCluster(workers=local_worker_specs(n, device, resources), scheduler=scheduler,
                      silence_logs=40) as cluster:
         yield cluster
 
@@ -522,13 +496,13 @@ def _quiet_job_logs() -> None:
 # --- the entry point --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, float] | None = None,
-                   device: str = "cpu", timeout: float = 30, n_gpus: int | None = None) -> Iterator[Any]:
+                   device: str = "cpu", timeout: float = 30) -> Iterator[Any]:
     """Yield a ``distributed.Client`` for ``spec`` (a :class:`ClusterSpec`; the text of a library
     caller is parsed here, once), or ``None`` for in-process work.
 
     ``local:N`` and ``slurm:N`` clusters are started here and shut down afterwards (``resources``
     and, on a CUDA ``device``, ``GPU=1`` are declared by every worker); ``tcp://`` joins an
-    existing scheduler. ``n_gpus`` overrides the GPU count for the local assignment (tests).
+    existing scheduler.
     """
     spec = parse_cluster(spec)
     if spec is None:
@@ -546,7 +520,7 @@ def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, 
         with client:
             yield client
         return
-    starter = (_local(spec.n, device, resources, n_gpus) if spec.kind == "local"
+    starter = (_local(spec.n, device, resources) if spec.kind == "local"
                else _slurm(spec.n, device, resources, spec.settings))
     with starter as cluster, Client(cluster, timeout=timeout) as client:
         yield client

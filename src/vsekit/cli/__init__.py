@@ -7,14 +7,11 @@ so ``vsekit --help`` stays fast.
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
 
-from ..storage.fserrors import FilesystemError, fs_error, is_fs_error
-from ..storage.store import StoreError
-from ..suggest import improve_message
+from ..storage.fserrors import user_error
 from ..version import __version__
 
 
@@ -50,18 +47,14 @@ class VsekitGroup(click.Group):
         except click.UsageError as exc:   # a subcommand's wrong option or value
             exc = _ranked(exc)
             exc.exit_code = USER_ERROR
-            raise exc from None
-        except (StoreError, FilesystemError, ValueError, FileNotFoundError) as exc:
-            if isinstance(exc, click.ClickException):
+            raise
+        except click.ClickException:
+            raise
+        except Exception as exc:   # the library's refusals: one line (vsekit run words them the same)
+            message = user_error(exc, _store_arg(argv))
+            if message is None:
                 raise
-            if isinstance(exc, FilesystemError):
-                _quiet_unretrieved_write_errors()
-            raise click.ClickException(improve_message(str(exc))) from exc
-        except OSError as exc:   # a full, read-only or forbidden filesystem: one line naming the path
-            if not is_fs_error(exc):
-                raise
-            _quiet_unretrieved_write_errors()
-            raise click.ClickException(str(fs_error(exc, _store_arg(argv)))) from exc
+            raise click.ClickException(message) from exc
 
 
 class _RankedNoSuchOption(click.NoSuchOption):
@@ -84,28 +77,13 @@ def _ranked(exc: click.UsageError) -> click.UsageError:
     return ranked
 
 
-class _UnretrievedOSError(logging.Filter):
-    """Drops asyncio's "Future/Task exception was never retrieved" for an OSError: after one write of a
-    zarr store fails (a full disk), zarr's other concurrent writes of the same call fail too and are
-    never awaited, and asyncio prints each one's traceback when it is collected, after the one
-    ``Error:`` line that already says what happened."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not ("exception was never retrieved" in str(record.msg) and isinstance(exc, OSError))
-
-
-def _quiet_unretrieved_write_errors() -> None:
-    logging.getLogger("asyncio").addFilter(_UnretrievedOSError())
-
-
 def _store_arg(argv: list[str]) -> str | None:
     """The ``--store`` of a command line, to name where a write failed when the system did not say."""
     for i, arg in enumerate(argv):
         if arg == "--store" and i + 1 < len(argv):
-            return f"in the store {argv[i + 1]}"
+            return argv[i + 1]
         if arg.startswith("--store="):
-            return f"in the store {arg.split('=', 1)[1]}"
+            return arg.split("=", 1)[1]
     return None
 
 

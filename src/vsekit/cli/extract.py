@@ -11,7 +11,8 @@ import dataclasses
 import click
 
 from ..extract.job import Execution, ExtractOptions, fields_of
-from .options import WORKERS
+from ..cluster import SPEC_HELP
+from .options import CLUSTER, WORKERS
 
 #: the Click types of fields whose values the CLI shares with other commands (docs/cli.md)
 CLICK_TYPES = {"workers": WORKERS}
@@ -57,7 +58,8 @@ def job_options(command):
 @click.option("--store", "store", type=click.Path(file_okay=False), help="The vsekit store (.zarr).")
 @click.option("--list-layers", is_flag=True, help="List the model's layers and widths, then exit.")
 @job_options
-def extract_cmd(store, list_layers, **values):
+@click.option("--cluster", "cluster", type=CLUSTER, default=None, help=f"Where the blocks run: {SPEC_HELP}.")
+def extract_cmd(store, list_layers, cluster, **values):
     """Extract image features (global, FNE, grid or regions) into the store."""
     if list_layers:
         from ..extract import list_layers as _list
@@ -70,14 +72,12 @@ def extract_cmd(store, list_layers, **values):
         return
     if not store:
         raise click.UsageError("--store is required (unless --list-layers)")
-    from ..cluster import parse_cluster
     from ..extract.job import EXECUTION_NAMES
     from ..extract.runner import run_job
 
-    values["cluster"] = parse_cluster(values["cluster"])   # the one place the CLI's --cluster is read
     opts = ExtractOptions(**{k: v for k, v in values.items() if k not in EXECUTION_NAMES})
     run = Execution(**{k: v for k, v in values.items() if k in EXECUTION_NAMES})
-    result = run_job(store, opts, run)
+    result = run_job(store, opts, run, cluster)   # --cluster: parsed once, by its type
     click.echo(result.summary())
     if getattr(result, "failed", 0):   # a split left without a usable image is said now, not at train time
         from ..storage.splits import split_notes

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .options import SPLITS
+from .options import CLUSTER, SPLITS
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
+from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
 
 _store = click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
                       help="The vsekit store (a .zarr folder).")
@@ -19,7 +20,7 @@ _stats_from = click.option("--stats-from", default=None, metavar="STORE::NAME",
 _thresholds = click.option("--thresholds", nargs=2, type=float, default=(-0.25, 0.15), show_default=True,
                            metavar="LO HI", help="z < LO -> -1, z > HI -> 1, otherwise 0.")
 _pack = click.option("--pack", is_flag=True, help="Store 4 ternary features per byte (2 bits each).")
-_cluster = click.option("--cluster", default=None, metavar="SPEC",
+_cluster = click.option("--cluster", default=None, type=CLUSTER,
                         help=f"Run on a dask cluster instead of in-process threads: {CLUSTER_HELP}.")
 _allow_standardized = click.option("--allow-standardized", is_flag=True,
                                    help="Standardize a set that standardize made already (refused by default).")

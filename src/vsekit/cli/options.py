@@ -65,3 +65,31 @@ class SplitNames(click.ParamType):
 
 
 SPLITS = SplitNames()
+
+
+class ClusterType(click.ParamType):
+    """``--cluster``: parsed here, once, into a :class:`vsekit.cluster.ClusterSpec` (SLURM settings from
+    ``$VSEKIT_CLUSTER_CONFIG``); a spec already parsed (``vsekit run`` parses its pipeline's with the
+    pipeline's ``cluster:`` settings) passes through unchanged."""
+
+    name = "cluster"
+
+    def __init__(self, parse: bool = True):
+        self.parse = parse   # False: `vsekit run`, which parses it with its pipeline's `cluster:` settings
+
+    def convert(self, value, param, ctx):
+        from ..cluster import ClusterSpec, parse_cluster
+
+        if value is None or isinstance(value, ClusterSpec) or not self.parse:
+            return value
+        try:
+            return parse_cluster(value)
+        except ValueError as exc:   # the library's own one-line message, as every other refusal
+            raise click.ClickException(str(exc)) from None
+
+    def get_metavar(self, param, ctx=None):
+        return "SPEC"
+
+
+CLUSTER = ClusterType()
+CLUSTER_TEXT = ClusterType(parse=False)

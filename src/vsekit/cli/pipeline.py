@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
+from .options import CLUSTER_TEXT
 
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -36,7 +37,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--smoke", is_flag=True,
               help="Run the pipeline end to end on a few synthetic images in vsekit-smoke/PIPELINE/, in minutes: "
                    "random weights, small inputs, 1 epoch (each change is printed first).")
-@click.option("--cluster", default=None, metavar="SPEC",
+@click.option("--cluster", default=None, type=CLUSTER_TEXT,
               help=f"Pass --cluster to every stage that accepts it: {CLUSTER_HELP} (slurm uses the "
                    f"file's `cluster:`).")
 @click.option("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
@@ -52,14 +53,14 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
         return
-    from ..cluster import parse_cluster, pipeline_settings
+    from ..cluster import parse_cluster
 
     sets = _parse_sets(sets)
     settings = cluster_settings_of(load_pipelines(file), pipeline)
+    spec = parse_cluster(cluster, settings or None)   # --cluster: parsed once, with the pipeline's `cluster:`
     if device is not None:
         from ..devices import resolve_device
 
-        spec = parse_cluster(cluster, settings)
         if spec is None or not spec.resolves_on_workers:   # slurm: the extraction's GPUs are on the nodes
             resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
@@ -73,9 +74,9 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         sets, stage_options, counts = {**plan.sets, **sets}, (*plan.options, *stage_options), plan.split_counts()
         if not dry_run:
             make_smoke_data(plan)
-    with pipeline_settings(settings):   # what each stage's --cluster slurm:N is given
-        result = run_pipeline(pipeline, cli=cli, file=file, sets=sets, from_stage=from_stage, force=force,
-                              dry_run=dry_run, cluster=cluster, stage_options=stage_options)
+    result = run_pipeline(pipeline, cli=cli, file=file, sets=sets, from_stage=from_stage, force=force,
+                          dry_run=dry_run, cluster=spec, cluster_settings=settings or None,
+                          stage_options=stage_options)
     if dry_run:   # the work each stage implies (pipeline/costs.py)
         from ..pipeline.costs import work_lines
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
-from .options import WORKERS, resolve_workers
+from .options import CLUSTER, WORKERS, resolve_workers
 
 
 @click.command("tokenize")
@@ -23,12 +23,12 @@ from .options import WORKERS, resolve_workers
               help="Truncate each caption to this many ids (<start> and <end> included).")
 @click.option("--workers", default="1", show_default=True, type=WORKERS,
               help="Worker processes for the counting pass (1 = in this process; auto: the cores, at most 4).")
-@click.option("--cluster", default=None, metavar="SPEC",
+@click.option("--cluster", default=None, type=CLUSTER,
               help=f"Run the counting pass on dask: {CLUSTER_HELP}.")
 @click.option("--chunk-captions", default=16384, show_default=True, type=int,
               help="Captions per counting task (the unit of parallel work).")
 def tokenize(store: str, min_count: int, vocab_splits: str, strip_punct: bool, keep_case: bool,
-             no_bos_eos: bool, max_len: int | None, workers, cluster: str | None,
+             no_bos_eos: bool, max_len: int | None, workers, cluster,
              chunk_captions: int) -> None:
     """Tokenize every caption, build the vocabulary, and write tokens/ids + tokens/offsets."""
     from ..tokenize import tokenize as run_tokenize

@@ -27,6 +27,7 @@ blocks still pending, or reports the set done.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -169,12 +170,7 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     log_dir = Path(settings.get("log_directory") or adir / "logs").absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
-    run = job.run
-    spec = {"store": str(Path(store.path).resolve()), "name": fs.name, "plan": job.plan.to_dict(),
-            "device": device, "batch_size": run.batch_size, "strict": run.strict, "tasks": tasks,
-            "pin_memory": run.pin_memory, "channels_last": run.channels_last,
-            "ttl": default_ttl(), "config_hash": fs.attrs.get("config_hash"), "lock_token": token,
-            "job_id": None, "submitted": time.time()}
+    spec = task_spec(store, fs, job, tasks, token)
     spec_file = adir / "spec.json"
     script = adir / f"job-{time.strftime('%Y%m%d-%H%M%S')}.sh"
     script.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +196,30 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     _hand_lock(store.path, fs.name, token, job_id)
     result.job_id, result.log_dir = job_id, str(log_dir)
     return result
+
+
+def task_spec(store: FeatureStore, fs: FeatureSet, job, tasks: int, token: str) -> dict:
+    """What every array task reads: the set, its plan and the whole Execution (``run``: every field,
+    each task resolves it on its node, :func:`task_execution`)."""
+    return {"store": str(Path(store.path).resolve()), "name": fs.name, "plan": job.plan.to_dict(),
+            "run": dataclasses.asdict(job.run), "tasks": tasks, "ttl": default_ttl(),
+            "config_hash": fs.attrs.get("config_hash"), "lock_token": token, "job_id": None,
+            "submitted": time.time()}
+
+
+def task_execution(spec: dict, cpus: int):
+    """The spec's Execution resolved on this array task's node, ``cpus`` its ``--cpus-per-task``
+    (:func:`vsekit.extract.site.resolve`; no progress bar in a batch log). A spec written before the
+    whole Execution was kept holds only some of its fields; the rest take their defaults."""
+    from .job import Execution, Site
+    from .site import resolve
+
+    if "run" in spec:
+        run = Execution(**spec["run"])
+    else:   # pragma: no cover - an array submitted by an older vsekit
+        keys = ("device", "batch_size", "strict", "pin_memory", "channels_last")
+        run = Execution(**{k: spec[k] for k in keys if k in spec})
+    return resolve(run.replace(progress=False), Site("array", cpus))
 
 
 # --- an array task ---------------------------------------------------------------------------------
@@ -328,6 +348,24 @@ def merge_errors(fs: FeatureSet) -> int:
         guard.release(lease)
 
 
+def record_notes(fs: FeatureSet, notes) -> None:
+    """Keep what a task could not apply as asked in the set's attrs (``execution_notes``; one writer
+    at a time, through the same lease as the failure reasons)."""
+    if not notes:
+        return
+    guard = LeaseDir(arrays.array_dir(fs.store.path, fs.name) / "merge", ttl=120)
+    for _ in range(50):
+        lease = guard.claim(0)
+        if lease is not None:
+            try:
+                have = list(fs.store.features(fs.name).attrs.get("execution_notes") or [])
+                fs.update_attrs(execution_notes=sorted(set(have) | set(notes)))
+            finally:
+                guard.release(lease)
+            return
+        time.sleep(0.1)
+
+
 def _holds_lock(spec: dict) -> bool:
     try:
         info = json.loads(lock_path(spec["store"], spec["name"]).read_text())
@@ -338,10 +376,8 @@ def _holds_lock(spec: dict) -> bool:
 
 def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     """One array task: claim, extract and commit pending blocks until none is left; the exit status."""
-    from ..devices import resolve_device
-    from .job import Execution, Job
+    from .job import Job, Site
     from .plan import Plan
-    from .throughput import decode_workers
 
     spec = json.loads(Path(spec_file).read_text())
     task = int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)) if task is None else task
@@ -353,13 +389,13 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     if not _holds_lock(spec):
         say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
         return 2
-    device = resolve_device(spec["device"])
-    cores = int(os.environ.get("SLURM_CPUS_PER_TASK", "1") or 1)
-    workers = max(2, decode_workers("auto", device, cpus=cores))   # decoding overlaps the model
-    run = Execution(device=device, batch_size=spec["batch_size"], workers=workers, strict=spec["strict"],
-                    pin_memory=spec.get("pin_memory", "auto"), channels_last=spec.get("channels_last", True),
-                    progress=False)
-    job = Job(spec["store"], spec["name"], Plan.from_dict(spec["plan"]), run)
+    resolved = task_execution(spec, int(os.environ.get("SLURM_CPUS_PER_TASK", "1") or 1))
+    run = resolved.run
+    device, workers = run.device, run.workers
+    for line in resolved.notes:
+        say(f"note: {line}")
+    record_notes(fs, resolved.notes)
+    job = Job(spec["store"], spec["name"], Plan.from_dict(spec["plan"]), run, site=Site("array"))
     leases = arrays.lease_dir(spec["store"], spec["name"], ttl=spec["ttl"], owner=owner_record())
     renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
     committed, dropped = 0, 0
@@ -379,7 +415,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
                     o = lease.stolen_from
                     say(f"block {block.index}: took over the expired lease of job {o.get('job')} task {o.get('task')}")
                 point(f"array-task-{task}:claimed")
-                buf = compute_block(job, block, store=store)
+                buf = compute_block(job, block, store=store, resolved=resolved)
                 with signals.deferred():
                     why = commit(fs, buf, LeaseGuard(leases, lease, spec))
                     if why is None:

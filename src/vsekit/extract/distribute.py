@@ -23,6 +23,7 @@ writes the block (it owns it alone by then).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -30,8 +31,9 @@ from typing import Any, Callable
 
 from ..cluster import ClusterSpec
 from ..storage.store import FAILED, Block, FeatureSet, FeatureStore
-from .job import Job
+from .job import Job, Site
 from .plan import Plan
+from .site import resolve
 from .rows import DriverGone, LockGuard, commit, compute_block, decoding_summary  # noqa: F401 (DriverGone: re-exported)
 from .writer import BlockBuffer
 
@@ -56,17 +58,12 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
     guard = LockGuard(job, skip_committed=True, record_errors=False)
     if guard.refuses(fs, blk) is not None:
         return _done(job, blk, len(blk), skipped=True)
-    buf = compute_block(job, blk, store=store)
+    resolved = resolve(job.run, job.site)   # here, on the worker
+    buf = compute_block(job, blk, store=store, resolved=resolved)
     if commit(fs, buf, guard) is not None:   # another copy of this task committed it meanwhile
         return _done(job, blk, len(blk), skipped=True)
-    return _done(job, blk, len(blk), errors=buf.errors, decoders=sorted(buf.decoders), device=_device(job))
-
-
-def _device(job: Job) -> str:
-    """The device this task ran on (``auto`` resolved here, on the worker)."""
-    from ..devices import resolve_device
-
-    return resolve_device(job.run.device)
+    return _done(job, blk, len(blk), errors=buf.errors, decoders=sorted(buf.decoders), device=resolved.run.device,
+                 notes=list(resolved.notes))
 
 
 def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dict[str, Any]:
@@ -93,13 +90,13 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
         return {}, {}, {}
     device = job.run.device
     resources = {"GPU": 1} if cluster.uses_gpu(device) else None
-    # the device each task resolves on its worker; the decoding threads of each task
-    task_job = Job(job.store, job.name, job.plan,
-                   job.run.replace(device=cluster.task_device(device), workers=cluster.decode_threads(device)),
-                   job.lock_name, job.lock_token)
+    # the whole Execution, its device as each pinned worker sees it; each task resolves it on its
+    # worker, with its share of the cores (extract/site.py)
+    task_job = dataclasses.replace(job, run=job.run.replace(device=cluster.task_device(device)),
+                                   site=Site("dask", cluster.task_cpus(device)))
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
-    info: dict[str, Any] = {"decoding": {}, "devices": set()}
+    info: dict[str, Any] = {"decoding": {}, "devices": set(), "notes": set()}
     with cluster_client_for(cluster, resources, device) as client:
         from distributed import as_completed
 
@@ -145,6 +142,7 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
                     info["decoding"] = _most(info["decoding"], decoding_summary(res["decoders"]))
                 if res.get("device"):
                     info["devices"].add(res["device"])
+                info["notes"].update(res.get("notes", ()))
                 if res["builds"]:
                     builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
                 bar.update(res["rows"])

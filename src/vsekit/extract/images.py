@@ -36,36 +36,22 @@ RESIZE_MODES = ("shorter", "square")
 
 
 MAX_RESIZED_PIXELS = 16_000_000  # 48 MB of RGB: a 250:1 panorama at --resize 256 still fits
-ENV_DECODED, ENV_RESIZED = "VSEKIT_MAX_DECODED_PIXELS", "VSEKIT_MAX_RESIZED_PIXELS"
 
 
 from ..storage.base import ImageError  # noqa: E402,F401 (its home is storage; readers there raise it)
 
 
-def pixel_budgets() -> tuple[int, int]:
+def pixel_budgets(max_decoded: int | None = None, max_resized: int | None = None) -> tuple[int, int]:
     """(decoded, resized) pixel budgets: an image over either is failed before it takes memory.
 
-    Decoded: PIL's decompression-bomb limit ``Image.MAX_IMAGE_PIXELS`` (about 89.5 Mpx) unless
-    ``$VSEKIT_MAX_DECODED_PIXELS`` says otherwise; it counts 8-bit pixels, so an image of 16-bit
-    samples counts double (:func:`decoded_cost`). Resized: ``MAX_RESIZED_PIXELS`` (16 Mpx) unless
-    ``$VSEKIT_MAX_RESIZED_PIXELS``. The second one matters for thin images: a 20000×2 PNG is 40 kpx
-    decoded, but its shorter side resized to 256 would be 2,560,000×256 (655 Mpx, ~2 GB).
+    Decoded: ``max_decoded`` (``--max-decoded-pixels``), else PIL's decompression-bomb limit
+    ``Image.MAX_IMAGE_PIXELS`` (about 89.5 Mpx); it counts 8-bit pixels, so an image of 16-bit
+    samples counts double (:func:`decoded_cost`). Resized: ``max_resized`` (``--max-resized-pixels``),
+    else ``MAX_RESIZED_PIXELS`` (16 Mpx). The second one matters for thin images: a 20000×2 PNG is
+    40 kpx decoded, but its shorter side resized to 256 would be 2,560,000×256 (655 Mpx, ~2 GB).
+    Both decide which rows fail, so they are extraction options recorded with the set (extract/plan.py).
     """
-    import os
-
-    def env(name, default):
-        raw = os.environ.get(name, "").strip()
-        if not raw:
-            return int(default)
-        try:
-            value = int(float(raw))
-        except ValueError:
-            raise ValueError(f"${name}={raw!r}: expected a number of pixels") from None
-        if value <= 0:
-            raise ValueError(f"${name}={raw!r}: must be > 0")
-        return value
-
-    return env(ENV_DECODED, Image.MAX_IMAGE_PIXELS or 2 ** 62), env(ENV_RESIZED, MAX_RESIZED_PIXELS)
+    return (int(max_decoded or Image.MAX_IMAGE_PIXELS or 2 ** 62), int(max_resized or MAX_RESIZED_PIXELS))
 
 
 #: Bytes per sample of the PIL modes wider than 8 bits; every other mode counts 1.
@@ -78,12 +64,14 @@ def decoded_cost(size: tuple[int, int], mode: str) -> int:
     return int(size[0]) * int(size[1]) * WIDE_MODES.get(mode, 1)
 
 
-def load_image(path: str | Path) -> Image.Image:
-    """Open ``path`` as an 8-bit RGB image, EXIF-rotated; raise ImageError on bad input."""
-    return _decode(Path(path), None, None, "shorter", False)[0]
+def load_image(path: str | Path, max_decoded: int | None = None) -> Image.Image:
+    """Open ``path`` as an 8-bit RGB image, EXIF-rotated; raise ImageError on bad input (and on an
+    image over the decoded pixel budget, :func:`pixel_budgets`)."""
+    return _decode(Path(path), None, None, "shorter", False, max_decoded)[0]
 
 
-def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode: str, fast_jpeg: bool):
+def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode: str, fast_jpeg: bool,
+            max_decoded: int | None = None):
     """(RGB image, its EXIF-rotated full size): a PIL image, or an HWC uint8 array where
     libjpeg-turbo decoded it (``fast_jpeg``). ``decoder="turbo"`` with ``resize_to`` decodes a JPEG
     at least twice the resize with DCT scaling (``Image.draft``); then the image is smaller than the
@@ -96,14 +84,14 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
-                budget = pixel_budgets()[0]
+                budget = pixel_budgets(max_decoded)[0]
                 cost = decoded_cost(img.size, img.mode)
                 if cost > budget:  # from the header, before any pixel is decoded
                     wide = f" x {cost // (img.size[0] * img.size[1])} bytes per sample ({img.mode})" \
                         if cost > img.size[0] * img.size[1] else ""
                     raise ImageError(f"image {img.size[0]}x{img.size[1]}{wide} is over the decoded pixel budget "
                                      f"({budget} pixels of 8 bits, PIL's decompression-bomb limit or "
-                                     f"${ENV_DECODED}): {path}")
+                                     f"--max-decoded-pixels): {path}")
                 full, drafted = img.size, False
                 if fast_jpeg and img.format == "JPEG" and img.mode in ("RGB", "L"):
                     orientation = img.getexif().get(0x0112, 1)
@@ -131,6 +119,36 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(f"cannot decode {path}: {exc}") from None
     return to_rgb(img), full
+
+
+def load_ref_image(path: str | Path, max_decoded: int | None = None):
+    """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
+    :mod:`vsekit.storage.sources.shards`) to 8-bit RGB, EXIF-rotated, raising ImageError on bad input
+    (and on an image over the decoded pixel budget, as :func:`load_image`)."""
+    import io
+
+    from ..storage.sources import shards
+
+    data = shards.read_bytes(path)
+    if not data:
+        raise ImageError(f"empty (zero-byte) image {path}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                budget = pixel_budgets(max_decoded)[0]
+                if decoded_cost(img.size, img.mode) > budget:   # from the header, before any pixel is decoded
+                    raise ImageError(f"image {img.size[0]}x{img.size[1]} is over the decoded pixel budget ({budget} "
+                                     f"pixels of 8 bits, PIL's decompression-bomb limit or --max-decoded-pixels): {path}")
+                img.load()
+                img = ImageOps.exif_transpose(img)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise ImageError(f"image over PIL's decompression-bomb limit: {path} ({exc})") from None
+    except Image.UnidentifiedImageError:
+        raise ImageError(f"not an image PIL can read: {path}") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ImageError(f"cannot decode {path}: {exc}") from None
+    return to_rgb(img)
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -179,17 +197,18 @@ def resized_size(width: int, height: int, size: int, mode: str = "shorter") -> t
     return max(1, int(size * width / height)), size
 
 
-def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear") -> Image.Image:
+def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear",
+           max_resized: int | None = None) -> Image.Image:
     """Resize as torchvision's ``T.Resize`` on a PIL image (same size, same PIL filter).
 
     Raises ImageError, before resizing, if the result would exceed the resized pixel budget.
     """
     w, h = img.size
     new = resized_size(w, h, size, mode)
-    budget = pixel_budgets()[1]
+    budget = pixel_budgets(max_resized=max_resized)[1]
     if new[0] * new[1] > budget:
         raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
-                         f"budget ({budget} pixels, ${ENV_RESIZED}); not resized")
+                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
     if new == (w, h):
         return img
     return img.resize(new, INTERPOLATIONS[interpolation])
@@ -319,25 +338,20 @@ def _draft_size(size: tuple[int, int], orientation: int, target: tuple[int, int]
     return None
 
 
-def decode_rgb(path: str | Path, decoder: str = DEFAULT_DECODER) -> np.ndarray | Image.Image:
-    """``path`` decoded to 8-bit RGB, EXIF-rotated, with :func:`load_image`'s pixels and errors: an
-    HWC uint8 array where libjpeg-turbo decoded it, the PIL image otherwise."""
-    return _decode(Path(path), check_decoder(decoder), None, "shorter", True)[0]
-
-
 def _size(img) -> tuple[int, int]:
     return img.size if isinstance(img, Image.Image) else (int(img.shape[1]), int(img.shape[0]))
 
 
-def _resized_hwc(img, size: int, mode: str, interpolation: str, decoder: str, full: tuple[int, int] | None = None):
+def _resized_hwc(img, size: int, mode: str, interpolation: str, decoder: str, full: tuple[int, int] | None = None,
+                 max_resized: int | None = None):
     """HWC uint8 (numpy) of ``img`` (PIL image or HWC array) resized as ``resize`` says; ``full``:
     the image's size before DCT scaling, for the budget and the target size."""
     w, h = full or _size(img)
     new = resized_size(w, h, size, mode)
-    budget = pixel_budgets()[1]
+    budget = pixel_budgets(max_resized=max_resized)[1]
     if new[0] * new[1] > budget:
         raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
-                         f"budget ({budget} pixels, ${ENV_RESIZED}); not resized")
+                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
     if new == _size(img):
         return np.asarray(img, dtype=np.uint8)
     if decoder == "turbo" and interpolation in TORCH_RESIZE:
@@ -377,16 +391,19 @@ def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:
 
 
 def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER) -> np.ndarray:
+                interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER,
+                max_resized: int | None = None) -> np.ndarray:
     """uint8 (n_crops, crop, crop, 3) of a decoded RGB image (PIL image or HWC uint8 array)."""
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     check_decoder(decoder)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder), crop, n_crops)
+    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, max_resized=max_resized),
+                crop, n_crops)
 
 
 def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                 interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER) -> np.ndarray:
+                 interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER,
+                 max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
     """The decoding worker's whole job for one image file: decode → resize → crops.
 
     Returns uint8 ``(n_crops, crop, crop, 3)`` (NHWC), crops [0:5] as in crop_boxes and [5:10] their
@@ -395,5 +412,5 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
     """
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full), crop, n_crops)
+    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
+    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)

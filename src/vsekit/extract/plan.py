@@ -7,18 +7,104 @@ Layer widths come from a forward pass on the meta device, so planning costs no m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from .backbones import get_backbone, weights_kind
-from .images import CROP_CHOICES, DEFAULT_DECODER, INTERPOLATIONS, RESIZE_MODES, check_decoder, hash_settings
+from .fields import option
+from .images import CROP_CHOICES, DECODERS, DEFAULT_DECODER, INTERPOLATIONS, RESIZE_MODES, check_decoder, hash_settings
 from .taps import probe, select_taps, spatial_tap, tap_columns
 
 KINDS = ("global", "fne", "grid", "regions")
 PRECISIONS = ("fp32", "bf16", "fp16")
 STORE_DTYPES = ("float32", "float16")
 SPATIAL_SIZE = 448  # SMAN: ResNet-152 res5c at 448x448 input (14x14), pooled to 7x7
+
+
+def _own_preprocessing(a: Mapping) -> bool:
+    return a.get("detector") == "butd-r101"   # BUTD refuses the preprocessing options
+
+
+def _positive(value) -> str | None:
+    return None if int(value) > 0 else "must be > 0"
+
+
+def _global(a: Mapping) -> bool:
+    return a.get("kind") in ("global", "fne")
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """What is extracted: the options that make the plan (and the set's settings hash) and the
+    set's name. How the run goes (where, device, resume or start afresh) is :class:`Execution`."""
+
+    model: str = option("vgg19", "--model",
+                        "vgg16 (the FNE paper's) | vgg19 | resnet152 | inception_resnet_v2 | any timm model name.",
+                        attr="model")
+    kind: str = option("global", "--kind", "Feature kind: global | fne | grid | regions.", choices=KINDS,
+                       attr="kind")
+    weights: str = option("imagenet", "--weights", "imagenet | none | PATH to a checkpoint.", attr="weights")
+    name: str | None = option(None, "--name", "Feature set name [default: MODEL_KIND].", show_default=False)
+    seed: int = option(0, "--seed", "Seed of the random initialisation with --weights none.", type=int,
+                       attr="seed", when=lambda a: a.get("weights") == "none")
+    crops: int = option(1, "--crops", "Centre crop, 4 corners + centre, or those 5 and their mirrors (averaged).",
+                        choices=(1, 5, 10), attr="crops", when=_global)
+    keep_crops: bool = option(False, "--keep-crops", "Store every crop's features instead of their mean.",
+                              attr="keep_crops", when=lambda a: _global(a) and bool(a.get("keep_crops")),
+                              render=lambda v: ["--keep-crops"])
+    resize: int | None = option(None, "--resize", "Resize size [default: from the weights].", type=int,
+                                attr="resize", when=lambda a: not _own_preprocessing(a))
+    resize_mode: str | None = option(None, "--resize-mode", "Resize the shorter side, or to a square "
+                                     "[default: shorter; square for grid/regions].", choices=("shorter", "square"),
+                                     attr="resize_mode", when=lambda a: not _own_preprocessing(a))
+    input_size: int | None = option(None, "--input-size", "Crop (network input) size [default: from the weights; "
+                                    "448 for grid/regions].", type=int, attr="crop_size",
+                                    when=lambda a: not _own_preprocessing(a))
+    interpolation: str | None = option(None, "--interpolation", "Resize filter [default: from the weights].",
+                                       choices=("bilinear", "bicubic", "nearest", "lanczos"),
+                                       attr="interpolation", when=lambda a: not _own_preprocessing(a))
+    precision: str = option("fp32", "--precision", "Numeric precision of the forward pass (bf16/fp16: autocast; "
+                            "see docs/gpus_clusters.md).", choices=PRECISIONS, attr="precision")
+    decoder: str = option("pil", "--decoder", "How images are decoded and resized: pil (PIL's pixels) | turbo "
+                          "(libjpeg-turbo with DCT scaling and torch's resize: faster, pixels differ by a few "
+                          "levels; docs/extract.md).", choices=DECODERS, attr="decoder")
+    dtype: str | None = option(None, "--dtype", "Stored dtype [default: float32 global/fne, float16 grid/regions].",
+                               choices=STORE_DTYPES, attr="dtype")
+    taps: str | None = option(None, "--taps", "FNE layers: comma-separated glob patterns (see --list-layers).",
+                              attr="taps", when=lambda a: a.get("kind") == "fne" and bool(a.get("taps")),
+                              render=lambda v: ["--taps", ",".join(t["name"] for t in v)])
+    grid: int = option(7, "--grid", "Grid side G for --kind grid (14 keeps layer4 whole).", type=int,
+                       attr="grid")
+    boxes: str | None = option(None, "--boxes", "Regions: a JSON file {image_id: [[x1,y1,x2,y2], ...]}, or "
+                               "'detector' (= --detector coco-frcnn).", attr="boxes")
+    max_regions: int = option(36, "--max-regions", "Regions kept per image (the stored K).", type=int,
+                              attr="max_regions")
+    min_regions: int | None = option(None, "--min-regions", "Floor of detector boxes per image [default: 10; "
+                                     "butd-r101: = --max-regions].", type=int, attr="min_regions")
+    detector: str | None = option(None, "--detector", "Regions from a detector: butd-r101 (bottom-up-attention "
+                                  "boxes and features) or coco-frcnn (COCO boxes, --model features). See "
+                                  "docs/extract.md.", choices=("butd-r101", "coco-frcnn"), attr="detector")
+    detector_weights: str | None = option(None, "--detector-weights", "imagenet (coco-frcnn: torchvision's COCO "
+                                          "weights) | none (random) | PATH [default: imagenet for coco-frcnn; "
+                                          "butd-r101 needs PATH or none].", attr="detector_weights")
+
+    max_decoded_pixels: int | None = option(None, "--max-decoded-pixels", "Fail an image whose decoded size is "
+                                            "over this many 8-bit pixels, read from its header [default: PIL's "
+                                            "decompression-bomb limit, about 89.5 million].", type=int,
+                                            attr="max_decoded_pixels", setting=True, check=_positive,
+                                            show_default=False)
+    max_resized_pixels: int | None = option(None, "--max-resized-pixels", "Fail an image whose resized size would "
+                                            "be over this many pixels (a very thin image) [default: 16000000].",
+                                            type=int, attr="max_resized_pixels", setting=True, check=_positive,
+                                            show_default=False)
+
+    def plan(self) -> "Plan":
+        """Check every option and resolve the defaults (ValueError naming the bad option)."""
+        return plan_of(self)
+
+
 
 
 @dataclass(frozen=True)
@@ -50,6 +136,11 @@ class Plan:
     weights_sha256: str | None = None   # --weights PATH: its content digest (part of the config hash)
     detector_sha256: str | None = None  # --detector-weights PATH: its content digest (idem)
     decoder: str = "pil"                # images.DECODERS: how JPEGs are decoded and resized
+    settings: dict = field(default_factory=dict)   # the ExtractOptions fields marked setting=True, as given
+
+    def setting(self, name: str) -> Any:
+        """The value of a ``setting=True`` option (None: its default)."""
+        return self.settings.get(name)
 
     @property
     def row_shape(self) -> tuple[int, ...]:
@@ -71,6 +162,7 @@ class Plan:
              "std": list(self.std), "interpolation": self.interpolation, "precision": self.precision,
              "taps": [dict(t) for t in self.taps], "dtype": self.store_dtype,
              **hash_settings(self.decoder)}   # nothing for "pil": sets made before decoders keep their hash
+        a.update({k: v for k, v in self.settings.items() if v is not None})   # only when set: older sets keep their hash
         if self.weights_sha256:
             a["weights_sha256"] = self.weights_sha256
         if self.kind == "grid":
@@ -94,32 +186,43 @@ class Plan:
 
 
 def make_plan(model: str, kind: str = "global", **options: Any) -> Plan:
-    """Check every option (those of :func:`_make_plan`) and resolve the defaults; raises ValueError
-    naming the bad option.
+    """The plan of ``ExtractOptions(model=model, kind=kind, **options)`` (the library's shorthand)."""
+    return ExtractOptions(model=model, kind=kind, **options).plan()
 
-    A checkpoint given as a path (``--weights``, ``--detector-weights``) enters the settings by its
+
+def plan_of(o: ExtractOptions) -> Plan:
+    """Check every option of ``o`` and resolve the defaults; raises ValueError naming the bad option.
+
+    Every value is read from ``o``: the defaults live in :class:`ExtractOptions` only. The options
+    marked ``setting=True`` go to ``Plan.settings`` as given (checked by their ``check``). A
+    checkpoint given as a path (``--weights``, ``--detector-weights``) enters the settings by its
     content digest, so the same path holding another file is another setting (a resume is refused).
     """
-    plan = _make_plan(model, kind, **options)
+    settings = {}
+    for f in dataclasses.fields(o):
+        if f.metadata.get("setting"):
+            value = getattr(o, f.name)
+            why = value is not None and f.metadata["check"] and f.metadata["check"](value)
+            if why:
+                raise ValueError(f"{f.metadata['flag']} {value!r}: {why}")
+            settings[f.name] = value
+    plan = dataclasses.replace(_plan_of(o), settings=settings)
     if plan.detector_weights and plan.detector_weights not in ("imagenet", "none"):
-        from dataclasses import replace
-
         from ..digest import file_digest
 
-        plan = replace(plan, detector_sha256=file_digest(plan.detector_weights))
+        plan = dataclasses.replace(plan, detector_sha256=file_digest(plan.detector_weights))
     return plan
 
 
-def _make_plan(model: str, kind: str = "global", *, weights: str = "imagenet", seed: int = 0,
-               crops: int = 1, keep_crops: bool = False, resize: int | None = None,
-               resize_mode: str | None = None, input_size: int | None = None,
-               interpolation: str | None = None, taps: str | None = None, grid: int = 7,
-               boxes: str | None = None, max_regions: int = 36, min_regions: int | None = None,
-               precision: str = "fp32", store_dtype: str | None = None, detector: str | None = None,
-               detector_weights: str | None = None, decoder: str = DEFAULT_DECODER) -> Plan:
+def _plan_of(o: ExtractOptions) -> Plan:
     from .backbones import build_model
     from .regions import resolve_detector
 
+    model, kind, weights, seed, crops = o.model, o.kind, o.weights, int(o.seed), int(o.crops)
+    keep_crops, resize, resize_mode, input_size = o.keep_crops, o.resize, o.resize_mode, o.input_size
+    interpolation, taps, grid, boxes, max_regions = o.interpolation, o.taps, o.grid, o.boxes, o.max_regions
+    min_regions, precision, store_dtype, decoder = o.min_regions, o.precision, o.dtype, o.decoder
+    detector, detector_weights = o.detector, o.detector_weights
     _choice("--kind", kind, KINDS)
     _choice("--precision", precision, PRECISIONS)
     check_decoder(decoder)

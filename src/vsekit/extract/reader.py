@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..storage.faults import point
-from .images import ImageError, decode_crops, image_crops, load_image, resize
+from .images import ImageError, decode_crops, image_crops, load_image, load_ref_image, resize
 from .plan import Plan
 from .regions import check_boxes
 
@@ -67,11 +67,11 @@ class RowDataset:
         point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
         if p.kind != "regions":
             return Item(row, decode(path, p))   # NHWC: no transpose here, the model reads channels-last
-        img = decode(path)
+        img = decode(path, p)
         if p.detector == "butd-r101":  # the detector scales the original image itself (butd.preprocess)
             return Item(row, np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)[None].copy())
         w, h = img.size
-        small = resize(img, p.crop_size, "square", p.interpolation)
+        small = resize(img, p.crop_size, "square", p.interpolation, max_resized=p.setting("max_resized_pixels"))
         crops = np.asarray(small, dtype=np.uint8).transpose(2, 0, 1)[None].copy()
         sx, sy = p.crop_size / w, p.crop_size / h
         boxes = None
@@ -99,16 +99,18 @@ class RowDataset:
 def decode(path: str, plan: Plan | None = None):
     """One image file: with the ``plan`` of a crop kind (global, fne, grid), its uint8 NHWC crops
     (n_crops, H, W, 3), decoded with ``plan.decoder`` (:func:`vsekit.extract.images.decode_crops`);
-    without, the 8-bit RGB PIL image (regions). Tests wrap it (a decoder that crashes its process)."""
+    without, or for regions, the 8-bit RGB PIL image. The plan's pixel budgets apply. Tests wrap it (a decoder that crashes its process)."""
     from ..storage.sources import shards
 
     ref = shards.is_ref(path)   # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
+    decoded_max = plan.setting("max_decoded_pixels") if plan is not None else None
     if plan is None or plan.kind == "regions":
-        return shards.load_image(path) if ref else load_image(path)
+        return load_ref_image(path, decoded_max) if ref else load_image(path, decoded_max)
     args = (plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation)
     if ref:
-        return image_crops(shards.load_image(path), *args, decoder=plan.decoder)
-    return decode_crops(path, *args, decoder=plan.decoder)
+        return image_crops(load_ref_image(path, decoded_max), *args, decoder=plan.decoder, max_resized=plan.setting("max_resized_pixels"))
+    return decode_crops(path, *args, decoder=plan.decoder, max_decoded=decoded_max,
+                        max_resized=plan.setting("max_resized_pixels"))
 
 
 class Batch(list):
@@ -263,13 +265,12 @@ def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
 
 
 def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False,
-            prefetch: int = 2) -> Iterator[list[Item]]:
+            prefetch: int = 2, threads: bool = False) -> Iterator[list[Item]]:
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
-    batches pinned by the DataLoader's pin thread with ``pin``), or threads where this process may
-    not have children (a dask worker is a daemon process)."""
-    import multiprocessing
-
-    if workers > 0 and multiprocessing.current_process().daemon:
+    batches pinned by the DataLoader's pin thread with ``pin``), or by threads with ``threads`` (a
+    dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
+    says so)."""
+    if workers > 0 and threads:
         yield from decoded_by_threads(dataset, batches, workers, prefetch)
     else:
         yield from iter_batches(dataset, batches, workers, pin, prefetch)

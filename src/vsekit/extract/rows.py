@@ -25,6 +25,7 @@ from ..storage.faults import point
 from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .job import Job
 from .plan import Plan
+from .site import Resolved, resolve
 from .reader import Item, RowDataset, block_batches, decoded, stack, survive_worker_death
 from .writer import BlockBuffer
 
@@ -111,36 +112,32 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
 
 
 # --- computing ---------------------------------------------------------------------------------------
-def extractor_for(job: Job):
-    """The model of ``job`` in this process, built once per process (device resolved here)."""
-    from ..devices import resolve_device
+def extractor_for(job: Job, resolved: Resolved | None = None):
+    """The model of ``job`` in this process, built once per process (on the device ``job.run``
+    resolves to here)."""
     from .extractor import cached_extractor
 
-    device = resolve_device(job.run.device)
-    return cached_extractor(job.plan, device, pin_memory=job.run.pin_memory,
-                            channels_last=job.run.channels_last)
+    run = (resolved or resolve(job.run, job.site)).run
+    return cached_extractor(job.plan, run.device, pin_memory=run.pin_memory, channels_last=run.channels_last)
 
 
 def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | None = None,
                    span: tuple[int, int] | None = None, extractor=None,
+                   resolved: Resolved | None = None,
                    progress: Callable[[str, int], None] | None = None) -> Iterator[BlockBuffer]:
-    """Each block of ``blocks`` computed (read, decode with ``job.run.workers`` decoders, model), in
-    order; a block is yielded once its last batch is in. ``span=(lo, hi)`` (one block only): only
-    rows ``[lo, hi)``, still cut where the whole block's batches are cut. ``progress(event, images)``
-    hears each batch: ``"decoded"`` before its model runs, ``"done"`` after (a progress bar moves per
-    batch, not per block, and says what a single batch is doing)."""
+    """Each block of ``blocks`` computed (read, decode, model), in order; a block is yielded once its
+    last batch is in. ``job.run`` is resolved on ``job.site`` here (:func:`.site.resolve`) unless the
+    caller did (``resolved``). ``span=(lo, hi)`` (one block only): only rows ``[lo, hi)``, still cut
+    where the whole block's batches are cut. ``progress(event, images)`` hears each batch:
+    ``"decoded"`` before its model runs, ``"done"`` after (a progress bar moves per batch, not per
+    block, and says what a single batch is doing)."""
     if not blocks:
         return
-    from ..devices import resolve_device
-    from .throughput import decode_workers
-
-    workers = job.run.workers
-    if str(workers).strip().lower() == "auto":   # resolved where it runs (a tcp:// worker): at least 2
-        workers = max(2, decode_workers("auto", resolve_device(job.run.device), cpus=own_cpus()))
-    workers = decode_workers(workers, "cpu")
+    resolved = resolved or resolve(job.run, job.site)
+    run = resolved.run
     store = store if store is not None else FeatureStore.open(job.store, mode="r+")
-    extractor = extractor if extractor is not None else extractor_for(job)
-    plan, size = job.plan, job.run.batch_size
+    extractor = extractor if extractor is not None else extractor_for(job, resolved)
+    plan, size = job.plan, run.batch_size
     dataset = block_dataset(store, plan, blocks)
     batches: list[list[int]] = []
     owner: list[int] = []
@@ -155,28 +152,21 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         first += len(b)
     last = {k: i for i, k in enumerate(owner)}
     current: BlockBuffer | None = None
-    for i, (k, items) in enumerate(zip(owner, decoded(dataset, batches, workers, getattr(extractor, 'pinned', False),
-                                                         job.run.prefetch))):
+    items_of = decoded(dataset, batches, run.workers, getattr(extractor, 'pinned', False), run.prefetch,
+                       threads=resolved.decoding == "threads")
+    for i, (k, items) in enumerate(zip(owner, items_of)):
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])
         if progress is not None:
             progress("decoded", len(items))
-        survive_worker_death(run_items, extractor, plan, items, current, job.run.strict)
+        survive_worker_death(run_items, extractor, plan, items, current, run.strict)
         if progress is not None:
             progress("done", len(items))
         current.decoders.update(it.decoder for it in items)
         if last[k] == i:
             yield current
             current = None
-
-
-def own_cpus() -> int:
-    """The CPU cores this process may run on (its affinity: a SLURM job's, a container's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def compute_block(job: Job, block: Block, **kwargs: Any) -> BlockBuffer:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import parse_cluster
+from ..cluster import ClusterSpec, parse_cluster
 from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
@@ -34,6 +34,7 @@ from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
 from .regions import region_arrays
 from .rows import LockGuard, commit, compute_blocks, decoding_summary, extractor_for
+from .site import resolve
 from .writer import BlockWriter
 
 
@@ -121,18 +122,19 @@ def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
 
 
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global",
-            **options: Any):
+            cluster: "ClusterSpec | str | None" = None, **options: Any):
     """Extract features of every image of ``store`` into ``features/<name>``: the library form of
     ``vsekit extract``, taking every option it has (the fields of :class:`~.job.ExtractOptions` and
     :class:`~.job.Execution`, e.g. ``crops=10, batch_size=64, device="cuda", pin_memory="on",
     channels_last=False, cluster="local:2"``). Returns an :class:`ExtractResult`, or for
     ``cluster="slurm-array:N"`` what was submitted (:class:`~.array.ArraySubmitted`)."""
     opts, run = split_options(model, kind, options)
-    return run_job(store, opts, run)
+    return run_job(store, opts, run, parse_cluster(cluster))   # a library caller's text: parsed here, once
 
 
-def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution):
-    """Run the job ``opts`` / ``run`` (see module doc).
+def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution,
+            cluster: ClusterSpec | None = None):
+    """Run the job ``opts`` / ``run`` where ``cluster`` says (None: in-process; see module doc).
 
     The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
     are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
@@ -141,7 +143,7 @@ def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: 
     """
     with handling():
         try:
-            return _run_job(store, opts, run)
+            return _run_job(store, opts, run, cluster)
         except Interrupted as exc:
             if exc.message:
                 raise
@@ -152,10 +154,9 @@ def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: 
                                    "(rerun the same command to start again)") from None
 
 
-def _run_job(store, opts: ExtractOptions, run: Execution):
+def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec | None):
     from ..devices import resolve_device
 
-    cluster = parse_cluster(opts.cluster)   # the text of a library caller: parsed here, once
     run = run.checked()
     if cluster is not None and cluster.resolves_on_workers:   # slurm: the GPUs are on the nodes
         device = str(run.device or "auto").strip().lower()
@@ -173,14 +174,14 @@ def _run_job(store, opts: ExtractOptions, run: Execution):
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
     with writer_lock(store.path, name, stage="vsekit extract"):
-        existed = store.has_features(name) and not opts.overwrite
+        existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
         fs = store.create_features(name, plan.row_shape, plan.store_dtype, attrs=plan.attrs(),
-                                   block_rows=run.rows_per_block(), extra=extra, overwrite=opts.overwrite,
+                                   block_rows=run.rows_per_block(), extra=extra, overwrite=run.overwrite,
                                    beside=not array)
         if existed:
-            resume_checks(fs, opts.retry_failed)
+            resume_checks(fs, run.retry_failed)
         # the resolved device of the latest run and its float32 math (TF32 off; not part of the config hash)
         fs.update_attrs(device=device, **FLOAT32_RECORD)
         if plan.kind != "regions":   # how the pixels were made: libraries and versions (not settings)
@@ -222,6 +223,10 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
     says so in one line, and the set records that line. (How they were decoded is the result's
     ``decoding``: it describes a run, not the set, so it stays out of the attrs.)"""
     attrs: dict[str, Any] = {}
+    notes = sorted(info.get("notes", ()))
+    for line in notes:   # what the tasks could not apply as asked (extract/site.py): said and kept
+        print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
+    attrs["execution_notes"] = notes
     devices = sorted(info.get("devices", ()))
     if devices:
         attrs["device"] = ",".join(devices)
@@ -232,8 +237,7 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
         line = f"--device {requested} on --cluster {cluster}: tasks ran on CPU, not on a GPU: {why}"
         print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
         attrs["device_note"] = line
-    if attrs:
-        fs.update_attrs(**attrs)
+    fs.update_attrs(**attrs)
 
 
 def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bool, exc: BaseException) -> None:
@@ -258,23 +262,21 @@ def run_in_process(job: Job, fs: FeatureSet, blocks, store: FeatureStore) -> tup
     committed by the background writer (the guard: this run's writer lock)."""
     from tqdm.auto import tqdm
 
-    from .throughput import decode_workers
-
     if not blocks:
         return {}, {}, {}
-    job = Job(job.store, job.name, job.plan, job.run.replace(workers=decode_workers(job.run.workers, job.run.device)),
-              job.lock_name, job.lock_token)
-    extractor = extractor_for(job)
+    resolved = resolve(job.run, job.site)   # this process is where the blocks run
+    extractor = extractor_for(job, resolved)
     guard = LockGuard(job, skip_committed=False, record_errors=True)
     runs: dict[int, int] = {}
-    info: dict[str, Any] = {"decoding": {}, "devices": {str(job.run.device)}}
+    info: dict[str, Any] = {"decoding": {}, "devices": {resolved.run.device}, "notes": set(resolved.notes)}
     total = sum(len(b) for b in blocks)
     bar = tqdm(total=total, unit="img", desc=f"extract {fs.name}", disable=not job.run.progress, smoothing=0.1)
-    tick = batch_progress(bar, min(total, job.run.batch_size))
+    tick = batch_progress(bar, min(total, resolved.run.batch_size))
     writer = BlockWriter(lambda buf: commit(fs, buf, guard))
     with handling(on_signal=_stop_decoders) as signals:
         try:
-            for buf in compute_blocks(job, blocks, store=store, extractor=extractor, progress=tick):
+            for buf in compute_blocks(job, blocks, store=store, extractor=extractor, resolved=resolved,
+                                      progress=tick):
                 writer.submit(buf)
                 runs[buf.block.index] = runs.get(buf.block.index, 0) + 1
                 summary = decoding_summary(buf.decoders)

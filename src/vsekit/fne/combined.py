@@ -25,7 +25,7 @@ def output_names(features: str) -> tuple[str, str]:
 
 def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = "train",
         stats_from: str | None = None, thresholds: Sequence[float] = disc.DEFAULT_THRESHOLDS,
-        pack: bool = False, cluster: str | None = None, overwrite: bool = False,
+        pack: bool = False, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
         allow_standardized: bool = False) -> tuple[derived.Result, derived.Result]:
     """Write ``<features>.z`` and ``<features>.z.fne``; returns both stages' results."""
     from ..cluster import cluster_client

@@ -7,7 +7,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..storage import integrity
+from ..storage import integrity, remake
 from ..words import plural
 from ..storage.store import (FAILED, FeatureSet, FeatureStore, ProvenanceError, StoreError, _jsonable,
                              config_hash, read_generation)
@@ -157,3 +157,23 @@ class Result:
                 f"{f' ({self.failed_rows} failed in the parent, left failed)' if self.failed_rows else ''}"
                 f"{extra}; wrote {self.blocks_written} of {plural(self.blocks_total, 'block')}"
                 + (f" ({skipped} already done)" if skipped else ""))
+
+
+def _remake_args(store_path: str, name: str, a: Mapping[str, Any]) -> list[str]:
+    """The command that makes a standardized or discretized set again, from its attrs."""
+    stage = a["stage"]
+    args = ["vsekit", stage, "--store", store_path, "--features", a["parent"]]
+    if stage == "standardize":
+        if a.get("stats_from"):
+            args += ["--stats-from", a["stats_from"]]
+        elif a.get("split"):
+            args += ["--split", a["split"]]
+    else:
+        args += ["--thresholds", *(str(t) for t in a.get("thresholds", []))]
+        if a.get("packed"):
+            args.append("--pack")
+    return [*args, "--name", name]
+
+
+for _stage in ("standardize", "discretize"):
+    remake.register(_stage, lambda a, _s=_stage: a.get("stage") == _s and bool(a.get("parent")), _remake_args)

@@ -95,7 +95,7 @@ def check_standardized(parent: FeatureSet, allow_raw: bool = False) -> None:
 
 def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                thresholds: Sequence[float] = DEFAULT_THRESHOLDS, pack: bool = False,
-               name: str | None = None, cluster: str | None = None, overwrite: bool = False,
+               name: str | None = None, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
                allow_raw: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
     from ..cluster import cluster_client

@@ -214,7 +214,7 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
 
 
 def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split: str = "train",
-                stats_from: str | None = None, name: str | None = None, cluster: str | None = None,
+                stats_from: str | None = None, name: str | None = None, cluster: "ClusterSpec | str | None" = None,
                 overwrite: bool = False, allow_standardized: bool = False) -> derived.Result:
     """Standardize feature set ``features`` into ``<features>.z`` (or ``name``); see the module docstring."""
     from ..cluster import cluster_client

@@ -677,12 +677,6 @@ class SGRAF(RetrievalModel):
         return torch.sigmoid(self.eval_w(out)).squeeze(-1).view(n_img, n_cap)
 
 
-def average_scores(models, feats, counts, tokens, lengths) -> torch.Tensor:
-    """SGRAF: the mean of the similarity matrices of several models (a SAF and an SGR run) on a block."""
-    return torch.stack([m.score(m.encode_images(feats, counts), m.encode_captions(tokens, lengths))
-                        for m in models]).mean(0)
-
-
 def img_dim_of(img_shape, expect: str, model: str) -> int:
     """The channel width of a feature row shape; refuses a layout the model cannot read."""
     shape = tuple(int(x) for x in img_shape)

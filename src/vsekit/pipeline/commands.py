@@ -197,3 +197,15 @@ def option_default(cmd: click.Command, key: str) -> Any:
         return None
     default = p.param.default
     return None if callable(default) else default
+
+
+def call_stage(cmd: click.Command, command: str, values: dict[str, Any]) -> Any:
+    """Run a stage: ``cmd``'s function called with ``values`` (canonical key -> converted value) as its
+    typed keyword arguments, each unset parameter at the command's default. No command line is
+    built: Click only fills the defaults and applies each parameter's type to the values (the files
+    a path names are checked now, when the stage runs, as the command line would)."""
+    params = {p.key: p for p in params_of(cmd).values() if not p.invert}
+    given = {params[k].param.name: v for k, v in values.items() if v is not None and k in params}
+    ctx = cmd.make_context(f"vsekit {command}", [], default_map=given)
+    with ctx:
+        return ctx.invoke(cmd.callback, **ctx.params)

@@ -1,4 +1,8 @@
-"""Run a pipeline: fingerprint each stage, skip what is up to date, run the rest through the CLI.
+"""Run a pipeline: fingerprint each stage, skip what is up to date, run the rest.
+
+Each stage that runs is its command's function called in-process with the stage's typed values
+(:func:`.commands.call_stage`): no command line is built or parsed again, and ``--cluster`` arrives
+parsed (a :class:`~vsekit.cluster.ClusterSpec` with the pipeline's ``cluster:`` settings).
 
 A stage's fingerprint hashes its resolved options (less those that only say where it runs, such as
 ``--cluster``), the size and modification time of the input files it names, the fingerprint of the
@@ -32,15 +36,18 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
 
 from ..version import __version__
 from ..words import plural
-from .commands import has_option
+from .commands import call_stage, has_option
 from .resolve import ResolvedStage, resolve_pipeline
 from .spec import PipelineError, PipelineFile, PipelineSpec
+
+if TYPE_CHECKING:
+    from ..cluster import ClusterSpec
 
 
 def fingerprint(stage: ResolvedStage, previous: str) -> str:
@@ -70,13 +77,17 @@ class Step:
     overwrite: bool = False
     resume: bool = False
 
-    def argv(self) -> list[str]:
+    def extra(self) -> dict[str, bool]:
+        """The options the plan adds to the stage's own (option names as on the command line)."""
         extra = {"overwrite": True} if self.overwrite else {}
         if self.overwrite and has_option(self.stage.command, "drop-features"):
             extra["drop-features"] = True   # a re-ingest: the stages after it remake its feature sets
         if self.resume:
             extra["resume"] = True
-        return self.stage.argv(extra)
+        return extra
+
+    def argv(self) -> list[str]:
+        return self.stage.argv(self.extra())
 
     def command_line(self) -> str:
         return "vsekit " + " ".join(shlex.quote(a) for a in self.argv())
@@ -187,11 +198,18 @@ def _running_record(step: Step, pipeline: str) -> dict[str, Any]:
 
 def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None, from_stage: str | None = None, force: bool = False,
-                 dry_run: bool = False, cluster: str | None = None,
+                 dry_run: bool = False, cluster: "ClusterSpec | str | None" = None,
+                 cluster_settings: Mapping[str, Any] | None = None,
                  echo: Callable[[str], None] = click.echo) -> RunResult:
-    """Validate ``pipeline`` completely, then run (or, with ``dry_run``, print) its plan."""
+    """Validate ``pipeline`` completely, then run (or, with ``dry_run``, print) its plan.
+
+    ``cluster`` (parsed once by the caller) replaces every stage's ``--cluster``; a stage's own is
+    parsed with ``cluster_settings`` (default: the pipeline's ``cluster:`` section)."""
     t0 = time.perf_counter()
-    stages = resolve_pipeline(pipeline, cli, sets=sets, env=env, cluster=cluster)
+    if cluster_settings is None:
+        cluster_settings = pipeline.cluster
+    stages = resolve_pipeline(pipeline, cli, sets=sets, env=env, cluster=cluster,
+                              cluster_settings=cluster_settings)
     steps = plan(stages, pipeline.name, from_stage=from_stage, force=force)
     result = RunResult(pipeline.name, steps)
     n = len(steps)
@@ -270,26 +288,42 @@ def check_protocols(stages: list[ResolvedStage], checked: set[str], echo: Callab
 
 
 def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:
-    """Run one stage through the CLI in-process; a failure names the stage and the resume command."""
-    argv = step.argv()
+    """Run one stage in-process: its command's function called with the stage's typed values (the
+    cluster already parsed); a failure names the stage and the resume command."""
+    from ..interrupts import Interrupted
+    from ..storage.fserrors import user_error
+
+    values = dict(step.stage.values)
+    values.update(step.extra())   # canonical keys: the option names, "-" as on the command line
     try:
-        cli.main(args=argv, prog_name="vsekit", standalone_mode=False)
+        call_stage(step.stage.command, step.stage.spec.command, values)
     except click.exceptions.Exit as exc:
         if exc.exit_code not in (0, None):
             raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} exited with code "
                                 f"{exc.exit_code}") from None
-    except click.exceptions.Abort:
+    except Interrupted:   # SIGINT / SIGTERM: the command's own exit (130 / 143) and what was kept
+        raise
+    except (click.exceptions.Abort, KeyboardInterrupt):
         raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label}: aborted; rerun "
                             f"`vsekit run {pipeline}` to resume") from None
     except click.ClickException as exc:
-        example = (f" (e.g. --stage-option {step.stage.id}.weights=none for `--weights none`)"
-                   if has_option(step.stage.command, "weights") else "")
-        raise PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} failed: "
-                            f"{exc.format_message()}\n  command: {step.command_line()}\n  "
-                            f"an option of this stage is set from the command line with `vsekit run {pipeline} "
-                            f"--stage-option {step.stage.id}.OPTION=VALUE`{example}, a ${{VARIABLE}} with "
-                            f"`--set NAME=VALUE`\n  fix it and rerun `vsekit run {pipeline}`: finished stages "
-                            f"are skipped and this one resumes") from None
+        raise _failed(step, pipeline, exc.format_message()) from None
+    except Exception as exc:   # the library's refusals, as the CLI words them (vsekit.cli.VsekitGroup)
+        message = user_error(exc, step.stage.values.get("store"))
+        if message is None:
+            raise
+        raise _failed(step, pipeline, message) from exc
+
+
+def _failed(step: Step, pipeline: str, message: str) -> PipelineError:
+    example = (f" (e.g. --stage-option {step.stage.id}.weights=none for `--weights none`)"
+               if has_option(step.stage.command, "weights") else "")
+    return PipelineError(f"pipeline {pipeline!r}, {step.stage.spec.label} failed: "
+                         f"{message}\n  command: {step.command_line()}\n  "
+                         f"an option of this stage is set from the command line with `vsekit run {pipeline} "
+                         f"--stage-option {step.stage.id}.OPTION=VALUE`{example}, a ${{VARIABLE}} with "
+                         f"`--set NAME=VALUE`\n  fix it and rerun `vsekit run {pipeline}`: finished stages "
+                         f"are skipped and this one resumes")
 
 
 def list_pipelines(pf: PipelineFile) -> str:
@@ -434,7 +468,8 @@ def _params_of_stage(stage, cli: click.Group) -> dict:
 
 def run(name: str, *, cli: click.Group, file: str | None = None, sets: Mapping[str, str] | None = None,
         from_stage: str | None = None, force: bool = False, dry_run: bool = False,
-        cluster: str | None = None, env: Mapping[str, str] | None = None,
+        cluster: "ClusterSpec | str | None" = None, cluster_settings: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
         echo: Callable[[str], None] = click.echo, stage_options: Sequence[str] = ()) -> RunResult:
     """``vsekit run NAME``: check the whole file, run the pipeline, print the metrics table.
 
@@ -452,7 +487,7 @@ def run(name: str, *, cli: click.Group, file: str | None = None, sets: Mapping[s
     mine = {n: p for n, p in pf.pipelines.items() if p.file == pipeline.file}
     check_file({**mine, name: pipeline}, cli, sets=sets, env=env)
     result = run_pipeline(pipeline, cli, sets=sets, env=env, from_stage=from_stage, force=force,
-                          dry_run=dry_run, cluster=cluster, echo=echo)
+                          dry_run=dry_run, cluster=cluster, cluster_settings=cluster_settings, echo=echo)
     if not dry_run:
         runs = []
         for step in result.steps:

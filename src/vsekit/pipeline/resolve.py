@@ -10,13 +10,16 @@ the pipeline and the stage.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import click
 
 from .commands import Param, build_argv, convert_value, norm, option_default, params_of, resolve_command
 from .outputs import StageIO, stage_io
 from .spec import Located, MissingVariable, PipelineError, PipelineSpec, StageSpec, Variables
+
+if TYPE_CHECKING:
+    from ..cluster import ClusterSpec
 
 #: options that say where or how fast a stage runs, not what it makes: not part of the fingerprint
 NOT_FINGERPRINTED = frozenset({"cluster", "workers", "device", "pin-memory", "channels-last", "prefetch", "progress",
@@ -84,9 +87,19 @@ def _has_placeholder(value: Any) -> bool:
 
 
 def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str, str] | None = None,
-                     env: Mapping[str, str] | None = None, cluster: str | None = None,
+                     env: Mapping[str, str] | None = None, cluster: "ClusterSpec | str | None" = None,
+                     cluster_settings: Mapping[str, Any] | None = None,
                      tolerate_missing: bool = False) -> list[ResolvedStage]:
-    """Check ``pipeline`` completely and return its stages ready to run (raises PipelineError)."""
+    """Check ``pipeline`` completely and return its stages ready to run (raises PipelineError).
+
+    ``cluster`` (``vsekit run --cluster``, parsed once by the caller) replaces every stage's; a
+    stage's own ``cluster:`` text is parsed here, once, with ``cluster_settings`` (the pipeline's
+    ``cluster:`` section), so each stage receives a :class:`~vsekit.cluster.ClusterSpec`."""
+    from ..cluster import parse_cluster
+
+    cluster_settings = dict(cluster_settings) if cluster_settings else None   # none: $VSEKIT_CLUSTER_CONFIG
+    if isinstance(cluster, str):
+        cluster = parse_cluster(cluster, cluster_settings)
     variables = Variables(pipeline.variables, sets or {}, env)
     stages: list[ResolvedStage] = []
     made: dict[tuple[str, str], str] = {}   # (store, name) -> stage label that makes it
@@ -132,6 +145,15 @@ def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[
             value = _substitute(loc, variables, err, tolerate_missing)
             if _has_placeholder(value):
                 values[key] = value
+                continue
+            if key == "cluster" and not p.is_argument and not isinstance(value, (list, dict)):
+                if tolerate_missing:   # checking the file only: parsed when its pipeline runs, once
+                    values[key] = value
+                    continue
+                try:
+                    values[key] = parse_cluster(value, cluster_settings)
+                except ValueError as exc:
+                    raise err(line, f"option 'cluster' of `vsekit {spec.command}`: {exc}") from None
                 continue
             try:
                 values[key] = convert_value(p, value, ctx)
@@ -179,7 +201,8 @@ def _input_files(params: dict[str, Param], values: dict[str, Any]) -> list[str]:
 def check_file(pipelines: Mapping[str, PipelineSpec], cli: click.Group, *, sets=None, env=None) -> None:
     """Check every pipeline of a file; unset variables are allowed here (checked when one is run)."""
     for p in pipelines.values():
-        resolve_pipeline(p, cli, sets=sets, env=env, tolerate_missing=True)
+        resolve_pipeline(p, cli, sets=sets, env=env, cluster_settings=dict(p.cluster or {}),
+                         tolerate_missing=True)
 
 
 __all__ = ["ResolvedStage", "resolve_pipeline", "check_file", "NOT_FINGERPRINTED"]

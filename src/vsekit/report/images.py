@@ -47,11 +47,12 @@ def _data_uri(img, fmt: str = "JPEG") -> str:
 def _open_rgb(path: str, size: int):
     from PIL import Image
 
+    from ..extract.images import load_ref_image
     from ..storage.sources import shards
 
     if shards.is_ref(path):  # an image inside a tar shard or parquet file (ingest webdataset|parquet)
         try:
-            im = shards.load_image(path)
+            im = load_ref_image(path)
         except Exception as exc:
             raise OSError(str(exc)) from None
         im.thumbnail((size, size))

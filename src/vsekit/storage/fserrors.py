@@ -80,3 +80,38 @@ def _names(where: Callable) -> Callable:
 names_set_path = _names(lambda fs: fs.store.path / "features" / fs.name)
 #: Decorator for FeatureStore writers: a filesystem error names the store.
 names_store_path = _names(lambda store: store.path)
+
+
+def user_error(exc: BaseException, store: str | os.PathLike | None = None) -> str | None:
+    """The one-line message of a refusal the user can act on (a store error, a full or read-only
+    filesystem, a bad value, a missing file), or None for a bug. The CLI and ``vsekit run`` word a
+    stage's failure with it, so a stage fails with the same words whichever called it."""
+    from ..suggest import improve_message
+    from .base import StoreError
+
+    if isinstance(exc, FilesystemError):
+        _quiet_unretrieved_write_errors()
+        return improve_message(str(exc))
+    if isinstance(exc, (StoreError, ValueError, FileNotFoundError)):
+        return improve_message(str(exc))
+    if isinstance(exc, OSError) and is_fs_error(exc):   # a full, read-only or forbidden filesystem
+        _quiet_unretrieved_write_errors()
+        return str(fs_error(exc, f"in the store {store}" if store else None))
+    return None
+
+
+class _UnretrievedOSError:
+    """Drops asyncio's "Future/Task exception was never retrieved" for an OSError: after one write of a
+    zarr store fails (a full disk), zarr's other concurrent writes of the same call fail too and are
+    never awaited, and asyncio prints each one's traceback when it is collected, after the one
+    ``Error:`` line that already says what happened."""
+
+    def filter(self, record) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not ("exception was never retrieved" in str(record.msg) and isinstance(exc, OSError))
+
+
+def _quiet_unretrieved_write_errors() -> None:
+    import logging
+
+    logging.getLogger("asyncio").addFilter(_UnretrievedOSError())

@@ -288,15 +288,26 @@ def _loader_warnings(plan: list[tuple[str, np.ndarray]], cpi: int) -> list[str]:
 
 def export_vocab(store: FeatureStore | str | Path, out: str | Path, name: str) -> tuple[Path, Path]:
     """``{name}_vocab.json`` (SCAN's ``deserialize_vocab`` form) and ``{name}_vocab.pkl`` (VSE++)."""
-    from ..tokenize.vocab import Vocabulary
-
-    vocab = Vocabulary.from_store(_open(store))
+    itos = stored_vocabulary(_open(store))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, pkl_path = out / f"{name}_vocab.json", out / f"{name}_vocab.pkl"
-    json_path.write_text(json.dumps(vocab.to_vsepp(), ensure_ascii=False), encoding="utf-8")
-    pkl_path.write_bytes(vsepp_vocab_pickle(vocab.itos))
+    json_path.write_text(json.dumps(vsepp_vocab_json(itos), ensure_ascii=False), encoding="utf-8")
+    pkl_path.write_bytes(vsepp_vocab_pickle(itos))
     return json_path, pkl_path
+
+
+def stored_vocabulary(store: FeatureStore) -> list[str]:
+    """The words of the vocabulary ``vsekit tokenize`` stored (``tokens`` attrs), id order."""
+    if "tokens" not in store.root or "vocabulary" not in store.root["tokens"].attrs:
+        raise StoreError(f"{store.path} has no vocabulary; run `vsekit tokenize --store {store.path}` first")
+    return [str(w) for w in store.root["tokens"].attrs["vocabulary"]]
+
+
+def vsepp_vocab_json(itos: Sequence[str]) -> dict[str, Any]:
+    """The ``vocab.json`` form of VSE++ / SCAN: ``word2idx``, ``idx2word`` (string keys), ``idx``."""
+    return {"word2idx": {w: i for i, w in enumerate(itos)}, "idx2word": {str(i): w for i, w in enumerate(itos)},
+            "idx": len(itos)}
 
 
 def vsepp_vocab_pickle(itos: Sequence[str]) -> bytes:
@@ -342,16 +353,6 @@ class _VocabPickler(pickle._Pickler):
             self.memoize(obj)
             return
         super().save_global(obj, name)
-
-
-def export_vsepp(store, features: str, out, **kw) -> dict[str, Any]:
-    """The VSE++ precomp layout (see :func:`export_precomp`)."""
-    return export_precomp(store, features, out, layout="vsepp", **kw)
-
-
-def export_scan(store, features: str, out, **kw) -> dict[str, Any]:
-    """The SCAN / SGRAF precomp layout (see :func:`export_precomp`)."""
-    return export_precomp(store, features, out, layout="scan", **kw)
 
 
 # HDF5 ---------------------------------------------------------------------------------------------

@@ -1,49 +1,34 @@
 """The exact command that (re)makes a feature set, rebuilt from its provenance attrs.
 
 Messages that tell the user to resume, repair or retry a set quote it, so the advice can be pasted.
+Storage knows no stage: each stage registers which sets it makes (a test on their attrs) and the
+arguments that make one again (:func:`register`; ``vsekit.extract.job`` and ``vsekit.fne.derived``
+do, when they are imported, as every command that makes or reads such a set imports them).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-_DERIVED = {"standardize": "standardize", "discretize": "discretize"}
+#: (stage, makes(attrs) -> bool, args(store path, set name, attrs) -> argv), in registration order
+_RULES: list[tuple[str, Callable[[Mapping[str, Any]], bool], Callable[[str, str, Mapping[str, Any]], list[str]]]] = []
 
 
-def extract_command(store_path: str | os.PathLike, name: str, attrs: Mapping[str, Any],
-                    *extra: str) -> str:
-    """``vsekit extract ...`` with every option that enters the set's config hash: the fields of the
-    extraction job that name an attr (:func:`vsekit.extract.job.remake_args`)."""
-    from ..extract.job import remake_args
-
-    a = attrs
-    args = ["vsekit", "extract", "--store", str(store_path), "--model", str(a.get("model")),
-            "--kind", str(a.get("kind")), "--weights", str(a.get("weights")), "--name", name]
-    return shlex.join([*args, *remake_args(a), *extra])
+def register(stage: str, makes: Callable[[Mapping[str, Any]], bool],
+             args: Callable[[str, str, Mapping[str, Any]], list[str]]) -> None:
+    """Stage ``stage`` makes the sets whose attrs satisfy ``makes``; ``args(store, name, attrs)`` is
+    the command line (``["vsekit", ...]``) that makes one again. Registering a stage again replaces it."""
+    _RULES[:] = [r for r in _RULES if r[0] != stage]
+    _RULES.append((stage, makes, args))
 
 
 def remake_command(store, name: str, *extra: str) -> str:
-    """The command that makes feature set ``name`` of ``store`` (extract, standardize, discretize)."""
-    fs = store.features(name)
-    a = fs.attrs
-    stage = a.get("stage")
-    if stage in _DERIVED and a.get("parent"):
-        args = ["vsekit", _DERIVED[stage], "--store", str(store.path), "--features", a["parent"]]
-        if stage == "standardize":
-            if a.get("stats_from"):
-                args += ["--stats-from", a["stats_from"]]
-            elif a.get("split"):
-                args += ["--split", a["split"]]
-        else:
-            args += ["--thresholds", *(str(t) for t in a.get("thresholds", []))]
-            if a.get("packed"):
-                args.append("--pack")
-        args += ["--name", name]
-        return shlex.join([*args, *extra])
-    if "crop_size" in a and not a.get("parent"):   # made by `vsekit extract`
-        return extract_command(store.path, name, a, *extra)
+    """The command that makes feature set ``name`` of ``store``, ``extra`` arguments appended."""
+    attrs = store.features(name).attrs
+    for _stage, makes, args in _RULES:
+        if makes(attrs):
+            return shlex.join([*args(str(store.path), name, attrs), *extra])
     return f"the command that made {name!r} (see `vsekit info {store.path} {name}`)"
 
 
@@ -55,3 +40,4 @@ def root_set(store, name: str) -> str:
         if not parent or not store.has_features(parent):
             return seen
         seen = parent
+

@@ -84,7 +84,7 @@ def resolve_vocab_splits(spec: str | Sequence[str]) -> list[str]:
 def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
              vocab_splits: str | Sequence[str] = "train,val", strip_punct: bool = False,
              lowercase: bool = True, bos_eos: bool = True, max_len: int | None = None,
-             workers: int = 1, cluster: str | None = None, chunk_captions: int = CHUNK_CAPTIONS,
+             workers: int = 1, cluster: "ClusterSpec | str | None" = None, chunk_captions: int = CHUNK_CAPTIONS,
              chunk_tokens: int = CHUNK_TOKENS,
              progress: Callable[[int, int], None] | None = None) -> TokenizeSummary:
     """Tokenise every caption of ``store``, build the vocabulary, and write the ``tokens`` group.
@@ -223,7 +223,7 @@ def count_chunk(task: dict[str, Any]) -> dict[str, Any]:
             "truncated": int(truncated), "vocab_captions": int(in_vocab.sum())}
 
 
-def _map_ordered(func: Callable[[Any], Any], tasks: list, workers: int, cluster: str | None) -> Iterator[Any]:
+def _map_ordered(func: Callable[[Any], Any], tasks: list, workers: int, cluster: "ClusterSpec | str | None") -> Iterator[Any]:
     """``func`` over ``tasks``, results in task order: in-process, in processes, or on dask."""
     if cluster:
         from ..cluster import cluster_client

@@ -132,8 +132,9 @@ class Vocabulary:
     # VSE++ / SCAN interop -------------------------------------------------------------------------
     def to_vsepp(self) -> dict[str, Any]:
         """The ``vocab.json`` form of VSE++ / SCAN: ``word2idx``, ``idx2word`` (string keys), ``idx``."""
-        return {"word2idx": dict(self.stoi), "idx2word": {str(i): w for i, w in enumerate(self.itos)},
-                "idx": len(self.itos)}
+        from ..storage.interop import vsepp_vocab_json
+
+        return vsepp_vocab_json(self.itos)
 
 
 def export_vocab_json(store: "FeatureStore | str | os.PathLike", path: str | os.PathLike) -> Path:

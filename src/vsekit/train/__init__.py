@@ -6,6 +6,6 @@ created by name through ``create_model`` (see ``base.py`` for the contract every
 
 from ..models import RetrievalModel, create_model, model_names, register_model  # noqa: F401
 from .config import PRESETS, TrainConfig, resolve_config  # noqa: F401
-from .evaluation import compute_ranks, metrics_from_ranks, ranks_from_matrix  # noqa: F401
+from .evaluation import compute_ranks, metrics_from_ranks  # noqa: F401
 from .evaluate_run import evaluate  # noqa: F401
 from .trainer import train  # noqa: F401

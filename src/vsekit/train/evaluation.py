@@ -96,12 +96,6 @@ def _np(x: Any) -> np.ndarray:
     return x.detach().to("cpu", torch.float64).numpy() if isinstance(x, torch.Tensor) else np.asarray(x, np.float64)
 
 
-def ranks_from_matrix(sims: np.ndarray, caption_image: Sequence[int], **kw: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Ranks of an in-memory (n_images, n_captions) similarity matrix (tests, small sets)."""
-    sims_t = torch.as_tensor(np.asarray(sims, dtype=np.float64))
-    return compute_ranks(lambda i, c: sims_t[i][:, c], sims_t.shape[0], np.asarray(caption_image), **kw)
-
-
 def metrics_from_ranks(i2t: np.ndarray, t2i: np.ndarray) -> dict[str, float]:
     """R@1/5/10, Med r, Mean r and MRR in both directions, and rsum of the six recalls."""
     out: dict[str, float] = {}

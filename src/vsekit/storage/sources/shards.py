@@ -16,9 +16,7 @@ reading rows in store order (as extraction's row blocks do) reads every row grou
 
 from __future__ import annotations
 
-import io
 import tarfile
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -128,27 +126,3 @@ def _read_parquet_cell(file: str, column: str, row: int) -> bytes:
     if not value:
         raise ImageError(f"{file}: row {row} has no image bytes in column {column!r}")
     return bytes(value)
-
-
-def load_image(path: str | Path):
-    """Decode the image a reference points at to 8-bit RGB, with the rules of ``extract.images``."""
-    from PIL import Image, ImageOps
-
-    from ...extract.images import to_rgb
-
-    data = read_bytes(path)
-    if not data:
-        raise ImageError(f"empty (zero-byte) image {path}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                img.load()
-                img = ImageOps.exif_transpose(img)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(f"image over PIL's decompression-bomb limit: {path} ({exc})") from None
-    except Image.UnidentifiedImageError:
-        raise ImageError(f"not an image PIL can read: {path}") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"cannot decode {path}: {exc}") from None
-    return to_rgb(img)
