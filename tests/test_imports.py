@@ -262,7 +262,7 @@ def test_image_error_lives_in_storage(tmp_path):
 #: bottom up; a module belongs to the layer of its longest matching prefix ("vsekit" alone: only the
 #: package itself); it may import its own layer and those below, never one above
 LAYERS = (
-    ("foundation", ("vsekit", "vsekit.version", "vsekit.suggest", "vsekit.digest", "vsekit.interrupts",
+    ("foundation", ("vsekit", "vsekit.version", "vsekit.suggest", "vsekit.words", "vsekit.digest", "vsekit.interrupts",
                     "vsekit.allocator", "vsekit.devices", "vsekit.cluster", "vsekit.cluster_pin")),
     ("storage", ("vsekit.storage",)),
     ("stages", ("vsekit.extract", "vsekit.fne", "vsekit.tokenize", "vsekit.models", "vsekit.train",

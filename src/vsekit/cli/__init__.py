@@ -47,7 +47,7 @@ class VsekitGroup(click.Group):
         except click.UsageError as exc:   # a subcommand's wrong option or value
             exc = _ranked(exc)
             exc.exit_code = USER_ERROR
-            raise
+            raise exc from None
         except click.ClickException:
             raise
         except Exception as exc:   # the library's refusals: one line (vsekit run words them the same)
