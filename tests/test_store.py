@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +138,31 @@ def test_a_visible_set_without_provenance_is_refused_not_deleted(demo_store):
     if fs.staged:
         fs.commit()
     assert "config_hash" in demo_store.features("x").attrs
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/x.zarr", "gs://b/p/x.zarr", "az://c/x.zarr"])
+def test_a_store_url_vsekit_cannot_serve_is_refused_and_creates_nothing(tmp_path, monkeypatch, url):
+    """Issue 35: a URL was taken for a local path and a folder named ``s3:`` appeared in the working
+    directory. Every command refuses it in one Error line before touching the disk."""
+    from click.testing import CliRunner
+
+    from vsekit.cli import main
+    from vsekit.storage.store import FeatureStore, StoreError, local_path
+
+    monkeypatch.chdir(tmp_path)
+    scheme = url.split(":", 1)[0]
+    commands = [["ingest", "karpathy", str(tmp_path / "none.json"), "--store", url],
+                ["info", url], ["tokenize", "--store", url],
+                ["extract", "--store", url, "--model", "vgg19", "--kind", "global", "--weights", "none"],
+                ["standardize", "--store", url, "--features", "f"]]
+    for args in commands:
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 1, (args, res.output)
+        errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and f"{scheme}:// stores are not supported" in errors[0], (args, res.output)
+    with pytest.raises(StoreError, match=f"{scheme}:// stores are not supported"):
+        FeatureStore.open(url)
+    with pytest.raises(StoreError, match=f"{scheme}:// stores are not supported"):
+        FeatureStore.create(url, dataset="x")
+    assert list(tmp_path.iterdir()) == []          # no folder named "s3:" (or anything else)
+    assert local_path("file:///tmp/a.zarr") == Path("/tmp/a.zarr")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import StorePath
+
 
 @click.command("embed")
 @click.argument("run", type=click.Path(exists=True, file_okay=False))
@@ -11,7 +13,7 @@ import click
               help="Split to embed.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for images.npy, captions.npy, their .parquet ids and embed.json.")
-@click.option("--store", default=None, type=click.Path(exists=True, file_okay=False),
+@click.option("--store", default=None, type=StorePath(exists=True),
               help="Embed this store instead of the run's (same vocabulary).")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import StorePath
+
 
 @click.group("export")
 def export() -> None:
@@ -35,7 +37,7 @@ def _precomp_options(f):
     return f
 
 
-STORE = click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False),
+STORE = click.option("--store", "store_path", required=True, type=StorePath(exists=True),
                      help="The vsekit store (a .zarr folder).")
 OVERWRITE = click.option("--overwrite", is_flag=True,
                          help="Replace an existing --out (whole: no file of the old one is kept).")

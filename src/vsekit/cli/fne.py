@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from .options import CLUSTER, SPLITS
+from .options import CLUSTER, SPLITS, StorePath
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
 from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
 
-_store = click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
+_store = click.option("--store", "store", required=True, type=StorePath(exists=True),
                       help="The vsekit store (a .zarr folder).")
 _features = click.option("--features", required=True, help="Feature set to read.")
 _split = click.option("--split", default="train", show_default=True, type=SPLITS,

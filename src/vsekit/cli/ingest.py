@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import StorePath
+
 
 @click.group("ingest")
 def ingest() -> None:
@@ -12,7 +14,7 @@ def ingest() -> None:
 
 
 def _common(f):
-    f = click.option("--store", "store_path", required=True, type=click.Path(), help="Store to create.")(f)
+    f = click.option("--store", "store_path", required=True, type=StorePath(), help="Store to create.")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
     f = DROP_FEATURES(f)
     f = click.option("--strict", is_flag=True, help="Turn skipped items into errors.")(f)
@@ -135,7 +137,7 @@ def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root
               help="Captions per image in the files (the layouts assume a fixed number).")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype (default: the file's for global features, float16 for regions).")
-@click.option("--store", "store_path", required=True, type=click.Path(),
+@click.option("--store", "store_path", required=True, type=StorePath(),
               help="A new store, or an existing one to add the feature set to (matched by image id).")
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
@@ -156,7 +158,7 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
 
 @ingest.command("butd")
 @click.argument("tsv", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--store", "store_path", required=True, type=click.Path(),
+@click.option("--store", "store_path", required=True, type=StorePath(),
               help="An existing store to add the features to (matched by image id), or a new store.")
 @click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
 @click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1),
@@ -242,7 +244,7 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
 
 @ingest.command("npz")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
-@click.option("--store", "store_path", required=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--store", "store_path", required=True, type=StorePath(exists=True),
               help="Existing store to add the region features to (matched by image id).")
 @click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
 @click.option("--match", type=click.Choice(["exact", "number"]), default="exact", show_default=True,
@@ -265,7 +267,7 @@ def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
 
 @ingest.command("hdf5")
 @click.argument("h5_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--store", "store_path", required=True, type=click.Path(), help="Store to create.")
+@click.option("--store", "store_path", required=True, type=StorePath(), help="Store to create.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @DROP_FEATURES
 def hdf5(h5_path, store_path, overwrite, drop_features):

@@ -35,6 +35,24 @@ class Workers(click.ParamType):
 WORKERS = Workers()
 
 
+class StorePath(click.Path):
+    """``--store``: a store's path. A URL vsekit cannot serve (``s3://...``) is refused in one line
+    first, rather than reported as a missing folder or created as a folder named ``s3:``."""
+
+    def __init__(self, exists: bool = False):
+        super().__init__(exists=exists, file_okay=False)
+
+    def convert(self, value, param, ctx):
+        from ..storage.base import StoreError
+        from ..storage.store import local_path
+
+        try:
+            value = str(local_path(value)) if isinstance(value, str) else value
+        except StoreError as exc:
+            self.fail(str(exc).split(": ", 1)[1], param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def resolve_workers(value, cap: int = 4) -> int:
     """``auto`` → the cores this process may use, at most ``cap``; a number as is."""
     if value == "auto":

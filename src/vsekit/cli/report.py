@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import StorePath
+
 
 @click.command("report")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
@@ -19,7 +21,7 @@ import click
               help="Caption-image pairs to show attention maps for.")
 @click.option("--top-k", "k", default=5, show_default=True, type=click.IntRange(min=1), help="Results shown per query.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the example sample.")
-@click.option("--store", default=None, type=click.Path(file_okay=False),
+@click.option("--store", default=None, type=StorePath(),
               help="Store to read (default: the one in each run's config.json).")
 @click.option("--device", default="auto", show_default=True,
               help="Device to score examples on: auto | cpu | cuda | cuda:N.")
@@ -45,7 +47,7 @@ def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, 
 
 
 @click.command("report-boxes")
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.argument("store", type=StorePath(exists=True))
 @click.argument("name")
 @click.option("--rows", default="0", show_default=True, help="Comma-separated image rows.")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Folder for the PNGs.")

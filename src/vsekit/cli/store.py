@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from .options import StorePath
+
 
 @click.command("info")
-@click.argument("store", type=click.Path(exists=True, file_okay=False))
+@click.argument("store", type=StorePath(exists=True))
 @click.argument("name", required=False)
 @click.option("--verify", is_flag=True,
               help="Re-read every finished block and compare it with its recorded checksum.")
@@ -30,7 +32,7 @@ def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
 
 
 @click.command("split")
-@click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--store", "store", required=True, type=StorePath(exists=True),
               help="The vsekit store (a .zarr folder).")
 @click.option("--ratios", default=None,
               help="train,val,test ratios of a random split (as `ingest folder --ratios`, same --seed, same split).")

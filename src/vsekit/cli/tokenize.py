@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
-from .options import CLUSTER, WORKERS, resolve_workers
+from .options import CLUSTER, WORKERS, resolve_workers, StorePath
 
 
 @click.command("tokenize")
-@click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False),
+@click.option("--store", "store", required=True, type=StorePath(exists=True),
               help="The vsekit store whose captions to tokenize.")
 @click.option("--min-count", default=4, show_default=True, type=int,
               help="Keep words seen at least this many times in the vocabulary splits (VSE++/SCAN: 4).")

@@ -284,6 +284,26 @@ def default_compressors(row_shape: Sequence[int], dtype: Any, kind: str | None =
     return "auto"
 
 
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def local_path(path: str | os.PathLike) -> Path:
+    """The filesystem path of a store, or one clear refusal for a URL vsekit cannot serve.
+
+    ``file://`` URLs name a local path. Any other scheme (``s3://``, ``gs://``, ``az://``, ...) is
+    refused: taken as a path it would create a folder named ``s3:`` in the working directory
+    (``tests/test_store.py::test_a_store_url_vsekit_cannot_serve_is_refused_and_creates_nothing``).
+    """
+    text = os.fspath(path)
+    match = _URL.match(text) if isinstance(text, str) else None
+    if match is None:
+        return Path(text)
+    if match.group(1).lower() == "file":
+        return Path(text[len(match.group(0)):] or "/")
+    raise StoreError(f"--store {text}: {match.group(1)}:// stores are not supported by this vsekit; a store is a "
+                     f"local or shared-filesystem path (object storage is issue 35)")
+
+
 class FeatureStore:
     """A vsekit store: one Zarr v3 group per dataset."""
 
@@ -295,7 +315,7 @@ class FeatureStore:
     @classmethod
     def create(cls, path: str | os.PathLike, *, dataset: str, image_root: str | os.PathLike = "",
                source_files: Sequence[str] = (), overwrite: bool = False) -> "FeatureStore":
-        path = Path(path)
+        path = local_path(path)
         if path.exists() and not overwrite:
             raise StoreError(f"{path} already exists; pass --overwrite to replace it")
         root = zarr.open_group(str(path), mode="w", zarr_format=3)
@@ -312,7 +332,7 @@ class FeatureStore:
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r") -> "FeatureStore":
-        path = Path(path)
+        path = local_path(path)
         if not (path / "zarr.json").exists():
             raise StoreError(f"{path} is not a vsekit store (no zarr.json there); "
                              f"create one with `vsekit ingest ...`")
@@ -341,7 +361,7 @@ class FeatureStore:
         """
         from . import lock
 
-        path = Path(path)
+        path = local_path(path)
         with lock.creating_store(path), contextlib.ExitStack() as held_store:
             if path.exists() and not overwrite:
                 raise StoreError(f"{path} already exists; pass --overwrite to replace it")
