@@ -287,8 +287,11 @@ class PairStream:
         first = np.repeat(self._cap_start[rows] - np.cumsum(counts) + counts, counts)
         return img, self._caps[first + np.arange(len(img))]
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        """The epoch's batches; ``skip``: the first ``skip`` batches are drawn (the same random
+        numbers) but not built nor yielded (a run resumed mid-epoch continues where it stopped)."""
         rng = np.random.default_rng([self.seed, int(epoch)])
+        cut = 0
         in_rows = np.zeros(self.source.n_rows, dtype=bool)
         in_rows[self.rows] = True
         chunks = self._chunks
@@ -320,6 +323,9 @@ class PairStream:
             last = wi == len(windows) - 1
             n_full = len(img) if last else (len(img) // self.batch_size) * self.batch_size
             for b in range(0, n_full, self.batch_size):
+                cut += 1
+                if cut <= skip:
+                    continue
                 sl = slice(b, min(b + self.batch_size, n_full))
                 yield self._batch(feats_buf, counts_buf, img[sl], cap[sl], pos[sl])
             rest = pos[n_full:]
