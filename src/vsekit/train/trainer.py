@@ -450,6 +450,9 @@ class Run:
             flags = (1.0 if pending == signal.SIGTERM else 0.0, 1.0 if pending == signal.SIGINT else 0.0,
                      1.0 if minutes and group.main and self.checkpoint_due() else 0.0)
             loss, flags = train_step(self.net, batch, loss_fn, self.optim, cfg, self.device, group, flags)
+            if group.world == 1 and handler is not None:   # one process: a signal during this step counts
+                pending = handler.pending
+                flags = [1.0 if pending == signal.SIGTERM else 0.0, 1.0 if pending == signal.SIGINT else 0.0, flags[2]]
             meter.add(loss)
             done += 1
             self.steps_done += 1
@@ -553,9 +556,11 @@ def _train(group: Group, store, features, model, out, *, presets, resume, overwr
         raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
                          f"{'resume' if resume else 'train'} with --device cpu")
     if cfg.batch_size % group.world:
-        raise ValueError(f"--batch-size {cfg.batch_size} is not a multiple of the {group.world} ranks: the global "
+        exc = ValueError(f"--batch-size {cfg.batch_size} is not a multiple of the {group.world} ranks: the global "
                          f"batch is split evenly over the ranks; choose a batch size divisible by {group.world} "
                          f"or another rank count")
+        exc.same_on_every_rank = True   # rank 0 says it; the others exit quietly
+        raise exc
     float32 = exact_float32()   # training is float32: IEEE float32 on CUDA too (TF32 off)
     fstore = FeatureStore.open(store)
     tokens = Tokens.from_store(fstore)
