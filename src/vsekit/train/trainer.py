@@ -605,15 +605,23 @@ def _train(group: Group, store, features, model, out, *, presets, resume, overwr
             f"{cfg.batch_size // group.world} pairs per rank")
 
     run = Run(cfg, out, group, net, kw, source, tokens, evalset, stream, device, log, progress)
+    handler = active_handling()
+    with (handler.polled() if handler is not None else contextlib.nullcontext()):
+        # from here a signal stops the run at the next step boundary, with a checkpoint
+        return _run(run, group, out, resume, tensorboard, handler, log)
+
+
+def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, log) -> dict[str, Any]:
+    cfg, stream = run.cfg, run.stream
     if resume:
-        run.load(load_checkpoint(out / "checkpoint_last.pt", str(device)))
+        run.load(load_checkpoint(out / "checkpoint_last.pt", str(run.device)))
         if group.main:
             _write_log(out, run.state)   # the log of the saved epochs, even if the kill came before its write
         where = (f"epoch {run.position['epoch']} after batch {run.position['batches']}" if run.position
                  else f"after epoch {run.state['epoch']}")
         log(f"resuming {out} {where}")
     else:
-        m0 = validate(net, source, tokens, evalset, cfg)
+        m0 = run.validate()
         run.state["history"].append({"epoch": 0, "phase": run.state["phase"], "loss": None, "lr": None,
                                      "val": m0, "time_s": 0.0})
         run.state["untrained_rsum"] = m0["rsum"]
@@ -621,24 +629,22 @@ def _train(group: Group, store, features, model, out, *, presets, resume, overwr
             _write_log(out, run.state)
 
     curves = open_curves(tensorboard if group.main else None, run.state["history"])
-    handler = active_handling()
     first = run.position["epoch"] if run.position else run.state["epoch"] + 1
-    with (handler.polled() if handler is not None else contextlib.nullcontext()):
-        try:
-            for epoch in range(first, cfg.epochs + 1):
-                t0 = time.perf_counter()
-                loss, lr = run.epoch(epoch)
-                metrics = run.validate()
-                run.end_epoch(epoch, loss, lr, metrics, t0, curves)
-                pending = handler.pending if handler is not None else None
-                if group.any(pending is not None):       # a signal during validation: stop here
-                    raise Stop(pending or signal.SIGTERM, epoch, len(stream))
-        except Stop as stop:
-            curves.close()
-            if handler is not None:
-                handler.clear()
-            raise Interrupted(f"interrupted in epoch {stop.epoch} after batch {stop.batches}: "
-                              f"{out / 'checkpoint_last.pt'} holds it; continue with --resume", stop.signum) from None
+    try:
+        for epoch in range(first, cfg.epochs + 1):
+            t0 = time.perf_counter()
+            loss, lr = run.epoch(epoch)
+            metrics = run.validate()
+            run.end_epoch(epoch, loss, lr, metrics, t0, curves)
+            pending = handler.pending if handler is not None else None
+            if epoch < cfg.epochs and group.any(pending is not None):   # a signal during validation
+                raise Stop(pending or signal.SIGTERM, epoch, len(stream))
+    except Stop as stop:
+        curves.close()
+        if handler is not None:
+            handler.clear()
+        raise Interrupted(f"interrupted in epoch {stop.epoch} after batch {stop.batches}: "
+                          f"{out / 'checkpoint_last.pt'} holds it; continue with --resume", stop.signum) from None
     curves.close()
     if group.main:
         plot_curves(run.state["history"], out / "curves.png")
