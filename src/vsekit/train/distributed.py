@@ -163,7 +163,7 @@ class Group:
         ``sizes[r]`` rows on rank r), concatenated in rank order; floating tensors keep their
         gradient (``torch.distributed.nn``: the backward sums every rank's gradient of a part into
         the rank that holds it). Other dims are padded to the largest over the ranks."""
-        if self.world == 1:
+        if not self.distributed:
             return value
         if isinstance(value, (tuple, list)):
             return type(value)(self.gather(v, sizes, autograd=autograd) for v in value)
@@ -171,7 +171,7 @@ class Group:
 
     def gather_dim(self, value: torch.Tensor, sizes: Sequence[int], dim: int) -> torch.Tensor:
         """As :meth:`gather` along ``dim`` (the score matrix's column blocks)."""
-        if self.world == 1:
+        if not self.distributed:
             return value
         moved = value.movedim(dim, 0)
         return self._check("a gather of the score blocks", self._gather_one, moved, list(sizes), True).movedim(0, dim)
@@ -210,7 +210,7 @@ class Group:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks, differentiable (for batch statistics)."""
-        if self.world == 1:
+        if not self.distributed:
             return tensor
         from torch.distributed.nn.functional import all_reduce
 
@@ -219,7 +219,7 @@ class Group:
 
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's rows (dim 0, any count), concatenated in rank order; no gradient."""
-        if self.world == 1:
+        if not self.distributed:
             return tensor
 
         def run():
@@ -240,7 +240,7 @@ class Group:
         skips it); one with a gradient on some rank gets the sum (zeros elsewhere). ``flags`` (a stop
         request, a checkpoint due) ride in the same reduction, so agreeing on them costs nothing.
         """
-        if self.world == 1:
+        if not self.distributed:
             return list(flags)
         import torch.distributed as dist
 
@@ -272,7 +272,7 @@ class Group:
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any (outside a step: after validation)."""
-        if self.world == 1:
+        if not self.distributed:
             return bool(flag)
         import torch.distributed as dist
 
@@ -281,7 +281,7 @@ class Group:
         return bool(t.item() > 0)
 
     def barrier(self, what: str = "a barrier") -> None:
-        if self.world == 1:
+        if not self.distributed:
             return
         import torch.distributed as dist
 
@@ -289,7 +289,7 @@ class Group:
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        if self.world == 1:
+        if not self.distributed:
             return obj
         import torch.distributed as dist
 
