@@ -114,7 +114,9 @@ class Group:
         self.local_rank, self.local_world = local_rank, local_world
         self.timeout_s = timeout_s
         self.backend = backend
-        self.bytes_moved = 0     # bytes this rank sent into collectives (all-gather inputs, reductions)
+        # bytes this rank put into collectives: all-gather parts (forward), their gradients (backward),
+        # all-reduced tensors (batch-norm sums forward and backward, the gradient bucket)
+        self.traffic = {"gather": 0, "gather_grad": 0, "reduce": 0}
 
     @property
     def distributed(self) -> bool:
@@ -197,8 +199,10 @@ class Group:
         if dtype == torch.bool:
             t = t.to(torch.uint8)
         padded = F.pad(t, pad) if any(pad) else t
-        self.bytes_moved += padded.numel() * padded.element_size()
+        nbytes = padded.numel() * padded.element_size()
+        self.traffic["gather"] += nbytes
         if autograd and padded.requires_grad:
+            self.traffic["gather_grad"] += nbytes
             from torch.distributed.nn.functional import all_gather
 
             parts = all_gather(padded)
@@ -214,7 +218,7 @@ class Group:
             return tensor
         from torch.distributed.nn.functional import all_reduce
 
-        self.bytes_moved += tensor.numel() * tensor.element_size()
+        self.traffic["reduce"] += 2 * tensor.numel() * tensor.element_size()   # forward and backward
         return self._check("a reduction of batch statistics", all_reduce, tensor)
 
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -252,7 +256,7 @@ class Group:
         have = torch.tensor([1.0 if p.grad is not None else 0.0 for p in params], dtype=dtype, device=device)
         extra = torch.tensor([float(f) for f in flags], dtype=dtype, device=device)
         bucket = torch.cat([*pieces, have, extra])
-        self.bytes_moved += bucket.numel() * bucket.element_size()
+        self.traffic["reduce"] += bucket.numel() * bucket.element_size()
         self._check("the gradient reduction", dist.all_reduce, bucket)
         grads_len = sum(x.numel() for x in pieces)
         have = bucket[grads_len:grads_len + len(params)].tolist()    # one host read
