@@ -179,6 +179,7 @@ def main(argv=None) -> None:
             res = measure(name, args.batch, args.steps, args.warmup, dev, group)
             res["backend"] = group.backend
             results["models"][name] = {"cuda_1": res}
+            _write(args.out, results)
             print(f"{name}: {res['s_per_step']:.4f} s/step on {torch.cuda.get_device_name()} through "
                   f"{group.backend or 'no process group'} (peak {res.get('peak_cuda_mb')} MB, traffic "
                   f"{res['traffic_bytes']})", flush=True)
@@ -194,15 +195,22 @@ def main(argv=None) -> None:
                "wire_bytes_per_rank": wire_bytes(traffic, args.ranks),
                "peak_rss_mb_1": one["peak_rss_mb"], "peak_rss_mb_ranks": [r["peak_rss_mb"] for r in many]}
         results["models"][name] = rec
+        _write(args.out, results)
         print(f"{name}: 1 rank {one['s_per_step']:.2f} s/step, {args.ranks} ranks {t_many:.2f} s/step: speed-up "
               f"{speedup:.2f}, efficiency {speedup / args.ranks:.2f}; per rank per step {traffic} "
               f"(wire {rec['wire_bytes_per_rank'] / 2**20:.1f} MiB); peak RSS {one['peak_rss_mb']:.0f} MB vs "
               f"{[round(r['peak_rss_mb']) for r in many]} MB", flush=True)
     results["load_after"] = os.getloadavg()
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        _write(args.out, results)
         print(f"wrote {args.out}")
+
+
+def _write(out, results) -> None:
+    """The figures so far (a run cut short keeps what it measured)."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
