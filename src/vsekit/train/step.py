@@ -49,8 +49,12 @@ def step_loss(net: RetrievalModel, batch, loss_fn: HingeLoss, cfg: TrainConfig, 
     """
     n = len(batch.images)
     images = to_device(batch.images, device)
+    given = getattr(batch, "part", None)     # the stream gave this rank's rows only
+    if given is not None and not (group.distributed and n >= group.world):
+        given = None                          # a batch smaller than the rank count: all of it, on every rank
     if group.distributed and n >= group.world:
-        sizes, part = group.sizes(n), group.part(n)
+        sizes = group.sizes(n)
+        part = slice(None) if given is not None else group.part(n)
         counts = None if batch.counts is None else batch.counts[part]
         with synced(group), autocast(cfg, device):
             img = net.encode_images(to_device(batch.feats[part], device), to_device(counts, device))

@@ -338,7 +338,9 @@ class Run:
                 if "cuda_rng" in pos and self.device.type == "cuda":
                     torch.cuda.set_rng_state(pos["cuda_rng"].cpu(), self.device)
             self.position = None
-        batches = self.stream.epoch(epoch, skip=skip)
+        # data-parallel: each rank reads the window's chunks but keeps only its rows (docs/train.md)
+        batches = (self.stream.epoch_part(epoch, group.rank, group.world, skip=skip) if group.distributed
+                   else self.stream.epoch(epoch, skip=skip))
         bar = None
         if self.progress and group.main:
             from tqdm.auto import tqdm
