@@ -64,9 +64,9 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--checkpoint-every", default=None,
               help="Also checkpoint mid-epoch: every N steps (500) or minutes (20m); --resume continues from "
                    "the step it saved [default: at each epoch's end only].")
-@click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,
+@click.option("--nproc-per-node", type=click.IntRange(min=0), default=None,
               help="Data-parallel on this node: start N ranks (one per GPU, or N CPU ranks) through torch's "
-                   "elastic launcher; --batch-size stays the global batch (docs/train.md).")
+                   "elastic launcher; --batch-size stays the global batch (docs/train.md). 0: one process.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --nproc-per-node: restart the ranks from the last checkpoint this many times when one dies.")
 @click.option("--collective-timeout", type=click.FloatRange(min=1), default=None,
