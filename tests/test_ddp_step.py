@@ -2,7 +2,7 @@
 
 For every model family (VSE++ max and sum of hinges, Order, Order++, the PH/POE curriculum's sum then
 max, SEAM, SMAN, SAF, SGR, SGR + T-EMDE), in float64 with dropout off: 2 and 3 ranks (spawned, one
-group per rank count running every case) against one process, two Adam steps with clipping — a
+group per rank count running every case; 3 ranks in the slow set) against one process, two Adam steps with clipping — a
 global batch of 6 (split evenly) then 5 (an epoch's short last batch: split unevenly). The loss,
 every gradient, every parameter and every buffer (batch-norm running statistics included) after
 each step equal one process's to rounding, on every rank.
@@ -30,7 +30,7 @@ def reference():
     return {name: H.run_case(name, SINGLE) for name in NAMES}
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["2ranks", "3ranks"])
+@pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.slow)], ids=["2ranks", "3ranks"])
 def ranks(request, tmp_path_factory):
     return request.param, H.spawn(request.param, str(tmp_path_factory.mktemp(f"ddp{request.param}")), NAMES)
 
