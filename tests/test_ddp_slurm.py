@@ -40,7 +40,7 @@ def test_two_srun_tasks_train_the_one_process_model(slurm, store_path, single, t
     env.pop("WORLD_SIZE", None)
     res = subprocess.run([slurm_local.which("srun"), "--ntasks", "2", "--nodes", "1", "--cpus-per-task", "1",
                           "--export", "ALL", "--time", "10", sys.executable, "-m", "vsekit.cli",
-                          *base(store_path, out)], capture_output=True, text=True, env=env, timeout=600,
+                          *base(store_path, out, "--collective-timeout", "120")], capture_output=True, text=True, env=env, timeout=600,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "data-parallel over 2 ranks (gloo)" in res.stdout

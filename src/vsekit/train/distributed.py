@@ -54,7 +54,8 @@ class LaunchEnv:
 
 
 def _first_host(nodelist: str) -> str:
-    """The first host name of a SLURM node list (``node[01-04,07],gpu3`` -> ``node01``)."""
+    """The first host name of a SLURM node list (``node[01-04,07],gpu3`` -> ``node01``): scontrol's
+    reading when it is there, else :func:`first_in_nodelist`."""
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                              timeout=30)
@@ -62,6 +63,11 @@ def _first_host(nodelist: str) -> str:
             return out.stdout.split()[0]
     except (OSError, subprocess.SubprocessError):
         pass
+    return first_in_nodelist(nodelist)
+
+
+def first_in_nodelist(nodelist: str) -> str:
+    """The first host of a SLURM node list, read without scontrol."""
     first = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
     if not first:
         return nodelist
@@ -69,6 +75,23 @@ def _first_host(nodelist: str) -> str:
     if not ranges:
         return prefix
     return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _node_address(name: str) -> str:
+    """An address for the SLURM node ``name``: the name when it resolves, else the node's ``NodeAddr``."""
+    try:
+        socket.gethostbyname(name)
+        return name
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "show", "node", name, "-o"], capture_output=True, text=True, timeout=30)
+        found = re.search(r"NodeAddr=(\S+)", out.stdout)
+        if found:
+            return found.group(1)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return name
 
 
 def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
@@ -95,7 +118,7 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
                           .split("(")[0].split(",")[0] or world)
         port = int(env.get("MASTER_PORT") or 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000)
         return LaunchEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), local_world,
-                         env.get("MASTER_ADDR") or _first_host(nodes), port, "srun")
+                         env.get("MASTER_ADDR") or _node_address(_first_host(nodes)), port, "srun")
     return None
 
 
