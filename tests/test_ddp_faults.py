@@ -125,3 +125,18 @@ def test_restart_after_a_dead_rank_continues_from_the_checkpoint(store_path, sin
     assert proc.returncode == 0, output[-3000:]
     assert "resuming" in output
     assert_same_weights(out / "checkpoint_last.pt", single / "checkpoint_last.pt")
+
+
+def test_ctrl_c_to_the_launcher_and_its_ranks_saves_and_exits_130(store_path, single, tmp_path):  # noqa: F811
+    """A terminal's Ctrl-C reaches the launcher and every rank (one process group), and the launcher
+    forwards it: the ranks still stop at a step boundary with the position saved, exit 130."""
+    out = tmp_path / "ctrlc"
+    proc = start(base(store_path, out, "--nproc-per-node", "2", "--checkpoint-every", "3"))
+    assert wait_for(lambda: mid_epoch(out))
+    os.killpg(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output[-3000:]
+    assert "interrupted in epoch" in output
+    assert not list(out.glob("*.tmp"))
+    ok(base(store_path, out, "--checkpoint-every", "3", "--resume"))
+    assert_same_weights(out / "checkpoint_last.pt", single / "checkpoint_last.pt")

@@ -14,7 +14,8 @@ exit code (``128 + signal``: 130 for Ctrl-C, 143 for SIGTERM), and the message t
   torch about workers the callback killed);
 - ``with h.polled():`` records a signal (``h.pending``) for the code to act on at a boundary of its
   own choosing (the trainer: the next step boundary, where every rank agrees to stop, saves and
-  raises :class:`Interrupted`); a second signal while one is pending is raised at once.
+  raises :class:`Interrupted`); a second signal while one is pending (more than ``REPEAT_S`` after
+  it: a launcher forwarding the terminal's Ctrl-C is the same request) is raised at once.
   :func:`active` is the innermost :func:`handling`'s object (None outside one).
 """
 
@@ -47,6 +48,10 @@ def interrupted(exc: BaseException, message: str) -> Interrupted:
     return Interrupted(message, getattr(exc, "signum", signal.SIGINT))
 
 
+#: under :meth:`Handling.polled`, a signal within this many seconds of the first is the same request
+REPEAT_S = 2.0
+
+
 class Handling:
     """What :func:`handling` yields: the signal that came (``signum``) and :meth:`deferred`."""
 
@@ -56,6 +61,7 @@ class Handling:
         self._defer = 0
         self._poll = 0
         self._pending: int | None = None
+        self._pending_at = 0.0
 
     @property
     def pending(self) -> int | None:
@@ -75,9 +81,15 @@ class Handling:
             self._poll -= 1
 
     def _handler(self, signum, frame):
+        import time
+
         self.signum = signum
-        if self._poll and self._pending is None:
-            self._pending = signum
+        now = time.monotonic()
+        if self._poll and (self._pending is None or now - self._pending_at < REPEAT_S):
+            # the first signal, or the same one again at once (a terminal's Ctrl-C reaches a launcher
+            # and its ranks, and the launcher forwards it): recorded for the step boundary
+            if self._pending is None:
+                self._pending, self._pending_at = signum, now
             return
         if self._defer:
             self._pending = signum
