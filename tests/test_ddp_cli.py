@@ -161,3 +161,43 @@ def test_ctrl_c_stops_at_a_step_boundary_and_saves(store_path, single, tmp_path,
     monkeypatch.setattr(trainer, "train_step", real)
     ok(base(store_path, out, "--resume"))
     assert_same_weights(out / "checkpoint_last.pt", single / "checkpoint_last.pt", rtol=0, atol=0)
+
+
+def test_checkpoint_every_minutes_on_rank_0s_clock(store_path, single, tmp_path, monkeypatch):
+    """``--checkpoint-every 1m``: a mid-epoch checkpoint whenever a minute has passed since the last
+    save (a clock that advances 10 s per reading here); a crash after one resumes to the
+    uninterrupted weights. A malformed value is one Error line."""
+    import time as real_time
+    import types
+
+    from vsekit.train import trainer
+
+    clock = {"t": 0.0}
+
+    def monotonic():
+        clock["t"] += 10.0
+        return clock["t"]
+
+    monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=real_time.perf_counter,
+                                                                monotonic=monotonic))
+    real, calls = trainer.train_step, {"n": 0}
+
+    def crash(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 30:
+            raise MemoryError("the node went down")
+        return real(*a, **k)
+
+    monkeypatch.setattr(trainer, "train_step", crash)
+    out = tmp_path / "minutes"
+    res = CliRunner().invoke(main, base(store_path, out, "--checkpoint-every", "1m"))
+    assert isinstance(res.exception, MemoryError), res.output
+    ck = torch.load(out / "checkpoint_last.pt", weights_only=True)
+    assert ck["position"]["epoch"] == 2 and 0 < ck["position"]["batches"] < 7
+    monkeypatch.setattr(trainer, "train_step", real)
+    ok(base(store_path, out, "--checkpoint-every", "1m", "--resume"))
+    assert_same_weights(out / "checkpoint_last.pt", single / "checkpoint_last.pt", rtol=0, atol=0)
+    res = CliRunner().invoke(main, base(store_path, tmp_path / "bad", "--checkpoint-every", "5x"))
+    assert res.exit_code == 1
+    assert [x for x in res.output.splitlines() if x.startswith("Error")] == [
+        "Error: --checkpoint-every '5x': give a number of steps (e.g. 500) or of minutes (e.g. 20m)"]
