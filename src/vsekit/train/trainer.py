@@ -9,7 +9,12 @@ Every epoch writes ``checkpoint_last.pt`` (model, optimizer and trainer state), 
 JSON object per epoch, rewritten from the saved history so a resumed run's log equals an
 uninterrupted one's), ``curves.png``, and ``checkpoint_best.pt`` when the validation rsum improves.
 The epoch's randomness is seeded from (seed, epoch), so ``--resume`` gives the same weights as an
-uninterrupted run.
+uninterrupted run. ``--checkpoint-every`` adds mid-epoch checkpoints (the epoch's position, its running
+loss, the random state) that ``--resume`` continues from.
+
+Data-parallel runs (``docs/train.md``, "Data-parallel training") go through the same code: :class:`Run`
+holds the pieces (an epoch, validation, the epoch's end, mid-epoch checkpoints), ``step.train_step``
+the step, ``distributed`` the group; only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -288,6 +293,7 @@ class Run:
         self.net.load_state_dict(ck["model"])
         self.state = ck["state"]
         self.position = ck.get("position")
+        self.steps_done = int(self.state.get("steps", 0))
         epoch = self.position["epoch"] - 1 if self.position else self.state["epoch"]
         self.optim = make_optimizer(self.cfg, self.net.parameters(), _lr(self.cfg, self.state, epoch))
         self.optim.load_state_dict(ck["optimizer"])
@@ -386,6 +392,7 @@ class Run:
         entry = {"epoch": epoch, "phase": state["phase"], "loss": loss, "lr": lr,
                  "val": metrics, "time_s": round(time.perf_counter() - t0, 3)}
         state["epoch"] = epoch
+        state["steps"] = self.steps_done
         if metrics["rsum"] > state["best_rsum"]:
             state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
             state["history"].append(entry)
