@@ -122,6 +122,7 @@ def test_restart_after_a_dead_rank_continues_from_the_checkpoint(store_path, sin
     assert wait_for(lambda: mid_epoch(out) and len(ranks_of(proc.pid)) == 2)
     os.kill(ranks_of(proc.pid)[1], signal.SIGKILL)
     output = proc.communicate(timeout=300)[0]
+    (tmp_path / "output.txt").write_text(output)
     assert proc.returncode == 0, output[-3000:]
     assert "resuming" in output
     assert_same_weights(out / "checkpoint_last.pt", single / "checkpoint_last.pt")

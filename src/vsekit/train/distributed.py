@@ -171,7 +171,8 @@ class Group:
             raise RankFailure(self.failure_message(what, exc)) from None
 
     def failure_message(self, what: str, exc: BaseException) -> str:
-        text = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        text = text.split(". This is typically")[0][:300]   # gloo's advice (and its emoji) left out
         dead = self.dead_ranks()
         who = (f"rank {', '.join(map(str, dead))} died or stopped answering" if dead
                else "another rank died or stopped answering")
@@ -408,8 +409,21 @@ def setup(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S, environ: di
     if cuda:
         torch.cuda.set_device(env.local_rank % max(1, torch.cuda.device_count()))
     if not dist.is_initialized():
-        dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if env.launcher == "torchrun" and restart is not None:
+            # torch's elastic agent serves one store for every restart of the group, and the ranks'
+            # gloo / NCCL addresses of an earlier attempt stay in it: a restarted rank could read a dead
+            # peer's address. Each attempt gets keys of its own.
+            agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world,
+                                  is_master=not agent and env.rank == 0, timeout=timeout,
+                                  **({} if agent else {"multi_tenant": True}))
+            dist.init_process_group(backend, store=dist.PrefixStore(f"vsekit/attempt{restart}", store),
+                                    rank=env.rank, world_size=env.world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world,
+                                    timeout=timeout)
     group = Group(env.rank, env.world, env.local_rank, env.local_world, timeout_s, backend)
     try:
         from torch.distributed.distributed_c10d import _get_default_store
