@@ -129,8 +129,9 @@ def test_mid_epoch_checkpoint_resumes_to_the_uninterrupted_run(store_path, singl
     ck = torch.load(out / "checkpoint_last.pt", weights_only=True)
     assert (ck["position"]["epoch"], ck["position"]["batches"]) == (2, 3)    # global step 26
     monkeypatch.setattr(trainer, "train_step", real)
-    res = ok(base(store_path, out, "--checkpoint-every", "2", "--resume"))
+    res = ok(base(store_path, out, "--checkpoint-every", "5", "--resume"))     # may change on resume
     assert f"resuming {out} epoch 2 after batch {ck['position']['batches']}" in res.output
+    assert json.loads((out / "config.json").read_text())["resumed"] == [{"changed": {"checkpoint_every": ["2", "5"]}}]
     assert_same_weights(out / "checkpoint_last.pt", single / "checkpoint_last.pt", rtol=0, atol=0)
     strip = lambda es: [{k: v for k, v in e.items() if k != "time_s"} for e in es]  # noqa: E731
     assert strip(log(out)) == strip(log(single))
