@@ -14,7 +14,9 @@ CPU: float32 within 1e-4 relative, stored float16 within 2e-3; the trainer's fir
 throughput (10-crop VGG-19: model-only floor vs end to end in fp32/bf16/fp16, peak device and host
 memory), detectors (coco-frcnn and butd-r101 on the device vs the CPU), sgraf (SAF scoring on the
 device vs the CPU), cluster (``extract --cluster local:2 --device cuda`` vs in-process), train_step
-(helper hook: ``bench/train_step.py``'s ``gpu_check(device, small)`` if it exists).
+(helper hook: ``bench/train_step.py``'s ``gpu_check(device, small)`` if it exists), ddp (one epoch of
+``vsekit train --nproc-per-node 1`` on the device: a one-rank NCCL group, every collective of the
+data-parallel step run; its loss and weights against the same epoch in one process; gloo in ``--cpu``).
 
 In ``--cpu`` mode the "device" is the CPU: each device-vs-CPU comparison becomes a CPU-vs-CPU
 sanity check, and fp16 (CUDA only) is skipped. Only vsekit's public CLI and library calls are used.
@@ -37,7 +39,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = ("install", "probe", "demo", "throughput", "detectors", "sgraf", "cluster", "train_step")
+CHECKS = ("install", "probe", "demo", "throughput", "detectors", "sgraf", "cluster", "train_step", "ddp")
 
 
 class Results:
@@ -387,6 +389,33 @@ def check_train_step(ctx: Ctx):
         return None, {"why": "bench/train_step.py has no gpu_check(device, small)"}
     got = fn(device=ctx.device, small=ctx.small)
     return bool(got.get("ok", True)), {k: v for k, v in got.items() if k != "ok"}
+
+
+def check_ddp(ctx: Ctx):
+    """One epoch through ``--nproc-per-node 1`` (NCCL on CUDA, gloo on the CPU) vs one process."""
+    import torch
+
+    from vsekit.train.demo import pixel_features
+    from vsekit.storage import FeatureStore
+
+    store = ctx.demo_store()
+    if "pixels" not in FeatureStore.open(store).feature_names():
+        pixel_features(FeatureStore.open(store, mode="r+"), block_rows=32)
+    runs = {}
+    for mode, extra in (("single", []), ("group", ["--nproc-per-node", "1"])):
+        run = ctx.work / f"ddp-{mode}"
+        vsekit("train", "--store", str(store), "--features", "pixels", "--model", "vse", "--preset", "demo",
+               "--epochs", "1", "--batch-size", "16", "--out", str(run), "--device", ctx.device, "--no-progress",
+               "--seed", "0", *extra)
+        hist = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        runs[mode] = (next(h["loss"] for h in hist if h.get("loss") is not None),
+                      torch.load(run / "checkpoint_last.pt", map_location="cpu", weights_only=True)["model"])
+    (la, wa), (lb, wb) = runs["single"], runs["group"]
+    diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    rel = abs(la - lb) / max(abs(la), 1e-12)
+    return rel < 1e-4 and diff < 1e-4, {"backend": "gloo" if ctx.device == "cpu" else "nccl",
+                                        "loss_single": la, "loss_group": lb, "loss_rel_diff": rel,
+                                        "weights_max_abs_diff": diff}
 
 
 def main(argv=None) -> int:

@@ -39,6 +39,8 @@ def test_cpu_mode_runs_every_fast_check_and_records_each_figure(tmp_path):
     assert recs["detectors"]["ok"] is None        # minutes on a CPU: skipped in this mode, with the reason
     assert recs["sgraf"]["ok"] and recs["sgraf"]["sims_rel_err"] == 0.0
     assert recs["train_step"]["ok"] in (None, True)
+    ddp = recs["ddp"]      # --nproc-per-node 1 through gloo against one process
+    assert ddp["ok"] and ddp["backend"] == "gloo" and ddp["loss_rel_diff"] < 1e-4, ddp
     assert recs["done"]["ok"] and recs["done"]["failed"] == 0
     assert "cluster" not in recs
 

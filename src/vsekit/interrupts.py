@@ -11,7 +11,12 @@ exit code (``128 + signal``: 130 for Ctrl-C, 143 for SIGTERM), and the message t
   processes there, so that torch's slow graceful shutdown is skipped);
 - ``with h.deferred():`` holds a signal until the block ends (an array task finishes its commit);
 - ``h.signum``: the signal that came, for code that learns of it indirectly (a RuntimeError of
-  torch about workers the callback killed).
+  torch about workers the callback killed);
+- ``with h.polled():`` records a signal (``h.pending``) for the code to act on at a boundary of its
+  own choosing (the trainer: the next step boundary, where every rank agrees to stop, saves and
+  raises :class:`Interrupted`); a second signal while one is pending (more than ``REPEAT_S`` after
+  it: a launcher forwarding the terminal's Ctrl-C is the same request) is raised at once.
+  :func:`active` is the innermost :func:`handling`'s object (None outside one).
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ def interrupted(exc: BaseException, message: str) -> Interrupted:
     return Interrupted(message, getattr(exc, "signum", signal.SIGINT))
 
 
+#: under :meth:`Handling.polled`, a signal within this many seconds of the first is the same request
+REPEAT_S = 2.0
+
+
 class Handling:
     """What :func:`handling` yields: the signal that came (``signum``) and :meth:`deferred`."""
 
@@ -50,10 +59,38 @@ class Handling:
         self.on_signal = on_signal
         self.signum: int | None = None
         self._defer = 0
+        self._poll = 0
         self._pending: int | None = None
+        self._pending_at = 0.0
+
+    @property
+    def pending(self) -> int | None:
+        """The signal held for the code to act on (under :meth:`polled` or :meth:`deferred`), or None."""
+        return self._pending
+
+    def clear(self) -> None:
+        self._pending = None
+
+    @contextlib.contextmanager
+    def polled(self) -> Iterator[None]:
+        """A signal during the block is only recorded in :attr:`pending` (a second one is raised)."""
+        self._poll += 1
+        try:
+            yield
+        finally:
+            self._poll -= 1
 
     def _handler(self, signum, frame):
+        import time
+
         self.signum = signum
+        now = time.monotonic()
+        if self._poll and (self._pending is None or now - self._pending_at < REPEAT_S):
+            # the first signal, or the same one again at once (a terminal's Ctrl-C reaches a launcher
+            # and its ranks, and the launcher forwards it): recorded for the step boundary
+            if self._pending is None:
+                self._pending, self._pending_at = signum, now
+            return
         if self._defer:
             self._pending = signum
             return
@@ -83,11 +120,21 @@ def handling(on_signal: Callable[[int], None] | None = None) -> Iterator[Handlin
         yield h
         return
     previous = {sig: signal.signal(sig, h._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    _active.append(h)
     try:
         yield h
     finally:
+        _active.remove(h)
         for sig, old in previous.items():
             signal.signal(sig, old)
 
 
-__all__ = ["Interrupted", "handling", "interrupted"]
+_active: list[Handling] = []
+
+
+def active() -> Handling | None:
+    """The innermost active :func:`handling` (None outside one, or off the main thread)."""
+    return _active[-1] if _active else None
+
+
+__all__ = ["Interrupted", "active", "handling", "interrupted"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .options import StorePath
+
 
 def _model_args(pairs: tuple[str, ...]) -> dict:
     import json
@@ -21,7 +23,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 
 
 @click.command("train")
-@click.option("--store", "store", required=True, type=click.Path(exists=True, file_okay=False), help="The store.")
+@click.option("--store", "store", required=True, type=StorePath(exists=True), help="The store.")
 @click.option("--features", required=True, help="Feature set to train on (global, FNE int8 or packed, grid, regions).")
 @click.option("--model", default=None, help="Model name (vse, order, seam-e, seam-c, seam-g, ...); "
               "a paper preset names one.")
@@ -64,18 +66,38 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--device", default=None, help="auto | cpu | cuda | cuda:N [default: auto; a resume keeps the run's].")
 @click.option("--precision", type=click.Choice(["fp32", "bf16"]), default=None,
               help="fp32, or bf16: the forward pass under autocast, the loss and metrics in fp32 [default: fp32].")
+@click.option("--checkpoint-every", default=None,
+              help="Also checkpoint mid-epoch: every N steps (500) or minutes (20m); --resume continues from "
+                   "the step it saved [default: at each epoch's end only].")
+@click.option("--nproc-per-node", type=click.IntRange(min=0), default=None,
+              help="Data-parallel on this node: start N ranks (one per GPU, or N CPU ranks) through torch's "
+                   "elastic launcher; --batch-size stays the global batch (docs/train.md). 0: one process.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --nproc-per-node: restart the ranks from the last checkpoint this many times when one dies.")
+@click.option("--collective-timeout", type=click.FloatRange(min=1), default=None,
+              help="Data-parallel: seconds a rank waits on the others before it reports a dead rank [default: 600].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
 @click.option("--tensorboard", default=None, type=click.Path(file_okay=False),
               help="Also write the training curves as TensorBoard events to this folder (needs tensorboard).")
-def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones,
-              global_module, **opts):
+@click.pass_context
+def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones,
+              global_module, nproc_per_node, max_restarts, collective_timeout, **opts):
     """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
+    import os
+    from pathlib import Path
+
     from ..train import train
+    from ..train.distributed import launch_env
     from ..train.trainer import check_model_args
 
     from ..devices import resolve_device
+
+    env = launch_env()
+    if env is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 \
+            and (Path(out) / "checkpoint_last.pt").is_file():
+        resume, overwrite = True, False    # a restarted group continues from the last checkpoint
 
     if opts.get("device") is not None or not resume:
         opts["device"] = resolve_device(opts.get("device"))  # recorded resolved in config.json
@@ -96,13 +118,97 @@ def train_cmd(store, features, model, out, presets, model_arg, resume, overwrite
             raise ValueError(unknown_model(model, model_names()))
     if not resume:
         _check_feature_shape(store, features, model, presets)
-    summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
-                    progress=progress, log=click.echo, model_args=margs or None,
-                    lr_milestones=list(lr_milestones) or None, **opts)
+    if nproc_per_node and env is None:
+        _check_batch(out, model, presets, resume, opts.get("batch_size"), nproc_per_node)
+        return _launch(ctx, nproc_per_node, max_restarts)
+    from ..train.distributed import RankFailure
+
+    try:
+        summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
+                        progress=progress, log=click.echo, model_args=margs or None,
+                        lr_milestones=list(lr_milestones) or None, collective_timeout=collective_timeout, **opts)
+    except RankFailure as exc:
+        raise click.ClickException(str(exc)) from None
+    except ValueError as exc:
+        if env is not None and env.rank > 0 and getattr(exc, "same_on_every_rank", False):
+            raise SystemExit(1) from None   # rank 0 says it once
+        raise
+    if env is not None and env.rank > 0:
+        return
     n = summary["epochs"]
     click.echo(f"trained {summary['model']} for {n} epoch{'' if n == 1 else 's'}: best val rsum "
                f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
                f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
+
+
+def _check_batch(out, model, presets, resume, batch_size, ranks: int) -> None:
+    """Refuse, before any rank starts, a global batch that the rank count does not divide."""
+    import json
+    from pathlib import Path
+
+    from ..train.config import resolve_config
+
+    if resume:
+        try:
+            size = json.loads((Path(out) / "config.json").read_text())["train"]["batch_size"]
+        except (OSError, ValueError, KeyError):
+            return    # the ranks report the folder's problem
+        size = batch_size or size
+    else:
+        size = resolve_config(model, presets, batch_size=batch_size).batch_size if (model or presets) else batch_size
+        if size is None:
+            return
+    if int(size) % ranks:
+        raise click.UsageError(f"--batch-size {size} is not a multiple of --nproc-per-node {ranks}: the global batch "
+                               f"is split evenly over the ranks; choose a batch size divisible by {ranks}")
+
+
+def _argv(ctx: click.Context, drop=("nproc_per_node", "max_restarts")) -> list[str]:
+    """The command line of this ``vsekit train`` (the options given), without the launcher's own."""
+    from click.core import ParameterSource
+
+    args: list[str] = []
+    for p in ctx.command.params:
+        if not isinstance(p, click.Option) or p.name in drop:
+            continue
+        if ctx.get_parameter_source(p.name) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None):
+            continue
+        value = ctx.params.get(p.name)
+        if p.is_flag:
+            if p.secondary_opts:
+                args.append(p.opts[0] if value else p.secondary_opts[0])
+            elif value:
+                args.append(p.opts[0])
+        elif p.multiple:
+            for v in value:
+                args += [p.opts[0], str(v)]
+        elif value is not None:
+            args += [p.opts[0], str(value)]
+    return args
+
+
+def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
+    """Start ``nproc`` ranks of this command through ``torch.distributed.run`` (standalone: one node);
+    a rank that fails is named in one Error line, an interrupted group exits 130 / 143."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    argv = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+            "--module", "vsekit.cli", "train", *_argv(ctx)]
+    try:
+        run(get_args_parser().parse_args(argv))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = failure.exitcode
+        if code in (1, 2, 130, 143):
+            raise SystemExit(code) from None    # the rank said why (an Error line, or the interruption)
+        what = f"died (signal {-code})" if code < 0 else f"exited with code {code}"
+        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+        raise click.ClickException(f"rank {rank} {what}{restarts}; the other ranks were stopped. The run's last "
+                                   f"checkpoint is in {ctx.params['out']}: continue with --resume") from None
+    except SignalException as exc:
+        raise SystemExit(128 + int(exc.sigval)) from None
 
 
 #: models that read a spatial feature set (a grid or regions), not one vector per image
@@ -144,7 +250,7 @@ def _check_feature_shape(store: str, features: str, model: str | None, presets) 
                    "split, 1k on a 1000-image split, else all.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
               help="Split to evaluate on.")
-@click.option("--store", "store", default=None, type=click.Path(exists=True, file_okay=False),
+@click.option("--store", "store", default=None, type=StorePath(exists=True),
               help="Evaluate on this store instead of the run's.")
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,

@@ -36,6 +36,7 @@ from torch import nn
 
 from .base import RetrievalModel, register_model
 from .encoders import l2norm, length_mask, softmax_short_rows  # noqa: F401 (re-exported for sman/temde)
+from .sync import current as current_sync
 from .temde import MaskedBatchNorm1d, TEMDEGlobal
 
 GLOBAL_MODULES = ("self-attention", "t-emde", "none")
@@ -188,7 +189,14 @@ class CaptionBatchNorm1d(MaskedBatchNorm1d):
         return y * m
 
     def update_running(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
-        """Move the running estimates by captions' statistics, one step per caption in their order."""
+        """Move the running estimates by captions' statistics, one step per caption in their order.
+
+        Data-parallel (a :mod:`~vsekit.models.sync` reducer installed), every rank's captions'
+        statistics are gathered in rank order (the global batch's caption order: each rank holds a
+        contiguous slice) and applied on every rank, so the buffers are those of one process."""
+        sync = current_sync()
+        if sync is not None:
+            mean, var, n = (sync.gather_rows(t.detach()) for t in (mean, var, n))
         self._update_running(mean, var, n)
 
     @torch.no_grad()

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encoders import softmax_short_rows
+from .sync import current as current_sync
 
 
 class MaskedBatchNorm1d(nn.Module):
@@ -56,7 +57,10 @@ class MaskedBatchNorm1d(nn.Module):
             flat = x.reshape(-1, self.num_features)
             if flat.dtype in (torch.float16, torch.bfloat16):
                 flat = flat.float()
-            if mask is None:
+            sync = current_sync()
+            if sync is not None:     # data-parallel: the statistics of the global batch
+                n, mean, var = self._global_statistics(flat, mask, sync)
+            elif mask is None:
                 n = torch.full((), float(flat.shape[0]), dtype=flat.dtype, device=flat.device)   # no copy
                 mean = flat.mean(0)
                 var = flat.var(0, unbiased=False)
@@ -79,6 +83,19 @@ class MaskedBatchNorm1d(nn.Module):
         if mask is not None:
             y = y * mask.unsqueeze(-1).to(y.dtype)
         return y
+
+    def _global_statistics(self, flat: torch.Tensor, mask: torch.Tensor | None, sync):
+        """Members, mean and biased variance over every rank's rows (sums reduced with autograd,
+        the variance in two passes about the global mean, as one process computes it)."""
+        w = None if mask is None else mask.reshape(-1, 1).to(flat.dtype)
+        n_local = flat.new_full((1,), float(flat.shape[0])) if w is None else w.sum().reshape(1)
+        s1 = flat.sum(0) if w is None else (flat * w).sum(0)
+        both = sync.all_reduce(torch.cat([s1, n_local]))
+        s1, n = both[:-1], both[-1].detach()
+        mean = s1 / n.clamp(min=1)
+        dev = (flat - mean).pow(2)
+        s2 = sync.all_reduce(dev.sum(0) if w is None else (dev * w).sum(0))
+        return n, mean, s2 / n.clamp(min=1)
 
 
 class TEMDECoder(nn.Module):

@@ -51,6 +51,7 @@ class TrainConfig:
     eval_batch: int = 256
     device: str = "cpu"
     precision: str = "fp32"         # "fp32", or "bf16": the forward under autocast (loss, metrics fp32)
+    checkpoint_every: str | None = None   # mid-epoch checkpoints: "N" steps or "Nm" minutes (None: epoch ends)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,5 +111,24 @@ def _validate(cfg: TrainConfig) -> None:
         raise ValueError(f"--patience must be at least 1, got {cfg.patience}")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"--precision {cfg.precision!r}: valid choices: {', '.join(PRECISIONS)}")
+    if cfg.checkpoint_every is not None:
+        parse_every(cfg.checkpoint_every)
     if not cfg.shuffle_memory_gb > 0:
         raise ValueError(f"--shuffle-memory must be positive (GB), got {cfg.shuffle_memory_gb}")
+
+
+def parse_every(value) -> tuple[str, float]:
+    """``--checkpoint-every``: ``"500"`` (steps) -> ("steps", 500); ``"20m"`` (minutes) -> ("seconds", 1200)."""
+    text = str(value).strip().lower()
+    try:
+        if text.endswith("m"):
+            minutes = float(text[:-1])
+            if minutes > 0:
+                return "seconds", minutes * 60.0
+        else:
+            steps = int(text)
+            if steps >= 1:
+                return "steps", float(steps)
+    except ValueError:
+        pass
+    raise ValueError(f"--checkpoint-every {value!r}: give a number of steps (e.g. 500) or of minutes (e.g. 20m)")

@@ -303,6 +303,19 @@ class Batch:
     tokens: torch.Tensor
     lengths: torch.Tensor
     images: torch.Tensor  # image row of every pair (pairs of one image are not negatives)
+    #: data-parallel (:meth:`PairStream.epoch_part`): which rows of the global batch ``feats``,
+    #: ``counts``, ``tokens`` and ``lengths`` hold (``images`` is always the whole batch's); None: all
+    part: slice | None = None
+
+
+def part_slice(n: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s contiguous rows of a global batch of ``n``: the first ``n % world`` ranks one
+    more; a batch smaller than the rank count is every rank's whole (each computes all of it)."""
+    if n < world:
+        return slice(0, n)
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
 
 
 class PairStream:
@@ -366,8 +379,11 @@ class PairStream:
         first = np.repeat(self._cap_start[rows] - np.cumsum(counts) + counts, counts)
         return img, self._caps[first + np.arange(len(img))]
 
-    def epoch(self, epoch: int) -> Iterator[Batch]:
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
+        """The epoch's batches; ``skip``: the first ``skip`` batches are drawn (the same random
+        numbers) but not built nor yielded (a run resumed mid-epoch continues where it stopped)."""
         rng = np.random.default_rng([self.seed, int(epoch)])
+        cut = 0
         in_rows = np.zeros(self.source.n_rows, dtype=bool)
         in_rows[self.rows] = True
         chunks = self._chunks
@@ -399,12 +415,136 @@ class PairStream:
             last = wi == len(windows) - 1
             n_full = len(img) if last else (len(img) // self.batch_size) * self.batch_size
             for b in range(0, n_full, self.batch_size):
+                cut += 1
+                if cut <= skip:
+                    continue
                 sl = slice(b, min(b + self.batch_size, n_full))
                 yield self._batch(feats_buf, counts_buf, img[sl], cap[sl], pos[sl])
             rest = pos[n_full:]
             left_feats = feats_buf[rest]
             left_counts = None if counts_buf is None else counts_buf[rest]
             left_img, left_cap = img[n_full:], cap[n_full:]
+
+    def epoch_part(self, epoch: int, rank: int, world: int, skip: int = 0) -> Iterator[Batch]:
+        """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which), reading
+        only those rows into memory.
+
+        The epoch is the same stream as :meth:`epoch` (the same windows, sized from the whole
+        ``shuffle_memory``, and the same random numbers, all drawn before any data is read): every
+        window's chunks are read (each rank reads the window's chunks) but only the rows of this
+        rank's slices, and the pairs carried to the next window, are kept. A rank's buffers hold
+        about ``1 / world`` of a window, so the ranks of a node together stay within the budget.
+        Tokens are cut at the global batch's width.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        plans = self._plans(epoch)
+        head = self.batch_size
+        carry = {}                       # window position (< head) -> (features, count) of carried pairs
+        cut = 0
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            future = pool.submit(self._read_part, plans[0], rank, world, skip) if plans else None
+            for wi, plan in enumerate(plans):
+                rows, index = future.result()
+                future = (pool.submit(self._read_part, plans[wi + 1], rank, world, skip)
+                          if wi + 1 < len(plans) else None)
+                feats_buf, counts_buf = rows
+                img, cap, pos = plan["img"], plan["cap"], plan["pos"]
+
+                def take(positions):
+                    out_f = np.empty((len(positions), *self.source.row_shape), dtype=np.float32)
+                    out_c = None if counts_buf is None else np.empty(len(positions), dtype=np.int64)
+                    for i, p in enumerate(positions):
+                        if p < head:
+                            out_f[i] = carry[p][0]
+                            if out_c is not None:
+                                out_c[i] = carry[p][1]
+                        else:
+                            out_f[i] = feats_buf[index[p - head]]
+                            if out_c is not None:
+                                out_c[i] = counts_buf[index[p - head]]
+                    return out_f, out_c
+
+                for a, b in plan["cuts"]:
+                    cut += 1
+                    if cut <= skip:
+                        continue
+                    n = b - a
+                    part = part_slice(n, rank, world)
+                    tokens, lengths = self.tokens.batch(cap[a:b])
+                    f, c = take(pos[a:b][part])
+                    yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
+                                tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
+                rest = pos[plan["n_full"]:]
+                f, c = take(rest)
+                n_left = len(rest)
+                carry = {head - n_left + i: (f[i], None if c is None else c[i]) for i in range(n_left)}
+
+    def _plans(self, epoch: int) -> list[dict]:
+        """Every window of the epoch as :meth:`epoch` forms it (chunks, pair table after the shuffle,
+        where its batches are cut), from the same random numbers, before any data is read."""
+        rng = np.random.default_rng([self.seed, int(epoch)])
+        in_rows = np.zeros(self.source.n_rows, dtype=bool)
+        in_rows[self.rows] = True
+        chunks = self._chunks
+        order = rng.permutation(len(chunks))
+        windows = [[chunks[ci] for ci in order[w:w + self.window_chunks]]
+                   for w in range(0, len(order), self.window_chunks)]
+        head = self.batch_size
+        left_img = left_cap = np.zeros(0, dtype=np.int64)
+        plans, batches = [], 0
+        for wi, window in enumerate(windows):
+            imgs, off = [], head
+            for start, stop in window:
+                local = np.flatnonzero(in_rows[start:stop])
+                img, cap = self._pairs(start + local, rng)
+                imgs.append(np.stack([img, cap, off + img - start]))
+                off += stop - start
+            n_left = len(left_img)
+            table = np.concatenate(imgs, axis=1)
+            img = np.concatenate([left_img, table[0]])
+            cap = np.concatenate([left_cap, table[1]])
+            pos = np.concatenate([np.arange(head - n_left, head), table[2]])
+            perm = rng.permutation(len(img))
+            img, cap, pos = img[perm], cap[perm], pos[perm]
+            last = wi == len(windows) - 1
+            n_full = len(img) if last else (len(img) // self.batch_size) * self.batch_size
+            cuts = [(b, min(b + self.batch_size, n_full)) for b in range(0, n_full, self.batch_size)]
+            plans.append({"window": window, "img": img, "cap": cap, "pos": pos, "n_full": n_full, "cuts": cuts,
+                          "first_batch": batches})
+            batches += len(cuts)
+            left_img, left_cap = img[n_full:], cap[n_full:]
+        return plans
+
+    def _read_part(self, plan: dict, rank: int, world: int, skip: int):
+        """The window rows this rank needs (its slices of the batches it will train, and the pairs
+        carried on), read chunk by chunk into a compact buffer; returns the buffers and the map from
+        window position (after the head) to buffer row."""
+        head = self.batch_size
+        pos = plan["pos"]
+        need = [pos[plan["n_full"]:]]
+        for i, (a, b) in enumerate(plan["cuts"]):
+            if plan["first_batch"] + i >= skip:
+                need.append(pos[a:b][part_slice(b - a, rank, world)])
+        wanted = np.unique(np.concatenate(need)) if need else np.zeros(0, dtype=np.int64)
+        wanted = wanted[wanted >= head]
+        total = sum(stop - start for start, stop in plan["window"])
+        index = np.full(total, -1, dtype=np.int64)
+        index[wanted - head] = np.arange(len(wanted))
+        feats = np.empty((len(wanted), *self.source.row_shape), dtype=np.float32)
+        counts = np.zeros(len(wanted), dtype=np.int64) if self.source._count is not None else None
+        off = head
+        for start, stop in plan["window"]:
+            sel = (wanted >= off) & (wanted < off + stop - start)
+            if sel.any():
+                data, cnt = self.source.read(start, stop)
+                feats[index[wanted[sel] - head]] = data[wanted[sel] - off]
+                if counts is not None and cnt is not None:
+                    counts[index[wanted[sel] - head]] = cnt[wanted[sel] - off]
+                del data
+            off += stop - start
+        self.part_rows_peak = max(getattr(self, "part_rows_peak", 0), len(wanted))
+        return (feats, counts), index
 
     def _buffers(self, rows: int, count: int = 2) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """``count`` reusable window buffers (two: one being read, one being consumed; one when the

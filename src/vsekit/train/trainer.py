@@ -9,14 +9,21 @@ Every epoch writes ``checkpoint_last.pt`` (model, optimizer and trainer state), 
 JSON object per epoch, rewritten from the saved history so a resumed run's log equals an
 uninterrupted one's), ``curves.png``, and ``checkpoint_best.pt`` when the validation rsum improves.
 The epoch's randomness is seeded from (seed, epoch), so ``--resume`` gives the same weights as an
-uninterrupted run.
+uninterrupted run. ``--checkpoint-every`` adds mid-epoch checkpoints (the epoch's position, its running
+loss, the random state) that ``--resume`` continues from.
+
+Data-parallel runs (``docs/train.md``, "Data-parallel training") go through the same code: :class:`Run`
+holds the pieces (an epoch, validation, the epoch's end, mid-epoch checkpoints), ``step.train_step``
+the step, ``distributed`` the group; only rank 0 writes files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -24,12 +31,15 @@ from typing import Any, Callable
 import torch
 
 from ..devices import exact_float32
+from ..interrupts import Interrupted, active as active_handling
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
 from ..models import _MODELS, RetrievalModel, create_model, model_names
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
-from .config import TrainConfig, resolve_config
+from .config import TrainConfig, parse_every, resolve_config
+from .distributed import Group
+from .step import autocast, step_seed, to_device, train_step  # noqa: F401 (re-exported)
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import HingeLoss
@@ -136,7 +146,7 @@ def _lr(cfg: TrainConfig, state: dict[str, Any], epoch: int) -> float:
 
 # resuming -----------------------------------------------------------------------------------------
 # options that may change when a run resumes: where it runs and how long, not what it learns
-RESUMABLE = ("epochs", "device", "eval_batch")
+RESUMABLE = ("epochs", "device", "eval_batch", "checkpoint_every")
 OPTION_NAMES = {"lr_milestones": "--lr-update", "use_abs": "--abs/--no-abs",
                 "max_violation": "--max-violation/--sum-violation", "curriculum": "--curriculum/--no-curriculum",
                 "shuffle_memory_gb": "--shuffle-memory"}
@@ -224,22 +234,6 @@ def _start_folder(out: Path, resume: bool, overwrite: bool) -> None:
                          f"--overwrite to start again")
 
 
-# the training loop --------------------------------------------------------------------------------
-def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    """A batch tensor on ``device``: on CUDA copied from pinned memory without blocking the host
-    (the copy overlaps the previous step's device work); elsewhere ``.to`` (a no-op on the CPU)."""
-    if t is None:
-        return None
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
-
-
-def autocast(cfg: TrainConfig, device: torch.device):
-    """The forward pass's precision context: bf16 autocast for ``--precision bf16``, else a no-op."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
-
-
 class LossMeter:
     """The epoch's summed loss, accumulated on the device: no host synchronisation per step."""
 
@@ -257,22 +251,210 @@ class LossMeter:
         return float(self.total) / max(1, self.steps)
 
 
+# the run ------------------------------------------------------------------------------------------
+class Stop(Exception):
+    """Every rank agreed to stop at a step boundary (a signal came); the checkpoint is saved."""
+
+    def __init__(self, signum: int, epoch: int, batches: int):
+        super().__init__(signum)
+        self.signum, self.epoch, self.batches = signum, epoch, batches
+
+
+class Run:
+    """One training run: its config, data, model, optimizer, state, group and files.
+
+    :meth:`epoch` trains an epoch (from a mid-epoch position after a resume), :meth:`validate`
+    scores the validation split, :meth:`end_epoch` records the epoch (best checkpoint, curriculum
+    switch, last checkpoint, log) and :meth:`save_position` writes a mid-epoch checkpoint. Only rank
+    0 writes files; every rank holds the same weights, optimizer and state.
+    """
+
+    def __init__(self, cfg, out, group, net, kw, source, tokens, evalset, stream, device, log, progress):
+        self.cfg, self.out, self.group, self.net, self.kw = cfg, out, group, net, kw
+        self.source, self.tokens, self.evalset, self.stream = source, tokens, evalset, stream
+        self.device, self.log, self.progress = device, log, progress
+        self.state: dict[str, Any] = {"epoch": 0, "phase": "sum" if cfg.curriculum else "single", "phase_start": 0,
+                                      "best_rsum": -math.inf, "best_epoch": 0, "stall": 0, "history": [],
+                                      "switched_at": None}
+        self.optim = make_optimizer(cfg, net.parameters(), cfg.lr)
+        self.position: dict[str, Any] | None = None
+        self.every = parse_every(cfg.checkpoint_every) if cfg.checkpoint_every else None
+        self.steps_done = 0
+        self.last_save = time.monotonic()
+
+    @property
+    def last(self) -> Path:
+        return self.out / "checkpoint_last.pt"
+
+    def payload_extra(self) -> dict[str, Any]:
+        return {"config": self.cfg.to_json(), "model_name": self.cfg.model, "model_kwargs": self.kw}
+
+    def load(self, ck: dict[str, Any]) -> None:
+        self.net.load_state_dict(ck["model"])
+        self.state = ck["state"]
+        self.position = ck.get("position")
+        self.steps_done = int(self.state.get("steps", 0))
+        epoch = self.position["epoch"] - 1 if self.position else self.state["epoch"]
+        self.optim = make_optimizer(self.cfg, self.net.parameters(), _lr(self.cfg, self.state, epoch))
+        self.optim.load_state_dict(ck["optimizer"])
+
+    # -- checkpoints (rank 0 writes; the others wait, so nobody exits before the file is whole) ----
+    def save_position(self, epoch: int, batches: int, meter: "LossMeter") -> None:
+        """A mid-epoch checkpoint: weights, optimizer, state, and where the epoch's stream stands."""
+        if self.group.main:
+            position = {"epoch": epoch, "batches": batches, "loss_total": float(meter.total),
+                        "loss_steps": meter.steps, "steps": self.steps_done}
+            if self.group.world == 1:   # one process: its dropout stream continues (ranks reseed per step)
+                position["rng"] = torch.get_rng_state()
+                if self.device.type == "cuda":
+                    position["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+            _save(self.last, {"model": self.net.state_dict(), "optimizer": self.optim.state_dict(),
+                              "state": self.state, "position": position, **self.payload_extra()})
+        self.group.barrier("the checkpoint's save")
+        self.last_save = time.monotonic()
+
+    def checkpoint_due(self) -> bool:
+        """Whether a mid-epoch checkpoint is due after this step (rank 0's clock for minutes)."""
+        if self.every is None:
+            return False
+        kind, value = self.every
+        if kind == "steps":
+            return self.steps_done % int(value) == 0
+        return time.monotonic() - self.last_save >= value
+
+    # -- an epoch ------------------------------------------------------------------------------
+    def epoch(self, epoch: int) -> tuple[float, float]:
+        """Train one epoch (from the saved position when resuming into it); returns (mean loss, lr)."""
+        cfg, state, group = self.cfg, self.state, self.group
+        loss_fn = HingeLoss(cfg.margin, max_violation=cfg.max_violation or state["phase"] == "max")
+        lr = _lr(cfg, state, epoch - 1)
+        for g in self.optim.param_groups:
+            g["lr"] = lr
+        torch.manual_seed(cfg.seed * 100003 + epoch)
+        meter = LossMeter(self.device)
+        skip = 0
+        pos = self.position if self.position and self.position["epoch"] == epoch else None
+        if pos is not None:
+            skip = int(pos["batches"])
+            meter.total.fill_(float(pos["loss_total"]))
+            meter.steps = int(pos["loss_steps"])
+            self.steps_done = int(pos.get("steps", 0))
+            if "rng" in pos and group.world == 1:
+                torch.set_rng_state(pos["rng"].cpu())
+                if "cuda_rng" in pos and self.device.type == "cuda":
+                    torch.cuda.set_rng_state(pos["cuda_rng"].cpu(), self.device)
+            self.position = None
+        # data-parallel: each rank reads the window's chunks but keeps only its rows (docs/train.md)
+        batches = (self.stream.epoch_part(epoch, group.rank, group.world, skip=skip) if group.distributed
+                   else self.stream.epoch(epoch, skip=skip))
+        bar = None
+        if self.progress and group.main:
+            from tqdm.auto import tqdm
+            batches = bar = tqdm(batches, total=len(self.stream), initial=skip, desc=f"epoch {epoch}/{cfg.epochs}",
+                                 unit="batch", leave=False)
+        handler = active_handling()
+        minutes = self.every is not None and self.every[0] == "seconds"
+        self.net.train()
+        done = skip
+        for batch in batches:
+            if group.world > 1:
+                torch.manual_seed(step_seed(cfg.seed, epoch, done, group.rank))
+            pending = handler.pending if handler is not None else None
+            flags = (1.0 if pending == signal.SIGTERM else 0.0, 1.0 if pending == signal.SIGINT else 0.0,
+                     1.0 if minutes and group.main and self.checkpoint_due() else 0.0)
+            loss, flags = train_step(self.net, batch, loss_fn, self.optim, cfg, self.device, group, flags)
+            if group.world == 1 and handler is not None:   # one process: a signal during this step counts
+                pending = handler.pending
+                flags = [1.0 if pending == signal.SIGTERM else 0.0, 1.0 if pending == signal.SIGINT else 0.0, flags[2]]
+            meter.add(loss)
+            done += 1
+            self.steps_done += 1
+            if flags[0] > 0 or flags[1] > 0:
+                self.save_position(epoch, done, meter)
+                raise Stop(signal.SIGTERM if flags[0] > 0 else signal.SIGINT, epoch, done)
+            if (flags[2] > 0 if minutes else self.checkpoint_due()) and done < len(self.stream):
+                self.save_position(epoch, done, meter)
+            if bar is not None and meter.steps % LOG_EVERY == 0:
+                bar.set_postfix(loss=f"{meter.mean():.4f}", refresh=False)
+        if bar is not None:
+            bar.close()
+        return meter.mean(), lr
+
+    # -- validation and the epoch's end -----------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Metrics of the current weights: every rank holds the same weights and computes the same
+        metrics (no collective: a slow validation never meets a collective timeout)."""
+        return validate(self.net, self.source, self.tokens, self.evalset, self.cfg)
+
+    def end_epoch(self, epoch: int, loss: float, lr: float, metrics: dict[str, float], t0: float,
+                  curves) -> None:
+        cfg, state, out, main = self.cfg, self.state, self.out, self.group.main
+        entry = {"epoch": epoch, "phase": state["phase"], "loss": loss, "lr": lr,
+                 "val": metrics, "time_s": round(time.perf_counter() - t0, 3)}
+        state["epoch"] = epoch
+        state["steps"] = self.steps_done
+        if metrics["rsum"] > state["best_rsum"]:
+            state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
+            state["history"].append(entry)
+            if main:
+                _save(out / "checkpoint_best.pt", {"model": self.net.state_dict(), "epoch": epoch,
+                                                   **self.payload_extra()})
+        else:
+            state["stall"] += 1
+            state["history"].append(entry)
+        if state["phase"] == "sum" and state["stall"] >= cfg.patience:
+            self.group.barrier("the best checkpoint's save")
+            best = load_checkpoint(out / "checkpoint_best.pt", cfg.device if self.group.world == 1 else str(self.device))
+            self.net.load_state_dict(best["model"])
+            self.optim = make_optimizer(cfg, self.net.parameters(), cfg.lr2 or cfg.lr)
+            state.update(phase="max", phase_start=epoch, stall=0, switched_at=epoch)
+            entry["switch"] = f"max loss from the best checkpoint (epoch {best['epoch']})"
+            self.log(f"epoch {epoch}: val rsum stalled for {cfg.patience} epochs; switching to the max loss "
+                     f"from epoch {best['epoch']}")
+        if main:
+            _save(self.last, {"model": self.net.state_dict(), "optimizer": self.optim.state_dict(), "state": state,
+                              **self.payload_extra()})
+            _write_log(out, state)
+            curves.log(entry)
+        self.group.barrier("the epoch's checkpoint")
+        self.last_save = time.monotonic()
+        self.log(f"epoch {epoch}/{cfg.epochs} [{entry['phase']}] loss {entry['loss']:.4f} val rsum "
+                 f"{metrics['rsum']:.1f} (best {state['best_rsum']:.1f} @ {state['best_epoch']})")
+
+
 def train(store: str | Path, features: str, model: str | None, out: str | Path, *, presets=(),
           resume: bool = False, overwrite: bool = False, progress: bool = True,
-          log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
+          log: Callable[[str], None] | None = None, collective_timeout: float | None = None,
+          **overrides: Any) -> dict[str, Any]:
     """Train ``model`` on ``features`` of ``store`` into the run folder ``out``; returns a summary.
 
-    ``resume`` continues from ``checkpoint_last.pt``: only ``RESUMABLE`` options may differ from the
-    run's (they are applied and recorded in ``config.json``); any other differing option is refused.
-    ``overwrite`` replaces a run: once the new run's inputs and model are checked, every file of the
-    old run is removed (see ``checkpoint``).
+    ``resume`` continues from ``checkpoint_last.pt`` (an epoch's end, or a mid-epoch position with
+    ``--checkpoint-every``): only ``RESUMABLE`` options may differ from the run's (they are applied
+    and recorded in ``config.json``); any other differing option is refused. ``overwrite`` replaces
+    a run: once the new run's inputs and model are checked, every file of the old run is removed
+    (see ``checkpoint``). Started by a launcher (torchrun, srun, ``--nproc-per-node``) the run is
+    data-parallel (:mod:`.distributed`); ``collective_timeout`` (s) bounds a wait on a dead rank.
     """
-    from .checkpoint import clear_run
+    from .distributed import DEFAULT_TIMEOUT_S, setup
 
-    log = log or (lambda msg: None)
+    group = setup(overrides.get("device") or "cpu", collective_timeout or DEFAULT_TIMEOUT_S)
+    try:
+        return _train(group, store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
+                      progress=progress, log=log, **overrides)
+    finally:
+        if group.distributed:
+            group.close()
+
+
+def _train(group: Group, store, features, model, out, *, presets, resume, overwrite, progress, log,
+           **overrides) -> dict[str, Any]:
+    from .checkpoint import clear_run
+    from .distributed import device_of
+
+    quiet = not group.main
+    log = (lambda msg: None) if (log is None or quiet) else log
     tensorboard = overrides.pop("tensorboard", None)  # a log folder, not a training setting
     out = Path(out)
-    last = out / "checkpoint_last.pt"
     _start_folder(out, resume, overwrite)
     saved: dict[str, Any] = {}
     changed: dict[str, list] = {}
@@ -287,6 +469,12 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
                          f"{'resume' if resume else 'train'} with --device cpu")
+    if cfg.batch_size % group.world:
+        exc = ValueError(f"--batch-size {cfg.batch_size} is not a multiple of the {group.world} ranks: the global "
+                         f"batch is split evenly over the ranks; choose a batch size divisible by {group.world} "
+                         f"or another rank count")
+        exc.same_on_every_rank = True   # rank 0 says it; the others exit quietly
+        raise exc
     float32 = exact_float32()   # training is float32: IEEE float32 on CUDA too (TF32 off)
     fstore = FeatureStore.open(store)
     tokens = Tokens.from_store(fstore)
@@ -298,117 +486,85 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     if net.image_input != source.image_input:
         raise ValueError(f"model {cfg.model!r} reads {net.image_input!r} features but {features!r} is a "
                          f"{source.kind!r} set; choose features of kind {net.image_input!r}")
-    net.to(cfg.device)
-    device = torch.device(cfg.device)
+    device = torch.device(device_of(group, cfg.device))
+    net.to(device)
     stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
                         captions=cfg.captions, window_chunks=cfg.window_chunks, seed=cfg.seed,
                         shuffle_memory=cfg.shuffle_memory_gb * 2**30)
-    if not resume:
-        removed = clear_run(out)   # the new run has started: nothing of an old one may remain
-        if removed:
-            log(f"--overwrite: removed {len(removed)} file(s) of the previous run in {out}")
-    out.mkdir(parents=True, exist_ok=True)
-    if resume:
-        if changed or saved.get("float32") != float32:
-            saved["train"] = cfg.to_json()
-            saved["float32"] = float32
+    group.barrier("the start")   # every rank has checked its inputs before rank 0 changes the folder
+    if group.main:
+        if not resume:
+            removed = clear_run(out)   # the new run has started: nothing of an old one may remain
+            if removed:
+                log(f"--overwrite: removed {len(removed)} file(s) of the previous run in {out}")
+        out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            if changed or saved.get("float32") != float32:
+                saved["train"] = cfg.to_json()
+                saved["float32"] = float32
+                if changed:
+                    saved.setdefault("resumed", []).append({"changed": changed})
+                _write_json(out / "config.json", saved)
             if changed:
-                saved.setdefault("resumed", []).append({"changed": changed})
-            _write_json(out / "config.json", saved)
-        if changed:
-            log("resume: " + ", ".join(f"{option_name(k)} {v[0]} -> {v[1]}" for k, v in changed.items()))
-    else:
-        _write_json(out / "config.json", {
-            "train": cfg.to_json(), "store": str(Path(store).resolve()), "features": features,
-            "model_kwargs": _plain(kw), "feature_set": describe_source(source),
-            "feature_attrs": _feature_attrs(source),
-            "vocab_size": tokens.vocab_size, "float32": float32, "vsekit_version": __version__})
-
-    state: dict[str, Any] = {"epoch": 0, "phase": "sum" if cfg.curriculum else "single", "phase_start": 0,
-                             "best_rsum": -math.inf, "best_epoch": 0, "stall": 0, "history": [],
-                             "switched_at": None}
-    optim = make_optimizer(cfg, net.parameters(), cfg.lr)
-    if resume:
-        ck = load_checkpoint(last, cfg.device)
-        net.load_state_dict(ck["model"])
-        state = ck["state"]
-        optim = make_optimizer(cfg, net.parameters(), _lr(cfg, state, state["epoch"]))
-        optim.load_state_dict(ck["optimizer"])
-        _write_log(out, state)   # the log of the saved epochs, even if the kill came before its write
-        log(f"resuming {out} after epoch {state['epoch']}")
-    else:
-        m0 = validate(net, source, tokens, evalset, cfg)
-        state["history"].append({"epoch": 0, "phase": state["phase"], "loss": None, "lr": None,
-                                 "val": m0, "time_s": 0.0})
-        state["untrained_rsum"] = m0["rsum"]
-        _write_log(out, state)
-
-    curves = open_curves(tensorboard, state["history"])
-    for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
-        loss_fn = HingeLoss(cfg.margin, max_violation=cfg.max_violation or state["phase"] == "max")
-        lr = _lr(cfg, state, epoch - 1)
-        for group in optim.param_groups:
-            group["lr"] = lr
-        torch.manual_seed(cfg.seed * 100003 + epoch)
-        t0 = time.perf_counter()
-        meter = LossMeter(device)
-        batches = stream.epoch(epoch)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-            batches = bar = tqdm(batches, total=len(stream), desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", leave=False)
-        net.train()
-        for batch in batches:
-            images = to_device(batch.images, device)
-            with autocast(cfg, device):
-                img = net.encode_images(to_device(batch.feats, device), to_device(batch.counts, device))
-                # lengths stay on the host: the models pack with them, and form their masks on the device
-                cap = net.encode_captions(to_device(batch.tokens, device), batch.lengths)
-                scores = net.score(img, cap)
-            scores = scores.float()               # the loss in fp32 whatever the forward's precision
-            loss = loss_fn(scores, images)
-            extra = net.extra_loss(img, cap, scores)
-            if extra is not None:
-                loss = loss + extra.float()
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip and cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
-            optim.step()
-            meter.add(loss)
-            if bar is not None and meter.steps % LOG_EVERY == 0:
-                bar.set_postfix(loss=f"{meter.mean():.4f}", refresh=False)
-        epoch_loss = meter.mean()
-        metrics = validate(net, source, tokens, evalset, cfg)
-        entry = {"epoch": epoch, "phase": state["phase"], "loss": epoch_loss, "lr": lr,
-                 "val": metrics, "time_s": round(time.perf_counter() - t0, 3)}
-        state["epoch"] = epoch
-        payload_extra = {"config": cfg.to_json(), "model_name": cfg.model, "model_kwargs": kw}
-        if metrics["rsum"] > state["best_rsum"]:
-            state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
-            state["history"].append(entry)
-            _save(out / "checkpoint_best.pt", {"model": net.state_dict(), "epoch": epoch, **payload_extra})
+                log("resume: " + ", ".join(f"{option_name(k)} {v[0]} -> {v[1]}" for k, v in changed.items()))
         else:
-            state["stall"] += 1
-            state["history"].append(entry)
-        if state["phase"] == "sum" and state["stall"] >= cfg.patience:
-            best = load_checkpoint(out / "checkpoint_best.pt", cfg.device)
-            net.load_state_dict(best["model"])
-            optim = make_optimizer(cfg, net.parameters(), cfg.lr2 or cfg.lr)
-            state.update(phase="max", phase_start=epoch, stall=0, switched_at=epoch)
-            entry["switch"] = f"max loss from the best checkpoint (epoch {best['epoch']})"
-            log(f"epoch {epoch}: val rsum stalled for {cfg.patience} epochs; switching to the max loss "
-                f"from epoch {best['epoch']}")
-        _save(last, {"model": net.state_dict(), "optimizer": optim.state_dict(), "state": state, **payload_extra})
-        _write_log(out, state)
-        curves.log(entry)
-        log(f"epoch {epoch}/{cfg.epochs} [{entry['phase']}] loss {entry['loss']:.4f} val rsum "
-            f"{metrics['rsum']:.1f} (best {state['best_rsum']:.1f} @ {state['best_epoch']})")
+            _write_json(out / "config.json", {
+                "train": cfg.to_json(), "store": str(Path(store).resolve()), "features": features,
+                "model_kwargs": _plain(kw), "feature_set": describe_source(source),
+                "feature_attrs": _feature_attrs(source),
+                "vocab_size": tokens.vocab_size, "float32": float32, "vsekit_version": __version__})
+    if group.world > 1:
+        log(f"data-parallel over {group.world} ranks ({group.backend}): global batch {cfg.batch_size}, "
+            f"{cfg.batch_size // group.world} pairs per rank")
+
+    run = Run(cfg, out, group, net, kw, source, tokens, evalset, stream, device, log, progress)
+    handler = active_handling()
+    with (handler.polled() if handler is not None else contextlib.nullcontext()):
+        # from here a signal stops the run at the next step boundary, with a checkpoint
+        return _run(run, group, out, resume, tensorboard, handler, log)
+
+
+def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, log) -> dict[str, Any]:
+    cfg, stream = run.cfg, run.stream
+    if resume:
+        run.load(load_checkpoint(out / "checkpoint_last.pt", str(run.device)))
+        if group.main:
+            _write_log(out, run.state)   # the log of the saved epochs, even if the kill came before its write
+        where = (f"epoch {run.position['epoch']} after batch {run.position['batches']}" if run.position
+                 else f"after epoch {run.state['epoch']}")
+        log(f"resuming {out} {where}")
+    else:
+        m0 = run.validate()
+        run.state["history"].append({"epoch": 0, "phase": run.state["phase"], "loss": None, "lr": None,
+                                     "val": m0, "time_s": 0.0})
+        run.state["untrained_rsum"] = m0["rsum"]
+        if group.main:
+            _write_log(out, run.state)
+
+    curves = open_curves(tensorboard if group.main else None, run.state["history"])
+    first = run.position["epoch"] if run.position else run.state["epoch"] + 1
+    try:
+        for epoch in range(first, cfg.epochs + 1):
+            t0 = time.perf_counter()
+            loss, lr = run.epoch(epoch)
+            metrics = run.validate()
+            run.end_epoch(epoch, loss, lr, metrics, t0, curves)
+            pending = handler.pending if handler is not None else None
+            if epoch < cfg.epochs and group.any(pending is not None):   # a signal during validation
+                raise Stop(pending or signal.SIGTERM, epoch, len(stream))
+    except Stop as stop:
+        curves.close()
+        if handler is not None:
+            handler.clear()
+        raise Interrupted(f"interrupted in epoch {stop.epoch} after batch {stop.batches}: "
+                          f"{out / 'checkpoint_last.pt'} holds it; continue with --resume", stop.signum) from None
     curves.close()
-    plot_curves(state["history"], out / "curves.png")
+    if group.main:
+        plot_curves(run.state["history"], out / "curves.png")
+    state = run.state
     return {"out": str(out), "epochs": state["epoch"], "best_epoch": state["best_epoch"],
             "best_rsum": state["best_rsum"], "untrained_rsum": state.get("untrained_rsum"),
-            "switched_at": state.get("switched_at"), "model": cfg.model}
+            "switched_at": state.get("switched_at"), "model": cfg.model, "ranks": group.world}
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:

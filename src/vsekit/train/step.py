@@ -1,0 +1,115 @@
+"""One optimisation step over a global batch, the same in one process and over data-parallel ranks.
+
+Only torch and the models are needed here (no store): ``bench/train_ddp.py`` times these steps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.base import RetrievalModel
+from ..models.losses import HingeLoss
+from ..models.sync import synced
+from .config import TrainConfig
+from .distributed import SINGLE, Group, RankFailure
+
+
+# device and precision --------------------------------------------------------------------------------
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """A batch tensor on ``device``: on CUDA copied from pinned memory without blocking the host
+    (the copy overlaps the previous step's device work); elsewhere ``.to`` (a no-op on the CPU)."""
+    if t is None:
+        return None
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    """The forward pass's precision context: bf16 autocast for ``--precision bf16``, else a no-op."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16")
+
+
+# the step ---------------------------------------------------------------------------------------
+def _loss_dtype(scores: torch.Tensor) -> torch.Tensor:
+    """The loss in float32 at least, whatever the forward's precision (float64 stays float64)."""
+    return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+
+
+def step_loss(net: RetrievalModel, batch, loss_fn: HingeLoss, cfg: TrainConfig, device: torch.device,
+              group: Group = SINGLE) -> torch.Tensor:
+    """The global batch's loss, as one process computes it, with this rank's share of the graph.
+
+    One process (or a global batch smaller than the rank count: every rank then computes the whole
+    batch) encodes and scores the batch. Data-parallel, this rank encodes its contiguous slice; the
+    encodings are gathered with autograd, this rank scores every image against its captions (so
+    SAF's per-caption batch norm sees every image), the column blocks are gathered into the full
+    score matrix, and the loss over the global batch is returned. The caller back-propagates it
+    divided by the rank count and sums the gradients over the ranks.
+    """
+    n = len(batch.images)
+    images = to_device(batch.images, device)
+    given = getattr(batch, "part", None)     # the stream gave this rank's rows only
+    if given is not None and not (group.distributed and n >= group.world):
+        given = None                          # a batch smaller than the rank count: all of it, on every rank
+    if group.distributed and n >= group.world:
+        sizes = group.sizes(n)
+        part = slice(None) if given is not None else group.part(n)
+        counts = None if batch.counts is None else batch.counts[part]
+        with synced(group), autocast(cfg, device):
+            img = net.encode_images(to_device(batch.feats[part], device), to_device(counts, device))
+            cap = net.encode_captions(to_device(batch.tokens[part], device), batch.lengths[part])
+            img_all = group.gather(img, sizes)
+            cap_all = group.gather(cap, sizes)
+            block = net.score(img_all, cap)
+            scores = group.gather_dim(block, sizes, 1)
+    else:
+        with autocast(cfg, device):
+            img_all = net.encode_images(to_device(batch.feats, device), to_device(batch.counts, device))
+            # lengths stay on the host: the models pack with them, and form their masks on the device
+            cap_all = net.encode_captions(to_device(batch.tokens, device), batch.lengths)
+            scores = net.score(img_all, cap_all)
+    scores = _loss_dtype(scores)
+    loss = loss_fn(scores, images)
+    extra = net.extra_loss(img_all, cap_all, scores)
+    if extra is not None:
+        loss = loss + _loss_dtype(extra)
+    return loss
+
+
+def train_step(net: RetrievalModel, batch, loss_fn: HingeLoss, optim: torch.optim.Optimizer, cfg: TrainConfig,
+               device: torch.device, group: Group = SINGLE, flags: tuple[float, ...] = ()
+               ) -> tuple[torch.Tensor, list[float]]:
+    """One optimisation step on a global batch; returns its loss and ``flags`` summed over the ranks.
+
+    Gradients are summed over the ranks (each back-propagates the global loss / ranks), so every
+    rank clips by the global norm and steps its optimizer exactly as one process does.
+    """
+    try:
+        loss = step_loss(net, batch, loss_fn, cfg, device, group)
+        optim.zero_grad(set_to_none=True)
+        (loss / group.world if group.world > 1 else loss).backward()
+    except RuntimeError as exc:
+        if group.distributed and _collective_error(exc):
+            raise RankFailure(group.failure_message("a training step", exc)) from None
+        raise
+    flags = group.reduce_grads(list(net.parameters()), flags)
+    if cfg.grad_clip and cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
+    optim.step()
+    return loss, flags
+
+
+def _collective_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket"))
+
+
+def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """The torch seed of a data-parallel step (dropout masks are drawn per rank: docs/train.md)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"vsekit-step/{seed}/{epoch}/{step}/{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+

@@ -1,0 +1,78 @@
+"""Data-parallel steps on real gloo process groups equal one process's step at the same global batch.
+
+For every model family (VSE++ max and sum of hinges, Order, Order++, the PH/POE curriculum's sum then
+max, SEAM, SMAN, SAF, SGR, SGR + T-EMDE), in float64 with dropout off: 2 and 3 ranks (spawned, one
+group per rank count running every case; 3 ranks in the slow set) against one process, two Adam steps with clipping — a
+global batch of 6 (split evenly) then 5 (an epoch's short last batch: split unevenly). The loss,
+every gradient, every parameter and every buffer (batch-norm running statistics included) after
+each step equal one process's to rounding, on every rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ddp_harness as H  # noqa: E402
+
+NAMES = list(H.CASES)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from vsekit.train.distributed import SINGLE
+
+    torch.set_num_threads(1)
+    return {name: H.run_case(name, SINGLE) for name in NAMES}
+
+
+@pytest.fixture(scope="module", params=[2, pytest.param(3, marks=pytest.mark.slow)], ids=["2ranks", "3ranks"])
+def ranks(request, tmp_path_factory):
+    return request.param, H.spawn(request.param, str(tmp_path_factory.mktemp(f"ddp{request.param}")), NAMES)
+
+
+def _close(a, b, what, atol=1e-12):
+    if a is None or b is None:
+        assert a is None and b is None, f"{what}: one has no gradient"
+        return
+    assert a.shape == b.shape, what
+    assert torch.allclose(a, b, rtol=1e-9, atol=atol), f"{what}: max diff {(a - b).abs().max().item():.3g}"
+
+
+# Weights after an Adam step: a parameter whose gradient is zero up to rounding (a bias before a batch
+# norm or a softmax, ~1e-17) moves by lr * g / eps (Adam's eps 1e-8, lr 1e-2): rounding noise of
+# 1e-17 becomes ~1e-11, so the states are compared to 1e-9 absolute (the gradients to 1e-12).
+STATE_ATOL = 1e-9
+
+
+def test_every_family_matches_one_process(reference, ranks):
+    world, results = ranks
+    for name in NAMES:
+        ref = reference[name]
+        for rank, res in enumerate(results):
+            got = res[name]
+            for step in range(2):
+                where = f"{name} {world} ranks, rank {rank}, step {step + 1}"
+                _close(got[f"loss{step}"], ref[f"loss{step}"], f"{where}: loss")
+                assert set(got[f"grads{step}"]) == set(ref[f"grads{step}"])
+                for k in ref[f"grads{step}"]:
+                    _close(got[f"grads{step}"][k], ref[f"grads{step}"][k], f"{where}: gradient {k}")
+                for k in ref[f"state{step}"]:
+                    _close(got[f"state{step}"][k], ref[f"state{step}"][k], f"{where}: state {k}", STATE_ATOL)
+
+
+def test_cases_move_buffers_and_weights(reference):
+    """The comparison above is not vacuous: the steps change the weights, and SAF's, SGR's and
+    T-EMDE's batch norms move their running statistics away from the initial 0 / 1."""
+    for name in NAMES:
+        ref = reference[name]
+        assert ref["loss0"] > 0, name
+        changed = [k for k in ref["state0"] if not torch.equal(ref["state0"][k], ref["state1"][k])]
+        assert changed, name
+    for name, key in (("saf", "saf_bn.running_mean"), ("sgr", "v_att.local_bn.running_mean"),
+                      ("sgr-temde", "temde.image_coder.bn.running_mean")):
+        assert ref is not None and reference[name]["state1"][key].abs().max() > 0, (name, key)
