@@ -168,6 +168,8 @@ class Group:
         except RankFailure:
             raise
         except (RuntimeError, ValueError) as exc:   # gloo / NCCL errors of a dead or hung peer
+            if "no backend type associated" in str(exc).lower():   # a bug, not a peer's failure
+                raise
             raise RankFailure(self.failure_message(what, exc)) from None
 
     def failure_message(self, what: str, exc: BaseException) -> str:
@@ -207,7 +209,7 @@ class Group:
         import torch.nn.functional as F
 
         # the other dims may differ between ranks (a caption slice's width): agree on the largest
-        shape = torch.tensor(list(t.shape[1:]) or [0], dtype=torch.int64)
+        shape = torch.tensor(list(t.shape[1:]) or [0], dtype=torch.int64, device=t.device)
         if t.dim() > 1:
             shapes = [torch.empty_like(shape) for _ in range(self.world)]
             dist.all_gather(shapes, shape)
@@ -406,6 +408,10 @@ def setup(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S, environ: di
     os.environ.setdefault("MASTER_PORT", str(env.master_port))
     cuda = str(device).startswith("cuda")
     backend = "nccl" if cuda else "gloo"
+    # on CUDA the step's small host tensors (shapes, counts, stop flags) go through gloo, the
+    # encodings and gradients through NCCL: an NCCL-only group refuses a CPU tensor ("No backend
+    # type associated with device type cpu", the first H100 run of gpu-check's ddp check)
+    init_backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(env.local_rank % max(1, torch.cuda.device_count()))
     if not dist.is_initialized():
@@ -419,10 +425,10 @@ def setup(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S, environ: di
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world,
                                   is_master=not agent and env.rank == 0, timeout=timeout,
                                   **({} if agent else {"multi_tenant": True}))
-            dist.init_process_group(backend, store=dist.PrefixStore(f"vsekit/attempt{restart}", store),
+            dist.init_process_group(init_backend, store=dist.PrefixStore(f"vsekit/attempt{restart}", store),
                                     rank=env.rank, world_size=env.world, timeout=timeout)
         else:
-            dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world,
+            dist.init_process_group(init_backend, init_method="env://", rank=env.rank, world_size=env.world,
                                     timeout=timeout)
     group = Group(env.rank, env.world, env.local_rank, env.local_world, timeout_s, backend)
     try:

@@ -89,6 +89,8 @@ def train_step(net: RetrievalModel, batch, loss_fn: HingeLoss, optim: torch.opti
         loss = step_loss(net, batch, loss_fn, cfg, device, group)
         optim.zero_grad(set_to_none=True)
         (loss / group.world if group.world > 1 else loss).backward()
+    except RankFailure:   # already worded by the collective that failed
+        raise
     except RuntimeError as exc:
         if group.distributed and _collective_error(exc):
             raise RankFailure(group.failure_message("a training step", exc)) from None
@@ -101,7 +103,11 @@ def train_step(net: RetrievalModel, batch, loss_fn: HingeLoss, optim: torch.opti
 
 
 def _collective_error(exc: BaseException) -> bool:
+    """Whether a collective's error is a peer's failure (dead, hung, unreachable) rather than a bug
+    (a tensor on a device the group has no backend for is a bug, and is raised as it is)."""
     text = str(exc).lower()
+    if "no backend type associated" in text:
+        return False
     return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket"))
 
 
