@@ -54,3 +54,17 @@ def make_region_store(path, *, n_train: int, n_val: int, per_image: int, regions
         data[np.arange(k)[None, :] >= counts[:, None]] = 0
         fs.write_block(b, data, count=counts)
     return str(path)
+
+
+@pytest.fixture()
+def float64():
+    """torch's default dtype is float64 for the test: modules, ``randn``, ``zeros`` made inside it are
+    float64. For tests that check a formula against an independent computation: float32 rounding
+    differs between CPUs (Intel, AMD, AVX2 / AVX-512 kernels) and thread counts by more than any fixed
+    float32 tolerance allows, float64 rounding is far below the tolerances these tests use."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield torch.float64
+    torch.set_default_dtype(before)
