@@ -25,6 +25,10 @@ from vsekit.extract import butd, butd_model, butd_select as sel  # noqa: E402
 torch.set_num_threads(2)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def model():
     """The full detector, random weights and random (non-identity) frozen-norm statistics."""

@@ -22,6 +22,10 @@ OPTS = dict(model="test_resnet", kind="global", weights="none", input_size=32, r
             block_rows=8, progress=False, device="cpu")
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def test_in_process_decodes_in_worker_processes_and_records_it(demo_store):
     res = extract(demo_store, workers=2, **OPTS)
     assert res.decoding["processes"] == 2 and res.decoding["decoders"] == 2   # two batches, two workers
@@ -71,6 +75,7 @@ def test_every_cluster_kind_gets_parallel_decoding():
     assert ClusterSpec("tcp", address="tcp://h:1").decode_threads("cuda") == "auto"
 
 
+@pytest.mark.slow
 def test_local_cluster_run_decodes_with_threads(demo_store):
     pytest.importorskip("distributed")
     res = extract(demo_store, cluster="local:2", **OPTS)
