@@ -25,7 +25,9 @@ Every model runs in a fresh subprocess (``--one NAME``), one after the other, so
 The child also reports its system CPU time and minor page faults per step.
 
 Usage: ``python bench/train_step.py [--models reference-saf,saf,...] [--batch 128] [--steps 3]
-[--warmup 1] [--threads 2] [--out bench/results/train_step.md]``.
+[--warmup 1] [--threads 2] [--out bench/results/train_step.md]``. On a loaded machine,
+``--alternate reference-saf,saf`` runs the two in one process with their steps alternating (ABBA) and
+prints the median of the per-round ratios: the load, whatever it does, meets both alike.
 
 :func:`step_peak` gives the peak device memory of one training step on a device (``make gpu-check``).
 """
@@ -364,6 +366,30 @@ def run_one(name: str, batch: int, steps: int, threads: int, tune: bool, warmup:
             "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / steps}
 
 
+def run_alternating(names: list[str], batch: int, steps: int, threads: int, tune: bool, warmup: int = 1) -> dict:
+    """Both models of a pair in one process, their steps alternating (ABBA order, so a load that
+    drifts meets both alike): the ratio under a shared, changing load. Peak RSS is the pair's, so it
+    is not reported per model here (the one-model runs give it)."""
+    torch.set_num_threads(threads)
+    if tune:
+        from vsekit.allocator import tune_allocator
+        tune_allocator()    # as the vsekit command does; the reference runs under it too here
+    stepper = {n: make_step(n, batch)[0] for n in names}
+    for n in names:
+        for _ in range(warmup):
+            stepper[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(steps):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
+            stepper[n]()
+            times[n].append(time.perf_counter() - t)
+    ratios = [a / b for a, b in zip(times[names[0]], times[names[1]])]
+    return {"models": names, "batch": batch, "times": times,
+            "s_per_step": {n: statistics.median(v) for n, v in times.items()},
+            "ratio_first_over_second": statistics.median(ratios), "ratios": ratios}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
@@ -373,8 +399,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (0: the first step is timed)")
     ap.add_argument("--no-tune", action="store_true", help="leave glibc's allocator untuned for vsekit too")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--alternate", metavar="A,B",
+                    help="one process, the steps of A and B alternating (ABBA): their ratio under a shared load")
     ap.add_argument("--out", default=str(HERE / "results" / "train_step.md"))
     args = ap.parse_args()
+    if args.alternate:
+        print(json.dumps(run_alternating(args.alternate.split(","), args.batch, args.steps, args.threads,
+                                         not args.no_tune, args.warmup)), flush=True)
+        return
     if args.one:
         print(json.dumps(run_one(args.one, args.batch, args.steps, args.threads, not args.no_tune, args.warmup)),
               flush=True)
