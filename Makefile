@@ -35,7 +35,7 @@ demo: $(STAMP)
 # The tests, by what they cost (the rule for what is slow: tests/conftest.py, tests/README.md):
 #   make test        every test not marked slow: the README's command (under 6 min on 2 cores)
 #   make test-fast   the edit loop: `make test` less the end-to-end files (CLI pipelines, training
-#                    runs, subprocesses): ~2 min; stops at the first failure
+#                    runs, subprocesses): half of make test's CPU time; stops at the first failure
 #   make test-slow   the slow tests that .ci/run runs after `make test`: process clusters (dask kill
 #                    cases), SLURM and job arrays, kill-at-every-write-point sweeps, 20-seed learning
 #                    sweeps, gpu-check's CPU mode, long end-to-end runs
