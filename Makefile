@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= demo-out
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow bench install clean gpu-check
+.PHONY: demo test test-fast test-slow test-paper bench install clean gpu-check
 
 install: $(STAMP)
 
@@ -32,14 +32,27 @@ demo: $(STAMP)
 		$(DEMO_DIR)/runs/saf $(DEMO_DIR)/runs/sgr-temde --out $(DEMO_DIR)/report \
 		&& echo "   report done in $$(( $$(date +%s) - t )) s"
 
-# `make test` leaves out the tests marked slow (the paper-dimension SAF/SGR/SMAN cases, the
-# kill-at-every-write-point sweep, SLURM walltime and job-array cases, the 20-seed learning sweeps:
-# ~50 min on 2 cores); `make test-slow` runs just those (.ci/run runs all but the paper-dimension ones).
+# The tests, by what they cost (the rule for what is slow: tests/conftest.py, tests/README.md):
+#   make test        every test not marked slow: the README's command (under 6 min on 2 cores)
+#   make test-fast   the edit loop: `make test` less the end-to-end files (CLI pipelines, training
+#                    runs, subprocesses): half of make test's CPU time; stops at the first failure
+#   make test-slow   the slow tests that .ci/run runs after `make test`: process clusters (dask kill
+#                    cases), SLURM and job arrays, kill-at-every-write-point sweeps, 20-seed learning
+#                    sweeps, gpu-check's CPU mode, long end-to-end runs
+#   make test-paper  the papers' full-dimension training cases (~30 min; not in CI)
+# PYTEST_ARGS adds pytest arguments (files, -k, -x) to any of them.
+PYTEST := OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
 test: $(STAMP)
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow and not e2e" -x $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+	$(PYTEST) -m "slow and not paper" $(PYTEST_ARGS)
+
+test-paper: $(STAMP)
+	$(PYTEST) -m paper $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python -P $$f || exit 1; done

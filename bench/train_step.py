@@ -1,14 +1,17 @@
 """Benchmark: one training step (forward, backward, clip, optimiser) of each pairwise model at the
 papers' sizes, against the SGRAF reference's per-caption training loop, each in its own process.
 
-``reference-saf`` / ``reference-sgr`` are a reimplementation, written here from the SGRAF reference's
-``train_emb`` (its operations and their order, not its code): image fc 2048 -> 1024 and l2norm; word
-embedding 300, dropout 0.4, a BiGRU of 1024 whose two directions are averaged, l2norm; the visual
-and textual self-attention (``BatchNorm1d(36)`` over region slots); ``EncoderSimilarity``'s Python
-loop over the captions, each cut to its own length and repeated once per image (SCAN attention with
-its transposes, ``(context - word)^2`` into ``W_sl``, the global node; SGR's three steps with
-separate query and key maps over every node, or SAF's filtration with one ``BatchNorm1d(1)`` call
-per caption); the max-violation hinge (margin 0.2), gradient clip 2 and Adam 2e-4.
+``reference-saf`` / ``reference-sgr`` are the SGRAF reference's own formulation (Paranioar/SGRAF,
+``model.py``), written again here (not its code): the same modules and calls in the same order,
+``SGRAF.train_emb``'s step: image fc 2048 -> 1024 and its ``l2norm``; word embedding 300, dropout
+0.4, a BiGRU of 1024 over the packed captions (sorted longest first, as its ``collate_fn`` sorts
+them), the two directions averaged, ``l2norm``; ``VisualSA`` (``BatchNorm1d(36)`` over the region
+slots) and ``TextSA``; ``EncoderSimilarity``'s Python loop over the captions, each cut to its own
+length and ``repeat``-ed once per image, ``SCAN_attention`` with its ``bmm``s, transposes and
+``.contiguous()`` copies, ``(context - word)^2`` into ``sim_tranloc_w``, the global node; SGR's three
+``GraphReasoning`` steps, or SAF's ``AttentionFiltration`` with one ``BatchNorm1d(1)`` call per
+caption; ``ContrastiveLoss`` with its in-place ``masked_fill_`` (max violation, margin 0.2),
+``clip_grad_norm_`` 2 and Adam 2e-4.
 
 ``saf``, ``sgr``, ``sgr-temde`` (SGR with the T-EMDE global module), ``sman`` and ``vse`` are
 vsekit's models trained as ``vsekit train`` trains them (the trainer's step: encode, ``score``,
@@ -22,7 +25,9 @@ Every model runs in a fresh subprocess (``--one NAME``), one after the other, so
 The child also reports its system CPU time and minor page faults per step.
 
 Usage: ``python bench/train_step.py [--models reference-saf,saf,...] [--batch 128] [--steps 3]
-[--warmup 1] [--threads 2] [--out bench/results/train_step.md]``.
+[--warmup 1] [--threads 2] [--out bench/results/train_step.md]``. On a loaded machine,
+``--alternate reference-saf,saf`` runs the two in one process with their steps alternating (ABBA) and
+prints the median of the per-round ratios: the load, whatever it does, meets both alike.
 
 :func:`step_peak` gives the peak device memory of one training step on a device (``make gpu-check``).
 """
@@ -52,124 +57,182 @@ K, GRID, IMG_DIM, EMBED, WORD, SIM, VOCAB, MARGIN = 36, 7, 2048, 1024, 300, 256,
 MODELS = ("reference-saf", "saf", "reference-sgr", "sgr", "sgr-temde", "sman", "vse")
 
 
-# -- the reference's training step, reimplemented -----------------------------------------------
+# -- the reference's training step, written again from its formulation --------------------------
+# Paranioar/SGRAF, model.py: the same modules, calls and order (``EncoderImage``, ``EncoderText``,
+# ``VisualSA``, ``TextSA``, ``GraphReasoning``, ``AttentionFiltration``, ``EncoderSimilarity`` with
+# ``SCAN_attention``, ``ContrastiveLoss``, ``SGRAF.train_emb``): its l1norm / l2norm (``torch.pow``,
+# ``sqrt``, ``+ eps``, ``torch.div``), one ``BatchNorm1d`` call per caption, the ``bmm``s with their
+# transposes and ``.contiguous()`` copies, ``repeat`` of each caption over the images, the in-place
+# ``masked_fill_`` of the loss, ``clip_grad_norm_`` over the parameter list, Adam. Captions come
+# sorted by length, longest first, as the reference's ``collate_fn`` sorts them.
+def ref_l1norm(x, dim, eps=1e-8):
+    return torch.div(x, torch.abs(x).sum(dim=dim, keepdim=True) + eps)
+
+
 def ref_l2norm(x, dim=-1, eps=1e-8):
-    return x / (x.pow(2).sum(dim, keepdim=True).sqrt() + eps)
+    return torch.div(x, torch.pow(x, 2).sum(dim=dim, keepdim=True).sqrt() + eps)
 
 
-def ref_l1norm(x, dim=-1, eps=1e-8):
-    return x / (x.abs().sum(dim, keepdim=True) + eps)
+def _xavier(module: nn.Module) -> None:
+    """The reference's init_weights: uniform Xavier for each Linear, bias 0; BatchNorm weight 1, bias 0."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            r = (6.0 / (m.in_features + m.out_features)) ** 0.5
+            nn.init.uniform_(m.weight, -r, r)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm1d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
 
 
-class RefVisualSA(nn.Module):
-    def __init__(self, d, regions, drop=0.4):
+class RefEncoderImage(nn.Module):
+    def __init__(self, img_dim, d):
         super().__init__()
-        self.local = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(regions), nn.Tanh(), nn.Dropout(drop))
-        self.glob = nn.Sequential(nn.Linear(d, d), nn.BatchNorm1d(d), nn.Tanh(), nn.Dropout(drop))
-        self.common = nn.Linear(d, 1)
+        self.fc = nn.Linear(img_dim, d)
+        _xavier(self)
+
+    def forward(self, images):
+        return ref_l2norm(self.fc(images), dim=-1)
+
+
+class RefEncoderText(nn.Module):
+    def __init__(self, vocab, word, d):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, word)
+        self.dropout = nn.Dropout(0.4)
+        self.cap_rnn = nn.GRU(word, d, 1, batch_first=True, bidirectional=True)
+        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
+
+    def forward(self, captions, lengths):
+        x = self.dropout(self.embed(captions))
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)   # sorted, longest first
+        out, _ = self.cap_rnn(packed)
+        emb, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        half = emb.size(2) // 2
+        emb = (emb[:, :, :half] + emb[:, :, half:]) / 2
+        return ref_l2norm(emb, dim=-1)
+
+
+class RefSelfAttention(nn.Module):
+    """VisualSA (``bn_local``: a BatchNorm1d over the region slots, one over the global vector) or
+    TextSA (no batch norm)."""
+
+    def __init__(self, d, drop=0.4, regions=None):
+        super().__init__()
+        local = [nn.Linear(d, d)] + ([nn.BatchNorm1d(regions)] if regions else []) + [nn.Tanh(), nn.Dropout(drop)]
+        glob = [nn.Linear(d, d)] + ([nn.BatchNorm1d(d)] if regions else []) + [nn.Tanh(), nn.Dropout(drop)]
+        self.embedding_local = nn.Sequential(*local)
+        self.embedding_global = nn.Sequential(*glob)
+        self.embedding_common = nn.Sequential(nn.Linear(d, 1))
+        self.softmax = nn.Softmax(dim=1)
+        _xavier(self)
 
     def forward(self, local, raw_global):
-        l_emb = self.local(local)
-        g_emb = self.glob(raw_global).unsqueeze(1).repeat(1, l_emb.size(1), 1)
-        weights = torch.softmax(self.common(l_emb.mul(g_emb)).squeeze(2), dim=1)
-        return ref_l2norm((weights.unsqueeze(2) * local).sum(dim=1))
-
-
-class RefTextSA(nn.Module):
-    def __init__(self, d, drop=0.4):
-        super().__init__()
-        self.local = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Dropout(drop))
-        self.glob = nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Dropout(drop))
-        self.common = nn.Linear(d, 1)
-
-    def forward(self, local, raw_global):
-        l_emb = self.local(local)
-        g_emb = self.glob(raw_global).unsqueeze(1).repeat(1, l_emb.size(1), 1)
-        weights = torch.softmax(self.common(l_emb.mul(g_emb)).squeeze(2), dim=1)
-        return ref_l2norm((weights.unsqueeze(2) * local).sum(dim=1))
+        l_emb = self.embedding_local(local)
+        g_emb = self.embedding_global(raw_global)
+        g_emb = g_emb.unsqueeze(1).repeat(1, l_emb.size(1), 1)
+        weights = self.softmax(self.embedding_common(l_emb.mul(g_emb)).squeeze(2))
+        new_global = (weights.unsqueeze(2) * local).sum(dim=1)
+        return ref_l2norm(new_global, dim=-1)
 
 
 class RefGraphReasoning(nn.Module):
     def __init__(self, s):
         super().__init__()
-        self.q, self.k, self.g = nn.Linear(s, s), nn.Linear(s, s), nn.Linear(s, s)
+        self.graph_query_w, self.graph_key_w, self.sim_graph_w = nn.Linear(s, s), nn.Linear(s, s), nn.Linear(s, s)
+        self.relu = nn.ReLU()
+        _xavier(self)
 
-    def forward(self, emb):
-        edges = torch.softmax(torch.bmm(self.q(emb), self.k(emb).permute(0, 2, 1)), dim=-1)
-        return F.relu(self.g(torch.bmm(edges, emb)))
+    def forward(self, sim_emb):
+        query, key = self.graph_query_w(sim_emb), self.graph_key_w(sim_emb)
+        edge = torch.softmax(torch.bmm(query, key.permute(0, 2, 1)), dim=-1)
+        return self.relu(self.sim_graph_w(torch.bmm(edge, sim_emb)))
 
 
 class RefAttentionFiltration(nn.Module):
     def __init__(self, s):
         super().__init__()
-        self.w = nn.Linear(s, 1)
+        self.attn_sim_w = nn.Linear(s, 1)
         self.bn = nn.BatchNorm1d(1)
+        _xavier(self)
 
-    def forward(self, emb):
-        attn = ref_l1norm(torch.sigmoid(self.bn(self.w(emb).permute(0, 2, 1))), -1)
-        return ref_l2norm(torch.matmul(attn, emb).squeeze(1))
+    def forward(self, sim_emb):
+        attn = ref_l1norm(torch.sigmoid(self.bn(self.attn_sim_w(sim_emb).permute(0, 2, 1))), dim=-1)
+        return ref_l2norm(torch.matmul(attn, sim_emb).squeeze(1), dim=-1)
+
+
+def ref_scan_attention(query, context, smooth, eps=1e-8):
+    """query (n, words, d), context (n, regions, d): the words' attended region contexts."""
+    attn = torch.bmm(context, torch.transpose(query, 1, 2))            # (n, regions, words)
+    attn = nn.LeakyReLU(0.1)(attn)
+    attn = ref_l2norm(attn, 2, eps)
+    attn = torch.transpose(attn, 1, 2).contiguous()                     # (n, words, regions)
+    attn = F.softmax(attn * smooth, dim=2)
+    attn_t = torch.transpose(attn, 1, 2).contiguous()                   # (n, regions, words)
+    weighted = torch.bmm(torch.transpose(context, 1, 2), attn_t)        # (n, d, words)
+    return ref_l2norm(torch.transpose(weighted, 1, 2), dim=-1, eps=eps)
+
+
+class RefEncoderSimilarity(nn.Module):
+    def __init__(self, mode, d, s, steps=3):
+        super().__init__()
+        self.mode = mode
+        self.v_global_w = RefSelfAttention(d, 0.4, regions=K)
+        self.t_global_w = RefSelfAttention(d, 0.4)
+        self.sim_tranloc_w, self.sim_tranglo_w = nn.Linear(d, s), nn.Linear(d, s)
+        self.sim_eval_w = nn.Linear(s, 1)
+        self.sigmoid = nn.Sigmoid()
+        if mode == "sgr":
+            self.SGR_module = nn.ModuleList(RefGraphReasoning(s) for _ in range(steps))
+        else:
+            self.SAF_module = RefAttentionFiltration(s)
+        for m in self.children():   # the reference's own init_weights touches its direct Linear children
+            if isinstance(m, nn.Linear):
+                _xavier(m)
+
+    def forward(self, img_emb, cap_emb, cap_lens):
+        sims = []
+        n_image = img_emb.size(0)
+        img_glo = self.v_global_w(img_emb, torch.mean(img_emb, 1))
+        for i in range(cap_emb.size(0)):
+            n_word = cap_lens[i]
+            cap_i = cap_emb[i, :n_word, :].unsqueeze(0)
+            cap_i_expand = cap_i.repeat(n_image, 1, 1)
+            cap_glo_i = self.t_global_w(cap_i, torch.mean(cap_i, 1))
+            context = ref_scan_attention(cap_i_expand, img_emb, smooth=9.0)
+            sim_loc = ref_l2norm(self.sim_tranloc_w(torch.pow(torch.sub(context, cap_i_expand), 2)), dim=-1)
+            sim_glo = ref_l2norm(self.sim_tranglo_w(torch.pow(torch.sub(img_glo, cap_glo_i), 2)), dim=-1)
+            sim_emb = torch.cat([sim_glo.unsqueeze(1), sim_loc], 1)
+            if self.mode == "sgr":
+                for module in self.SGR_module:
+                    sim_emb = module(sim_emb)
+                sim_vec = sim_emb[:, 0, :]
+            else:
+                sim_vec = self.SAF_module(sim_emb)
+            sims.append(self.sigmoid(self.sim_eval_w(sim_vec)))
+        return torch.cat(sims, 1)
 
 
 class ReferenceSGRAF(nn.Module):
-    def __init__(self, mode, vocab=VOCAB, img_dim=IMG_DIM, d=EMBED, word=WORD, s=SIM, steps=3, smooth=9.0):
+    """The three encoders of the reference's ``SGRAF`` object in one module (for ``.to`` / ``.train``)."""
+
+    def __init__(self, mode, vocab=VOCAB, img_dim=IMG_DIM, d=EMBED, word=WORD, s=SIM, steps=3):
         super().__init__()
-        self.mode, self.smooth = mode, smooth
-        self.fc = nn.Linear(img_dim, d)
-        self.embed = nn.Embedding(vocab, word)
-        self.drop = nn.Dropout(0.4)
-        self.gru = nn.GRU(word, d, batch_first=True, bidirectional=True)
-        self.v_sa, self.t_sa = RefVisualSA(d, K), RefTextSA(d)
-        self.sim_loc = nn.Linear(d, s)
-        self.sim_glo = nn.Linear(d, s)
-        self.sim_eval = nn.Linear(s, 1)
-        if mode == "sgr":
-            self.sgr = nn.ModuleList(RefGraphReasoning(s) for _ in range(steps))
-        else:
-            self.saf = RefAttentionFiltration(s)
-
-    def encode(self, feats, tokens, lengths):
-        img = ref_l2norm(self.fc(feats))
-        x = self.drop(self.embed(tokens))
-        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, _ = self.gru(packed)
-        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
-        half = out.size(2) // 2
-        cap = ref_l2norm((out[:, :, :half] + out[:, :, half:]) / 2)
-        return img, cap
-
-    def similarities(self, img, cap, lengths):
-        n_img = img.size(0)
-        img_glo = self.v_sa(img, img.mean(1))
-        cols = []
-        for i, n in enumerate(lengths.tolist()):
-            cap_i = cap[i, :n].unsqueeze(0)
-            cap_expand = cap_i.repeat(n_img, 1, 1)
-            cap_glo = self.t_sa(cap_i, cap_i.mean(1))
-            # SCAN attention: query words, context regions
-            attn = F.leaky_relu(torch.bmm(img, cap_expand.transpose(1, 2)), 0.1)
-            attn = ref_l2norm(attn, 2).transpose(1, 2).contiguous()
-            attn = torch.softmax(attn.view(-1, K) * self.smooth, dim=1).view(n_img, n, K)
-            context = torch.bmm(attn, img)
-            context = ref_l2norm(context)
-            sim_loc = ref_l2norm(self.sim_loc(torch.pow(torch.sub(context, cap_expand), 2)))
-            sim_glo = ref_l2norm(self.sim_glo(torch.pow(torch.sub(img_glo, cap_glo), 2)))
-            emb = torch.cat([sim_glo.unsqueeze(1), sim_loc], 1)
-            if self.mode == "sgr":
-                for module in self.sgr:
-                    emb = module(emb)
-                vec = emb[:, 0, :]
-            else:
-                vec = self.saf(emb)
-            cols.append(torch.sigmoid(self.sim_eval(vec)))
-        return torch.cat(cols, 1)
+        self.img_enc = RefEncoderImage(img_dim, d)
+        self.txt_enc = RefEncoderText(vocab, word, d)
+        self.sim_enc = RefEncoderSimilarity(mode, d, s, steps)
 
 
-def ref_loss(scores):
-    diagonal = scores.diag().view(-1, 1)
-    cost_s = (MARGIN + scores - diagonal.expand_as(scores)).clamp(min=0)
-    cost_im = (MARGIN + scores - diagonal.t().expand_as(scores)).clamp(min=0)
-    eye = torch.eye(scores.size(0), dtype=torch.bool)
-    cost_s, cost_im = cost_s.masked_fill(eye, 0), cost_im.masked_fill(eye, 0)
+def ref_loss(scores, margin=MARGIN):
+    """ContrastiveLoss(max_violation=True): its expand_as, ``eye > .5`` mask and in-place fills."""
+    diagonal = scores.diag().view(scores.size(0), 1)
+    d1 = diagonal.expand_as(scores)
+    d2 = diagonal.t().expand_as(scores)
+    cost_s = (margin + scores - d1).clamp(min=0)
+    cost_im = (margin + scores - d2).clamp(min=0)
+    mask = (torch.eye(scores.size(0)) > .5).to(scores.device)
+    cost_s = cost_s.masked_fill_(mask, 0)
+    cost_im = cost_im.masked_fill_(mask, 0)
     return cost_s.max(1)[0].sum() + cost_im.max(0)[0].sum()
 
 
@@ -207,15 +270,20 @@ def make_step(name: str, batch: int, device: str = "cpu"):
     if name.startswith("reference-"):
         torch.manual_seed(0)
         model = ReferenceSGRAF(name.split("-")[1]).to(device).train()
-        optim = torch.optim.Adam(model.parameters(), lr=2e-4)
-        feats, tokens = feats.to(device), tokens.to(device)
+        params = [*model.txt_enc.parameters(), *model.img_enc.parameters(), *model.sim_enc.parameters()]
+        optim = torch.optim.Adam(params, lr=2e-4)
+        order = torch.argsort(lengths, descending=True, stable=True)     # the reference's collate_fn
+        tokens, cap_lens = tokens[order].to(device), lengths[order].tolist()
+        feats = feats[order].to(device)
 
-        def step():
-            img, cap = model.encode(feats, tokens, lengths)
-            loss = ref_loss(model.similarities(img, cap, lengths))
+        def step():   # SGRAF.train_emb
+            img_embs = model.img_enc(feats)
+            cap_embs = model.txt_enc(tokens, cap_lens)
+            sims = model.sim_enc(img_embs, cap_embs, cap_lens)
             optim.zero_grad()
+            loss = ref_loss(sims)
             loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 2.0)
+            nn.utils.clip_grad_norm_(params, 2.0)
             optim.step()
             return loss
         return step, model
@@ -298,6 +366,30 @@ def run_one(name: str, batch: int, steps: int, threads: int, tune: bool, warmup:
             "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / steps}
 
 
+def run_alternating(names: list[str], batch: int, steps: int, threads: int, tune: bool, warmup: int = 1) -> dict:
+    """Both models of a pair in one process, their steps alternating (ABBA order, so a load that
+    drifts meets both alike): the ratio under a shared, changing load. Peak RSS is the pair's, so it
+    is not reported per model here (the one-model runs give it)."""
+    torch.set_num_threads(threads)
+    if tune:
+        from vsekit.allocator import tune_allocator
+        tune_allocator()    # as the vsekit command does; the reference runs under it too here
+    stepper = {n: make_step(n, batch)[0] for n in names}
+    for n in names:
+        for _ in range(warmup):
+            stepper[n]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(steps):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            t = time.perf_counter()
+            stepper[n]()
+            times[n].append(time.perf_counter() - t)
+    ratios = [a / b for a, b in zip(times[names[0]], times[names[1]])]
+    return {"models": names, "batch": batch, "times": times,
+            "s_per_step": {n: statistics.median(v) for n, v in times.items()},
+            "ratio_first_over_second": statistics.median(ratios), "ratios": ratios}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
@@ -307,8 +399,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (0: the first step is timed)")
     ap.add_argument("--no-tune", action="store_true", help="leave glibc's allocator untuned for vsekit too")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--alternate", metavar="A,B",
+                    help="one process, the steps of A and B alternating (ABBA): their ratio under a shared load")
     ap.add_argument("--out", default=str(HERE / "results" / "train_step.md"))
     args = ap.parse_args()
+    if args.alternate:
+        print(json.dumps(run_alternating(args.alternate.split(","), args.batch, args.steps, args.threads,
+                                         not args.no_tune, args.warmup)), flush=True)
+        return
     if args.one:
         print(json.dumps(run_one(args.one, args.batch, args.steps, args.threads, not args.no_tune, args.warmup)),
               flush=True)

@@ -10,6 +10,19 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
+# What is slow. A test that takes over ~5 s on 2 idle cores (`--durations` shows it), or that starts a
+# process cluster (dask local/tcp), SLURM, a kill-and-rerun sweep, or a long end-to-end run, is marked
+# ``slow``: `make test` leaves it out, `.ci/run` runs it (`make test-slow`: every slow test not also
+# marked ``paper``). The papers' full-dimension training cases are ``slow`` and ``paper``: `make
+# test-paper` only (~30 min on 2 cores). Cover the same code in the default set with a small, fast case
+# wherever one exists; nothing that guards correctness is dropped, only moved. (tests/README.md)
+# End-to-end modules (CLI runs, extraction, training, subprocesses) carry ``e2e``: in `make test`, left
+# out of `make test-fast`, the edit loop's quick pass over the library's units.
+def pytest_configure(config):
+    config.addinivalue_line("markers", "paper: the papers' full dimensions; also slow; `make test-paper` only, not in CI")
+    config.addinivalue_line("markers", "e2e: an end-to-end module; in `make test`, not in `make test-fast`")
+
+
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory):
     """A 24-image synthetic dataset (Karpathy JSON, JPEGs, boxes.json)."""
@@ -54,3 +67,17 @@ def make_region_store(path, *, n_train: int, n_val: int, per_image: int, regions
         data[np.arange(k)[None, :] >= counts[:, None]] = 0
         fs.write_block(b, data, count=counts)
     return str(path)
+
+
+@pytest.fixture()
+def float64():
+    """torch's default dtype is float64 for the test: modules, ``randn``, ``zeros`` made inside it are
+    float64. For tests that check a formula against an independent computation: float32 rounding
+    differs between CPUs (Intel, AMD, AVX2 / AVX-512 kernels) and thread counts by more than any fixed
+    float32 tolerance allows, float64 rounding is far below the tolerances these tests use."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield torch.float64
+    torch.set_default_dtype(before)

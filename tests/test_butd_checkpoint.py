@@ -17,6 +17,10 @@ RATIO_HALF = [[7.5 - (23 * s - 1) / 2, 7.5 - (12 * s - 1) / 2, 7.5 + (23 * s - 1
               for s in (4, 8, 16, 32)]
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def synthetic_checkpoint(anchors):
     """Every key of the table (stride-0 constant tensors: a small file) plus the anchor buffer."""
     state = {k: torch.full((1,), float(i + 1)).expand(shape)

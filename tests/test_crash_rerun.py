@@ -27,6 +27,10 @@ FAST = ["--model", "test_resnet", "--weights", "none", "--input-size", "32", "--
 NAME = "test_resnet_global"
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def env_for(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VSEKIT_")}
     env.update(PYTHONPATH=f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
@@ -97,13 +101,14 @@ def reference(base_store, tmp_path_factory):
     return snapshot(ref, NAME)
 
 
-_slow = pytest.mark.slow   # each case is three subprocess runs; the unmarked ones cover every stage
+_slow = pytest.mark.slow   # each case is three subprocess runs (the whole test is slow; kept for the list)
 EXTRACT_POINTS = [pytest.param("create_features:arrays", marks=_slow), "create_features:attrs",
                   pytest.param("create_features:rename", marks=_slow), pytest.param("record_errors", marks=_slow),
                   pytest.param("write_block:data@2", marks=_slow), pytest.param("write_block:sums@2", marks=_slow),
                   "write_block:status@2", pytest.param("write_block:status@7", marks=_slow)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", EXTRACT_POINTS)
 def test_extract_killed_at_any_write_point_then_rerun_equals_uninterrupted(point, image_store, reference):
     killed = run("extract", "--store", str(image_store), *FAST, fault=point)
@@ -139,6 +144,7 @@ STANDARDIZE_POINTS = ["create_features:arrays", "standardize:stats", "create_fea
                       "record_errors"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", STANDARDIZE_POINTS)
 def test_standardize_killed_at_any_write_point_then_rerun_equals_uninterrupted(point, tmp_path):
     path = _parent_store(tmp_path)
@@ -156,6 +162,7 @@ def test_standardize_killed_at_any_write_point_then_rerun_equals_uninterrupted(p
     np.testing.assert_allclose(FeatureStore.open(path).features("p.z").array("mean")[:], x.mean(0), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_standardize_overwrite_killed_mid_swap_keeps_a_whole_set(tmp_path):
     path = _parent_store(tmp_path)
     assert run("standardize", "--store", str(path), "--features", "p").returncode == 0
@@ -195,6 +202,7 @@ def _paused(args: list[str], point: str, flag: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_second_writer_with_overwrite_is_refused_and_first_result_is_intact(image_store, reference, tmp_path):
     flag = tmp_path / "go"
     first = _paused(["extract", "--store", str(image_store), *FAST], "write_block:status@2", flag)
@@ -209,6 +217,7 @@ def test_second_writer_with_overwrite_is_refused_and_first_result_is_intact(imag
     assert_same(snapshot(image_store, NAME), reference)
 
 
+@pytest.mark.slow
 def test_concurrent_tokenize_is_refused_and_leaves_no_partial(demo_dir, tmp_path):
     path = _ingested(demo_dir, tmp_path)
     flag = tmp_path / "go"
@@ -227,6 +236,7 @@ def test_concurrent_tokenize_is_refused_and_leaves_no_partial(demo_dir, tmp_path
     assert store.root["tokens"].attrs["min_count"] == 1
 
 
+@pytest.mark.slow
 def test_tokenize_killed_before_swap_leaves_partial_that_the_rerun_removes(demo_dir, tmp_path):
     path = _ingested(demo_dir, tmp_path)
     assert run("tokenize", "--store", str(path), fault="tokenize:swap").returncode == 137

@@ -27,6 +27,10 @@ CMD = ["--model", "test_resnet", "--weights", "none", "--input-size", "32", "--r
 NAME = "test_resnet_global"
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def held_mid_run(store: Path, flag: Path, *more: str) -> tuple[subprocess.Popen, list]:
     """An extract with 2 decoding workers, held at its third batch once block 0 is in the store;
     returns it and its child processes (the decoding workers among them)."""
@@ -57,6 +61,7 @@ def alive(procs: list) -> list:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how,code", [("ctrl-c", 130), ("sigterm", 143)])
 def test_interrupt_keeps_blocks_says_so_and_leaves_no_decoding_worker(demo_store, tmp_path, how, code):
     proc, children = held_mid_run(demo_store.path, tmp_path / "go")
@@ -77,6 +82,7 @@ def test_interrupt_keeps_blocks_says_so_and_leaves_no_decoding_worker(demo_store
     assert fs.counts()["done"] >= 4 and not (demo_store.path / ".vsekit" / "locks" / f"{NAME}.lock").exists()
 
 
+@pytest.mark.slow
 def test_decoding_workers_end_when_the_main_process_is_killed(demo_store, tmp_path):
     # 128 px crops: a decoded batch (196 kB) is more than a pipe holds, so the workers are blocked
     # writing their results when the main process dies (torch's own parent check never runs then)
@@ -95,6 +101,7 @@ def test_decoding_workers_end_when_the_main_process_is_killed(demo_store, tmp_pa
         proc.stderr.close()
 
 
+@pytest.mark.slow
 def test_sigterm_before_the_extraction_starts_releases_the_lock_and_exits_143(demo_store, tmp_path):
     flag = tmp_path / "go"
     proc = subprocess.Popen(vsekit_cmd("extract", "--store", str(demo_store.path), *CMD),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from PIL import Image
 
@@ -14,6 +15,10 @@ from vsekit.storage.demo import make_demo_data
 # The generator's palette, written out here independently of the module.
 RGB = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (240, 220, 30),
        "purple": (140, 40, 170), "orange": (250, 140, 20), "white": (250, 250, 250), "black": (15, 15, 15)}
+
+
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
 
 
 def _inside(box, x, y, margin=3):

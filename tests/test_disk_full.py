@@ -21,6 +21,10 @@ from vsekit.storage.lock import lock_path, writer_lock
 from test_crash_rerun import FAST, NAME, assert_same, base_store, env_for, reference, run, snapshot, vsekit_cmd  # noqa: F401
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture()
 def small_fs(tmp_path):
     """A 4 MiB tmpfs mounted for this test (the store and the filler file live there)."""
@@ -58,6 +62,7 @@ def one_error_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_disk_full_during_extract_is_one_error_line_and_the_rerun_equals_uninterrupted(
         small_fs, base_store, reference, tmp_path):
     store = small_fs / "s.zarr"
@@ -86,6 +91,7 @@ def test_disk_full_during_extract_is_one_error_line_and_the_rerun_equals_uninter
     assert_same(snapshot(store, NAME), reference)
 
 
+@pytest.mark.slow
 def test_disk_full_before_the_lock_is_written_leaves_no_lock(small_fs, base_store, reference):
     store = small_fs / "s.zarr"
     shutil.copytree(base_store, store)
@@ -104,6 +110,7 @@ def test_disk_full_before_the_lock_is_written_leaves_no_lock(small_fs, base_stor
     assert_same(snapshot(store, NAME), reference)
 
 
+@pytest.mark.slow
 def test_read_only_filesystem_is_one_error_line(small_fs, base_store):
     store = small_fs / "s.zarr"
     shutil.copytree(base_store, store)
@@ -119,6 +126,7 @@ def test_read_only_filesystem_is_one_error_line(small_fs, base_store):
     assert "Read-only file system" in line and str(store) in line
 
 
+@pytest.mark.slow
 def test_disk_full_during_tokenize_names_the_store(small_fs, demo_dir, tmp_path):
     from vsekit.storage.sources.karpathy import ingest_karpathy
 

@@ -16,6 +16,10 @@ torch.set_num_threads(1)
 FAST = dict(presets=["demo"], progress=False, embed_dim=16, word_dim=8, batch_size=32, epochs=1)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory):
     from vsekit.storage.demo import make_demo_data

@@ -22,6 +22,10 @@ OPTS = dict(model="test_resnet", kind="global", weights="none", input_size=32, r
             block_rows=8, progress=False, device="cpu")
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def test_in_process_decodes_in_worker_processes_and_records_it(demo_store):
     res = extract(demo_store, workers=2, **OPTS)
     assert res.decoding["processes"] == 2 and res.decoding["decoders"] == 2   # two batches, two workers
@@ -150,6 +154,7 @@ def test_a_value_that_cannot_apply_is_noted_and_recorded(demo_store, capsys):
     assert FeatureStore.open(demo_store.path).features(again.name).attrs["execution_notes"] == []
 
 
+@pytest.mark.slow
 def test_local_cluster_run_decodes_with_threads(demo_store, capfd):
     pytest.importorskip("distributed")
     res = extract(demo_store, cluster="local:2", **OPTS)

@@ -25,6 +25,10 @@ torch.set_num_threads(1)
 SWIN, VIT = "swin_tiny_patch4_window7_224", "vit_tiny_patch16_224"
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _crops(size: int, n: int = 2, seed: int = 0) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     return torch.from_numpy(rng.integers(0, 256, (n, 1, 3, size, size), dtype=np.uint8))
@@ -77,6 +81,7 @@ def build_once(monkeypatch):
 
 
 # --- channels-last (Swin) and ViT against timm --------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [SWIN, VIT])
 def test_timm_global_fne_grid_equal_timm_own_features(name, build_once):
     plan, ex, crops, got = _extract(name, "global")

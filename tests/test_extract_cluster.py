@@ -19,6 +19,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("distributed")
 
+# each starts a dask cluster (local processes or a TCP scheduler) and most kill a worker: the slow set
+pytestmark = pytest.mark.slow
+
 from vsekit.extract import extract  # noqa: E402
 from vsekit.storage import FeatureStore  # noqa: E402
 

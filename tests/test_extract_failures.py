@@ -30,6 +30,10 @@ KW = dict(weights="none", input_size=32, resize=36, batch_size=4, block_rows=4, 
 
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _raw(fs) -> dict:
     return {k: np.asarray(fs.group[k][:]).tobytes() for k in sorted(fs.group.array_keys())}
 
@@ -105,6 +109,7 @@ def test_retry_failed_retries_missing_files_and_messages_give_the_command(demo_s
     np.testing.assert_array_equal(fs.data[:], FeatureStore.open(demo_store.path).features("ref").data[:])
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_decoding_workers_exits_and_says_what_was_kept(demo_store, tmp_path):
     flag = tmp_path / "go"
     src = str(Path(__file__).resolve().parents[1] / "src")

@@ -17,6 +17,10 @@ from vsekit.extract.extractor import Extractor  # noqa: E402
 torch.set_num_threads(1)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 # --- widths (meta device: no weights, no compute) --------------------------------------------------
 @pytest.mark.parametrize("model,kind,shape", [
     ("vgg19", "fne", (13696,)),

@@ -24,6 +24,10 @@ from vsekit.storage import FeatureStore  # noqa: E402
 torch.set_num_threads(2)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _store(tmp_path: Path, n: int = 2, size=(60, 80)) -> FeatureStore:
     rng = np.random.default_rng(0)
     root = tmp_path / "img"

@@ -28,6 +28,10 @@ FAST = ["--model", "test_resnet", "--weights", "none", "--input-size", "48", "--
         "--batch-size", "4", "--block-rows", "4", "--no-progress"]
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _store_of(tmp_path: Path, files: dict[str, Path | bytes | Image.Image]) -> FeatureStore:
     """A store whose images are ``files`` (copied, written or saved under tmp_path/img)."""
     root = tmp_path / "img"
@@ -123,6 +127,7 @@ def _done_rows(store, name):
         return None
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_equals_uninterrupted_run(demo_store, tmp_path):
     args = ["--store", str(demo_store.path), "--kind", "fne", "--crops", "5", "--batch-size", "2",
             "--block-rows", "2", "--model", "test_resnet", "--weights", "none", "--input-size", "48",

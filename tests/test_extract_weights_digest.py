@@ -3,6 +3,7 @@ refused on a rerun instead of being mixed into the feature set."""
 
 import hashlib
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -11,6 +12,10 @@ from vsekit.digest import file_digest
 from vsekit.storage.store import FeatureStore
 
 torch.set_num_threads(1)
+
+
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
 
 
 def _weights(path, seed):

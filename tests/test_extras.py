@@ -21,6 +21,7 @@ def _run(code: str, hide: tuple[str, ...]) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_order_similarity_without_numba_matches_numpy():
     """numba hidden: every package imports, and order-violation scores (the numba kernel's job)
     equal an independent numpy computation."""

@@ -19,6 +19,10 @@ from vsekit.storage.store import FeatureStore, ProvenanceError, StoreError
 from vsekit.suggest import did_you_mean, improve_message
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _store(tmp_path: Path, n: int = 12) -> FeatureStore:
     store = FeatureStore.create(tmp_path / "s.zarr", dataset="toy")
     store.write_images([str(i) for i in range(n)], [f"{i}.jpg" for i in range(n)],

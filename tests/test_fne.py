@@ -283,6 +283,7 @@ def test_pack_layout_and_bad_input():
 
 
 # --- cluster and CLI ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cluster_path_matches_in_process(tmp_path):
     x, status = make_data(seed=8)
     local = make_store(tmp_path / "l.zarr", x, status)

@@ -24,6 +24,10 @@ EXTRACT = ["--model", "test_resnet", "--weights", "none", "--kind", "global", "-
            "--seed", "0", "--no-progress"]
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _ok(args):
     r = CliRunner().invoke(main, [str(a) for a in args])
     assert r.exit_code == 0, r.output

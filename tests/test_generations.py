@@ -38,6 +38,10 @@ FAST = ["--model", "test_resnet", "--weights", "none", "--input-size", "32", "--
         "--batch-size", "4", "--block-rows", "4", "--no-progress", "--workers", "0"]
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VSEKIT_")}
     env.update(PYTHONPATH=f"{SRC}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1", **extra)
@@ -155,6 +159,7 @@ def test_failed_extract_overwrite_keeps_the_old_set_and_says_why_in_one_line(r18
     assert _hidden(r18) == []
 
 
+@pytest.mark.slow
 def test_killed_overwrite_leaves_the_old_set_and_the_rerun_replaces_it(r18):
     """Killed mid-overwrite (second block written): the old set is whole; the rerun overwrites."""
     before = _snapshot(r18, "r18")

@@ -14,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
+# gpu-check's CPU mode runs every check in a subprocess (a minute): the slow set
+pytestmark = pytest.mark.slow
+
 
 def _run(tmp_path, *args, timeout=600):
     out = tmp_path / "gc.jsonl"
@@ -63,7 +66,6 @@ def test_unknown_check_and_no_cuda_are_one_error_line(tmp_path):
     assert r.returncode == 1 and "Error: no CUDA device here" in r.stderr
 
 
-@pytest.mark.slow
 def test_cpu_mode_cluster_check(tmp_path):
     r, recs = _run(tmp_path, "--only", "cluster")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

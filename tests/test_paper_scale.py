@@ -32,9 +32,11 @@ FEATURES = {"fne": ("global", (12416,)), "vgg": ("global", (4096,)), "irv2": ("g
             "grid": ("grid", (7, 7, 2048)), "regions": ("regions", (36, 2048))}
 # (model, preset, features): every registered model at the preset it starts from, plus the FNE
 # paper's widest settings and T-EMDE at its Flickr30K preset
-SLOW = pytest.mark.slow
-CASES = [("vse", "vse++", "vgg"), ("vse", "mh", "fne"), ("order", "order0", "vgg"), ("order", "order++", "vgg"),
-         ("seam-e", "seam-e", "irv2"), ("seam-c", "seam-c", "irv2"), ("seam-g", "seam-g", "irv2"),
+SLOW = [pytest.mark.slow, pytest.mark.paper]   # minutes each: `make test-paper`, not CI
+# the seven cheaper cases take 5-20 s each on 2 cores: slow (CI runs them); the others are also paper
+CASES = [pytest.param(*c, marks=pytest.mark.slow) for c in [
+         ("vse", "vse++", "vgg"), ("vse", "mh", "fne"), ("order", "order0", "vgg"), ("order", "order++", "vgg"),
+         ("seam-e", "seam-e", "irv2"), ("seam-c", "seam-c", "irv2"), ("seam-g", "seam-g", "irv2")]] + [
          pytest.param("order", "moe", "fne", marks=SLOW),
          pytest.param("sman-im", "sman", "grid", marks=SLOW),
          pytest.param("sman-im-loc", "sman", "grid", marks=SLOW),
@@ -44,6 +46,10 @@ CASES = [("vse", "vse++", "vgg"), ("vse", "mh", "fne"), ("order", "order0", "vgg
          pytest.param("saf", "saf-coco", "regions", marks=SLOW),
          pytest.param("sgr", "sgr-coco", "regions", marks=SLOW),
          pytest.param("sgr", "sgr-temde-f30k", "regions", marks=SLOW)]
+
+
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
 
 
 def test_every_registered_model_has_a_paper_scale_case():

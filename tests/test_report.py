@@ -33,6 +33,10 @@ torch.set_num_threads(1)
 TOY = "_report_toy_attention"
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 class ToyAttention(base.RetrievalModel):
     """A tiny pairwise model with SEAM-like word hops and SMAN-like grid attention (2 steps)."""
 
@@ -482,6 +486,7 @@ def _chrome(chromium: str, profile: Path, *args: str) -> subprocess.CompletedPro
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_page_renders_in_headless_chromium(small_store, tmp_path, chromium):
     from PIL import Image
 

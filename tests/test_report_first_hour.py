@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from test_report import METRICS_A, _chrome, chromium, make_run, small_store  # noqa: F401 (fixtures)
 from vsekit.report import loss_scales, report
@@ -16,6 +17,10 @@ from vsekit.report.page import CSS
 WARNING_5K = ("--protocol coco-5k is defined on a 5000-image test split, but split 'test' has 2 usable "
               "images: its figures are not comparable to the papers' (use --protocol all to label them as "
               "what they are)")
+
+
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
 
 
 def _with_warnings(metrics):

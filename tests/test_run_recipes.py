@@ -17,6 +17,10 @@ from vsekit.storage.store import FeatureStore
 REPO = Path(__file__).resolve().parents[1]
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def _recipe_env(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "coco").mkdir(exist_ok=True)
     (tmp_path / "coco" / "dataset_coco.json").write_text('{"images": []}')

@@ -29,6 +29,9 @@ torch = pytest.importorskip("torch")
 
 import slurm_local  # noqa: E402  (tests/slurm_local.py)
 
+# all of them start (or share) a real SLURM and its jobs: minutes, so in the slow set that .ci/run runs
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
@@ -288,7 +291,6 @@ def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo
     assert not _squeue(on_slurm["env"])
 
 
-@pytest.mark.slow
 def test_jobs_past_their_walltime_are_replaced_and_the_run_completes(on_slurm, commit_log, demo_store, reference,
                                                                      monkeypatch):
     """Finding 2: walltime 1 minute and about two minutes of work (every batch sleeps 10 s) on

@@ -51,6 +51,10 @@ if os.environ.get("VSEKIT_TEST_COMMITS"):
 '''
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, demo_dir):
     """The in-process extraction every array result must equal bit for bit."""
@@ -128,6 +132,7 @@ def hold_tasks(folder: Path, go: Path) -> dict[str, str]:
             "VSEKIT_PAUSE_MAX_S": "900"}
 
 
+@pytest.mark.slow
 def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
         demo_store, reference, counted, fake_slurm, monkeypatch):
     from vsekit.extract import extract

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from vsekit.cli import main
 from vsekit.storage import FeatureStore
 
 from test_crash_rerun import FAST, NAME, _paused, run
+
+
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
 
 
 def _error_line(stderr: str) -> str:
@@ -39,6 +44,7 @@ def test_second_ingest_into_the_same_new_path_is_refused(demo_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".s.zarr")) == []
 
 
+@pytest.mark.slow
 def test_ingest_overwrite_is_refused_while_an_extract_writes_in_the_store(demo_dir, demo_store, tmp_path):
     flag = tmp_path / "go"
     first = _paused(["extract", "--store", str(demo_store.path), *FAST], "write_block:status@2", flag)

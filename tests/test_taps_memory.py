@@ -57,6 +57,7 @@ def test_tapper_in_bf16_autocast_equals_the_float32_copy_hooks():
     assert got.dtype == torch.float32 and torch.equal(got, seen["ref"])
 
 
+@pytest.mark.slow
 def test_peak_memory_holds_a_chunk_not_a_float32_copy():
     """In a fresh process: pooling a 31 MiB bf16 map the old way takes its 61 MiB float32 copy above
     the map itself; spatial_mean takes about one chunk (8 MiB here)."""

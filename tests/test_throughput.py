@@ -14,6 +14,10 @@ from vsekit.extract import throughput as tp  # noqa: E402
 from vsekit.storage import FeatureStore  # noqa: E402
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def test_decode_workers_sized_to_the_device():
     assert tp.decode_workers("auto", "cpu", cpus=2) == 1
     assert tp.decode_workers("auto", "cpu", cpus=16) == 2

@@ -18,6 +18,10 @@ from vsekit.train import trainer
 torch.set_num_threads(1)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory):
     """160 synthetic images with tokens and pixel features."""

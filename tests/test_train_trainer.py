@@ -15,6 +15,10 @@ from vsekit.train.evaluation import metrics_from_ranks
 torch.set_num_threads(1)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 def build_store(d) -> str:
     """400 synthetic images (80 val, 50 test, the rest train), their tokens and pixel
     features in ``d``; returns the store's path."""

@@ -27,6 +27,10 @@ N_TRAIN, N_VAL, PER_IMAGE, K, C = 48, 24, 3, 6, 16
 SMALL = dict(embed_dim=16, word_dim=8, batch_size=16, model_args={"sim_dim": 8}, progress=False)
 
 
+# end to end (CLI runs, extraction, training, subprocesses): in `make test`, not in `make test-fast`
+pytestmark = pytest.mark.e2e
+
+
 @pytest.fixture(scope="module")
 def store_path(tmp_path_factory):
     return make_region_store(tmp_path_factory.mktemp("valmode") / "s.zarr", n_train=N_TRAIN, n_val=N_VAL,
