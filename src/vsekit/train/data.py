@@ -381,49 +381,29 @@ class PairStream:
 
     def epoch(self, epoch: int, skip: int = 0) -> Iterator[Batch]:
         """The epoch's batches; ``skip``: the first ``skip`` batches are drawn (the same random
-        numbers) but not built nor yielded (a run resumed mid-epoch continues where it stopped)."""
-        rng = np.random.default_rng([self.seed, int(epoch)])
-        cut = 0
-        in_rows = np.zeros(self.source.n_rows, dtype=bool)
-        in_rows[self.rows] = True
-        chunks = self._chunks
-        order = rng.permutation(len(chunks))
-        windows = [[chunks[ci] for ci in order[w:w + self.window_chunks]]
-                   for w in range(0, len(order), self.window_chunks)]
+        numbers) but not built nor yielded (a run resumed mid-epoch continues where it stopped).
+        The windows and their pair tables come from :meth:`_plans`, which :meth:`epoch_part` uses
+        too: one process and every rank of a data-parallel run cut the same stream."""
+        plans = self._plans(epoch)
         head = self.batch_size  # room before each window for the pairs left over from the last one
         left_feats = left_counts = None
-        left_img = left_cap = np.zeros(0, dtype=np.int64)
-        for wi, (feats_buf, counts_buf) in enumerate(self._prefetch(windows, head)):
-            # pair table of the window: (image row, caption, row in the window buffer)
-            imgs, off = [], head
-            for start, stop in windows[wi]:
-                local = np.flatnonzero(in_rows[start:stop])
-                img, cap = self._pairs(start + local, rng)
-                imgs.append(np.stack([img, cap, off + img - start]))
-                off += stop - start
-            n_left = len(left_img)
+        cut = 0
+        buffers = self._prefetch([plan["window"] for plan in plans], head)
+        for plan, (feats_buf, counts_buf) in zip(plans, buffers):
+            img, cap, pos = plan["img"], plan["cap"], plan["pos"]
+            n_left = 0 if left_feats is None else len(left_feats)
             if n_left:
                 feats_buf[head - n_left:head] = left_feats
                 if counts_buf is not None:
                     counts_buf[head - n_left:head] = left_counts
-            table = np.concatenate(imgs, axis=1)
-            img = np.concatenate([left_img, table[0]])
-            cap = np.concatenate([left_cap, table[1]])
-            pos = np.concatenate([np.arange(head - n_left, head), table[2]])
-            perm = rng.permutation(len(img))
-            img, cap, pos = img[perm], cap[perm], pos[perm]
-            last = wi == len(windows) - 1
-            n_full = len(img) if last else (len(img) // self.batch_size) * self.batch_size
-            for b in range(0, n_full, self.batch_size):
+            for a, b in plan["cuts"]:
                 cut += 1
                 if cut <= skip:
                     continue
-                sl = slice(b, min(b + self.batch_size, n_full))
-                yield self._batch(feats_buf, counts_buf, img[sl], cap[sl], pos[sl])
-            rest = pos[n_full:]
+                yield self._batch(feats_buf, counts_buf, img[a:b], cap[a:b], pos[a:b])
+            rest = pos[plan["n_full"]:]
             left_feats = feats_buf[rest]
             left_counts = None if counts_buf is None else counts_buf[rest]
-            left_img, left_cap = img[n_full:], cap[n_full:]
 
     def epoch_part(self, epoch: int, rank: int, world: int, skip: int = 0) -> Iterator[Batch]:
         """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which), reading
