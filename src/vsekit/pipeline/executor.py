@@ -349,10 +349,9 @@ def default_file() -> str:
     the repository's ``pipelines.yaml`` by a test, so ``vsekit run --list`` works from an installed
     wheel as from a checkout; ``--file`` always wins.
     """
-    if Path("pipelines.yaml").is_file():
-        return "pipelines.yaml"
-    if os.environ.get("VSEKIT_PIPELINES"):
-        return os.environ["VSEKIT_PIPELINES"]
+    mine = user_file()
+    if mine:
+        return mine
     if PACKAGED.is_file():
         return str(PACKAGED)
     repo = Path(__file__).resolve().parents[3] / "pipelines.yaml"
@@ -360,7 +359,8 @@ def default_file() -> str:
 
 
 def user_file(file: str | None = None) -> str | None:
-    """The user's pipelines file: ``--file``, else ``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``."""
+    """The user's pipelines file: ``--file``, else ``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``
+    (a documented input, read here only)."""
     if file:
         return file
     if Path("pipelines.yaml").is_file():
