@@ -139,10 +139,15 @@ def local_sge(timeout: float = 90) -> Iterator[dict[str, str]]:
     alias.write_text(f"localhost {socket.gethostname()}\n")
     started = []
     try:
-        if _alive(QMASTER_PID) is None:
-            subprocess.run([which("sge_qmaster")], env=env, check=True, timeout=60, cwd="/")
-            started.append(QMASTER_PID)
-        _wait("qmaster answers", lambda: qconf("-sh", env=env, check=False).returncode == 0, timeout)
+        def qmaster_answers() -> bool:   # (re)start it if none runs: one may be shutting down still
+            if _alive(QMASTER_PID) is None:
+                subprocess.run([which("sge_qmaster")], env=env, check=True, timeout=60, cwd="/")
+                if QMASTER_PID not in started:
+                    started.append(QMASTER_PID)
+                time.sleep(1)
+            return qconf("-sh", env=env, check=False).returncode == 0
+
+        _wait("qmaster answers", qmaster_answers, timeout)
         _configure(env)
         if _alive(EXECD_PID) is None:
             subprocess.run([which("sge_execd")], env=env, check=True, timeout=60, cwd="/")
