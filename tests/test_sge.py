@@ -264,3 +264,47 @@ def test_walltime_of_one_minute_jobs_are_replaced_and_the_run_completes(on_sge, 
     assert np.array_equal(fs.data[:], reference.features(fs.name).data[:])
     assert _per_block(commit_log) == {b: 1 for b in range(len(fs.blocks()))}
     assert len({job for _, _, job in commits(commit_log)}) >= 3   # jobs were replaced along the way
+
+
+def test_workers_commit_nothing_once_the_driver_is_killed(on_sge, commit_log, demo_store, tmp_path):
+    """The driver killed outright (SIGKILL: nothing deletes its jobs): the workers still running
+    tasks commit none of them, since the writer lock they check is no longer held."""
+    env, ours = on_sge["env"], set()
+    proc = _cli_extract(demo_store, "sge:2", tmp_path)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not commits(commit_log):
+            time.sleep(0.05)
+        assert proc.poll() is None and commits(commit_log), "no block was committed while the run was going"
+        ours = set(_qstat(env))
+        proc.kill()
+        proc.wait(30)
+        killed_at = time.time()
+        time.sleep(6)   # in-flight batches (0.4 s each) finish and reach their commit
+        late = [ln for ln in commit_log.read_text().splitlines() if float(ln.split()[4]) > killed_at + 0.5]
+        assert not late, f"committed after the driver was killed: {late}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if ours:
+            subprocess.run([sge_local.which("qdel"), *sorted(ours)], env=env, capture_output=True)
+
+
+def test_jobs_that_never_start_end_in_an_error_with_their_qstat_state(on_sge, demo_store, monkeypatch):
+    """A bounded wait: jobs still queued after ``start_timeout`` (here ``-a``: not before 2030) stop
+    the run with each job's qstat state (``qw``), deleted, the lock released, no set left."""
+    from vsekit.extract import extract
+    from vsekit.storage.lock import lock_path
+
+    cfg = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({**cfg, "job_extra": ["-a 203001010000"],
+                                                             "start_timeout": 8}))
+    with pytest.raises(ValueError, match=r"no Grid Engine job started within 8 s \(start_timeout\); "
+                                         r"qstat: job \d+ qw"):
+        extract(demo_store, cluster="sge:1", **OPTS)
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    assert not demo_store.has_features("test_resnet_fne")
+    deadline = time.time() + 30
+    while _qstat(on_sge["env"]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _qstat(on_sge["env"])

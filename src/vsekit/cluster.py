@@ -434,7 +434,10 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
         extra += ["--resources", ",".join(f"{k}={v:g}" for k, v in res.items())]
     if s.get("walltime") and sched.seconds is None:
         raise ValueError(f"cluster setting walltime: {sched.label} jobs take no walltime here; use lifetime (seconds)")
-    extra += lifetime_args(s.get("walltime"), s.pop("lifetime", None), kind)
+    # the walltime the job will have: the setting, else dask-jobqueue's configuration (its default
+    # 00:30:00 for SLURM, Grid Engine, PBS, LSF): the workers retire before it either way
+    walltime = s.get("walltime") or (_configured_walltime(kind) if sched.seconds else None)
+    extra += lifetime_args(walltime, s.pop("lifetime", None), kind)
     kw["worker_extra_args"] = extra
     s.pop("start_timeout", None)
     pe = s.pop("pe", None)
@@ -473,6 +476,16 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
     if "host" in s:
         kw["scheduler_options"]["host"] = s.pop("host")
     return kw
+
+
+def _configured_walltime(kind: str) -> Any:
+    try:
+        import_jobqueue(SCHEDULERS[kind].cluster)   # its defaults enter dask's configuration on import
+    except ImportError:
+        return None
+    import dask
+
+    return dask.config.get(f"jobqueue.{kind}.walltime", None)
 
 
 def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[str, float] | None) -> dict:
