@@ -92,3 +92,28 @@ def test_untested_schedulers_get_their_own_requests():
     assert "#PBS -l walltime=02:00:00" in scripts["pbs"] and "#PBS -l ngpus=1" in scripts["pbs"]
     assert "#BSUB -W 01:30" in scripts["lsf"] and '#BSUB -gpu "num=1"' in scripts["lsf"]
     assert "request_gpus = 1" in scripts["htcondor"]
+
+
+def test_sge_array_script_is_one_qsub_t_array_of_the_settings(tmp_path):
+    """sge-array:N parses as a job array; its script is ``-t 1-N`` with the queue, h_rt, memory and
+    GPU resources, and the parallel environment, written as sge:N writes them."""
+    from vsekit.extract.array import job_script
+
+    spec = parse_cluster("sge-array:3", {"queue": "all.q"})
+    assert spec.is_array and spec.resolves_on_workers and not spec.is_jobqueue
+    script = job_script(tmp_path / "spec.json", "vgg19_fne", 3, {
+        "queue": "gpu.q", "walltime": "02:00:00", "gpus": 1, "cores": 6, "pe": "smp", "memory": "16GB",
+        "memory_resource": "h_vmem"}, "cuda", tmp_path / "logs", "sge")
+    lines = script.splitlines()
+    for line in ("#$ -t 1-3", "#$ -q gpu.q", "#$ -l h_rt=02:00:00", "#$ -pe smp 6", "#$ -V",
+                 f"#$ -o {tmp_path / 'logs'}/", "#$ -l h_vmem=15259M,gpu=1"):
+        assert line in lines, (line, script)
+    assert lines[-1].endswith(f"-m vsekit.extract.array {tmp_path / 'spec.json'}")
+    with pytest.raises(ValueError, match="need pe"):
+        job_script(tmp_path / "s.json", "x", 2, {"cores": 2}, "cpu", tmp_path, "sge")
+    with pytest.raises(ValueError, match="use sge:N here"):
+        from vsekit.cluster import cluster_client
+
+        pytest.importorskip("distributed")
+        with cluster_client(spec):
+            pass

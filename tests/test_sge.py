@@ -308,3 +308,68 @@ def test_jobs_that_never_start_end_in_an_error_with_their_qstat_state(on_sge, de
     while _qstat(on_sge["env"]) and time.time() < deadline:
         time.sleep(0.5)
     assert not _qstat(on_sge["env"])
+
+
+# --- sge-array:N: a qsub -t job array, no driver ------------------------------------------------------
+def _wait(cond, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def test_sge_array_with_a_deleted_task_then_the_rerun_complete_every_block_once(
+        on_sge, commit_log, demo_store, reference, monkeypatch):
+    """sge-array:2: one ``qsub -t 1-2`` array whose tasks claim blocks by lease. Task 1 is deleted
+    (``qdel -t 1``) after a block was committed; the other task takes over its expired lease, and
+    the same command run again (if any block is left) fills the rest: every block on disk exactly
+    once, bit-equal to the in-process run; ``vsekit info`` names the Grid Engine array meanwhile."""
+    from vsekit.extract import extract
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.info import describe
+
+    env = on_sge["env"]
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "10")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    sub = extract(demo_store, cluster="sge-array:2", **OPTS)
+    name, job = sub.name, sub.job_id
+    assert job and job.isdigit() and sub.tasks == 2 and "Grid Engine job array" in sub.summary()
+    text = _wait(lambda: "leases:" in (t := describe(FeatureStore.open(demo_store.path), name)) and t, 120,
+                 "vsekit info of the running array")
+    assert f"Grid Engine job array {job} (2 tasks): queued or running" in text
+    _wait(lambda: any(j == f"{job}.1" for _, _, j in commits(commit_log)), 240, "task 1 to commit a block")
+    subprocess.run([sge_local.which("qdel"), job, "-t", "1"], env=env, check=True, capture_output=True)
+    _wait(lambda: job not in _qstat(env), 300, f"array {job} to end")
+    again = extract(demo_store, cluster="sge-array:2", **OPTS)   # the same command fills any gap
+    if again.job_id is not None:
+        _wait(lambda: again.job_id not in _qstat(env), 300, f"array {again.job_id} to end")
+    fs = FeatureStore.open(demo_store.path).features(name)
+    assert fs.counts() == {"pending": 0, "done": demo_store.n_images, "failed": 0}
+    assert np.array_equal(fs.data[:], reference.features(name).data[:])   # bit for bit
+    assert _per_block(commit_log) == {b: 1 for b in range(len(fs.blocks()))}   # each block once
+    tasks = {j for _, _, j in commits(commit_log)}
+    assert f"{job}.1" in tasks and tasks <= {f"{job}.1", f"{job}.2", f"{again.job_id}.1", f"{again.job_id}.2"}
+    assert extract(demo_store, cluster="sge-array:2", **OPTS).job_id is None   # a finished set says so
+
+
+def test_sge_array_refused_by_qsub_is_one_error_line_and_leaves_nothing(on_sge, demo_store, tmp_path, monkeypatch):
+    """A job array Grid Engine refuses (``qsub -w e``: a queue that does not exist) is qsub's own
+    message in one ``Error:`` line; the lock is released, no set is left, nothing is queued."""
+    from vsekit.storage import FeatureStore
+    from vsekit.storage.lock import lock_path
+
+    cfg = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({**cfg, "queue": "nosuch.q"}))
+    proc = _cli_extract(demo_store, "sge-array:2", tmp_path)
+    proc.communicate(timeout=120)
+    err = (tmp_path / "driver.err").read_text()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 1 and len(lines) == 1, err
+    assert lines[0].startswith("Error: --cluster sge-array:2: qsub refused the job array: Unable to run job")
+    assert 'unknown queue "nosuch.q"' in lines[0]
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    assert not FeatureStore.open(demo_store.path).has_features("test_resnet_fne")
+    assert not _qstat(on_sge["env"])

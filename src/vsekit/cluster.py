@@ -49,7 +49,7 @@ from .devices import gpu_assignment, is_cuda, worker_device
 
 SPEC_HELP = ("local:N (N worker processes here) | slurm:N (N SLURM jobs) | slurm-array:N (an sbatch "
              "job array of N tasks, no driver) | sge:N (N Grid Engine jobs; pbs:N, lsf:N, htcondor:N "
-             "likewise, untested) | tcp://HOST:PORT (a running dask scheduler)")
+             "likewise, untested) | sge-array:N (a qsub -t job array) | tcp://HOST:PORT (a running dask scheduler)")
 ENV_SETTINGS = "VSEKIT_CLUSTER_CONFIG"
 # the keys of a `cluster:` section (pipelines.yaml) and of `settings`, with what they mean
 CLUSTER_KEYS = {
@@ -76,6 +76,8 @@ CLUSTER_KEYS = {
     "disk": "HTCondor disk per job (default 1GB)",
 }
 SLURM_KEYS = CLUSTER_KEYS   # the name older callers import
+#: driverless job arrays: the scheduler of each (an entry of SCHEDULERS)
+ARRAY_KINDS = {"slurm-array": "slurm", "sge-array": "sge"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ class ClusterSpec:
 
     @property
     def is_array(self) -> bool:
-        return self.kind == "slurm-array"
+        """A driverless job array (``slurm-array:N``, ``sge-array:N``: :mod:`vsekit.extract.array`)."""
+        return self.kind in ARRAY_KINDS
 
     @property
     def is_jobqueue(self) -> bool:
@@ -109,7 +112,7 @@ class ClusterSpec:
     def resolves_on_workers(self) -> bool:
         """Whether ``--device`` is resolved on the cluster's nodes, not here: a batch scheduler's jobs
         (a login node may have no GPU) and a running scheduler's workers (``tcp://``, started elsewhere)."""
-        return self.is_jobqueue or self.kind in ("slurm-array", "tcp")
+        return self.is_jobqueue or self.is_array or self.kind == "tcp"
 
     def gpus_per_job(self, device: str) -> int:
         """GPUs per SLURM job: ``gpus`` (default 1) with ``cuda``/``cuda:N``, ``gpus`` with ``auto``, 0 on CPU."""
@@ -181,7 +184,7 @@ def parse_cluster(spec: "str | ClusterSpec | None", settings: Mapping[str, Any] 
     if text.startswith("tcp://"):
         return ClusterSpec("tcp", 0, text, {}, text)
     kind, _, count = text.partition(":")
-    what = {"local": "worker processes", "slurm-array": "array tasks",
+    what = {"local": "worker processes", **{k: "array tasks" for k in ARRAY_KINDS},
             **{k: f"{sched.label} jobs" for k, sched in SCHEDULERS.items()}}
     if kind not in what:
         raise ValueError(f"--cluster {text!r}: expected {SPEC_HELP}")
@@ -692,7 +695,8 @@ def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, 
     from distributed import Client
 
     if spec.is_array:
-        raise ValueError(f"--cluster {spec}: job arrays run `vsekit extract` only; use slurm:N here")
+        raise ValueError(f"--cluster {spec}: job arrays run `vsekit extract` only; use "
+                         f"{ARRAY_KINDS[spec.kind]}:N here")
     if spec.kind == "tcp":
         try:
             client = Client(spec.address, timeout=timeout)

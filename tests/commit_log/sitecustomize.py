@@ -18,7 +18,10 @@ if os.environ.get("VSEKIT_TEST_COMMIT_LOG"):
     def write_block(self, block, *args, **kwargs):
         _write_block(self, block, *args, **kwargs)
         index = block if isinstance(block, int) else block.index
-        line = f"{self.name} {index} {os.environ.get('SLURM_JOB_ID') or os.environ.get('JOB_ID', '-')} {os.getpid()} {time.time():.3f}\n"
+        job = os.environ.get('SLURM_JOB_ID') or os.environ.get('JOB_ID', '-')
+        if os.environ.get('SGE_TASK_ID', '').isdigit():   # a task of a Grid Engine array: JOB.TASK
+            job += '.' + os.environ['SGE_TASK_ID']
+        line = f"{self.name} {index} {job} {os.getpid()} {time.time():.3f}\n"
         fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
