@@ -39,9 +39,8 @@ def test_walltime_is_read_in_each_schedulers_syntax(kind, walltime, seconds):
     assert lifetime_args(walltime, kind=kind)[:2] == ["--lifetime", f"{seconds - margin}s"]
 
 
-def test_a_walltime_the_scheduler_cannot_read_is_refused():
-    with pytest.raises(ValueError, match="not a Grid Engine time"):
-        lifetime_args("1-00:00:00", kind="sge")
+def test_a_walltime_without_a_time_gives_no_lifetime_and_htcondor_takes_none():
+    assert lifetime_args("INFINITY", kind="sge") == [] and lifetime_args("1-00:00:00", kind="sge") == []
     with pytest.raises(ValueError, match="take no walltime"):
         jobqueue_kwargs("htcondor", {"walltime": "01:00:00"}, "cpu", None)
 

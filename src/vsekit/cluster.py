@@ -360,10 +360,7 @@ def lifetime_args(walltime: Any, lifetime: Any = None, kind: str = "slurm") -> l
     at once. ``lifetime`` (seconds) overrides the computed value. ``walltime`` is read in the syntax
     of the scheduler ``kind`` (SLURM: a bare number is minutes; Grid Engine ``h_rt``: seconds).
     """
-    total = _seconds(walltime, kind) if walltime else None
-    if walltime and total is None and lifetime is None:
-        raise ValueError(f"cluster setting walltime {walltime!r} is not a {SCHEDULERS[kind].label} time "
-                         f"(use HH:MM:SS)")
+    total = _seconds(walltime, kind) if walltime else None   # None: unread (e.g. INFINITY), no lifetime
     if lifetime is not None:
         life = int(lifetime)
     elif total is None:
