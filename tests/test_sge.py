@@ -373,3 +373,24 @@ def test_sge_array_refused_by_qsub_is_one_error_line_and_leaves_nothing(on_sge, 
     assert not lock_path(demo_store.path, "test_resnet_fne").exists()
     assert not FeatureStore.open(demo_store.path).has_features("test_resnet_fne")
     assert not _qstat(on_sge["env"])
+
+
+def test_a_running_sge_array_holds_the_set_against_other_writers(on_sge, demo_store, tmp_path, monkeypatch):
+    """While Grid Engine knows the array (``qstat -j``; here its one task is held at its start),
+    another extract of the same set is refused; once the array is deleted and gone, the lock is
+    stale and the next run proceeds and completes the set."""
+    from vsekit.extract import extract
+    from vsekit.storage.lock import LockHeld
+
+    env = on_sge["env"]
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-0:start={tmp_path / 'never'}")
+    monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
+    job = extract(demo_store, cluster="sge-array:1", **OPTS).job_id
+    assert job in _qstat(env)
+    with pytest.raises(LockHeld, match="sge-array"):
+        extract(demo_store, workers=0, **OPTS)
+    subprocess.run([sge_local.which("qdel"), job], env=env, check=True, capture_output=True)
+    _wait(lambda: job not in _qstat(env), 60, f"array {job} to leave the queue")
+    monkeypatch.delenv("VSEKIT_PAUSE")
+    res = extract(demo_store, workers=0, **OPTS)
+    assert res.done == demo_store.n_images
