@@ -380,7 +380,7 @@ NO_PAUSE = {"DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False"}
 NO_PAUSE_EXPORT = [f"export {k}={v}" for k, v in NO_PAUSE.items()]
 
 
-def _sge_memory(memory: str) -> str:
+def sge_memory(memory: str) -> str:
     """dask's ``16GB`` as Grid Engine writes memory (``16G``: K, M, G are powers of 1024 there)."""
     from dask.utils import parse_bytes
 
@@ -448,7 +448,7 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
         if gpus:
             kw["job_extra_directives"].append(f"--gres=gpu:{gpus}")
     elif kind == "sge":
-        requests = [f"{memory_resource}={_sge_memory(memory)}"] if memory_resource else []
+        requests = [f"{memory_resource}={sge_memory(memory)}"] if memory_resource else []
         if gpus:
             requests.append(f"{gpu_resource}={gpus}")
         if requests:

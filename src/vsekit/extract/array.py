@@ -139,7 +139,7 @@ def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: s
 
 def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: int, log_dir: Path) -> str:
     """The qsub script of a Grid Engine array (``-t 1-N``), written as ``sge:N`` writes its jobs."""
-    from ..cluster import _sge_memory, job_cores, job_memory
+    from ..cluster import job_cores, job_memory, sge_memory
 
     cores = int(settings.get("cores") or job_cores(gpus))
     lines = ["#!/bin/bash", f"#$ -N vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}", f"#$ -t 1-{tasks}",
@@ -149,7 +149,7 @@ def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: in
             lines.append(f"#$ {flag}{settings[key]}" if flag.endswith("=") else f"#$ {flag} {settings[key]}")
     requests = []
     if settings.get("memory_resource"):
-        requests.append(f"{settings['memory_resource']}={_sge_memory(settings.get('memory') or job_memory(gpus))}")
+        requests.append(f"{settings['memory_resource']}={sge_memory(settings.get('memory') or job_memory(gpus))}")
     if gpus:
         requests.append(f"{settings.get('gpu_resource') or 'gpu'}={gpus}")
     if requests:
