@@ -69,7 +69,9 @@ def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     # the job gets the 8 cores (--cpus-per-task); its one GPU worker is pinned and runs one task at a time
     assert kw["queue"] == "gpu" and kw["job_cpu"] == 8 and kw["memory"] == "64GB" and kw["processes"] == 1
     assert kw["cores"] == 1 and "--gres=gpu:1" in kw["job_extra_directives"]
-    assert kw["worker_extra_args"] == ["--preload", "vsekit.cluster_pin", "--resources", "GPU=1"]
+    # no walltime set: dask-jobqueue's default (00:30:00) is the job's, and the worker retires before it
+    assert kw["worker_extra_args"] == ["--preload", "vsekit.cluster_pin", "--resources", "GPU=1",
+                                       "--lifetime", "1620s", "--lifetime-stagger", "45s"]
     cpu = slurm_kwargs({"cores": 4}, "cpu", None)  # one single-threaded worker per core, no GPU
     assert cpu["processes"] == 4 and not any("gres" in d for d in cpu["job_extra_directives"])
     monkeypatch.setenv("PATH", "/nonexistent")

@@ -1,5 +1,5 @@
 """Test instrumentation loaded by every Python process whose PYTHONPATH starts with this folder
-(the SLURM jobs' dask workers inherit it): with ``$VSEKIT_TEST_COMMIT_LOG`` set, every row block a
+(the SLURM and Grid Engine jobs' dask workers inherit it): with ``$VSEKIT_TEST_COMMIT_LOG`` set, every row block a
 process commits (``FeatureSet.write_block`` returned) appends ``SET BLOCK JOB PID`` to that file; with
 ``$VSEKIT_TEST_BATCH_DELAY`` set, every extraction batch sleeps that many seconds first (so a test
 can act while blocks are in flight). It wraps the store itself, not vsekit's cluster code, so the
@@ -18,7 +18,10 @@ if os.environ.get("VSEKIT_TEST_COMMIT_LOG"):
     def write_block(self, block, *args, **kwargs):
         _write_block(self, block, *args, **kwargs)
         index = block if isinstance(block, int) else block.index
-        line = f"{self.name} {index} {os.environ.get('SLURM_JOB_ID', '-')} {os.getpid()} {time.time():.3f}\n"
+        job = os.environ.get('SLURM_JOB_ID') or os.environ.get('JOB_ID', '-')
+        if os.environ.get('SGE_TASK_ID', '').isdigit():   # a task of a Grid Engine array: JOB.TASK
+            job += '.' + os.environ['SGE_TASK_ID']
+        line = f"{self.name} {index} {job} {os.getpid()} {time.time():.3f}\n"
         fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())

@@ -1,10 +1,11 @@
-"""``--cluster slurm-array:N``: one SLURM job array whose tasks write the feature set themselves.
+"""``--cluster slurm-array:N`` / ``sge-array:N``: one SLURM (or Grid Engine) job array whose tasks
+write the feature set themselves.
 
 No scheduler and no driver stay behind. The driver (:func:`submit`, called by ``extract`` while it
 holds the set's writer lock, after creating or reopening the set exactly as every other path does)
 writes the tasks' spec (``STORE/.vsekit/arrays/NAME/spec.json``, see :mod:`vsekit.storage.job_arrays`),
-hands the set's writer lock over to the array, submits ONE ``sbatch --array=0-(N-1)`` job and exits
-with its job id. Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
+hands the set's writer lock over to the array, submits ONE ``sbatch --array=0-(N-1)`` job (Grid
+Engine: ``qsub -t 1-N``, task ``SGE_TASK_ID - 1``) and exits with its job id. Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
 
 1. it reads the status of every row once per round, and walks the pending blocks from its own
    offset (task k of N starts k/N of the way in, so tasks rarely contend);
@@ -52,7 +53,10 @@ from .rows import commit, compute_block
 
 SBATCH_TIMEOUT_S = 60
 ARRAY_KEYS = ("queue", "account", "walltime", "cores", "memory", "gpus", "job_extra", "prologue",
-              "python", "log_directory")
+              "python", "log_directory", "project", "pe", "memory_resource", "gpu_resource")
+#: what differs between the schedulers of an array: label, submit command, how it says the job id
+SUBMIT = {"slurm": ("SLURM", "sbatch", ["--parsable"], "squeue -j"),
+          "sge": ("Grid Engine", "qsub", ["-terse", "-w", "e"], "qstat -j")}
 
 
 @dataclass
@@ -69,15 +73,17 @@ class ArraySubmitted:
     tasks: int
     job_id: str | None = None
     log_dir: str | None = None
+    scheduler: str = "slurm"
 
     def summary(self) -> str:
+        label, _, _, status = SUBMIT[self.scheduler]
         if self.job_id is None:
             return (f"{self.name}: {self.done} done, {self.failed} failed, 0 pending of {self.n_rows} rows; "
                     f"nothing left to extract, no job submitted")
         return "\n".join([
-            f"{self.name}: submitted SLURM job array {self.job_id} ({self.tasks} tasks) for "
+            f"{self.name}: submitted {label} job array {self.job_id} ({self.tasks} tasks) for "
             f"{self.pending_blocks} pending of {self.blocks} blocks ({self.done} rows done already)",
-            f"  progress: vsekit info {self.store} {self.name}   (and: squeue -j {self.job_id})",
+            f"  progress: vsekit info {self.store} {self.name}   (and: {status} {self.job_id})",
             f"  task logs: {self.log_dir}",
             "  when the array has ended, the same command fills any block left pending"])
 
@@ -103,14 +109,17 @@ def array_gpus(settings: dict, device: str) -> int:
     return int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
 
 
-def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path) -> str:
-    """The sbatch script of the array: one task per line of work, each running :func:`work`."""
+def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path,
+               scheduler: str = "slurm") -> str:
+    """The sbatch (or qsub) script of the array: one task per line of work, each running :func:`work`."""
     from ..cluster import job_cores, job_memory
 
     gpus = array_gpus(settings, device)
     if gpus > 1:
         raise ValueError(f"cluster setting gpus: {gpus}: an array task uses one GPU; use gpus: 1 and "
-                         f"more tasks (slurm-array:N)")
+                         f"more tasks ({scheduler}-array:N)")
+    if scheduler == "sge":
+        return _sge_script(spec_file, name, tasks, settings, gpus, log_dir)
     lines = ["#!/bin/bash", f"#SBATCH --job-name=vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}",
              f"#SBATCH --array=0-{tasks - 1}", "#SBATCH --ntasks=1",
              f"#SBATCH --cpus-per-task={int(settings.get('cores') or job_cores(gpus))}",
@@ -128,12 +137,42 @@ def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: s
     return "\n".join(lines) + "\n"
 
 
-def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None) -> dict:
+def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: int, log_dir: Path) -> str:
+    """The qsub script of a Grid Engine array (``-t 1-N``), written as ``sge:N`` writes its jobs."""
+    from ..cluster import job_cores, job_memory, sge_memory
+
+    cores = int(settings.get("cores") or job_cores(gpus))
+    lines = ["#!/bin/bash", f"#$ -N vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}", f"#$ -t 1-{tasks}",
+             "#$ -S /bin/bash", "#$ -V", "#$ -j y", f"#$ -o {log_dir}/"]
+    for key, flag in (("queue", "-q"), ("project", "-P"), ("walltime", "-l h_rt=")):
+        if settings.get(key):
+            lines.append(f"#$ {flag}{settings[key]}" if flag.endswith("=") else f"#$ {flag} {settings[key]}")
+    requests = []
+    if settings.get("memory_resource"):
+        requests.append(f"{settings['memory_resource']}={sge_memory(settings.get('memory') or job_memory(gpus))}")
+    if gpus:
+        requests.append(f"{settings.get('gpu_resource') or 'gpu'}={gpus}")
+    if requests:
+        lines.append(f"#$ -l {','.join(requests)}")
+    if cores > 1:
+        if not settings.get("pe"):
+            raise ValueError(f"cluster settings cores: {cores} on Grid Engine need pe: the name of the site's "
+                             f"parallel environment for one host (`qconf -spl` lists them)")
+        lines.append(f"#$ -pe {settings['pe']} {cores}")
+    lines += [f"#$ {x}" for x in settings.get("job_extra") or []]
+    lines += [str(x) for x in settings.get("prologue") or []]
+    python = settings.get("python") or sys.executable
+    lines.append(f"exec {python} -m vsekit.extract.array {spec_file}")
+    return "\n".join(lines) + "\n"
+
+
+def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None, scheduler: str = "slurm") -> dict:
     """Rewrite the set's writer lock (held by this process) as the array's; returns what it held."""
     path = lock_path(store_path, name)
     before = json.loads(path.read_text())
-    arrays.write_json(path, dict(before, token=token, slurm_array=job_id,
-                                 stage=f"vsekit extract --cluster slurm-array (job {job_id or 'being submitted'})"))
+    held = {"slurm_array": job_id} if scheduler == "slurm" else {"array_job": job_id, "array_scheduler": scheduler}
+    arrays.write_json(path, dict(before, token=token, **held,
+                                 stage=f"vsekit extract --cluster {scheduler}-array (job {job_id or 'being submitted'})"))
     return before
 
 
@@ -144,7 +183,11 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     jobs); ``fresh``: the set was created by this run (what an earlier array of the same name left
     in the store is removed).
     """
+    from ..cluster import ARRAY_KINDS
+
     tasks = cluster.n
+    scheduler = ARRAY_KINDS[cluster.kind]
+    label, tool, flags, _ = SUBMIT[scheduler]
     device = job.run.device
     if fresh:
         arrays.remove(store.path, fs.name)
@@ -158,42 +201,44 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     blocks = fs.pending_blocks()
     counts = fs.counts()
     result = ArraySubmitted(fs.name, str(store.path), fs.n_rows, counts["done"], counts["failed"],
-                            len(blocks), len(fs.blocks()), tasks)
+                            len(blocks), len(fs.blocks()), tasks, scheduler=scheduler)
     if not blocks:
         return result
-    sbatch = shutil.which("sbatch")
+    sbatch = shutil.which(tool)
     if sbatch is None:
-        raise ValueError(f"--cluster slurm-array:{tasks}: `sbatch` is not on the PATH; run vsekit where "
-                         f"SLURM jobs can be submitted (a login node)")
+        raise ValueError(f"--cluster {cluster.kind}:{tasks}: `{tool}` is not on the PATH; run vsekit where "
+                         f"{label} jobs can be submitted (a login node)")
     adir = arrays.array_dir(store.path, fs.name)
     shutil.rmtree(adir / "leases", ignore_errors=True)  # a previous array has ended: we hold the lock
     log_dir = Path(settings.get("log_directory") or adir / "logs").absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
-    spec = task_spec(store, fs, job, tasks, token)
+    spec = dict(task_spec(store, fs, job, tasks, token), scheduler=scheduler)
     spec_file = adir / "spec.json"
     script = adir / f"job-{time.strftime('%Y%m%d-%H%M%S')}.sh"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(job_script(spec_file, fs.name, tasks, settings, device, log_dir))
+    script.write_text(job_script(spec_file, fs.name, tasks, settings, device, log_dir, scheduler))
     arrays.write_json(spec_file, spec)
-    before = _hand_lock(store.path, fs.name, token, None)
+    before = _hand_lock(store.path, fs.name, token, None, scheduler)
     try:
-        out = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True,
+        out = subprocess.run([sbatch, *flags, str(script)], capture_output=True, text=True,
                              timeout=SBATCH_TIMEOUT_S)
         if out.returncode != 0:
-            why = " ".join((out.stderr or out.stdout).split()) or f"exit status {out.returncode}"
-            raise ValueError(f"--cluster slurm-array:{tasks}: sbatch refused the job array: {why}")
-        job_id = out.stdout.strip().split(";")[0]
+            why = " ".join(ln for ln in (out.stderr or out.stdout).split("\n") if ln.strip() != "Exiting.")
+            why = " ".join(why.split()) or f"exit status {out.returncode}"
+            raise ValueError(f"--cluster {cluster.kind}:{tasks}: {tool} refused the job array: {why}")
+        # sbatch --parsable: ID[;CLUSTER]; qsub -terse for an array: ID.1-N:1
+        job_id = out.stdout.strip().split(";")[0].split(".")[0]
     except BaseException as exc:
         arrays.write_json(lock_path(store.path, fs.name), before)  # the caller releases it as usual
         spec_file.unlink(missing_ok=True)
         script.unlink(missing_ok=True)
         if isinstance(exc, subprocess.TimeoutExpired):
-            raise ValueError(f"--cluster slurm-array:{tasks}: sbatch did not answer in {SBATCH_TIMEOUT_S}s") from None
+            raise ValueError(f"--cluster {cluster.kind}:{tasks}: {tool} did not answer in {SBATCH_TIMEOUT_S}s") from None
         raise
     spec["job_id"] = job_id
     arrays.write_json(spec_file, spec)
-    _hand_lock(store.path, fs.name, token, job_id)
+    _hand_lock(store.path, fs.name, token, job_id, scheduler)
     result.job_id, result.log_dir = job_id, str(log_dir)
     return result
 
@@ -380,7 +425,10 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     from .plan import Plan
 
     spec = json.loads(Path(spec_file).read_text())
-    task = int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)) if task is None else task
+    if task is None:   # SLURM counts tasks from 0, Grid Engine's -t 1-N from 1
+        sge = os.environ.get("SGE_TASK_ID", "")
+        task = int(os.environ["SLURM_ARRAY_TASK_ID"]) if "SLURM_ARRAY_TASK_ID" in os.environ else (
+            int(sge) - 1 if sge.isdigit() else 0)
     store = FeatureStore.open(spec["store"], mode="r+")
     fs = store.features(spec["name"])
     if fs.attrs.get("config_hash") != spec["config_hash"]:
@@ -389,7 +437,8 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
     if not _holds_lock(spec):
         say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
         return 2
-    resolved = task_execution(spec, int(os.environ.get("SLURM_CPUS_PER_TASK", "1") or 1))
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("NSLOTS") or "1"   # NSLOTS: Grid Engine's slots
+    resolved = task_execution(spec, int(cpus) if cpus.isdigit() else 1)
     run = resolved.run
     device, workers = run.device, run.workers
     for line in resolved.notes:

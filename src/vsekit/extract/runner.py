@@ -232,7 +232,7 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
         attrs["device"] = ",".join(devices)
     if cluster is not None and requested != "cpu" and "cpu" in devices:
         why = ("the cluster settings ask for no GPU (set gpus: 1 in the cluster settings)"
-               if cluster.kind == "slurm" and not cluster.uses_gpu(requested) else
+               if cluster.is_jobqueue and not cluster.uses_gpu(requested) else
                "its workers see no usable GPU")
         line = f"--device {requested} on --cluster {cluster}: tasks ran on CPU, not on a GPU: {why}"
         print(f"vsekit: note: {line}", file=sys.stderr, flush=True)

@@ -64,10 +64,16 @@ def remove(store_path: str | os.PathLike, name: str) -> None:
     shutil.rmtree(array_dir(store_path, name), ignore_errors=True)
 
 
-# --- SLURM's view --------------------------------------------------------------------------------
-def job_states(job_id: str) -> list[str] | None:
+LABELS = {"slurm": "SLURM", "sge": "Grid Engine"}
+
+
+# --- the scheduler's view --------------------------------------------------------------------------------
+def job_states(job_id: str, scheduler: str = "slurm") -> list[str] | None:
     """The states of job ``job_id``'s tasks that ``squeue`` lists ([] once it has left the queue);
-    None when squeue cannot answer (not installed here, or the controller is unreachable)."""
+    None when squeue cannot answer (not installed here, or the controller is unreachable). Grid
+    Engine (``scheduler="sge"``): ``qstat -j`` knows the job (``["RUNNING"]``: queued or running) or not."""
+    if scheduler == "sge":
+        return _sge_states(job_id)
     exe = shutil.which("squeue")
     if exe is None:
         return None
@@ -81,11 +87,24 @@ def job_states(job_id: str) -> list[str] | None:
     return [s.strip() for s in out.stdout.split() if s.strip()]
 
 
-def job_alive(job_id: str | None) -> bool | None:
-    """True while SLURM still lists job ``job_id`` as queued or running; None if it cannot tell."""
+def _sge_states(job_id: str) -> list[str] | None:
+    exe = shutil.which("qstat")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "-j", str(job_id)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode == 0:
+        return ["RUNNING"]
+    return [] if "do not exist" in (out.stderr + out.stdout).lower() else None
+
+
+def job_alive(job_id: str | None, scheduler: str = "slurm") -> bool | None:
+    """True while the scheduler still lists job ``job_id`` as queued or running; None if it cannot tell."""
     if not job_id:
         return False
-    states = job_states(job_id)
+    states = job_states(job_id, scheduler)
     if states is None:
         return None
     return any(s.upper() in ALIVE_STATES for s in states)
@@ -94,12 +113,13 @@ def job_alive(job_id: str | None) -> bool | None:
 def lock_stale_reason(path: Path, info: dict, limit: float) -> str | None:
     """Staleness of a writer lock held by a job array: its job has left ``squeue``; where squeue
     cannot tell, the lock's age beyond ``limit`` seconds (the tasks refresh it)."""
-    job = info.get("slurm_array")
-    alive = job_alive(job)
+    job = info.get("array_job") or info.get("slurm_array")
+    scheduler = info.get("array_scheduler", "slurm")
+    alive = job_alive(job, scheduler)
     if alive is True:
         return None
     if alive is False:
-        return f"SLURM array job {job} has ended"
+        return f"{LABELS.get(scheduler, scheduler)} array job {job} has ended"
     try:
         age = time.time() - path.stat().st_mtime
     except FileNotFoundError:
@@ -114,9 +134,11 @@ def progress_lines(fs, indent: str = "      ") -> list[str]:
     if spec is None:
         return []
     job = spec.get("job_id")
-    alive = job_alive(job)
-    state = {True: "queued or running", False: "ended", None: "state unknown (squeue could not answer here)"}[alive]
-    lines = [f"{indent}SLURM job array {job or '?'} ({spec.get('tasks', '?')} tasks): {state}"]
+    scheduler = spec.get("scheduler", "slurm")
+    alive = job_alive(job, scheduler)
+    ask = "qstat" if scheduler == "sge" else "squeue"
+    state = {True: "queued or running", False: "ended", None: f"state unknown ({ask} could not answer here)"}[alive]
+    lines = [f"{indent}{LABELS.get(scheduler, scheduler)} job array {job or '?'} ({spec.get('tasks', '?')} tasks): {state}"]
     try:
         status = fs.status_values()
     except Exception as exc:

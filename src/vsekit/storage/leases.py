@@ -45,10 +45,11 @@ def default_ttl() -> float:
 
 
 def owner_record() -> dict:
-    """Who is claiming: SLURM job and array task (when inside one), host and pid."""
+    """Who is claiming: SLURM or Grid Engine job and array task (when inside one), host and pid."""
     env = os.environ
-    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID")
-    return {"job": job, "task": env.get("SLURM_ARRAY_TASK_ID"), "host": socket.gethostname(),
+    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("JOB_ID")
+    task = env.get("SLURM_ARRAY_TASK_ID") or env.get("SGE_TASK_ID")
+    return {"job": job, "task": None if task == "undefined" else task, "host": socket.gethostname(),
             "pid": os.getpid()}
 
 

@@ -100,7 +100,7 @@ def stale_reason(path: Path, info: dict) -> str | None:
         return f"{BREAK_ENV}=1"
     if info.get("torn"):   # locks are linked into place complete, so no live writer left this
         return "the lock file is empty or torn (left by a run that failed while writing it)"
-    if info.get("slurm_array"):   # held by a SLURM job array (extract --cluster slurm-array:N)
+    if info.get("array_job") or info.get("slurm_array"):   # held by a job array (extract --cluster slurm-array:N, sge-array:N)
         from .job_arrays import lock_stale_reason
 
         return lock_stale_reason(path, info, float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)))
