@@ -422,7 +422,11 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
                           "job_extra_directives": list(s.pop("job_extra", []) or []),
                           # a paused worker starts no task: a block would wait forever (see NO_PAUSE)
                           "job_script_prologue": [*NO_PAUSE_EXPORT, *list(s.pop("prologue", []) or [])],
-                          "silence_logs": "error", "scheduler_options": {"dashboard": False}}
+                          "silence_logs": "error",
+                          # no dashboard, and its HTTP server (health, metrics) on a free port: the
+                          # default 8787 is often taken on a shared login node, and distributed then
+                          # prints a warning beside the run's one-line messages
+                          "scheduler_options": {"dashboard": False, "dashboard_address": ":0"}}
     extra: list[str] = []   # cores == processes: dask-jobqueue passes --nthreads 1 itself
     res = dict(resources or {})
     if gpus:
