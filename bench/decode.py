@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decoders", nargs="+", default=["pil", "turbo"])
     ap.add_argument("--crops", type=int, nargs="+", default=[10, 1], choices=[1, 10])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline-src", default=None,
+                    help="also run vsekit's legs with this src folder (e.g. a worktree of an older commit)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     args = ap.parse_args(argv)
 
@@ -39,6 +41,9 @@ def main(argv=None) -> int:
         legs[f"plain-{c}"] = {"leg": "plain", "crops": c}
         for d in args.decoders:
             legs[f"{d}-{c}"] = {"leg": "vsekit", "crops": c, "decoder": d, "channels_last": True}
+            if args.baseline_src:
+                legs[f"base-{d}-{c}"] = {"leg": "vsekit", "crops": c, "decoder": d, "channels_last": True,
+                                         "src": args.baseline_src}
     before = procs.load()
     with tempfile.TemporaryDirectory() as tmp:
         res = procs.measure(legs, args.rounds, Path(tmp))
@@ -53,11 +58,13 @@ def main(argv=None) -> int:
         base = res[f"plain-{c}"]["worker_ms"]
         lines.append(f"| plain DataLoader (`decode_jpeg` + v2) | {c} | {procs.med(base):.2f} "
                      f"({', '.join(f'{x:.2f}' for x in base)}) | 1.00 |")
-        for d in args.decoders:
-            w = res[f"{d}-{c}"]["worker_ms"]
-            ratio = procs.med([a / b for a, b in zip(w, base)])
-            lines.append(f"| vsekit `--decoder {d}` | {c} | {procs.med(w):.2f} ({', '.join(f'{x:.2f}' for x in w)}) "
-                         f"| **{ratio:.2f}** |")
+        for tag in (("base-", "") if args.baseline_src else ("",)):
+            for d in args.decoders:
+                w = res[f"{tag}{d}-{c}"]["worker_ms"]
+                ratio = procs.med([a / b for a, b in zip(w, base)])
+                who = "baseline" if tag else "vsekit"
+                lines.append(f"| {who} `--decoder {d}` | {c} | {procs.med(w):.2f} ({', '.join(f'{x:.2f}' for x in w)}) "
+                             f"| **{ratio:.2f}** |")
     text = "\n".join(lines)
     print(text)
     print(json.dumps(res))

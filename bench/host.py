@@ -27,11 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import procs  # noqa: E402
 
 
-def legs(crops: int, decoder: str) -> dict:
-    return {f"plain-{crops}": {"leg": "plain", "crops": crops},
-            f"vsekit-{decoder}-cl-{crops}": {"leg": "vsekit", "crops": crops, "decoder": decoder, "channels_last": True},
-            f"vsekit-{decoder}-nchw-{crops}": {"leg": "vsekit", "crops": crops, "decoder": decoder,
-                                              "channels_last": False}}
+def legs(crops: int, decoder: str, baseline: str | None) -> dict:
+    out = {f"plain-{crops}": {"leg": "plain", "crops": crops}}
+    for tag, src in (("", None), ("base-", baseline)):
+        if tag and not src:
+            continue
+        for fmt in ("cl", "nchw"):
+            out[f"{tag}vsekit-{decoder}-{fmt}-{crops}"] = {"leg": "vsekit", "crops": crops, "decoder": decoder,
+                                                          "channels_last": fmt == "cl", "src": src}
+    return out
 
 
 def main(argv=None) -> int:
@@ -39,12 +43,14 @@ def main(argv=None) -> int:
     ap.add_argument("--crops", type=int, nargs="+", default=[10, 1], choices=[1, 10])
     ap.add_argument("--decoder", default="pil")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline-src", default=None,
+                    help="also run vsekit's legs with this src folder (e.g. a worktree of an older commit)")
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     args = ap.parse_args(argv)
 
     all_legs = {}
     for c in args.crops:
-        all_legs.update(legs(c, args.decoder))
+        all_legs.update(legs(c, args.decoder, args.baseline_src))
     before = procs.load()
     with tempfile.TemporaryDirectory() as tmp:
         res = procs.measure(all_legs, args.rounds, Path(tmp))
@@ -61,13 +67,16 @@ def main(argv=None) -> int:
         plain = m[f"plain-{c}"]
         lines.append(f"| plain DataLoader (NCHW) | {c} | {plain['driving_ms']:.2f} | {plain['model_nchw_ms']:.2f} | "
                      f"{plain['driving_beyond_ms']:.2f} | {plain['worker_ms']:.2f} |")
-        for fmt, key in (("cl", "model_channels_last_ms"), ("nchw", "model_nchw_ms")):
-            v = m[f"vsekit-{args.decoder}-{fmt}-{c}"]
-            model = procs.med([r for r in res[f"plain-{c}"][key]])
-            beyond = [d - mo for d, mo in zip(res[f"vsekit-{args.decoder}-{fmt}-{c}"]["driving_ms"],
-                                             res[f"plain-{c}"][key])]
-            lines.append(f"| vsekit `--decoder {args.decoder}` {'--channels-last' if fmt == 'cl' else '--no-channels-last'} "
-                         f"| {c} | {v['driving_ms']:.2f} | {model:.2f} | **{procs.med(beyond):.2f}** | {v['worker_ms']:.2f} |")
+        for tag in (("base-", "") if args.baseline_src else ("",)):
+            for fmt, key in (("cl", "model_channels_last_ms"), ("nchw", "model_nchw_ms")):
+                name = f"{tag}vsekit-{args.decoder}-{fmt}-{c}"
+                v = m[name]
+                model = procs.med(res[f"plain-{c}"][key])
+                beyond = [d - mo for d, mo in zip(res[name]["driving_ms"], res[f"plain-{c}"][key])]
+                flag = "--channels-last" if fmt == "cl" else "--no-channels-last"
+                who = "baseline" if tag else "vsekit"
+                lines.append(f"| {who} `--decoder {args.decoder}` {flag} | {c} | {v['driving_ms']:.2f} | {model:.2f} | "
+                             f"**{procs.med(beyond):.2f}** | {v['worker_ms']:.2f} |")
     text = "\n".join(lines)
     print(text)
     print(json.dumps(res))

@@ -190,7 +190,7 @@ def child_main(spec: dict) -> None:
 
 def run_leg(spec: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    src = str(Path(__file__).resolve().parent.parent / "src")
+    src = spec.get("src") or str(Path(__file__).resolve().parent.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import procs; "
             "procs.child_main(json.loads(sys.argv[2]))")
