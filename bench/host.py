@@ -60,23 +60,28 @@ def main(argv=None) -> int:
              f"--decoder {args.decoder} --rounds {args.rounds}`; {before} (start), {after} (end).", "",
              "Whole-process CPU per image, steady state ((240 - 48 images) / 192), median of "
              f"{args.rounds} interleaved rounds; model = normalise + forward of the same tensors outside "
-             "vsekit, in the leg's memory format.", "",
-             "| leg | crops | driving process ms/img | model ms/img | driving beyond model | its worker ms/img |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "vsekit, in the leg's memory format, `(x.float() - mean) / std` as a plain loop writes it; "
+             "in-place model = the same tensors normalised in place on NHWC rows (what vsekit does since "
+             "issue 37), channels-last.", "",
+             "| leg | crops | driving process ms/img | model ms/img | driving beyond model | beyond the in-place model | "
+             "its worker ms/img |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for c in args.crops:
         plain = m[f"plain-{c}"]
         lines.append(f"| plain DataLoader (NCHW) | {c} | {plain['driving_ms']:.2f} | {plain['model_nchw_ms']:.2f} | "
-                     f"{plain['driving_beyond_ms']:.2f} | {plain['worker_ms']:.2f} |")
+                     f"{plain['driving_beyond_ms']:.2f} | | {plain['worker_ms']:.2f} |")
         for tag in (("base-", "") if args.baseline_src else ("",)):
             for fmt, key in (("cl", "model_channels_last_ms"), ("nchw", "model_nchw_ms")):
                 name = f"{tag}vsekit-{args.decoder}-{fmt}-{c}"
                 v = m[name]
                 model = procs.med(res[f"plain-{c}"][key])
                 beyond = [d - mo for d, mo in zip(res[name]["driving_ms"], res[f"plain-{c}"][key])]
+                inplace = "" if fmt != "cl" else "%.2f" % procs.med(
+                    [d - mo for d, mo in zip(res[name]["driving_ms"], res[f"plain-{c}"]["model_channels_last_inplace_ms"])])
                 flag = "--channels-last" if fmt == "cl" else "--no-channels-last"
                 who = "baseline" if tag else "vsekit"
                 lines.append(f"| {who} `--decoder {args.decoder}` {flag} | {c} | {v['driving_ms']:.2f} | {model:.2f} | "
-                             f"**{procs.med(beyond):.2f}** | {v['worker_ms']:.2f} |")
+                             f"**{procs.med(beyond):.2f}** | {inplace} | {v['worker_ms']:.2f} |")
     text = "\n".join(lines)
     print(text)
     print(json.dumps(res))

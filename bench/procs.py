@@ -3,9 +3,10 @@
 Shared by ``bench/host.py`` (the driving process) and ``bench/decode.py`` (the decoding worker).
 Every figure is a whole process's CPU from ``getrusage`` (user + system): the process that drives
 the model as ``RUSAGE_SELF``, its decoding worker as ``RUSAGE_CHILDREN`` (reaped when the
-DataLoader shuts it down). Each leg runs in a fresh Python process, once on 48 and once on 240
-images; the steady state per image is the difference divided by 192, so start-up (imports, forking
-the worker, building the model, creating the set) cancels out.
+DataLoader shuts it down), from after the imports (their CPU varies by seconds on a loaded machine)
+to the end of the run. Each leg runs in a fresh Python process, once on 48 and once on 240 images;
+the steady state per image is the difference divided by 192, so start-up (forking the worker,
+building the model, creating the set) cancels out.
 
 Legs:
 
@@ -157,7 +158,8 @@ def leg_plain(folder: str, n: int, crops: int) -> dict:
     cl.load_state_dict(nchw.state_dict())
     mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255
     std = torch.tensor(STD).view(1, 3, 1, 1) * 255
-    model_s = {"nchw": 0.0, "channels_last": 0.0, "probe": 0.0}
+    model_s = {"nchw": 0.0, "channels_last": 0.0, "channels_last_inplace": 0.0, "probe": 0.0}
+    rows_mean, rows_std = mean.reshape(3).repeat(224), std.reshape(3).repeat(224)
     for x in DataLoader(PlainDataset(paths, crops), batch_size=BATCH, num_workers=1):
         b = x.shape[0]
         flat = x.reshape(-1, *x.shape[2:])
@@ -173,18 +175,30 @@ def leg_plain(folder: str, n: int, crops: int) -> dict:
             y = cl(((nhwc.float() - mean) / std).contiguous(memory_format=torch.channels_last))
             y = y.reshape(b, crops, -1).mean(1)
         model_s["channels_last"] += time.thread_time() - t
-        model_s["probe"] += time.thread_time() - t0   # the channels-last probe, conversion included
+        t = time.thread_time()   # normalised in place on NHWC rows, as vsekit does since issue 37
+        with torch.inference_mode():
+            z = nhwc.to(torch.float32, copy=True)
+            z.permute(0, 2, 3, 1).reshape(-1, 224 * 3).sub_(rows_mean).div_(rows_std)
+            y = cl(z).reshape(b, crops, -1).mean(1)
+        model_s["channels_last_inplace"] += time.thread_time() - t
+        model_s["probe"] += time.thread_time() - t0   # the channels-last probes, conversion included
     return {"images": len(paths), "model_s": model_s}
 
 
 def child_main(spec: dict) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    import torch  # noqa: F401  (imports first: their CPU varies by seconds on a loaded machine)
+    import torchvision.transforms.v2.functional  # noqa: F401
+    import vsekit.extract  # noqa: F401
+    from vsekit.extract import extractor, reader, rows, runner  # noqa: F401
+
+    self0, children0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
     if spec["leg"] == "plain":
         out = leg_plain(spec["folder"], spec["n"], spec["crops"])
     else:
         out = leg_vsekit(spec["store"], spec["crops"], spec["decoder"], spec["channels_last"])
-    out["self_s"] = _cpu(resource.RUSAGE_SELF)
-    out["children_s"] = _cpu(resource.RUSAGE_CHILDREN)
+    out["self_s"] = _cpu(resource.RUSAGE_SELF) - self0
+    out["children_s"] = _cpu(resource.RUSAGE_CHILDREN) - children0
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -212,7 +226,7 @@ def steady(spec: dict, stores: dict[int, Path], folder: Path) -> dict:
     out = {"driving_ms": 1e3 * (got[LARGE]["self_s"] - got[SMALL]["self_s"]) / d,
            "worker_ms": 1e3 * (got[LARGE]["children_s"] - got[SMALL]["children_s"]) / d}
     if spec["leg"] == "plain":
-        for k in ("nchw", "channels_last", "probe"):
+        for k in ("nchw", "channels_last", "channels_last_inplace", "probe"):
             out[f"model_{k}_ms"] = 1e3 * (got[LARGE]["model_s"][k] - got[SMALL]["model_s"][k]) / d
         # the plain driving process beyond its NCHW model (less the channels-last probe it also ran)
         out["driving_beyond_ms"] = out["driving_ms"] - out["model_nchw_ms"] - out.pop("model_probe_ms")
