@@ -23,6 +23,7 @@ def _bare_extractor(channels_last: bool) -> Extractor:
     ex.layout = torch.channels_last if channels_last else torch.contiguous_format
     ex.mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255.0
     ex.std = torch.tensor(STD).view(1, 3, 1, 1) * 255.0
+    ex._inputs = None
     return ex
 
 
@@ -99,3 +100,15 @@ def test_reader_refuses_a_file_swapped_for_a_symlink_out_of_the_root(tmp_path):
     assert items[0].crops.shape == (1, 32, 32, 3)
     for it in (items[1], items[3]):
         assert it.crops is None and "outside the image root" in it.error and str(sibling / "out.jpg") in it.error
+
+
+def test_the_kept_input_buffer_gives_each_batch_its_own_values():
+    rng = np.random.default_rng(2)
+    ex = _bare_extractor(True)
+    a, b, c = (torch.from_numpy(rng.integers(0, 256, (n, 5, 7, 3), dtype=np.uint8)).permute(0, 3, 1, 2)
+               for n in (4, 4, 3))
+    want = [(t.float() - ex.mean) / ex.std for t in (a, b, c)]
+    got_a = ex._normalise(a).clone()
+    got_b = ex._normalise(b)
+    assert torch.equal(got_a, want[0]) and torch.equal(got_b, want[1])
+    assert torch.equal(ex._normalise(c), want[2])   # a smaller last batch: its own shape
