@@ -1,18 +1,16 @@
-"""Benchmark: the driving thread's own CPU per image during extraction, outside the model.
+"""Benchmark: the driving process's own CPU per image during extraction, beyond the model (issue 37).
 
-A near-free model (one 1×1 convolution, registered here as the backbone ``bench_free``) on 10 crops
-of 224 from 640×480 JPEGs, ``--no-channels-last``, decoding in worker processes: what the thread
-that drives the model spends per image on everything but normalising and the model itself
-(receiving decoded batches, stacking, bookkeeping, handing blocks to the writer), timed inside the
-run with ``time.thread_time`` (the driving thread's CPU only: decoding processes, the writer thread
-and torch's other threads are not counted). In the same run, the same images through a plain
-torchvision pipeline (``DataLoader`` workers, ``transforms`` Resize + TenCrop, default collate).
+Whole processes (``bench/procs.py``): ``vsekit.extract.extract`` with a near-free registered model
+(``bench_free``: one 1x1 convolution), ``--workers 1``, batch 32, 640x480 JPEGs, resize 256, crops
+of 224, and, in the same run, a plain torch ``DataLoader`` (1 worker, batch 32, ``decode_jpeg`` +
+``transforms.v2`` resize + ``ten_crop``, default collate). Steady state per image = (extract of 240
+images - extract of 48) / 192, CPU from ``getrusage`` (the extract process as RUSAGE_SELF, its
+decoding worker as RUSAGE_CHILDREN). Figure: vsekit's driving process less normalise + forward of
+the same tensors outside vsekit (timed inside the plain leg, NCHW and channels-last, each matched to
+the vsekit leg's ``--channels-last`` setting). Target (issue 37): <= 0.35 ms per image.
 
-    .venv/bin/python bench/host.py                       # 96 images, 2 decoding workers, batch 16
-    .venv/bin/python bench/host.py --images 128 --workers 2 --repeat 3
-
-Issue 30's target: at most 0.35 ms per 10-crop image in the driving thread. (The decoding
-processes' CPU per image is bench/decode.py's subject.)
+    .venv/bin/python -P bench/host.py                        # 10 and 1 crops, 3 rounds (~5 min on 2 busy cores)
+    .venv/bin/python -P bench/host.py --crops 10 --rounds 1
 """
 
 from __future__ import annotations
@@ -21,190 +19,76 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def register_free_model() -> None:
-    import torch
-
-    from vsekit.extract.backbones import BackboneSpec, Preprocess, register_backbone
-
-    class Free(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = torch.nn.Conv2d(3, 8, 1)
-            self.pool = torch.nn.AdaptiveAvgPool2d(1)
-            self.flat = torch.nn.Flatten()
-
-        def forward(self, x):
-            return self.flat(self.pool(self.conv(x)))
-
-    register_backbone(BackboneSpec(
-        name="bench_free", build=lambda pretrained: Free(),
-        preprocess=lambda m: Preprocess(crop_size=224, resize=256, mean=MEAN, std=STD, interpolation="bilinear"),
-        global_tap=lambda m: "flat", conv_tap=lambda m: "conv", fne_taps=lambda m: ["flat"]))
-    return Free
+import procs  # noqa: E402
 
 
-def make_images(folder: Path, n: int) -> list[Path]:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    base = rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)
-    paths = []
-    for i in range(n):
-        img = Image.fromarray(np.roll(base, i, axis=1)).resize((640, 480), Image.BILINEAR)
-        p = folder / f"{i:05d}.jpg"
-        img.save(p, quality=90)
-        paths.append(p)
-    return paths
+def legs(crops: int, decoder: str, baseline: str | None) -> dict:
+    out = {f"plain-{crops}": {"leg": "plain", "crops": crops}}
+    for tag, src in (("", None), ("base-", baseline)):
+        if tag and not src:
+            continue
+        for fmt in ("cl", "nchw"):
+            out[f"{tag}vsekit-{decoder}-{fmt}-{crops}"] = {"leg": "vsekit", "crops": crops, "decoder": decoder,
+                                                          "channels_last": fmt == "cl", "src": src}
+    return out
 
 
-def vsekit_run(store_path: Path, workers: int, batch: int) -> dict:
-    """One extraction; the driving thread's CPU in the steady state of the block loop (from the
-    first decoded batch on: starting the decoding processes is left out), less normalise + model."""
-    import torch
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--crops", type=int, nargs="+", default=[10, 1], choices=[1, 10])
+    ap.add_argument("--decoder", default="pil")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline-src", default=None,
+                    help="also run vsekit's legs with this src folder (e.g. a worktree of an older commit)")
+    ap.add_argument("--out", default=None, help="also write the table (markdown) here")
+    args = ap.parse_args(argv)
 
-    from vsekit.extract import extract, extractor as ex, rows, runner
-    from vsekit.storage import FeatureStore
-
-    model_cpu = [0.0]
-    loop = {"first": 0}
-    real_features = ex.Extractor.features
-
-    def features(self, crops):
-        t = time.thread_time()
-        try:
-            return real_features(self, crops)
-        finally:
-            if "t0" in loop:
-                model_cpu[0] += time.thread_time() - t
-
-    def decoded(*args, **kwargs):
-        for items in real_decoded(*args, **kwargs):
-            if "t0" not in loop:   # the first batch: the clock starts once it has arrived
-                loop["first"] = len(items)
-                yield items
-                loop["t0"] = time.thread_time()
-                continue
-            yield items
-
-    old = not hasattr(rows, "decoded")   # vsekit before the block engine (the baseline commit)
-    where = runner if old else rows
-    real_decoded = where.iter_batches if old else rows.decoded
-    ex.Extractor.features = features
-    setattr(where, "iter_batches" if old else "decoded", decoded)
-    real_close = runner.BlockWriter.close
-
-    def close(self):   # the loop has ended: stop the clock before waiting for the writer
-        loop.setdefault("t1", time.thread_time())
-        return real_close(self)
-
-    runner.BlockWriter.close = close
-    try:
-        torch.set_num_threads(1)
-        layout = {"channels_last": False}
-        if old:
-            from vsekit.extract.throughput import apply
-
-            apply(channels_last=False)
-            layout = {}
-        res = extract(store_path, model="bench_free", crops=10, weights="none", workers=workers,
-                      batch_size=batch, device="cpu", progress=False, overwrite=True, block_rows=batch * 8,
-                      **layout)
-    finally:
-        ex.Extractor.features, runner.BlockWriter.close = real_features, real_close
-        setattr(where, "iter_batches" if old else "decoded", real_decoded)
-    n = res.images - loop["first"]
-    loop_cpu = loop["t1"] - loop["t0"]
-    assert FeatureStore.open(store_path).features(res.name).counts()["done"] == res.images
-    return {"images": n, "driving_ms": 1e3 * (loop_cpu - model_cpu[0]) / n, "model_ms": 1e3 * model_cpu[0] / n}
-
-
-class PlainDataset:
-    def __init__(self, paths):
-        from torchvision import transforms as T
-
-        self.paths = paths
-        self.t = T.Compose([T.Resize(256), T.TenCrop(224)])
-        self.to_tensor = T.PILToTensor()
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        import torch
-        from PIL import Image
-
-        img = Image.open(self.paths[i]).convert("RGB")
-        return torch.stack([self.to_tensor(c) for c in self.t(img)])
-
-
-def plain_run(paths, workers: int, batch: int, Free) -> dict:
-    """The plain torchvision pipeline's driving thread, less normalise + the same model."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    torch.set_num_threads(1)
-    model = Free().eval()
-    mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255
-    std = torch.tensor(STD).view(1, 3, 1, 1) * 255
-    loader = DataLoader(PlainDataset(paths), batch_size=batch, num_workers=workers)
-    model_cpu, n = 0.0, 0
-    it = iter(loader)
-    first = next(it)   # as for vsekit: the clock starts once the first batch has arrived
-    b = first.shape[0]
-    with torch.inference_mode():
-        model(((first.reshape(-1, *first.shape[2:]).float() - mean) / std)).reshape(b, 10, -1).mean(1)
-    t0 = time.thread_time()
-    for x in it:
-        t = time.thread_time()
-        with torch.inference_mode():
-            b = x.shape[0]
-            y = model(((x.reshape(-1, *x.shape[2:]).float() - mean) / std)).reshape(b, 10, -1).mean(1)
-            y.numpy().copy()
-        model_cpu += time.thread_time() - t
-        n += x.shape[0]
-    total = time.thread_time() - t0
-    return {"images": n, "driving_ms": 1e3 * (total - model_cpu) / n, "model_ms": 1e3 * model_cpu / n}
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=96)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=None, help="also write the figures as JSON here")
-    args = ap.parse_args()
-
-    Free = register_free_model()
-    from vsekit.storage import FeatureStore
-
+    all_legs = {}
+    for c in args.crops:
+        all_legs.update(legs(c, args.decoder, args.baseline_src))
+    before = procs.load()
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        paths = make_images(root / "img", args.images)
-        store = FeatureStore.create(root / "s.zarr", dataset="host", image_root=str(root / "img"))
-        store.write_images([str(i) for i in range(len(paths))], [p.name for p in paths], ["train"] * len(paths))
-        rows = []
-        for _ in range(args.repeat):
-            rows.append({"vsekit": vsekit_run(root / "s.zarr", args.workers, args.batch),
-                         "plain": plain_run(paths, args.workers, args.batch, Free)})
-    best = {k: min(r[k]["driving_ms"] for r in rows) for k in ("vsekit", "plain")}
-    print(json.dumps({"args": vars(args), "runs": rows, "best_driving_ms": best}, indent=1))
-    print(f"driving thread CPU per 10-crop image, outside normalise + model (best of {args.repeat}): "
-          f"vsekit {best['vsekit']:.3f} ms, plain torchvision {best['plain']:.3f} ms "
-          f"(ratio {best['vsekit'] / best['plain']:.2f}); target <= 0.35 ms")
+        res = procs.measure(all_legs, args.rounds, Path(tmp))
+    after = procs.load()
+    m = {name: {k: procs.med(v) for k, v in figs.items()} for name, figs in res.items()}
+    lines = [f"Command: `.venv/bin/python -P bench/host.py --crops {' '.join(map(str, args.crops))} "
+             f"--decoder {args.decoder} --rounds {args.rounds}`; {before} (start), {after} (end).", "",
+             "Whole-process CPU per image, steady state ((240 - 48 images) / 192), median of "
+             f"{args.rounds} interleaved rounds; model = normalise + forward of the same tensors outside "
+             "vsekit, in the leg's memory format, `(x.float() - mean) / std` as a plain loop writes it; "
+             "in-place model = the same tensors normalised in place on NHWC rows (what vsekit does since "
+             "issue 37), channels-last.", "",
+             "| leg | crops | driving process ms/img | model ms/img | driving beyond model | beyond the in-place model | "
+             "its worker ms/img |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for c in args.crops:
+        plain = m[f"plain-{c}"]
+        lines.append(f"| plain DataLoader (NCHW) | {c} | {plain['driving_ms']:.2f} | {plain['model_nchw_ms']:.2f} | "
+                     f"{plain['driving_beyond_ms']:.2f} | | {plain['worker_ms']:.2f} |")
+        for tag in (("base-", "") if args.baseline_src else ("",)):
+            for fmt, key in (("cl", "model_channels_last_ms"), ("nchw", "model_nchw_ms")):
+                name = f"{tag}vsekit-{args.decoder}-{fmt}-{c}"
+                v = m[name]
+                model = procs.med(res[f"plain-{c}"][key])
+                beyond = [d - mo for d, mo in zip(res[name]["driving_ms"], res[f"plain-{c}"][key])]
+                inplace = "" if fmt != "cl" else "%.2f" % procs.med(
+                    [d - mo for d, mo in zip(res[name]["driving_ms"], res[f"plain-{c}"]["model_channels_last_inplace_ms"])])
+                flag = "--channels-last" if fmt == "cl" else "--no-channels-last"
+                who = "baseline" if tag else "vsekit"
+                lines.append(f"| {who} `--decoder {args.decoder}` {flag} | {c} | {v['driving_ms']:.2f} | {model:.2f} | "
+                             f"**{procs.med(beyond):.2f}** | {inplace} | {v['worker_ms']:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    print(json.dumps(res))
     if args.out:
-        Path(args.out).write_text(json.dumps({"runs": rows, "best": best}, indent=1))
+        Path(args.out).write_text(text + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -90,7 +90,10 @@ class RowDataset:
 
         if self.root is None or shards.is_ref(path):
             return
-        why = escapes_root(self.root, path)
+        target, root = os.path.realpath(path), str(self.root)   # self.root is resolved already
+        if target.startswith(root.rstrip(os.sep) + os.sep):
+            return
+        why = escapes_root(self.root, path)   # the exact check, and its message
         if why:
             raise ImageError(f"cannot read {path}: it {why} (a symlink pointing out?); refusing to read files "
                              f"outside the image root (ingest with --allow-outside-root if this is intended)")
@@ -137,10 +140,27 @@ def collate(items: list[Item]) -> Batch:
     batch = Batch(items)
     ok = [it for it in items if isinstance(it, Item) and it.error is None and it.crops is not None]
     if ok and len({it.crops.shape for it in ok}) == 1:
-        batch.crops = torch.from_numpy(np.stack([it.crops for it in ok]))
-        for it in ok:
+        out = batch_tensor((len(ok),) + ok[0].crops.shape)
+        dst = out.numpy()
+        for k, it in enumerate(ok):
+            dst[k] = it.crops
             it.crops = None
+        batch.crops = out
     return batch
+
+
+def batch_tensor(shape: tuple[int, ...]):
+    """An uninitialised uint8 tensor of ``shape``; inside a DataLoader worker, in shared memory from
+    the start (as torch's default collate does), so that sending it to the driving process does not
+    copy it into shared memory a second time."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    numel = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(numel)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
 
 
 def stack(items: list[Item]):
