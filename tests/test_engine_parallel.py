@@ -58,6 +58,24 @@ def test_a_dask_task_decodes_with_threads_sized_where_it_runs(demo_store, monkey
         name = "Dask Worker process"
 
     monkeypatch.setattr(multiprocessing, "current_process", lambda: Daemon())
+    # the first two decodes wait for each other: they meet only if two threads decode at once (a
+    # single decoding thread times out and its rows fail); which thread takes which later image is
+    # the scheduler's choice, so the test does not depend on it
+    import threading
+
+    from vsekit.extract import reader
+
+    meet, calls, lock = threading.Barrier(2, timeout=60), [], threading.Lock()
+    real = reader.decode
+
+    def decode(path, plan=None):
+        with lock:
+            calls.append(path)
+            first_two = len(calls) <= 2
+        if first_two:
+            meet.wait()
+        return real(path, plan)
+    monkeypatch.setattr(reader, "decode", decode)
     out = extract_block(job, (0, 0, 8))
     assert out["device"] == "cpu"   # auto, resolved on the worker
     threads = {d for d in out["decoders"] if "vsekit-decode" in d}
