@@ -130,11 +130,7 @@ def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: s
             lines.append(f"#SBATCH {flag} {settings[key]}")
     if gpus:
         lines.append(f"#SBATCH --gres=gpu:{gpus}")
-    lines += [f"#SBATCH {x}" for x in settings.get("job_extra") or []]
-    lines += [str(x) for x in settings.get("prologue") or []]
-    python = settings.get("python") or sys.executable
-    lines.append(f"exec {python} -m vsekit.extract.array {spec_file}")
-    return "\n".join(lines) + "\n"
+    return _script_end(lines, "#SBATCH", settings, spec_file)
 
 
 def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: int, log_dir: Path) -> str:
@@ -159,8 +155,14 @@ def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: in
             raise ValueError(f"cluster settings cores: {cores} on Grid Engine need pe: the name of the site's "
                              f"parallel environment for one host (`qconf -spl` lists them)")
         lines.append(f"#$ -pe {settings['pe']} {cores}")
-    lines += [f"#$ {x}" for x in settings.get("job_extra") or []]
-    lines += [str(x) for x in settings.get("prologue") or []]
+    return _script_end(lines, "#$", settings, spec_file)
+
+
+def _script_end(lines: list[str], directive: str, settings: dict, spec_file: Path) -> str:
+    """An array script's end, the same for every scheduler: the site's extra directives and prologue,
+    then each task runs ``vsekit.extract.array`` on the spec."""
+    lines = [*lines, *(f"{directive} {x}" for x in settings.get("job_extra") or []),
+             *(str(x) for x in settings.get("prologue") or [])]
     python = settings.get("python") or sys.executable
     lines.append(f"exec {python} -m vsekit.extract.array {spec_file}")
     return "\n".join(lines) + "\n"
