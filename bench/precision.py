@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     import torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode import make_photos  # noqa: E402
+    from procs import make_photos  # noqa: E402
     sys.path.pop(0)
     from vsekit.extract import extract
     from vsekit.storage import FeatureStore

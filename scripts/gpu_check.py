@@ -248,10 +248,10 @@ def check_demo(ctx: Ctx):
 
 
 def photo_store(ctx: Ctx, n: int) -> Path:
-    """A store of ``n`` 640x480 photo-like JPEGs (bench/decode.py's), through the demo's dataset files."""
+    """A store of ``n`` 640x480 photo-like JPEGs (bench/procs.py's), through the demo's dataset files."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        from decode import make_photos
+        from procs import make_photos
     finally:
         sys.path.pop(0)
     d = ctx.work / f"photos{n}"
