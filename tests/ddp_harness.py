@@ -106,3 +106,82 @@ def spawn(world: int, out_dir: str, names: list[str]) -> list[dict]:
 
     mp.spawn(worker, args=(world, free_port(), out_dir, names), nprocs=world, join=True)
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
+
+
+# validation over the ranks ------------------------------------------------------------------------
+VAL_MODELS = {"vse": ("global", {}), "saf": ("regions", {"dropout": 0.0, "sim_dim": 6})}
+
+
+def make_val_store(path: str) -> str:
+    """A tokenised store with region features and a global feature set, 7 val images x 3 captions
+    (7 and 21 split unevenly over 2 and 3 ranks)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import make_region_store
+    from vsekit.storage.store import FeatureStore
+
+    make_region_store(path, n_train=4, n_val=7, per_image=3, regions=K, channels=C)
+    store = FeatureStore.open(path, mode="a")
+    rng = np.random.default_rng(5)
+    fs = store.create_features("global", (GLOBAL_D,), "float32", block_rows=8, attrs={"kind": "global"})
+    for b in fs.blocks():
+        fs.write_block(b, rng.standard_normal((len(b), GLOBAL_D), dtype=np.float32))
+    return path
+
+
+def validate_case(store_path: str, name: str, group) -> dict:
+    """``trainer.validate`` of a float64 ``name`` on the val split; with the image rows and captions
+    this process encoded."""
+    from vsekit.models import create_model
+    from vsekit.storage.store import FeatureStore
+    from vsekit.train.config import TrainConfig
+    from vsekit.train.data import EvalSet, Tokens, open_features
+    from vsekit.train.trainer import validate
+
+    features, kwargs = VAL_MODELS[name]
+    store = FeatureStore.open(store_path)
+    tokens = Tokens.from_store(store)
+    source = open_features(store, features, store.split_rows("val"))
+    evalset = EvalSet.from_store(store, "val", source)
+    torch.manual_seed(0)
+    net = create_model(name, img_shape=source.row_shape, vocab_size=tokens.vocab_size, embed_dim=8, word_dim=5,
+                       **kwargs).double()
+    seen = {"images": 0, "captions": 0}
+    enc_i, enc_c = net.encode_images, net.encode_captions
+
+    def encode_images(feats, counts):
+        seen["images"] += len(feats)
+        return enc_i(feats.double(), counts)
+
+    def encode_captions(toks, lengths):
+        seen["captions"] += len(toks)
+        return enc_c(toks, lengths)
+
+    net.encode_images, net.encode_captions = encode_images, encode_captions
+    metrics = validate(net, source, tokens, evalset, TrainConfig(model=name, eval_batch=4), group)
+    return {"metrics": metrics, **seen, "n_images": len(evalset.rows), "n_captions": len(evalset.captions)}
+
+
+def validate_worker(rank: int, world: int, port: int, out_dir: str, store_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    from vsekit.train.distributed import setup
+
+    group = setup("cpu", timeout_s=60)
+    try:
+        results = {name: validate_case(store_path, name, group) for name in VAL_MODELS}
+        torch.save(results, os.path.join(out_dir, f"val{rank}.pt"))
+    finally:
+        group.close()
+
+
+def spawn_validate(world: int, out_dir: str, store_path: str) -> list[dict]:
+    import torch.multiprocessing as mp
+
+    from vsekit.train.distributed import free_port
+
+    mp.spawn(validate_worker, args=(world, free_port(), out_dir, store_path), nprocs=world, join=True)
+    return [torch.load(os.path.join(out_dir, f"val{r}.pt")) for r in range(world)]

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import warnings
 
+import numpy as np
 import torch
 
 # torch 2.14 marks torch.distributed.nn.functional deprecated in favour of the functional collectives,
@@ -191,7 +192,7 @@ class Group:
         ``sizes[r]`` rows on rank r), concatenated in rank order; floating tensors keep their
         gradient (``torch.distributed.nn``: the backward sums every rank's gradient of a part into
         the rank that holds it). Other dims are padded to the largest over the ranks."""
-        if not self.distributed:
+        if not self.distributed or value is None:
             return value
         if isinstance(value, (tuple, list)):
             return type(value)(self.gather(v, sizes, autograd=autograd) for v in value)
@@ -246,6 +247,17 @@ class Group:
 
         self.traffic["reduce"] += 2 * tensor.numel() * tensor.element_size()   # forward and backward
         return self._check("a reduction of batch statistics", all_reduce, tensor)
+
+    def reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
+        """The elementwise ``"sum"`` or ``"max"`` of a host array over the ranks (validation's counts)."""
+        if not self.distributed:
+            return array
+        import torch.distributed as dist
+
+        t = torch.from_numpy(np.ascontiguousarray(array)).to(self._device())
+        self._check("a reduction of the validation's ranks", dist.all_reduce, t,
+                    op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return t.cpu().numpy()
 
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's rows (dim 0, any count), concatenated in rank order; no gradient."""

@@ -38,12 +38,18 @@ def as_selection(idx: np.ndarray) -> slice | np.ndarray:
 
 def compute_ranks(scorer: Scorer, n_images: int, caption_image: np.ndarray, *,
                   images: np.ndarray | None = None, captions: np.ndarray | None = None,
-                  max_elements: int = 1 << 23, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                  max_elements: int = 1 << 23, progress: bool = False, share: Any = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """0-based image→text and text→image ranks, scoring blocks through ``scorer(img_sel, cap_sel)``.
 
     ``caption_image[c]`` is the index of caption c's image. ``images``/``captions`` restrict the
     problem to a subset (a fold): then ``caption_image`` is still indexed by global caption and its
     values are global image indices. Memory is O(max_elements + n_images + n_captions).
+
+    ``share`` (data-parallel ranks, :class:`vsekit.train.distributed.Group`): this process scores
+    only its contiguous part of the captions (``share.part``) against every image; each image's best
+    match is the maximum over the ranks and its count of higher-scoring captions the sum
+    (``share.reduce_array``), so every rank returns the ranks of one process, each score computed once.
     """
     caption_image = np.asarray(caption_image, dtype=np.int64)
     images = np.arange(n_images) if images is None else np.asarray(images, dtype=np.int64)
@@ -57,16 +63,21 @@ def compute_ranks(scorer: Scorer, n_images: int, caption_image: np.ndarray, *,
     if np.bincount(cap_img, minlength=n_img).min(initial=1) == 0:
         raise ValueError("every evaluated image needs at least one caption")
 
+    mine = slice(0, n_cap) if share is None else share.part(n_cap)   # the captions this process scores
+    c0, c1 = mine.start, mine.stop
+
     # 1. each caption's matching score, from small blocks of (its images x captions)
-    gt = np.empty(n_cap, dtype=np.float64)
+    gt = np.full(n_cap, -np.inf, dtype=np.float64)
     step = max(1, min(512, int(max_elements ** 0.5)))  # ~step/5 images per block: ~1% extra work
-    for p in range(0, n_cap, step):
-        q = min(p + step, n_cap)
+    for p in range(c0, c1, step):
+        q = min(p + step, c1)
         uniq, inv = np.unique(cap_img[p:q], return_inverse=True)
         s = _np(scorer(as_selection(images[uniq]), as_selection(captions[p:q])))
         gt[p:q] = s[inv, np.arange(q - p)]
     best = np.full(n_img, -np.inf)
-    np.maximum.at(best, cap_img, gt)
+    np.maximum.at(best, cap_img[c0:c1], gt[c0:c1])
+    if share is not None:
+        best = share.reduce_array(best, "max")
 
     # 2. count non-matching scores >= the match, block by block
     i2t = np.zeros(n_img, dtype=np.int64)
@@ -83,12 +94,14 @@ def compute_ranks(scorer: Scorer, n_images: int, caption_image: np.ndarray, *,
     for a in blocks:
         b = min(a + img_step, n_img)
         rows = torch.arange(a, b)
-        for p in range(0, n_cap, cap_step):
-            q = min(p + cap_step, n_cap)
+        for p in range(c0, c1, cap_step):
+            q = min(p + cap_step, c1)
             s = scorer(as_selection(images[a:b]), as_selection(captions[p:q])).detach().to("cpu", torch.float32)
             match = cap_img_t[p:q][None, :] == rows[:, None]
             i2t[a:b] += ((s >= best_t[a:b, None]) & ~match).sum(1).numpy()
             t2i[p:q] += ((s >= gt_t[None, p:q]) & ~match).sum(0).numpy()
+    if share is not None:   # another rank's captions count 0 here
+        i2t, t2i = share.reduce_array(i2t, "sum"), share.reduce_array(t2i, "sum")
     return i2t, t2i
 
 

@@ -77,8 +77,21 @@ def evaluating(*models: torch.nn.Module) -> Iterator[None]:
 
 @torch.no_grad()
 def encode_set(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evalset: EvalSet, *,
-               batch_size: int = 256, device: str = "cpu") -> tuple[Any, Any]:
-    """Image encodings of ``evalset.rows`` and caption encodings of ``evalset.captions``."""
+               batch_size: int = 256, device: str = "cpu", group: Any = None) -> tuple[Any, Any]:
+    """Image encodings of ``evalset.rows`` and caption encodings of ``evalset.captions``.
+
+    With data-parallel ranks (``group``), each rank reads and encodes its contiguous part of the
+    images and of the captions, and every rank receives all of them (gathered in rank order, so the
+    encodings are those of one process). A set smaller than the rank count is encoded whole by
+    every rank.
+    """
+    n_img, n_cap = len(evalset.rows), len(evalset.captions)
+    if group is not None and group.distributed and min(n_img, n_cap) >= group.world:
+        ip, cp = group.part(n_img), group.part(n_cap)
+        mine = EvalSet(evalset.rows[ip], evalset.captions[cp], evalset.caption_image[cp])
+        img, cap = encode_set(model, source, tokens, mine, batch_size=batch_size, device=device)
+        return (group.gather(img, group.sizes(n_img), autograd=False),
+                group.gather(cap, group.sizes(n_cap), autograd=False))
     with evaluating(model):
         imgs = []
         for feats, counts in image_batches(source, evalset.rows, batch_size):

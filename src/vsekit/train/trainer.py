@@ -38,7 +38,7 @@ from . import presets
 from ..models import _MODELS, RetrievalModel, create_model, model_names
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, parse_every, resolve_config
-from .distributed import Group
+from .distributed import SINGLE, Group
 from .step import autocast, step_seed, to_device, train_step  # noqa: F401 (re-exported)
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
@@ -124,13 +124,19 @@ def build_model(cfg: TrainConfig, img_shape, vocab_size: int) -> tuple[Retrieval
 
 # validation ---------------------------------------------------------------------------------------
 def validate(model: RetrievalModel, source: FeatureSource, tokens: Tokens, evalset: EvalSet,
-             cfg: TrainConfig) -> dict[str, float]:
+             cfg: TrainConfig, group: Group = SINGLE, device: str | None = None) -> dict[str, float]:
     """Metrics of ``model`` on ``evalset``: encoded and scored with the whole model in eval mode, as
-    ``vsekit evaluate`` scores a checkpoint; the model's modes, parameters and buffers are unchanged."""
+    ``vsekit evaluate`` scores a checkpoint; the model's modes, parameters and buffers are unchanged.
+
+    Data-parallel, each rank encodes its part of the images and captions and scores its part of the
+    captions against every image; the counts are summed over the ranks, so every rank gets the
+    metrics of one process with each encoding and each score computed once."""
+    share = group if group.distributed and len(evalset.captions) >= group.world else None
     with evaluating(model):
-        enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=cfg.device)
+        enc = encode_set(model, source, tokens, evalset, batch_size=cfg.eval_batch, device=device or cfg.device,
+                         group=group)
         scorer = EnsembleScorer([model], [enc])
-        ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image)
+        ranks = compute_ranks(scorer, len(evalset.rows), evalset.caption_image, share=share)
     return metrics_from_ranks(*ranks)
 
 
@@ -382,9 +388,9 @@ class Run:
 
     # -- validation and the epoch's end -----------------------------------------------------------
     def validate(self) -> dict[str, float]:
-        """Metrics of the current weights: every rank holds the same weights and computes the same
-        metrics (no collective: a slow validation never meets a collective timeout)."""
-        return validate(self.net, self.source, self.tokens, self.evalset, self.cfg)
+        """Metrics of the current weights, computed once over the ranks (each encodes and scores its
+        part), the same on every rank."""
+        return validate(self.net, self.source, self.tokens, self.evalset, self.cfg, self.group, str(self.device))
 
     def end_epoch(self, epoch: int, loss: float, lr: float, metrics: dict[str, float], t0: float,
                   curves) -> None:
