@@ -72,3 +72,119 @@ def test_a_rank_keeps_its_share_of_a_window(stream_parts):
     s = stream_parts(2, captions="all")
     assert list(s.epoch_part(1, 0, 4))
     assert whole_rows / 4 < s.part_rows_peak <= whole_rows
+
+
+# the window shared by the ranks of a node (PairStream.epoch_shared) -------------------------------
+class ThreadGroup:
+    """The collectives NodeShare uses, for ranks simulated by threads of one process."""
+
+    def __init__(self, rank: int, world: int, board: dict, local_world: int | None = None):
+        self.rank, self.world = rank, world
+        local_world = local_world or world
+        self.local_rank = rank % local_world
+        self.main = rank == 0
+        self.board = board
+        self.barriers = 0
+
+    def barrier(self, what: str = "") -> None:
+        self.barriers += 1
+        self.board["barrier"].wait(60)
+
+    def broadcast_object(self, obj):
+        if self.main:
+            self.board["obj"] = obj
+        self.board["barrier"].wait(60)
+        out = self.board["obj"]
+        self.board["barrier"].wait(60)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        self.board["flags"][self.rank] = bool(flag)
+        self.board["barrier"].wait(60)
+        out = any(self.board["flags"])
+        self.board["barrier"].wait(60)
+        return out
+
+
+def run_shared(stream_parts, world, shm_dir, *, window_chunks=1, skip=0, local_world=None, room=None):
+    import threading
+
+    from vsekit.train.distributed import NodeShare
+
+    board = {"barrier": threading.Barrier(world), "flags": [False] * world}
+    out, streams, nodes, errors = {}, {}, {}, []
+
+    def run(r):
+        try:
+            s = streams[r] = stream_parts(window_chunks)
+            node = nodes[r] = NodeShare(ThreadGroup(r, world, board, local_world), shm_dir)
+            if room is not None:
+                node._room = lambda nbytes, r=r: room(r)
+            out[r] = list(s.epoch_shared(2, r, world, node, skip=skip))
+        except BaseException as exc:   # noqa: BLE001 (reported below)
+            errors.append(exc)
+            board["barrier"].abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out, streams, nodes
+
+
+def _same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.part == y.part
+        for k in ("feats", "counts", "tokens", "lengths", "images"):
+            assert torch.equal(getattr(x, k), getattr(y, k)), k
+
+
+@pytest.mark.parametrize("window_chunks", [1, None], ids=["windows", "global"])
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("skip", [0, 4])
+def test_a_shared_window_gives_each_rank_its_parts_and_is_read_once_per_node(stream_parts, tmp_path,
+                                                                            window_chunks, world, skip):
+    out, streams, nodes = run_shared(stream_parts, world, tmp_path, window_chunks=window_chunks, skip=skip)
+    n_chunks = sum(len(p["window"]) for p in streams[0]._plans(2))
+    for r in range(world):
+        # exactly the rows epoch_part gives (whose parts make one process's batches, tested above)
+        _same_batches(out[r], list(stream_parts(window_chunks).epoch_part(2, r, world, skip=skip)))
+        assert nodes[r].fallback is None
+        # the leader read every chunk of the epoch once; the other ranks read nothing
+        assert getattr(streams[r], "shared_reads", 0) == (n_chunks if r == 0 else 0)
+        assert not hasattr(streams[r], "part_rows_peak")
+    assert list(tmp_path.iterdir()) == []      # the buffers' names are gone once every rank mapped them
+
+
+def test_each_node_has_its_leader(stream_parts, tmp_path):
+    """4 ranks on 2 nodes of 2: local ranks 0 (global 0 and 2) read; here both 'nodes' share one
+    folder, so each leader's buffers are separate files."""
+    out, streams, nodes = run_shared(stream_parts, 4, tmp_path, local_world=2)
+    n_chunks = sum(len(p["window"]) for p in streams[0]._plans(2))
+    assert [getattr(streams[r], "shared_reads", 0) for r in range(4)] == [n_chunks, 0, n_chunks, 0]
+    for r in range(4):
+        _same_batches(out[r], list(stream_parts(1).epoch_part(2, r, 4)))
+
+
+def test_without_room_on_any_node_every_rank_falls_back_to_its_own_rows(stream_parts, tmp_path):
+    out, streams, nodes = run_shared(stream_parts, 2, tmp_path,
+                                     room=lambda r: "no room" if r == 1 else None)
+    for r in range(2):
+        assert nodes[r].fallback in ("no room", "another node's shared-memory folder lacks room")
+        _same_batches(out[r], list(stream_parts(1).epoch_part(2, r, 2)))
+        assert streams[r].part_rows_peak > 0 and getattr(streams[r], "shared_reads", 0) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_room_check_names_the_folder_and_the_sizes(tmp_path):
+    from vsekit.train.distributed import NodeShare
+
+    node = NodeShare(ThreadGroup(0, 1, {}), tmp_path / "missing")
+    assert "not a writable folder" in node._room(1) and "missing" in node._room(1)
+    node = NodeShare(ThreadGroup(0, 1, {}), tmp_path)
+    why = node._room(1 << 60)
+    assert str(tmp_path) in why and "GiB free" in why
+    assert node._room(1) is None

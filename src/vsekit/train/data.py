@@ -460,6 +460,87 @@ class PairStream:
                 n_left = len(rest)
                 carry = {head - n_left + i: (f[i], None if c is None else c[i]) for i in range(n_left)}
 
+    def epoch_shared(self, epoch: int, rank: int, world: int, node: Any, skip: int = 0) -> Iterator[Batch]:
+        """:meth:`epoch_part`'s batches, with the window read once per node into shared memory.
+
+        ``node`` (:class:`vsekit.train.distributed.NodeShare`) says whether this rank is its node's
+        leader (local rank 0) and synchronises the ranks. The leader reads each window's chunks, one
+        window ahead, into one of two window buffers in a memory-backed folder (``/dev/shm``) that
+        every rank of the node maps; at each window's start the ranks meet (the window is read, and
+        every rank is done with the buffer the next window will be read into). So a node holds two
+        windows whatever its rank count (as one process does) and reads each chunk once. Each rank
+        copies out only its slices of the batches and the pairs carried to the next window. Where the
+        folder lacks room for the two buffers on any node, every rank falls back to
+        :meth:`epoch_part` (each keeps its own rows), agreed by all ranks.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        plans = self._plans(epoch)
+        head = self.batch_size
+        rows = head + max((sum(b - a for a, b in p["window"]) for p in plans), default=0)
+        shape = tuple(self.source.row_shape)
+        with_counts = self.source._count is not None
+        nbytes = 2 * rows * (4 * int(np.prod(shape)) + (8 if with_counts else 0))
+        bufs = node.open_buffers(nbytes, [((rows, *shape), np.float32)] * 2
+                                 + ([((rows,), np.int64)] * 2 if with_counts else []))
+        if bufs is None:
+            yield from self.epoch_part(epoch, rank, world, skip=skip)
+            return
+        feats = bufs[:2]
+        counts = bufs[2:] if with_counts else [None, None]
+        self.shared_reads = getattr(self, "shared_reads", 0)
+
+        def fill(wi: int, pool) -> list:
+            jobs, off = [], head
+            f, c = feats[wi % 2], counts[wi % 2]
+            for start, stop in plans[wi]["window"]:
+                n = stop - start
+                jobs.append(pool.submit(self.source.read_into, start, stop, f[off:off + n],
+                                        None if c is None else c[off:off + n]))
+                off += n
+                self.shared_reads += 1
+            return jobs
+
+        carry: dict[int, tuple] = {}
+        cut = 0
+        with ThreadPoolExecutor(max_workers=self.read_threads) as pool:
+            pending = fill(0, pool) if node.leader and plans else []
+            for wi, plan in enumerate(plans):
+                for job in pending:
+                    job.result()
+                node.sync(f"window {wi + 1} of epoch {epoch}")   # it is read; all are done with the other buffer
+                pending = fill(wi + 1, pool) if node.leader and wi + 1 < len(plans) else []
+                f_buf, c_buf = feats[wi % 2], counts[wi % 2]
+                img, cap, pos = plan["img"], plan["cap"], plan["pos"]
+
+                def take(positions):
+                    out_f = np.empty((len(positions), *shape), dtype=np.float32)
+                    out_c = None if c_buf is None else np.empty(len(positions), dtype=np.int64)
+                    old = positions < head
+                    new = ~old
+                    out_f[new] = f_buf[positions[new]]
+                    if out_c is not None:
+                        out_c[new] = c_buf[positions[new]]
+                    for i in np.flatnonzero(old):
+                        out_f[i] = carry[int(positions[i])][0]
+                        if out_c is not None:
+                            out_c[i] = carry[int(positions[i])][1]
+                    return out_f, out_c
+
+                for a, b in plan["cuts"]:
+                    cut += 1
+                    if cut <= skip:
+                        continue
+                    part = part_slice(b - a, rank, world)
+                    tokens, lengths = self.tokens.batch(cap[a:b])
+                    f, c = take(pos[a:b][part])
+                    yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
+                                tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
+                rest = pos[plan["n_full"]:]
+                f, c = take(rest)
+                n_left = len(rest)
+                carry = {head - n_left + i: (f[i], None if c is None else c[i]) for i in range(n_left)}
+
     def _plans(self, epoch: int) -> list[dict]:
         """Every window of the epoch as :meth:`epoch` forms it (chunks, pair table after the shuffle,
         where its batches are cut), from the same random numbers, before any data is read."""

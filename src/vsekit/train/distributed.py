@@ -359,6 +359,63 @@ class Group:
 SINGLE = Group()
 
 
+class NodeShare:
+    """The ranks of one node sharing the training window (:meth:`PairStream.epoch_shared`).
+
+    Local rank 0 (the leader) creates the window buffers as files in ``directory`` (``/dev/shm``:
+    memory, not disk), every local rank maps them, and the leader removes the names once all have
+    mapped them (the memory lives until the last rank unmaps it, so a killed run leaves nothing in the
+    folder). Every call is made by every rank at the same point of the stream (a collective)."""
+
+    MARGIN = 64 << 20   # room left in the folder beyond the two buffers
+
+    def __init__(self, group: Group, directory: str | os.PathLike = "/dev/shm"):
+        from pathlib import Path
+
+        self.group, self.directory = group, Path(directory)
+        self.leader = group.local_rank == 0
+        self.fallback: str | None = None   # why the last epoch fell back to per-rank reads
+
+    def sync(self, what: str) -> None:
+        self.group.barrier(f"the shared training {what}")
+
+    def _room(self, nbytes: int) -> str | None:
+        if not self.directory.is_dir() or not os.access(self.directory, os.W_OK):
+            return f"{self.directory} is not a writable folder"
+        st = os.statvfs(self.directory)
+        free = st.f_bavail * st.f_frsize
+        if free < nbytes + self.MARGIN:
+            return (f"{self.directory} has {free / 2**30:.2f} GiB free, the two window buffers need "
+                    f"{nbytes / 2**30:.2f} GiB")
+        return None
+
+    def open_buffers(self, nbytes: int, specs: Sequence[tuple[tuple[int, ...], Any]]) -> list[np.ndarray] | None:
+        """Arrays of ``specs`` ((shape, dtype) each) shared by the node's ranks, or None on every rank
+        when any node lacks room (then each rank reads its own rows)."""
+        import uuid
+
+        token = self.group.broadcast_object(uuid.uuid4().hex if self.group.main else None)
+        why = self._room(nbytes)
+        if self.group.any(why is not None):
+            self.fallback = why or "another node's shared-memory folder lacks room"
+            return None
+        self.fallback = None
+        paths = [self.directory / f"vsekit-window-{token}-{i}" for i in range(len(specs))]
+        arrays = None
+        try:
+            if self.leader:
+                arrays = [np.memmap(p, dtype=dt, mode="w+", shape=tuple(shape)) for p, (shape, dt) in zip(paths, specs)]
+            self.sync("buffers' creation")
+            if not self.leader:
+                arrays = [np.memmap(p, dtype=dt, mode="r", shape=tuple(shape)) for p, (shape, dt) in zip(paths, specs)]
+            self.sync("buffers' mapping")
+        finally:
+            if self.leader:
+                for p in paths:
+                    p.unlink(missing_ok=True)
+        return arrays
+
+
 class Heartbeat:
     """Each rank stamps the group's store every ``every`` s; a rank whose stamp is missing or old is dead.
 

@@ -38,7 +38,7 @@ from . import presets
 from ..models import _MODELS, RetrievalModel, create_model, model_names
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, parse_every, resolve_config
-from .distributed import SINGLE, Group
+from .distributed import SINGLE, Group, NodeShare
 from .step import autocast, step_seed, to_device, train_step  # noqa: F401 (re-exported)
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
@@ -287,6 +287,8 @@ class Run:
         self.every = parse_every(cfg.checkpoint_every) if cfg.checkpoint_every else None
         self.steps_done = 0
         self.last_save = time.monotonic()
+        self.node = NodeShare(group)
+        self.fallback_said = False
 
     @property
     def last(self) -> Path:
@@ -350,9 +352,14 @@ class Run:
                 if "cuda_rng" in pos and self.device.type == "cuda":
                     torch.cuda.set_rng_state(pos["cuda_rng"].cpu(), self.device)
             self.position = None
-        # data-parallel: each rank reads the window's chunks but keeps only its rows (docs/train.md)
-        batches = (self.stream.epoch_part(epoch, group.rank, group.world, skip=skip) if group.distributed
-                   else self.stream.epoch(epoch, skip=skip))
+        # data-parallel: the ranks of a node share the window (read once per node into shared memory),
+        # each copying out its rows; one rank per node keeps only its rows (docs/train.md, "Data per rank")
+        if group.distributed and group.local_world > 1:
+            batches = self.stream.epoch_shared(epoch, group.rank, group.world, self.node, skip=skip)
+        elif group.distributed:
+            batches = self.stream.epoch_part(epoch, group.rank, group.world, skip=skip)
+        else:
+            batches = self.stream.epoch(epoch, skip=skip)
         bar = None
         if self.progress and group.main:
             from tqdm.auto import tqdm
@@ -384,6 +391,10 @@ class Run:
                 bar.set_postfix(loss=f"{meter.mean():.4f}", refresh=False)
         if bar is not None:
             bar.close()
+        if self.node.fallback and not self.fallback_said:
+            self.fallback_said = True
+            self.log(f"warning: the training window is not shared by the ranks of a node ({self.node.fallback}): "
+                     f"each rank reads the window's chunks and keeps its own rows (docs/train.md, \"Data per rank\")")
         return meter.mean(), lr
 
     # -- validation and the epoch's end -----------------------------------------------------------
