@@ -81,11 +81,18 @@ def run_case(name: str, group) -> dict:
         out[f"grads{step}"] = {k: (None if p.grad is None else p.grad.detach().clone())
                                for k, p in net.named_parameters()}
         out[f"state{step}"] = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    reducer = group.grad_reducer(net)
+    out["buckets"] = 0 if reducer is None else len(reducer.buckets)   # gradients summed during backward
     return out
 
 
-def worker(rank: int, world: int, port: int, out_dir: str, names: list[str]) -> None:
-    """One rank of a spawned gloo group: every case of ``names``, saved to ``out_dir/rank<r>.pt``."""
+def worker(rank: int, world: int, port: int, out_dir: str, names: list[str], bucket_mb: float | None = None) -> None:
+    """One rank of a spawned gloo group: every case of ``names``, saved to ``out_dir/rank<r>.pt``;
+    ``bucket_mb``: the gradient buckets' size (tiny: a bucket per parameter)."""
+    if bucket_mb is not None:
+        from vsekit.train.distributed import GradReducer
+
+        GradReducer.BUCKET_MB = bucket_mb
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -99,12 +106,12 @@ def worker(rank: int, world: int, port: int, out_dir: str, names: list[str]) -> 
         group.close()
 
 
-def spawn(world: int, out_dir: str, names: list[str]) -> list[dict]:
+def spawn(world: int, out_dir: str, names: list[str], bucket_mb: float | None = None) -> list[dict]:
     import torch.multiprocessing as mp
 
     from vsekit.train.distributed import free_port
 
-    mp.spawn(worker, args=(world, free_port(), out_dir, names), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, free_port(), out_dir, names, bucket_mb), nprocs=world, join=True)
     return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
 
 

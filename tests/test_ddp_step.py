@@ -51,6 +51,21 @@ STATE_ATOL = 1e-9
 
 def test_every_family_matches_one_process(reference, ranks):
     world, results = ranks
+    _match(reference, world, results)
+    assert all(res[name]["buckets"] == 1 for res in results for name in NAMES)   # small models: one bucket
+
+
+def test_gradients_reduced_bucket_by_bucket_during_backward_match_one_process(reference, tmp_path):
+    """A bucket per parameter: each is all-reduced as soon as backward has produced it, in one
+    order on every rank (the parameters' order, last first), whatever order the hooks fire in."""
+    results = H.spawn(2, str(tmp_path), NAMES, bucket_mb=1e-9)
+    _match(reference, 2, results)
+    for name in NAMES:
+        n_params = sum(1 for g in reference[name]["grads0"].values())
+        assert all(res[name]["buckets"] == n_params > 1 for res in results), name
+
+
+def _match(reference, world, results):
     for name in NAMES:
         ref = reference[name]
         for rank, res in enumerate(results):

@@ -312,6 +312,19 @@ class Group:
             off += n
         return [float(v) for v in bucket[grads_len + len(params):]]
 
+    def grad_reducer(self, net: torch.nn.Module) -> "GradReducer | None":
+        """The overlapped gradient reduction of ``net`` (built once per model), or None in one process
+        or where its parameters differ in dtype or device (then :meth:`reduce_grads` sums them)."""
+        if not self.distributed:
+            return None
+        import weakref
+
+        cache = self.__dict__.setdefault("_reducers", weakref.WeakKeyDictionary())
+        if net not in cache:
+            params = list(net.parameters())
+            cache[net] = GradReducer(self, params) if GradReducer.usable(params) else None
+        return cache[net]
+
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any (outside a step: after validation)."""
         if not self.distributed:
@@ -357,6 +370,122 @@ class Group:
 
 
 SINGLE = Group()
+
+
+class GradReducer:
+    """Sums a model's gradients over the ranks while the backward pass runs.
+
+    The trainable parameters are laid out, last first (about the order in which backward produces
+    their gradients), in flat buckets of about ``bucket_mb`` MB. A parameter's gradient is copied into
+    its bucket as soon as it is accumulated (a post-accumulate-grad hook); a bucket whose gradients
+    are all there is all-reduced asynchronously, in bucket order on every rank (the collectives of all
+    ranks must come in one order), while backward goes on with the earlier layers. :meth:`finish`
+    launches the buckets left (zeros for a parameter this rank produced no gradient for), waits, and
+    reduces which parameters had a gradient on any rank, with the step's flags, in one small
+    all-reduce: a parameter without a gradient on every rank keeps none (as in one process), the others
+    get the sum, as views of the buckets. The sums are those of :meth:`Group.reduce_grads`.
+    """
+
+    BUCKET_MB = 25.0
+
+    def __init__(self, group: Group, params: Sequence[torch.nn.Parameter], bucket_mb: float | None = None):
+        bucket_mb = self.BUCKET_MB if bucket_mb is None else bucket_mb
+        self.group = group
+        self.params = [p for p in params if p.requires_grad]
+        self.dtype = self.params[0].dtype if self.params else torch.float32
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        limit = int(bucket_mb * 2**20)
+        self.buckets: list[list[int]] = []
+        cur: list[int] = []
+        size = 0
+        for i in reversed(range(len(self.params))):
+            cur.append(i)
+            size += self.params[i].numel() * self.params[i].element_size()
+            if size >= limit:
+                self.buckets.append(cur)
+                cur, size = [], 0
+        if cur:
+            self.buckets.append(cur)
+        self.where: dict[int, tuple[int, int]] = {}   # param -> (bucket, offset)
+        self.flat = []
+        for b, members in enumerate(self.buckets):
+            off = 0
+            for i in members:
+                self.where[i] = (b, off)
+                off += self.params[i].numel()
+            self.flat.append(torch.zeros(off, dtype=self.dtype, device=self.device))
+        self.armed = False
+        self.handles = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)]
+
+    @staticmethod
+    def usable(params: Sequence[torch.nn.Parameter]) -> bool:
+        """One dtype and one device: what the flat buckets need (else :meth:`Group.reduce_grads`)."""
+        ps = [p for p in params if p.requires_grad]
+        return bool(ps) and len({(p.dtype, p.device) for p in ps}) == 1 and hasattr(ps[0], "register_post_accumulate_grad_hook")
+
+    def start(self) -> None:
+        """Before backward: no gradient is in yet."""
+        self.have = [False] * len(self.params)
+        self.missing = [len(m) for m in self.buckets]
+        self.launched = 0
+        self.works: list[Any] = []
+        self.armed = True
+
+    def _hook(self, i: int):
+        def hook(p: torch.nn.Parameter) -> None:
+            if not self.armed or p.grad is None or self.have[i]:
+                return
+            b, off = self.where[i]
+            self.flat[b][off:off + p.numel()].copy_(p.grad.reshape(-1))
+            self.have[i] = True
+            self.missing[b] -= 1
+            self._launch(complete_only=True)
+        return hook
+
+    def _launch(self, complete_only: bool) -> None:
+        import torch.distributed as dist
+
+        while self.launched < len(self.buckets) and (not complete_only or self.missing[self.launched] == 0):
+            b = self.launched
+            if self.missing[b]:
+                for i in self.buckets[b]:
+                    if not self.have[i]:
+                        off = self.where[i][1]
+                        self.flat[b][off:off + self.params[i].numel()].zero_()
+            self.group.traffic["reduce"] += self.flat[b].numel() * self.flat[b].element_size()
+            self.works.append(self.group._check("the gradient reduction", dist.all_reduce, self.flat[b], async_op=True))
+            self.launched += 1
+
+    def finish(self, flags: Sequence[float] = ()) -> list[float]:
+        """After backward: every gradient summed over the ranks; returns ``flags`` summed too."""
+        import torch.distributed as dist
+
+        try:
+            self._launch(complete_only=False)
+            for w in self.works:
+                self.group._check("the gradient reduction", w.wait)
+        finally:
+            self.armed = False
+        small = torch.tensor([1.0 if h else 0.0 for h in self.have] + [float(f) for f in flags],
+                             dtype=torch.float64, device=self.group._device())
+        self.group.traffic["reduce"] += small.numel() * small.element_size()
+        self.group._check("the gradient reduction", dist.all_reduce, small)
+        small = small.tolist()   # one host read
+        for i, p in enumerate(self.params):
+            if small[i] > 0:
+                b, off = self.where[i]
+                p.grad = self.flat[b][off:off + p.numel()].view_as(p)
+            else:
+                p.grad = None
+        return [float(v) for v in small[len(self.params):]]
+
+    def abort(self) -> None:
+        """A step that failed: later backward passes are not reduced through this."""
+        self.armed = False
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 class NodeShare:

@@ -85,17 +85,25 @@ def train_step(net: RetrievalModel, batch, loss_fn: HingeLoss, optim: torch.opti
     Gradients are summed over the ranks (each back-propagates the global loss / ranks), so every
     rank clips by the global norm and steps its optimizer exactly as one process does.
     """
+    reducer = group.grad_reducer(net)   # data-parallel: the gradients are summed during backward
     try:
         loss = step_loss(net, batch, loss_fn, cfg, device, group)
         optim.zero_grad(set_to_none=True)
+        if reducer is not None:
+            reducer.start()
         (loss / group.world if group.world > 1 else loss).backward()
     except RankFailure:   # already worded by the collective that failed
+        if reducer is not None:
+            reducer.abort()
         raise
     except RuntimeError as exc:
+        if reducer is not None:
+            reducer.abort()
         if group.distributed and _collective_error(exc):
             raise RankFailure(group.failure_message("a training step", exc)) from None
         raise
-    flags = group.reduce_grads(list(net.parameters()), flags)
+    flags = (reducer.finish(flags) if reducer is not None
+             else group.reduce_grads(list(net.parameters()), flags))
     if cfg.grad_clip and cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
     optim.step()
