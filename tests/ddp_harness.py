@@ -69,14 +69,21 @@ def run_case(name: str, group) -> dict:
     from vsekit.train.config import TrainConfig
     from vsekit.train.trainer import train_step
 
+    bf16 = name.startswith("bf16:")   # float32 weights, the forward under bf16 autocast
+    name = name[len("bf16:"):] if bf16 else name
     net, shape, layout = build(name)
+    if bf16:
+        net = net.float()
     net.train()
-    cfg = TrainConfig(model=CASES[name][0], grad_clip=2.0)
+    cfg = TrainConfig(model=CASES[name][0], grad_clip=2.0, precision="bf16" if bf16 else "fp32")
     optim = torch.optim.Adam(net.parameters(), lr=1e-2)
     out: dict = {}
     for step in range(2):
         loss_fn = HingeLoss(0.2, max_violation=CASES[name][3 + step])
-        loss, _ = train_step(net, batch(step, shape, layout), loss_fn, optim, cfg, torch.device("cpu"), group)
+        b = batch(step, shape, layout)
+        if bf16:
+            b.feats = b.feats.float()
+        loss, _ = train_step(net, b, loss_fn, optim, cfg, torch.device("cpu"), group)
         out[f"loss{step}"] = loss.detach().clone()
         out[f"grads{step}"] = {k: (None if p.grad is None else p.grad.detach().clone())
                                for k, p in net.named_parameters()}
