@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import json
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -287,7 +288,8 @@ class Run:
         self.every = parse_every(cfg.checkpoint_every) if cfg.checkpoint_every else None
         self.steps_done = 0
         self.last_save = time.monotonic()
-        self.node = NodeShare(group)
+        # the node's shared window buffers: /dev/shm, or another memory-backed folder (docs/train.md)
+        self.node = NodeShare(group, os.environ.get("VSEKIT_SHARED_WINDOW_DIR") or "/dev/shm")
         self.fallback_said = False
 
     @property
