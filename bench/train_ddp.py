@@ -11,7 +11,9 @@ clip, Adam) runs
 
 each set in fresh processes (``torch.multiprocessing.spawn``), one after the other. Reported per
 model: s/step (median of ``--steps`` after ``--warmup``; for the ranks, the slowest rank's), the
-speed-up and scaling efficiency (speed-up / ranks), the bytes each rank puts into collectives per step
+speed-up and scaling efficiency (speed-up / ranks), one process at a rank's share of the batch
+(a rank's own work, alone on the machine, with no communication: the efficiency's bound, as the
+work of a batch of B / R is not always 1 / R of a batch of B's), the bytes each rank puts into collectives per step
 (encodings gathered forward and their gradients backward, batch-norm sums, the gradient bucket) and
 the bytes on the wire per rank of ring algorithms, and the peak RSS of each rank.
 
@@ -187,17 +189,22 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             one = run_cpu(name, 1, args.batch, args.steps, args.warmup, args.threads, tmp)[0]
             many = run_cpu(name, args.ranks, args.batch, args.steps, args.warmup, args.threads, tmp)
+            # a rank's own work, with no communication: one process at the batch share of a rank
+            share = run_cpu(name, 1, args.batch // args.ranks, args.steps, args.warmup, args.threads, tmp)[0]
         t_many = max(r["s_per_step"] for r in many)
         speedup = one["s_per_step"] / t_many
         traffic = many[0]["traffic_bytes"]
-        rec = {"one": one, "ranks": many, "s_per_step_1": one["s_per_step"], "s_per_step_n": t_many,
+        bound = one["s_per_step"] / (args.ranks * share["s_per_step"])
+        rec = {"one": one, "ranks": many, "share": share, "s_per_step_1": one["s_per_step"], "s_per_step_n": t_many,
+               "s_per_step_share": share["s_per_step"], "efficiency_bound": bound,
                "speedup": speedup, "efficiency": speedup / args.ranks, "traffic_bytes_per_rank": traffic,
                "wire_bytes_per_rank": wire_bytes(traffic, args.ranks),
                "peak_rss_mb_1": one["peak_rss_mb"], "peak_rss_mb_ranks": [r["peak_rss_mb"] for r in many]}
         results["models"][name] = rec
         _write(args.out, results)
         print(f"{name}: 1 rank {one['s_per_step']:.2f} s/step, {args.ranks} ranks {t_many:.2f} s/step: speed-up "
-              f"{speedup:.2f}, efficiency {speedup / args.ranks:.2f}; per rank per step {traffic} "
+              f"{speedup:.2f}, efficiency {speedup / args.ranks:.2f} (1 process at batch {args.batch // args.ranks}: "
+              f"{share['s_per_step']:.2f} s/step: at most {bound:.2f} without communication); per rank per step {traffic} "
               f"(wire {rec['wire_bytes_per_rank'] / 2**20:.1f} MiB); peak RSS {one['peak_rss_mb']:.0f} MB vs "
               f"{[round(r['peak_rss_mb']) for r in many]} MB", flush=True)
     results["load_after"] = os.getloadavg()
