@@ -9,16 +9,20 @@ crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
 Decoders (``DECODERS``; the decoding workers call :func:`decode_crops`, which returns the crops NHWC
 so that no transpose is paid on the host):
 
-- ``"pil"`` (the default): today's pixels, bit for bit. A baseline JPEG in RGB or L mode is decoded
+- ``"pil"`` (sets made before issue 37, whose settings record no decoder): PIL's pixels, bit for
+  bit. A baseline JPEG in RGB or L mode is decoded
   by libjpeg-turbo through ``torchvision.io.decode_jpeg`` (the same library PIL uses, the same
   integer IDCT and upsampling: identical pixels, ~30% less CPU); any other file, and any JPEG that
   ``decode_jpeg`` refuses, is decoded by PIL as before, so every error message is PIL's. The
   resize is PIL's (``T.Resize`` on a PIL image).
-- ``"turbo"``: the same decode, then torch's uint8 antialiased resize (what ``transforms.v2``
+- ``"turbo"`` (the default of a new set, :data:`DEFAULT_DECODER`): the same decode, then torch's
+  uint8 antialiased resize (what ``transforms.v2``
   does on uint8 tensors; 3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels,
   ``tests/test_extract_decode.py``), and ``Image.draft`` (libjpeg's DCT scaling by 1/2, 1/4, 1/8)
   for a JPEG at least twice the resize in both sides. It changes pixels, so it is part of a
-  feature set's settings (:func:`decoder_attrs`).
+  feature set's settings (:func:`decoder_attrs`). Without torchvision's ``decode_jpeg`` (no
+  torchvision, or its compiled ops do not load) both decoders decode with PIL: the same pixels,
+  more CPU; the set's ``decoding`` attrs say so.
 """
 
 from __future__ import annotations
@@ -239,7 +243,11 @@ def make_crops(img: Image.Image, resize_to: int, crop: int, n_crops: int, resize
 
 # --- decoders --------------------------------------------------------------------------------------------
 DECODERS = ("pil", "turbo")
-DEFAULT_DECODER = "pil"
+#: the decoder of a new feature set made without ``--decoder`` (issue 37: the cheaper worker)
+DEFAULT_DECODER = "turbo"
+#: the decoder of a set whose settings name none: every set made before ``turbo`` became the default
+#: (``hash_settings("pil")`` is empty, so such sets keep their settings hash), and every regions set
+UNRECORDED_DECODER = "pil"
 #: torch's antialiased uint8 resize covers these; the others stay PIL's under every decoder
 TORCH_RESIZE = {"bilinear": "bilinear", "bicubic": "bicubic"}
 
@@ -250,7 +258,7 @@ def check_decoder(name: str) -> str:
     return name
 
 
-def decoder_attrs(name: str = DEFAULT_DECODER) -> dict:
+def decoder_attrs(name: str) -> dict:
     """Provenance of a decoder choice, for a feature set's attrs.
 
     ``{"decoder": name}`` is what changes pixels and belongs in the settings hash; put it there only
@@ -261,17 +269,18 @@ def decoder_attrs(name: str = DEFAULT_DECODER) -> dict:
     check_decoder(name)
     import PIL
 
+    tv = _torchvision_io()
     attrs = {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
              "decode": "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; "
-                       "other files: PIL",
+                       "other files: PIL" if tv is not None else
+                       "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
              "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
-                       "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)"}
-    tv = _torchvision_io()
-    attrs["torchvision"] = getattr(tv, "__version__", None) if tv is not None else None
+                       "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
+             "torchvision": getattr(tv, "__version__", None) if tv is not None else None}
     return attrs
 
 
-def hash_settings(name: str = DEFAULT_DECODER) -> dict:
+def hash_settings(name: str) -> dict:
     """The part of the settings hash that a decoder contributes: nothing for ``"pil"`` (old sets keep
     their hash), ``{"decoder": name}`` otherwise."""
     return {} if check_decoder(name) == "pil" else {"decoder": name}
@@ -391,7 +400,7 @@ def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:
 
 
 def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER,
+                interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                 max_resized: int | None = None) -> np.ndarray:
     """uint8 (n_crops, crop, crop, 3) of a decoded RGB image (PIL image or HWC uint8 array)."""
     if n_crops not in CROP_CHOICES:
@@ -402,7 +411,7 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
 
 
 def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                 interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER,
+                 interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                  max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
     """The decoding worker's whole job for one image file: decode → resize → crops.
 
