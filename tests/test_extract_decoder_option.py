@@ -192,3 +192,46 @@ def test_decoder_other_than_pil_is_refused_for_regions(demo_store, demo_dir):
     with pytest.raises(ValueError, match="--decoder turbo applies to --kind global, fne and grid"):
         extract(demo_store, "test_resnet", "regions", boxes=str(demo_dir / "boxes.json"), decoder="turbo",
                 weights="none", progress=False)
+
+
+def test_vsekit_run_keeps_a_pil_sets_decoder_and_makes_new_sets_turbo(demo_store, tmp_path):
+    """A pipeline's extract stage (no decoder in the recipe) over a set made with pil: the stage
+    (run, or rerun after a changed option) keeps pil's pixels; a new set of the same recipe is turbo."""
+    import textwrap
+
+    extract(demo_store, "test_resnet", "global", name="old", decoder="pil", **KW)
+    want = np.asarray(FeatureStore.open(demo_store.path).features("old").data[:])
+
+    def recipe(name, batch):
+        path = tmp_path / "pipelines.yaml"
+        path.write_text(textwrap.dedent(f"""
+            pipelines:
+              t:
+                stages:
+                  - stage: extract
+                    store: {demo_store.path}
+                    model: test_resnet
+                    weights: none
+                    input_size: 32
+                    resize: 40
+                    crops: 10
+                    batch_size: {batch}
+                    block_rows: 8
+                    name: {name}
+                    workers: 0
+                    no_progress: true
+        """))
+        r = CliRunner().invoke(main, ["run", "t", "--file", str(path)])
+        assert r.exit_code == 0, r.output
+        return FeatureStore.open(demo_store.path).features(name), r.output
+
+    for batch in (4, 8):   # the second run: another fingerprint, so the stage runs again (--overwrite)
+        fs, out = recipe("old", batch)
+        assert ("ran 3 blocks" in out and "made again with its own decoder pil" in out) == (batch == 8), out
+        assert "decoder" not in fs.attrs and fs.attrs["decoding"]["decoder"] == "pil"
+        np.testing.assert_allclose(np.asarray(fs.data[:], np.float64), want.astype(np.float64), rtol=1e-5, atol=1e-6)
+    fs, _ = recipe("new", 4)
+    assert fs.attrs["decoder"] == "turbo"
+    plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=40, crops=10)
+    np.testing.assert_array_equal(np.asarray(fs.data[:]), features_of(demo_store, plan,
+                                                                      lambda p: torchvision_crops(p, 40, 32)))
