@@ -230,7 +230,7 @@ def _plan_of(o: ExtractOptions) -> Plan:
     detector, detector_weights = o.detector, o.detector_weights
     _choice("--kind", kind, KINDS)
     _choice("--precision", precision, PRECISIONS)
-    if decoder is None:   # a new set's default; run_job gives an existing set its own first (set_decoder)
+    if decoder is None:   # a new set's default; run_job gives an existing set its own first (runner.own_decoder)
         decoder = UNRECORDED_DECODER if kind == "regions" else DEFAULT_DECODER
     check_decoder(decoder)
     if kind == "regions" and decoder != UNRECORDED_DECODER:
