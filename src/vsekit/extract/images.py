@@ -27,6 +27,7 @@ so that no transpose is paid on the host):
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
@@ -75,19 +76,22 @@ def load_image(path: str | Path, max_decoded: int | None = None) -> Image.Image:
 
 
 def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode: str, fast_jpeg: bool,
-            max_decoded: int | None = None):
+            max_decoded: int | None = None, data: bytes | None = None):
     """(RGB image, its EXIF-rotated full size): a PIL image, or an HWC uint8 array where
     libjpeg-turbo decoded it (``fast_jpeg``). ``decoder="turbo"`` with ``resize_to`` decodes a JPEG
     at least twice the resize with DCT scaling (``Image.draft``); then the image is smaller than the
-    size returned with it."""
-    if not path.exists():
-        raise ImageError(f"missing file {path}")
-    if path.stat().st_size == 0:
-        raise ImageError(f"empty (zero-byte) file {path}")
+    size returned with it. ``data``: the file's bytes, read already (an image inside a shard)."""
+    if data is None:
+        if not path.exists():
+            raise ImageError(f"missing file {path}")
+        if path.stat().st_size == 0:
+            raise ImageError(f"empty (zero-byte) file {path}")
+    elif not data:
+        raise ImageError(f"empty (zero-byte) image {path}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with Image.open(path if data is None else io.BytesIO(data)) as img:
                 budget = pixel_budgets(max_decoded)[0]
                 cost = decoded_cost(img.size, img.mode)
                 if cost > budget:  # from the header, before any pixel is decoded
@@ -107,7 +111,7 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
                     if draft is not None:
                         drafted = img.draft(img.mode, draft) is not None
                     else:
-                        a = _turbo_jpeg(path, img.mode)
+                        a = _turbo_jpeg(path if data is None else data, img.mode)
                         if a is not None:
                             fix = _ORIENT.get(orientation)
                             return (fix(a) if fix else a), full
@@ -315,19 +319,22 @@ _ORIENT = {
 }
 
 
-def _turbo_jpeg(path: Path, mode: str) -> np.ndarray | None:
-    """An RGB/L JPEG decoded by torchvision's libjpeg-turbo as HWC uint8, or None (PIL then decodes
-    it and says what is wrong: decode_jpeg refuses truncated files that PIL reads, never the reverse)."""
+def _turbo_jpeg(src: "Path | bytes", mode: str) -> np.ndarray | None:
+    """An RGB/L JPEG (a file, or its bytes) decoded by torchvision's libjpeg-turbo as HWC uint8, or
+    None (PIL then decodes it and says what is wrong: decode_jpeg refuses truncated files that PIL
+    reads, never the reverse)."""
     tv = _torchvision_io()
     if tv is None:
         return None
+    import torch
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")   # a corrupt-data warning: PIL decodes it (or says why not)
             warnings.simplefilter("ignore", DeprecationWarning)   # torchvision 0.29: "use torchcodec"
-            out = decode_jpeg(read_file(str(path)), mode=ImageReadMode.UNCHANGED)
+            raw = read_file(str(src)) if isinstance(src, Path) else torch.frombuffer(bytearray(src), dtype=torch.uint8)
+            out = decode_jpeg(raw, mode=ImageReadMode.UNCHANGED)
     except Exception:
         return None
     a = out.permute(1, 2, 0).numpy()   # decode_jpeg's CHW is a view of HWC memory: no copy
@@ -422,4 +429,23 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
+    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
+
+
+def decode_ref_crops(ref: str, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
+                     interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
+                     max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
+    """:func:`decode_crops` of an image inside a shard (``shard.tar::key.jpg``, a parquet row;
+    :mod:`vsekit.storage.sources.shards`): the same decode as a file's (libjpeg-turbo, and DCT scaling
+    under ``turbo``), so a set's pixels do not depend on whether its images were unpacked. An image
+    that does not decode is decoded again by :func:`load_ref_image`, whose messages name the shard."""
+    from ..storage.sources import shards
+
+    if n_crops not in CROP_CHOICES:
+        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
+    data = shards.read_bytes(ref)
+    try:
+        img, full = _decode(Path(ref), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
+    except ImageError:
+        img, full = load_ref_image(ref, max_decoded), None   # raises with the shard's wording
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
