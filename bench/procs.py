@@ -15,8 +15,10 @@ Legs:
   ``ten_crop(224)`` (or ``center_crop``) stacked; the driving loop normalises, runs the same
   near-free model and takes the crop mean to numpy. Inside that loop it also times (``thread_time``)
   normalise + forward of the same tensors, in NCHW and in channels-last (tensors and model; the
-  uint8 conversion to channels-last is outside the timing, as vsekit's decoders deliver NHWC): the
-  "model" that the driving-process figure of vsekit is measured beyond.
+  uint8 conversion to channels-last is outside the timing, as vsekit's decoders deliver NHWC), and
+  channels-last exactly as vsekit normalises (a float32 buffer kept between batches, ``sub_`` /
+  ``div_`` in place on the NHWC rows): the "model" that the driving-process figure of vsekit is
+  measured beyond.
 - ``vsekit``: ``vsekit.extract.extract`` with ``--workers 1``, batch 32, the same model registered as
   the backbone ``bench_free``, a ``--decoder`` and ``--channels-last`` or not.
 
@@ -158,8 +160,10 @@ def leg_plain(folder: str, n: int, crops: int) -> dict:
     cl.load_state_dict(nchw.state_dict())
     mean = torch.tensor(MEAN).view(1, 3, 1, 1) * 255
     std = torch.tensor(STD).view(1, 3, 1, 1) * 255
-    model_s = {"nchw": 0.0, "channels_last": 0.0, "channels_last_inplace": 0.0, "probe": 0.0}
+    model_s = {"nchw": 0.0, "channels_last": 0.0, "channels_last_inplace": 0.0, "channels_last_vsekit": 0.0,
+               "probe": 0.0}
     rows_mean, rows_std = mean.reshape(3).repeat(224), std.reshape(3).repeat(224)
+    kept = None   # the vsekit probe's float32 input buffer, kept between batches as Extractor._normalise does
     for x in DataLoader(PlainDataset(paths, crops), batch_size=BATCH, num_workers=1):
         b = x.shape[0]
         flat = x.reshape(-1, *x.shape[2:])
@@ -181,6 +185,15 @@ def leg_plain(folder: str, n: int, crops: int) -> dict:
             z.permute(0, 2, 3, 1).reshape(-1, 224 * 3).sub_(rows_mean).div_(rows_std)
             y = cl(z).reshape(b, crops, -1).mean(1)
         model_s["channels_last_inplace"] += time.thread_time() - t
+        t = time.thread_time()   # exactly vsekit's normalise + forward: the kept buffer, in place, channels-last
+        with torch.inference_mode():
+            if kept is None or kept.shape != nhwc.shape:
+                kept = torch.empty_like(nhwc, dtype=torch.float32)   # channels-last, as nhwc
+            z = kept.copy_(nhwc)
+            z.permute(0, 2, 3, 1).reshape(-1, 224 * 3).sub_(rows_mean).div_(rows_std)
+            y = cl(z.contiguous(memory_format=torch.channels_last)).reshape(b, crops, -1).mean(1)
+        y.numpy().copy()
+        model_s["channels_last_vsekit"] += time.thread_time() - t
         model_s["probe"] += time.thread_time() - t0   # the channels-last probes, conversion included
     return {"images": len(paths), "model_s": model_s}
 
@@ -226,7 +239,7 @@ def steady(spec: dict, stores: dict[int, Path], folder: Path) -> dict:
     out = {"driving_ms": 1e3 * (got[LARGE]["self_s"] - got[SMALL]["self_s"]) / d,
            "worker_ms": 1e3 * (got[LARGE]["children_s"] - got[SMALL]["children_s"]) / d}
     if spec["leg"] == "plain":
-        for k in ("nchw", "channels_last", "channels_last_inplace", "probe"):
+        for k in ("nchw", "channels_last", "channels_last_inplace", "channels_last_vsekit", "probe"):
             out[f"model_{k}_ms"] = 1e3 * (got[LARGE]["model_s"][k] - got[SMALL]["model_s"][k]) / d
         # the plain driving process beyond its NCHW model (less the channels-last probe it also ran)
         out["driving_beyond_ms"] = out["driving_ms"] - out["model_nchw_ms"] - out.pop("model_probe_ms")

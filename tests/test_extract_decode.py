@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vsekit.extract.images import (DECODERS, DEFAULT_DECODER, ImageError, decode_crops, decoder_attrs,
-                                   hash_settings, image_crops, load_image, make_crops)
+from vsekit.extract.images import (DECODERS, DEFAULT_DECODER, UNRECORDED_DECODER, ImageError, decode_crops,
+                                   decoder_attrs, hash_settings, image_crops, load_image, make_crops)
 
 pytest.importorskip("torchvision")
 
@@ -60,7 +60,7 @@ def files(tmp_path_factory):
     return out
 
 
-def decode_rgb(path, decoder=DEFAULT_DECODER):
+def decode_rgb(path, decoder="pil"):
     """The full-size decode every ``decode_crops`` starts with (libjpeg-turbo where it can), as the
     extraction runs it: ``images._decode`` with the fast JPEG path and no resize target."""
     from pathlib import Path
@@ -223,10 +223,82 @@ def test_a_jpeg_libjpeg_turbo_refuses_is_decoded_by_pil(tmp_path, monkeypatch):
 
 
 def test_decoder_settings_and_provenance():
-    assert DEFAULT_DECODER == "pil" and set(DECODERS) == {"pil", "turbo"}
+    assert DEFAULT_DECODER == "turbo" and UNRECORDED_DECODER == "pil" and set(DECODERS) == {"pil", "turbo"}
     assert hash_settings("pil") == {} and hash_settings("turbo") == {"decoder": "turbo"}
     a = decoder_attrs("turbo")
     assert a["decoder"] == "turbo" and a["draft"] is True and "torch" in a["resize"]
     assert decoder_attrs("pil")["draft"] is False and "PIL" in decoder_attrs("pil")["resize"]
     with pytest.raises(ValueError, match="--decoder"):
         decoder_attrs("x")
+
+
+def test_without_torchvisions_decode_jpeg_turbo_decodes_with_pil_to_the_same_pixels(files, monkeypatch):
+    """No torchvision.io (not installed, or its ops do not load): every JPEG is decoded by PIL, whose
+    pixels libjpeg-turbo's equal, so turbo's crops are the same; the set's provenance says PIL."""
+    from vsekit.extract import images
+
+    want = {n: decode_crops(p, 72, 64, 10, decoder="turbo") for n, p in files.items()}
+    monkeypatch.setattr(images, "_TV", False)   # what _torchvision_io caches when the import fails
+    assert images._torchvision_io() is None
+    for n, p in files.items():
+        assert isinstance(decode_rgb(p), Image.Image), n   # PIL decoded it
+        assert np.array_equal(decode_crops(p, 72, 64, 10, decoder="turbo"), want[n]), n
+    a = decoder_attrs("turbo")
+    assert a["torchvision"] is None and a["decode"].startswith("PIL")
+
+
+def test_turbo_on_png_and_other_modes_resizes_pils_rgb_with_torch(tmp_path):
+    """Non-JPEG files under turbo: PIL decodes (alpha over white, palette, 16-bit, gray as ever), torch
+    resizes. Reference: the known RGB array through torchvision's transforms.v2 resize, numpy crops."""
+    import torch
+    import torchvision.transforms.v2.functional as F
+
+    rgb = photo(90, 70, 5)
+    gray = rgb[..., 1]
+    pal = Image.fromarray(rgb).quantize(16)
+    cases = {"rgb.png": (Image.fromarray(rgb), rgb),
+             "gray.png": (Image.fromarray(gray), np.repeat(gray[..., None], 3, 2)),
+             "pal.png": (pal, np.asarray(pal.convert("RGB"))),
+             "g16.png": (Image.fromarray(gray.astype(np.uint16) * 257), np.repeat(gray[..., None], 3, 2)),
+             "rgba.png": (Image.fromarray(np.dstack([rgb, np.full(gray.shape, 255, np.uint8)])), rgb),
+             "rgb.bmp": (Image.fromarray(rgb), rgb)}
+    for name, (img, known) in cases.items():
+        img.save(tmp_path / name)
+        ref = F.resize(torch.from_numpy(np.ascontiguousarray(known)).permute(2, 0, 1), [40], antialias=True)
+        want = numpy_crops(ref.permute(1, 2, 0).numpy(), 32, 10)
+        got = decode_crops(tmp_path / name, 40, 32, 10, decoder="turbo")
+        assert np.array_equal(got, want), name
+
+
+@pytest.mark.parametrize("size,bounds", [
+    # COCO / Flickr30K-sized photos at resize 256: no DCT scaling (under 2x 341x256); measured max 1,
+    # mean 0.008, features 3.1e-5
+    ((640, 480), {"max": 1, "mean": 0.02, "features": 1e-4}),
+    # larger photos: decoded at 1/2 by DCT scaling, then resized; measured max 6, mean 0.94, features 0.0097
+    ((1024, 768), {"max": 12, "mean": 2.0, "features": 0.03}),
+])
+def test_pil_and_turbo_differ_by_the_documented_bounds(tmp_path, size, bounds):
+    """The pixel difference docs/extract.md quotes: photo-like JPEGs (quality 90), resize 256, 10
+    crops of 224, bilinear: max and mean absolute difference of the crops (0-255 levels), and the
+    relative difference ||f_pil - f_turbo|| / ||f_pil|| of a random-weight model's mean features
+    (test_resnet, weights none), in float64."""
+    import torch
+
+    from vsekit.extract.extractor import Extractor
+    from vsekit.extract.plan import make_plan
+
+    w, h = size
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"{i}.jpg"
+        Image.fromarray(photo(w, h, 20 + i)).save(p, quality=90)
+        paths.append(p)
+    a = np.stack([decode_crops(p, 256, 224, 10, decoder="pil") for p in paths])
+    b = np.stack([decode_crops(p, 256, 224, 10, decoder="turbo") for p in paths])
+    d = np.abs(a.astype(np.int16) - b)
+    assert 0 < d.max() <= bounds["max"] and d.mean() < bounds["mean"], (d.max(), d.mean())
+    ex = Extractor(make_plan("test_resnet", "global", weights="none", crops=10, resize=256, input_size=224))
+    fa = ex.features(torch.from_numpy(a)).astype(np.float64)
+    fb = ex.features(torch.from_numpy(b)).astype(np.float64)
+    rel = np.linalg.norm(fa - fb, axis=1) / np.linalg.norm(fa, axis=1)
+    assert rel.max() < bounds["features"], rel

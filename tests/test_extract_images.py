@@ -147,12 +147,24 @@ def test_thin_image_is_marked_failed_without_resizing(tmp_path, monkeypatch):
         assert size[0] * size[1] <= 16_000_000, f"resize to {size} attempted"
         return real(self, size, *a, **k)
 
+    import torch
+
+    real_interpolate = torch.nn.functional.interpolate
+
+    def torch_spy(x, size=None, **k):   # turbo's resize: (H, W)
+        asked.append((size[1], size[0]))
+        assert size[0] * size[1] <= 16_000_000, f"resize to {size} attempted"
+        return real_interpolate(x, size=size, **k)
+
     monkeypatch.setattr(Image.Image, "resize", spy)
-    res = extract(store, "test_resnet", "global", weights="none", input_size=32, resize=256, workers=0,
-                  progress=False)
-    assert res.failed == 1 and res.done == 1
-    reason = res.errors[1]
-    assert "20000x2 resized to 2560000x256" in reason and "resized pixel budget" in reason
-    assert asked == [(341, 256)]  # only the good image was resized
-    fs = FeatureStore.open(store.path).features("test_resnet_global")
-    assert fs.status[:].tolist() == [1, 2] and "resized pixel budget" in fs.errors()[1]
+    monkeypatch.setattr(torch.nn.functional, "interpolate", torch_spy)
+    for decoder in ("pil", "turbo"):
+        asked.clear()
+        res = extract(store, "test_resnet", "global", weights="none", input_size=32, resize=256, workers=0,
+                      progress=False, decoder=decoder, name=decoder)
+        assert res.failed == 1 and res.done == 1
+        reason = res.errors[1]
+        assert "20000x2 resized to 2560000x256" in reason and "resized pixel budget" in reason
+        assert asked == [(341, 256)], decoder  # only the good image was resized
+        fs = FeatureStore.open(store.path).features(decoder)
+        assert fs.status[:].tolist() == [1, 2] and "resized pixel budget" in fs.errors()[1]

@@ -56,7 +56,8 @@ def test_a_budget_must_be_positive(demo_store):
 
 def test_the_remake_command_follows_from_the_recorded_attrs(tmp_path):
     """A flag is quoted when its attr is recorded and applies: no rule copies the attrs' own
-    conditions (a grid set has no --boxes, a PIL set no --decoder)."""
+    conditions (a grid set has no --boxes, a regions set no --decoder); a set whose attrs record no
+    decoder was made with pil, and its command says so (new sets default to turbo)."""
     import json
 
     from vsekit.extract.job import extract_args
@@ -64,12 +65,16 @@ def test_the_remake_command_follows_from_the_recorded_attrs(tmp_path):
 
     common = dict(weights="none", input_size=32, resize=36)
     grid = extract_args("S", "g", make_plan("test_resnet", "grid", grid=1, **common).attrs())
-    assert "--grid" in grid and "--boxes" not in grid and "--decoder" not in grid and "--crops" not in grid
+    assert "--grid" in grid and "--boxes" not in grid and "--crops" not in grid
+    assert grid[grid.index("--decoder") + 1] == "turbo"
+    old = extract_args("S", "o", make_plan("test_resnet", "grid", grid=1, decoder="pil", **common).attrs())
+    assert "decoder" not in make_plan("test_resnet", "grid", grid=1, decoder="pil", **common).attrs()
+    assert old[old.index("--decoder") + 1] == "pil"
     (tmp_path / "b.json").write_text(json.dumps({}))
     reg = extract_args("S", "r", make_plan("test_resnet", "regions", boxes=str(tmp_path / "b.json"),
                                            max_regions=5, **common).attrs())
     assert reg[reg.index("--max-regions") + 1] == "5" and "--boxes" in reg and "--grid" not in reg
-    assert "--detector" not in reg
+    assert "--detector" not in reg and "--decoder" not in reg
     glob = extract_args("S", "x", make_plan("test_resnet", "global", decoder="turbo", max_decoded_pixels=7,
                                             **common).attrs())
     assert glob[glob.index("--decoder") + 1] == "turbo" and glob[glob.index("--max-decoded-pixels") + 1] == "7"

@@ -122,3 +122,34 @@ def test_refusals_and_skips(tmp_path):
     r = run(main, ["ingest", "webdataset", str(tmp_path / "d.tar"), "--strict",
                    "--store", str(tmp_path / "e.zarr")])
     assert r.exit_code == 1 and "--strict" in r.output
+
+
+def test_an_image_in_a_shard_is_decoded_as_the_same_file_unpacked(tmp_path):
+    """The crop kinds decode an in-shard image exactly as the file (libjpeg-turbo, and DCT scaling
+    under turbo), so a set's pixels do not depend on whether its images were unpacked."""
+    from vsekit.extract.images import decode_crops, image_crops, load_ref_image
+    from vsekit.extract.plan import make_plan
+    from vsekit.storage.sources.webdataset import ingest_webdataset
+
+    rng = np.random.default_rng(3)
+    y, x = np.mgrid[0:150, 0:200]
+    files = {}
+    with wds.TarWriter(str(tmp_path / "s.tar")) as sink:
+        for i, fmt in enumerate(("jpg", "jpg", "png")):   # 200x150: over twice a resize of 40 (53x40)
+            a = np.clip(np.stack([x + 20 * i, y, x + y], -1) * 0.6 + rng.normal(0, 10, (150, 200, 3)), 0, 255)
+            buf = io.BytesIO()
+            Image.fromarray(a.astype(np.uint8)).save(buf, format="JPEG" if fmt == "jpg" else "PNG", quality=90)
+            files[f"k{i}"] = tmp_path / f"k{i}.{fmt}"
+            files[f"k{i}"].write_bytes(buf.getvalue())
+            sink.write({"__key__": f"k{i}", fmt: buf.getvalue(), "txt": b"a caption"})
+    store, _ = ingest_webdataset([tmp_path / "s.tar"], tmp_path / "s.zarr", split="train")
+    for decoder in ("turbo", "pil"):
+        plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=40, crops=10,
+                         decoder=decoder)
+        for row, key in enumerate(store.image_ids()):
+            ref = str(store.image_file(row))
+            assert is_ref(ref)
+            want = decode_crops(files[key], 40, 32, 10, decoder=decoder)
+            assert np.array_equal(decode(ref, plan), want), (decoder, key)
+            if decoder == "turbo" and key != "k2":   # the JPEGs: DCT scaling, which a full decode lacks
+                assert not np.array_equal(want, image_crops(load_ref_image(ref), 40, 32, 10, decoder="turbo"))

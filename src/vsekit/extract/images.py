@@ -9,20 +9,25 @@ crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
 Decoders (``DECODERS``; the decoding workers call :func:`decode_crops`, which returns the crops NHWC
 so that no transpose is paid on the host):
 
-- ``"pil"`` (the default): today's pixels, bit for bit. A baseline JPEG in RGB or L mode is decoded
+- ``"pil"`` (sets made before issue 37, whose settings record no decoder): PIL's pixels, bit for
+  bit. A baseline JPEG in RGB or L mode is decoded
   by libjpeg-turbo through ``torchvision.io.decode_jpeg`` (the same library PIL uses, the same
   integer IDCT and upsampling: identical pixels, ~30% less CPU); any other file, and any JPEG that
   ``decode_jpeg`` refuses, is decoded by PIL as before, so every error message is PIL's. The
   resize is PIL's (``T.Resize`` on a PIL image).
-- ``"turbo"``: the same decode, then torch's uint8 antialiased resize (what ``transforms.v2``
+- ``"turbo"`` (the default of a new set, :data:`DEFAULT_DECODER`): the same decode, then torch's
+  uint8 antialiased resize (what ``transforms.v2``
   does on uint8 tensors; 3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels,
   ``tests/test_extract_decode.py``), and ``Image.draft`` (libjpeg's DCT scaling by 1/2, 1/4, 1/8)
   for a JPEG at least twice the resize in both sides. It changes pixels, so it is part of a
-  feature set's settings (:func:`decoder_attrs`).
+  feature set's settings (:func:`decoder_attrs`). Without torchvision's ``decode_jpeg`` (no
+  torchvision, or its compiled ops do not load) both decoders decode with PIL: the same pixels,
+  more CPU; the set's ``decoding`` attrs say so.
 """
 
 from __future__ import annotations
 
+import io
 import warnings
 from pathlib import Path
 
@@ -71,19 +76,22 @@ def load_image(path: str | Path, max_decoded: int | None = None) -> Image.Image:
 
 
 def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode: str, fast_jpeg: bool,
-            max_decoded: int | None = None):
+            max_decoded: int | None = None, data: bytes | None = None):
     """(RGB image, its EXIF-rotated full size): a PIL image, or an HWC uint8 array where
     libjpeg-turbo decoded it (``fast_jpeg``). ``decoder="turbo"`` with ``resize_to`` decodes a JPEG
     at least twice the resize with DCT scaling (``Image.draft``); then the image is smaller than the
-    size returned with it."""
-    if not path.exists():
-        raise ImageError(f"missing file {path}")
-    if path.stat().st_size == 0:
-        raise ImageError(f"empty (zero-byte) file {path}")
+    size returned with it. ``data``: the file's bytes, read already (an image inside a shard)."""
+    if data is None:
+        if not path.exists():
+            raise ImageError(f"missing file {path}")
+        if path.stat().st_size == 0:
+            raise ImageError(f"empty (zero-byte) file {path}")
+    elif not data:
+        raise ImageError(f"empty (zero-byte) image {path}")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as img:
+            with Image.open(path if data is None else io.BytesIO(data)) as img:
                 budget = pixel_budgets(max_decoded)[0]
                 cost = decoded_cost(img.size, img.mode)
                 if cost > budget:  # from the header, before any pixel is decoded
@@ -103,7 +111,7 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
                     if draft is not None:
                         drafted = img.draft(img.mode, draft) is not None
                     else:
-                        a = _turbo_jpeg(path, img.mode)
+                        a = _turbo_jpeg(path if data is None else data, img.mode)
                         if a is not None:
                             fix = _ORIENT.get(orientation)
                             return (fix(a) if fix else a), full
@@ -239,7 +247,11 @@ def make_crops(img: Image.Image, resize_to: int, crop: int, n_crops: int, resize
 
 # --- decoders --------------------------------------------------------------------------------------------
 DECODERS = ("pil", "turbo")
-DEFAULT_DECODER = "pil"
+#: the decoder of a new feature set made without ``--decoder`` (issue 37: the cheaper worker)
+DEFAULT_DECODER = "turbo"
+#: the decoder of a set whose settings name none: every set made before ``turbo`` became the default
+#: (``hash_settings("pil")`` is empty, so such sets keep their settings hash), and every regions set
+UNRECORDED_DECODER = "pil"
 #: torch's antialiased uint8 resize covers these; the others stay PIL's under every decoder
 TORCH_RESIZE = {"bilinear": "bilinear", "bicubic": "bicubic"}
 
@@ -250,7 +262,7 @@ def check_decoder(name: str) -> str:
     return name
 
 
-def decoder_attrs(name: str = DEFAULT_DECODER) -> dict:
+def decoder_attrs(name: str) -> dict:
     """Provenance of a decoder choice, for a feature set's attrs.
 
     ``{"decoder": name}`` is what changes pixels and belongs in the settings hash; put it there only
@@ -261,17 +273,18 @@ def decoder_attrs(name: str = DEFAULT_DECODER) -> dict:
     check_decoder(name)
     import PIL
 
+    tv = _torchvision_io()
     attrs = {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
              "decode": "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; "
-                       "other files: PIL",
+                       "other files: PIL" if tv is not None else
+                       "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
              "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
-                       "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)"}
-    tv = _torchvision_io()
-    attrs["torchvision"] = getattr(tv, "__version__", None) if tv is not None else None
+                       "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
+             "torchvision": getattr(tv, "__version__", None) if tv is not None else None}
     return attrs
 
 
-def hash_settings(name: str = DEFAULT_DECODER) -> dict:
+def hash_settings(name: str) -> dict:
     """The part of the settings hash that a decoder contributes: nothing for ``"pil"`` (old sets keep
     their hash), ``{"decoder": name}`` otherwise."""
     return {} if check_decoder(name) == "pil" else {"decoder": name}
@@ -306,19 +319,22 @@ _ORIENT = {
 }
 
 
-def _turbo_jpeg(path: Path, mode: str) -> np.ndarray | None:
-    """An RGB/L JPEG decoded by torchvision's libjpeg-turbo as HWC uint8, or None (PIL then decodes
-    it and says what is wrong: decode_jpeg refuses truncated files that PIL reads, never the reverse)."""
+def _turbo_jpeg(src: "Path | bytes", mode: str) -> np.ndarray | None:
+    """An RGB/L JPEG (a file, or its bytes) decoded by torchvision's libjpeg-turbo as HWC uint8, or
+    None (PIL then decodes it and says what is wrong: decode_jpeg refuses truncated files that PIL
+    reads, never the reverse)."""
     tv = _torchvision_io()
     if tv is None:
         return None
+    import torch
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")   # a corrupt-data warning: PIL decodes it (or says why not)
             warnings.simplefilter("ignore", DeprecationWarning)   # torchvision 0.29: "use torchcodec"
-            out = decode_jpeg(read_file(str(path)), mode=ImageReadMode.UNCHANGED)
+            raw = read_file(str(src)) if isinstance(src, Path) else torch.frombuffer(bytearray(src), dtype=torch.uint8)
+            out = decode_jpeg(raw, mode=ImageReadMode.UNCHANGED)
     except Exception:
         return None
     a = out.permute(1, 2, 0).numpy()   # decode_jpeg's CHW is a view of HWC memory: no copy
@@ -391,7 +407,7 @@ def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:
 
 
 def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER,
+                interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                 max_resized: int | None = None) -> np.ndarray:
     """uint8 (n_crops, crop, crop, 3) of a decoded RGB image (PIL image or HWC uint8 array)."""
     if n_crops not in CROP_CHOICES:
@@ -402,7 +418,7 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
 
 
 def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                 interpolation: str = "bilinear", decoder: str = DEFAULT_DECODER,
+                 interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                  max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
     """The decoding worker's whole job for one image file: decode → resize → crops.
 
@@ -413,4 +429,23 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
+    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
+
+
+def decode_ref_crops(ref: str, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
+                     interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
+                     max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
+    """:func:`decode_crops` of an image inside a shard (``shard.tar::key.jpg``, a parquet row;
+    :mod:`vsekit.storage.sources.shards`): the same decode as a file's (libjpeg-turbo, and DCT scaling
+    under ``turbo``), so a set's pixels do not depend on whether its images were unpacked. An image
+    that does not decode is decoded again by :func:`load_ref_image`, whose messages name the shard."""
+    from ..storage.sources import shards
+
+    if n_crops not in CROP_CHOICES:
+        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
+    data = shards.read_bytes(ref)
+    try:
+        img, full = _decode(Path(ref), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
+    except ImageError:
+        img, full = load_ref_image(ref, max_decoded), None   # raises with the shard's wording
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)

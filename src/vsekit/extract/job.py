@@ -125,9 +125,10 @@ def remake_args(attrs: Mapping[str, Any]) -> list[str]:
                 continue
             if m["when"] is not None and not m["when"](attrs):
                 continue
-            if attrs.get(key) is None:
+            value = attrs.get(key, m["unrecorded"])
+            if value is None:
                 continue
-            args += m["render"](attrs[key]) if m["render"] else [m["flag"], str(attrs[key])]
+            args += m["render"](value) if m["render"] else [m["flag"], str(value)]
     return args
 
 

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from .backbones import get_backbone, weights_kind
 from .fields import option
-from .images import CROP_CHOICES, DECODERS, DEFAULT_DECODER, INTERPOLATIONS, RESIZE_MODES, check_decoder, hash_settings
+from .images import (CROP_CHOICES, DECODERS, DEFAULT_DECODER, INTERPOLATIONS, RESIZE_MODES, UNRECORDED_DECODER,
+                     check_decoder, hash_settings)
 from .taps import probe, select_taps, spatial_tap, tap_columns
 
 KINDS = ("global", "fne", "grid", "regions")
@@ -67,9 +68,12 @@ class ExtractOptions:
                                        attr="interpolation", when=lambda a: not _own_preprocessing(a))
     precision: str = option("fp32", "--precision", "Numeric precision of the forward pass (bf16/fp16: autocast; "
                             "see docs/gpus_clusters.md).", choices=PRECISIONS, attr="precision")
-    decoder: str = option("pil", "--decoder", "How images are decoded and resized: pil (PIL's pixels) | turbo "
-                          "(libjpeg-turbo with DCT scaling and torch's resize: faster, pixels differ by a few "
-                          "levels; docs/extract.md).", choices=DECODERS, attr="decoder")
+    decoder: str | None = option(None, "--decoder", "How images are decoded and resized: turbo (libjpeg-turbo "
+                                 "with DCT scaling and torch's resize) | pil (PIL's pixels; slower, pixels differ "
+                                 "by a few levels; docs/extract.md) [default: the set's own when it exists, "
+                                 "else turbo; regions: pil].", choices=DECODERS, attr="decoder",
+                                 when=lambda a: a.get("kind") != "regions",
+                                 unrecorded=UNRECORDED_DECODER, show_default=False)
     dtype: str | None = option(None, "--dtype", "Stored dtype [default: float32 global/fne, float16 grid/regions].",
                                choices=STORE_DTYPES, attr="dtype")
     taps: str | None = option(None, "--taps", "FNE layers: comma-separated glob patterns (see --list-layers).",
@@ -135,7 +139,8 @@ class Plan:
     extra: dict = field(default_factory=dict)
     weights_sha256: str | None = None   # --weights PATH: its content digest (part of the config hash)
     detector_sha256: str | None = None  # --detector-weights PATH: its content digest (idem)
-    decoder: str = "pil"                # images.DECODERS: how JPEGs are decoded and resized
+    decoder: str = UNRECORDED_DECODER   # images.DECODERS: how images are decoded and resized (a plan
+    #                                     written before decoders existed, e.g. a job array's spec: pil)
     settings: dict = field(default_factory=dict)   # the ExtractOptions fields marked setting=True, as given
 
     def setting(self, name: str) -> Any:
@@ -225,8 +230,10 @@ def _plan_of(o: ExtractOptions) -> Plan:
     detector, detector_weights = o.detector, o.detector_weights
     _choice("--kind", kind, KINDS)
     _choice("--precision", precision, PRECISIONS)
+    if decoder is None:   # a new set's default; run_job gives an existing set its own first (runner.own_decoder)
+        decoder = UNRECORDED_DECODER if kind == "regions" else DEFAULT_DECODER
     check_decoder(decoder)
-    if kind == "regions" and decoder != DEFAULT_DECODER:
+    if kind == "regions" and decoder != UNRECORDED_DECODER:
         raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
     if kind == "regions":
         boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)

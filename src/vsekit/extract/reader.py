@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..storage.faults import point
-from .images import ImageError, decode_crops, image_crops, load_image, load_ref_image, resize
+from .images import ImageError, decode_crops, decode_ref_crops, load_image, load_ref_image, resize
 from .plan import Plan
 from .regions import check_boxes
 
@@ -101,8 +101,9 @@ class RowDataset:
 
 def decode(path: str, plan: Plan | None = None):
     """One image file: with the ``plan`` of a crop kind (global, fne, grid), its uint8 NHWC crops
-    (n_crops, H, W, 3), decoded with ``plan.decoder`` (:func:`vsekit.extract.images.decode_crops`);
-    without, or for regions, the 8-bit RGB PIL image. The plan's pixel budgets apply. Tests wrap it (a decoder that crashes its process)."""
+    (n_crops, H, W, 3), decoded with ``plan.decoder`` (:func:`vsekit.extract.images.decode_crops`, or
+    ``decode_ref_crops`` for an image inside a shard: the same pixels as the file unpacked); without,
+    or for regions, the 8-bit RGB PIL image. The plan's pixel budgets apply. Tests wrap it (a decoder that crashes its process)."""
     from ..storage.sources import shards
 
     ref = shards.is_ref(path)   # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
@@ -110,10 +111,9 @@ def decode(path: str, plan: Plan | None = None):
     if plan is None or plan.kind == "regions":
         return load_ref_image(path, decoded_max) if ref else load_image(path, decoded_max)
     args = (plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation)
-    if ref:
-        return image_crops(load_ref_image(path, decoded_max), *args, decoder=plan.decoder, max_resized=plan.setting("max_resized_pixels"))
-    return decode_crops(path, *args, decoder=plan.decoder, max_decoded=decoded_max,
-                        max_resized=plan.setting("max_resized_pixels"))
+    crops = decode_ref_crops if ref else decode_crops
+    return crops(path, *args, decoder=plan.decoder, max_decoded=decoded_max,
+                 max_resized=plan.setting("max_resized_pixels"))
 
 
 class Batch(list):

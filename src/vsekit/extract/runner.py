@@ -13,6 +13,7 @@ starts afresh. Bad images are marked failed with their reason and listed in the 
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -29,7 +30,7 @@ from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
 from ..storage.lock import holder, writer_lock
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
-from .images import decoder_attrs
+from .images import UNRECORDED_DECODER, decoder_attrs
 from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
 from .regions import region_arrays
@@ -174,6 +175,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
     with writer_lock(store.path, name, stage="vsekit extract"):
+        plan = own_decoder(store, name, opts, plan, run.overwrite)
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
@@ -216,6 +218,28 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
                          block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
                          devices=sorted(info.get("devices", ())))
+
+
+def own_decoder(store: FeatureStore, name: str, opts: ExtractOptions, plan, overwrite: bool = False):
+    """``plan`` with the decoder of the existing set ``name`` where ``--decoder`` is not given.
+
+    New sets default to ``turbo``; a set keeps the decoder its settings record (``pil`` where they
+    record none: every set made before turbo became the default), so resuming, rerunning, remaking
+    or overwriting it without ``--decoder`` never changes its pixels. An explicit ``--decoder`` is
+    used as given (one that differs from the set's is refused by the settings hash, or replaces the
+    set with ``--overwrite``)."""
+    if opts.decoder is not None or plan.kind == "regions" or not store.has_features(name):
+        return plan
+    try:
+        own = store.features(name).attrs.get("decoder", UNRECORDED_DECODER)
+    except Exception:   # noqa: BLE001 - an unreadable set: creating or resuming it says what is wrong
+        return plan
+    if own == plan.decoder:
+        return plan
+    if overwrite:
+        print(f"note: {name!r} is made again with its own decoder {own} (recorded in its settings; new sets "
+              f"default to {plan.decoder}: give --decoder {plan.decoder} to change it)", file=sys.stderr)
+    return dataclasses.replace(opts, decoder=own).plan()
 
 
 def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
