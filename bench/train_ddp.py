@@ -12,8 +12,10 @@ clip, Adam) runs
 each set in fresh processes (``torch.multiprocessing.spawn``), one after the other. Reported per
 model: s/step (median of ``--steps`` after ``--warmup``; for the ranks, the slowest rank's), the
 speed-up and scaling efficiency (speed-up / ranks), one process at a rank's share of the batch
-(a rank's own work, alone on the machine, with no communication: the efficiency's bound, as the
-work of a batch of B / R is not always 1 / R of a batch of B's), the bytes each rank puts into collectives per step
+(for VSE++, whose work is linear in the batch, a rank's own work alone on the machine with no
+communication: the efficiency's bound, as a batch of B / R does not always cost 1 / R of a batch of
+B; the pairwise models' score work is B x B / R on a rank, not (B / R)^2, so there it bounds nothing),
+the bytes each rank puts into collectives per step
 (encodings gathered forward and their gradients backward, batch-norm sums, the gradient bucket) and
 the bytes on the wire per rank of ring algorithms, and the peak RSS of each rank.
 
@@ -204,7 +206,8 @@ def main(argv=None) -> None:
         _write(args.out, results)
         print(f"{name}: 1 rank {one['s_per_step']:.2f} s/step, {args.ranks} ranks {t_many:.2f} s/step: speed-up "
               f"{speedup:.2f}, efficiency {speedup / args.ranks:.2f} (1 process at batch {args.batch // args.ranks}: "
-              f"{share['s_per_step']:.2f} s/step: at most {bound:.2f} without communication); per rank per step {traffic} "
+              f"{share['s_per_step']:.2f} s/step{f': at most {bound:.2f} without communication' if name == 'vse' else ''}); "
+              f"per rank per step {traffic} "
               f"(wire {rec['wire_bytes_per_rank'] / 2**20:.1f} MiB); peak RSS {one['peak_rss_mb']:.0f} MB vs "
               f"{[round(r['peak_rss_mb']) for r in many]} MB", flush=True)
     results["load_after"] = os.getloadavg()
