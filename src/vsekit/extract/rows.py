@@ -183,6 +183,12 @@ class DriverGone(RuntimeError):
 
 def lock_held(store_path: str | os.PathLike, name: str, token: str | None) -> bool:
     """Whether the writer lock of ``name`` is still held, live, by the run whose lock token is ``token``."""
+    from ..storage.objstore import is_object_url
+
+    if is_object_url(store_path):   # object storage: the driver's lease, read (only the driver renews it)
+        from ..storage.objstore import Objects, lease_valid
+
+        return lease_valid(Objects(str(store_path)), name, token)
     if token is None:
         return True
     from ..storage.lock import holder

@@ -27,7 +27,7 @@ from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
-from ..storage.lock import holder, writer_lock
+from ..storage.lock import holder
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
 from .images import decoder_attrs
 from .job import Execution, ExtractOptions, Job, split_options
@@ -173,7 +173,11 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     name = opts.name or default_name(plan.model, opts.kind)
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
-    with writer_lock(store.path, name, stage="vsekit extract"):
+    if store.remote and cluster is not None and cluster.kind != "local":
+        raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
+                         f"in-process or on --cluster local:N for now (issue 35); run it without --cluster or "
+                         f"with local:N")
+    with store.writer(name, "vsekit extract", multi=cluster is not None):
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
@@ -188,9 +192,13 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             fs.update_attrs(decoding=decoder_attrs(plan.decoder))
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
-        lock = holder(store.path, name)
-        job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
-                  lock_token=lock.get("token") if lock else None)
+        if store.remote:   # the tasks open the URL with the same options and write under the lease's token
+            job = Job(store.path, fs.name, plan, run, lock_name=name, lock_token=store.lease_token,
+                      storage_options=dict(store.objects.options))
+        else:
+            lock = holder(store.path, name)
+            job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
+                      lock_token=lock.get("token") if lock else None)
         t0 = time.perf_counter()
         try:
             if array:   # no driver stays: see extract/array.py

@@ -117,6 +117,10 @@ def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
 
 def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
     """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
+    if fs.store.objects is not None:   # object storage: against the blocks' commit records
+        from .objcommit import verify as verify_records
+
+        return verify_records(fs, quick=quick)
 
     blocks = fs.blocks()
     report = Report(fs.name, len(blocks), full=not quick)
@@ -166,6 +170,10 @@ def repair(fs: "FeatureSet", report: Report) -> int:
     """Mark the damaged blocks of ``report`` pending (status and checksums reset); returns how many."""
     from .faults import point
 
+    if fs.store.objects is not None:
+        from .objcommit import repair as repair_records
+
+        return repair_records(fs, report)
     blocks = fs.blocks()
     for i in sorted(report.damaged):
         b = blocks[i]
@@ -203,7 +211,12 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     A dask task asks this before computing and again before writing its block, so a block that a lost
     worker already committed is never computed or written twice (see :mod:`vsekit.extract.distribute`).
     A block with an unreadable status chunk or missing/truncated files counts as not committed.
+    On object storage: whether it has its commit record (:mod:`.objcommit`).
     """
+    if fs.store.objects is not None:
+        from .objcommit import committed
+
+        return committed(fs, block)
 
     status = _status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):

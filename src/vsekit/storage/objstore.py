@@ -91,6 +91,9 @@ def shown_options(options: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={'***' if _SECRET.search(k) else v}" for k, v in sorted(options.items()))
 
 
+#: ``--storage-option`` values given to this process's command (under any explicit options)
+DEFAULT_OPTIONS: dict[str, str] = {}
+
 _MEMORY: dict[str, Any] = {}      # memory://NAME → one MemoryStore per process (tests, dry runs)
 _MEMORY_LOCK = threading.Lock()
 
@@ -160,6 +163,7 @@ class Objects:
 
     def __post_init__(self) -> None:
         self.url = public_url(self.url)
+        self.options = {**DEFAULT_OPTIONS, **self.options}
         self.store = _open_obstore(self.url, self.options)
 
     def _fail(self, what: str, key: str, exc: BaseException) -> StoreError:
@@ -323,7 +327,7 @@ class SetLease:
                 etag = self.objects.create(self.key, self._body())
             else:
                 info, seen = got
-                if time.time() < float(info.get("expires", 0)):
+                if time.time() < float(info.get("expires", 0)) and not _dead_here(info):
                     left = float(info.get("expires", 0)) - time.time()
                     raise LeaseHeld(
                         f"feature set {self.name!r} in {self.objects.url} is being written by another run "
@@ -372,6 +376,17 @@ class SetLease:
             got = self.objects.get_json(self.key)
             if got is not None and got[0].get("token") == self.token:
                 self.objects.delete(self.key)
+
+
+def _dead_here(info: Mapping[str, Any]) -> bool:
+    """A lease whose holder ran on this host and is gone (a ``kill -9``): taken over at once, as the
+    POSIX lock is, rather than after its expiry."""
+    from .lock import _alive
+
+    try:
+        return info.get("host") == socket.gethostname() and not _alive(int(info.get("pid", -1)))
+    except (TypeError, ValueError):
+        return False
 
 
 def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:
