@@ -92,6 +92,9 @@ def moto_endpoint():
     """``moto[server]``'s ThreadedMotoServer on 127.0.0.1 and a free port, for the whole session."""
     pytest.importorskip("obstore")
     server_mod = pytest.importorskip("moto.server")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)   # a line per request otherwise
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

@@ -73,8 +73,8 @@ def generation(fs: "FeatureSet") -> str:
 def write_record(fs: "FeatureSet", block: "Block", status: np.ndarray) -> bool:
     """Commit ``block`` (its chunks are written): check the lease, then create its record. False when
     the block had a record already (another writer committed it: this one leaves it alone)."""
+    point("objstore:record")     # a kill here leaves the chunks written and the block uncommitted
     fs.store.check_lease(fs.target)
-    point("objstore:record")
     body = {"block": block.index, "start": block.start, "stop": block.stop,
             "status": np.asarray(status, dtype=np.uint8).tolist(), "sums": _sums(fs, block),
             "token": fs.store.lease_token, "time": time.time()}

@@ -202,6 +202,11 @@ class FeatureSet:
         """
         if isinstance(block, int):
             block = self.blocks()[block]
+        if self.store.objects is not None:
+            from . import objcommit
+
+            if objcommit.committed(self, block):   # committed already: its chunks are never written again
+                return
         for name, values in arrays.items():
             point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
@@ -618,7 +623,11 @@ class FeatureStore:
         """Names of the feature sets (hidden ``.name.partial-*`` sets being built are left out)."""
         if "features" not in self.root:
             return []
-        return sorted(k for k in self.root["features"].group_keys() if not k.startswith("."))
+        import warnings
+
+        with warnings.catch_warnings():   # object storage: a set not yet published is skipped, not a warning
+            warnings.simplefilter("ignore")
+            return sorted(k for k in self.root["features"].group_keys() if not k.startswith("."))
 
     def has_features(self, name: str) -> bool:
         return name in self.feature_names()
