@@ -1,0 +1,150 @@
+"""The commands on an ``s3://`` store (issue 35), through the CLI against the local S3 server: what
+works, what is refused in one Error line before any work, and that no secret is written anywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+from click.testing import CliRunner  # noqa: E402
+
+from vsekit.cli import main  # noqa: E402
+
+from conftest import S3_TEST_SECRET  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+FAST = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--crops", "1", "--input-size", "48",
+        "--resize", "56", "--batch-size", "4", "--block-rows", "8", "--workers", "0", "--no-progress"]
+
+
+def _errors(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("Error:")]
+
+
+def _run(args):
+    return CliRunner().invoke(main, args)
+
+
+def test_ingest_extract_info_verify_on_s3_and_no_secret_is_written_anywhere(s3, demo_dir, tmp_path):
+    url = s3.url("stores/demo.zarr")
+    secret_opt = ["--storage-option", f"secret_access_key={S3_TEST_SECRET}",
+                  "--storage-option", "region=us-east-1"]
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url, *secret_opt])
+    assert r.exit_code == 0, r.output
+    r2 = _run(["extract", "--store", url, *FAST, *secret_opt])
+    assert r2.exit_code == 0, r2.output
+    assert "24 done, 0 failed, 0 pending" in r2.output
+    r3 = _run(["info", url, *secret_opt])
+    assert r3.exit_code == 0 and "done 24 / failed 0 / pending 0" in r3.output, r3.output
+    r4 = _run(["info", url, "test_resnet_fne", "--verify", *secret_opt])
+    assert r4.exit_code == 0 and "checksums verified, no damage found" in r4.output, r4.output
+    # the secret (given both in the environment and as --storage-option) is in no object and no output
+    keys = s3.keys()
+    assert any(k.endswith("features/test_resnet_fne/zarr.json") for k in keys)
+    for key in keys:
+        body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+        assert S3_TEST_SECRET.encode() not in body, key
+        assert b"vsekit-test-key" not in body, key
+    for res in (r, r2, r3, r4):
+        assert S3_TEST_SECRET not in res.output
+    # damage to a chunk object: --verify names the block (exit 1), --repair marks it pending
+    chunk = next(k for k in keys if k.endswith("features/test_resnet_fne/data/c/1/0"))
+    body = s3.client.get_object(Bucket=s3.bucket, Key=chunk)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=chunk, Body=body[:-1])
+    r5 = _run(["info", url, "test_resnet_fne", "--verify"])
+    assert r5.exit_code == 1 and "block 1: data chunk object" in r5.output, r5.output
+    r6 = _run(["info", url, "test_resnet_fne", "--verify", "--repair"])
+    assert "pending" in r6.output or r6.exit_code in (0, 1)
+    r7 = _run(["extract", "--store", url, *FAST])
+    assert r7.exit_code == 0 and "ran 1 block" in r7.output, r7.output
+    assert _run(["info", url, "test_resnet_fne", "--verify"]).exit_code == 0
+
+
+@pytest.mark.parametrize("args", [
+    ["tokenize", "--store", "URL"],
+    ["standardize", "--store", "URL", "--features", "f"],
+    ["train", "--store", "URL", "--features", "f", "--model", "vse", "--out", "run"],
+    ["export", "hdf5", "--store", "URL", "--features", "f", "--out", "x.h5"],
+    ["split", "--store", "URL", "--ratios", "0.8,0.1,0.1"],
+    ["ingest", "coco", "ANN", "--split-file", "ANN", "--store", "URL"],
+])
+def test_commands_that_do_not_serve_object_storage_refuse_it_in_one_line(s3, tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ann.json").write_text("{}")
+    url = s3.url()
+    argv = [url if a == "URL" else (str(tmp_path / "ann.json") if a == "ANN" else a) for a in args]
+    r = _run(argv)
+    assert r.exit_code in (1, 2), r.output
+    errors = _errors(r.output)
+    assert len(errors) == 1 and url in errors[0] and "does not serve stores on object storage yet" in errors[0], r.output
+    assert "`ingest karpathy`, `extract`" in errors[0]          # and names what does
+    assert s3.keys() == [] and list(tmp_path.iterdir()) == [tmp_path / "ann.json"]
+
+
+def test_a_missing_bucket_is_one_error_line_naming_the_url_before_any_work(s3, demo_dir):
+    url = "s3://no-such-bucket-vsekit/x.zarr"
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert url in errors[0] and "the bucket does not exist" in errors[0]
+    for argv in (["extract", "--store", url, *FAST], ["info", url]):
+        r = _run(argv)
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
+
+
+def test_an_unreachable_endpoint_is_one_error_line_after_bounded_retries(s3, demo_dir, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")    # nothing listens there
+    url = s3.url()
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url,
+              "--storage-option", "max_retries=1", "--storage-option", "retry_timeout=2"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
+    assert "cannot" in errors[0] and S3_TEST_SECRET not in r.output
+
+
+def test_a_second_driver_on_one_set_is_refused(s3, demo_dir):
+    from vsekit.storage import objstore
+    from vsekit.storage.store import FeatureStore
+
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    first = FeatureStore.open(url, mode="r+")
+    lease = objstore.SetLease(first.objects, "test_resnet_fne", "vsekit extract", ttl=60).acquire()
+    try:
+        r = _run(["extract", "--store", url, *FAST])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, r.output
+        assert "is being written by another run (vsekit extract" in errors[0]
+        assert FeatureStore.open(url).feature_names() == []      # it did nothing
+    finally:
+        lease.release()
+
+
+def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3, demo_dir, monkeypatch):
+    from test_objstore import overwriting
+
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    overwriting(monkeypatch)
+    r = _run(["extract", "--store", url, *FAST, "--cluster", "local:2"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert "cannot keep two writers apart" in errors[0] and "without --cluster (in one process)" in errors[0]
+    # single-writer (in-process) still runs there
+    r = _run(["extract", "--store", url, *FAST])
+    assert r.exit_code == 0 and "24 done" in r.output, r.output
+
+
+def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    for cluster in ("tcp://127.0.0.1:8786", "slurm-array:2"):
+        r = _run(["extract", "--store", url, *FAST, "--cluster", cluster])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
+        assert "in-process or on --cluster local:N" in errors[0] and url in errors[0]
+    assert not [k for k in s3.keys() if "/features/" in k]
