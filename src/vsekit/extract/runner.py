@@ -250,7 +250,12 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
 
 def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bool, exc: BaseException) -> None:
     """After a failed run: a staged --overwrite is dropped, a set with nothing done is removed; an
-    interrupt says what was kept (as :class:`~vsekit.interrupts.Interrupted`)."""
+    interrupt says what was kept (as :class:`~vsekit.interrupts.Interrupted`). A run that lost its lease
+    on object storage touches nothing: the set belongs to the run that took it over."""
+    from ..storage.objstore import LeaseLost
+
+    if isinstance(exc, LeaseLost):
+        return
     if fs.staged:   # a failed --overwrite: the old set stays as it was
         store.discard(fs)
         if isinstance(exc, KeyboardInterrupt):

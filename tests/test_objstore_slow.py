@@ -1,0 +1,142 @@
+"""Object storage (issue 35) with processes: a local:2 cluster, a worker killed between its chunk
+writes and its commit record, a driver killed there and resumed, and a driver paused past its lease
+while another run takes the set over. Against the local S3 server (the ``s3`` fixture)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+pytest.importorskip("distributed")
+
+from click.testing import CliRunner  # noqa: E402
+
+from vsekit.cli import main  # noqa: E402
+from vsekit.storage import objcommit  # noqa: E402
+from vsekit.storage.store import FeatureStore  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+OPTS = dict(model="test_resnet", kind="fne", weights="none", seed=3, input_size=64, resize=72,
+            crops=1, batch_size=2, block_rows=4, progress=False)
+ARGS = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--seed", "3", "--crops", "1",
+        "--input-size", "64", "--resize", "72", "--batch-size", "2", "--block-rows", "4", "--no-progress"]
+NAME = "test_resnet_fne"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, demo_dir):
+    """The same extraction on a local disk, in-process with one torch thread (as dask workers run)."""
+    import torch
+
+    from vsekit.extract import extract
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    torch.set_num_threads(1)
+    store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir,
+                               tmp_path_factory.mktemp("ref") / "ref.zarr")
+    res = extract(store, workers=0, **OPTS)
+    return store.features(res.name).data[:]
+
+
+def _ingest(s3, demo_dir) -> str:
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, s3.url())
+    return s3.url()
+
+
+def _records_per_block(s3) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for key in s3.keys():
+        if f"/.vsekit/commits/{NAME}/" in key:
+            block = int(key.rsplit("/", 1)[1].split(".")[0])
+            counts[block] = counts.get(block, 0) + 1
+    return counts
+
+
+def _cli(args, env_extra=None, **kw):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    return subprocess.Popen([sys.executable, "-c", "from vsekit.cli import main; main()", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+
+
+def test_local_cluster_on_s3_equals_disk_and_a_killed_worker_loses_and_doubles_nothing(s3, demo_dir, reference):
+    """Every worker process dies at its second commit record (after that block's chunks are written):
+    the scheduler runs the block again on another worker, and every block ends with one record and the
+    bits of the in-process run on disk."""
+    url = _ingest(s3, demo_dir)
+    proc = _cli(["extract", "--store", url, *ARGS, "--cluster", "local:2"],
+                {"VSEKIT_FAULT": "objstore:record@2"})
+    out = proc.communicate(timeout=400)[0].decode()
+    assert proc.returncode == 0, out
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert objcommit.verify(fs).ok
+
+
+def test_a_driver_killed_between_chunks_and_record_resumes_with_nothing_lost_or_written_twice(s3, demo_dir, reference):
+    url = _ingest(s3, demo_dir)
+    proc = _cli(["extract", "--store", url, *ARGS, "--workers", "0"], {"VSEKIT_FAULT": "objstore:record@3"})
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 137, out
+    fs = FeatureStore.open(url).features(NAME)
+    assert _records_per_block(s3) == {0: 1, 1: 1}                     # block 2: chunks, no record
+    assert any(k.endswith(f"features/{NAME}/data/c/2/0") for k in s3.keys())
+    assert fs.counts()["done"] == 8
+    first = {i: s3.client.head_object(Bucket=s3.bucket, Key=f"x.zarr/features/{NAME}/data/c/{i}/0")["LastModified"]
+             for i in (0, 1)}
+    before = objcommit.records(fs)
+    time.sleep(1.1)   # S3 times have whole seconds: a rewrite would show
+    r = CliRunner().invoke(main, ["extract", "--store", url, *ARGS, "--workers", "0"])
+    assert r.exit_code == 0, r.output      # the dead driver's lease (this host, pid gone) is taken at once
+    assert "skipped 2 already done" in r.output, r.output
+    fs = FeatureStore.open(url).features(NAME)
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    after = objcommit.records(fs)
+    assert all(after[i] == before[i] for i in (0, 1))                 # the first run's records, kept
+    for i in (0, 1):                                                   # and its chunks, not rewritten
+        assert s3.client.head_object(Bucket=s3.bucket, Key=f"x.zarr/features/{NAME}/data/c/{i}/0")["LastModified"] == first[i]
+
+
+def test_a_driver_paused_past_its_lease_commits_nothing_after_another_run_took_the_set(s3, demo_dir, reference, tmp_path):
+    url = _ingest(s3, demo_dir)
+    flag = tmp_path / "go"
+    proc = _cli(["extract", "--store", url, *ARGS, "--workers", "0"],
+                {"VSEKIT_LEASE_TTL_S": "3", "VSEKIT_PAUSE": "objstore:record@2", "VSEKIT_PAUSE_FILE": str(flag)})
+    deadline = time.time() + 120
+    while not (tmp_path / "go.reached").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert (tmp_path / "go.reached").exists(), proc.communicate()[0].decode()
+    os.kill(proc.pid, signal.SIGSTOP)          # the whole process, its lease renewals too
+    try:
+        r = CliRunner().invoke(main, ["extract", "--store", url, *ARGS, "--workers", "0"])
+        assert r.exit_code == 1 and "is being written by another run" in r.output   # not expired yet
+        time.sleep(3.5)
+        r = CliRunner().invoke(main, ["extract", "--store", url, *ARGS, "--workers", "0"])
+        assert r.exit_code == 0, r.output
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        flag.touch()
+    out = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 1 and "lost the lease" in out, out
+    errors = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, out
+    fs = FeatureStore.open(url).features(NAME)
+    recs = objcommit.records(fs)
+    assert sorted(recs) == [b.index for b in fs.blocks()] and _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    tokens = {i: rec["token"] for i, rec in recs.items()}
+    assert len(set(tokens.values())) == 2 and all(tokens[i] == tokens[1] for i in tokens if i >= 1)
+    assert np.array_equal(fs.data[:], reference)
+    assert objcommit.verify(fs).ok
