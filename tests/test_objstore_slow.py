@@ -78,6 +78,7 @@ def test_local_cluster_on_s3_equals_disk_and_a_killed_worker_loses_and_doubles_n
                 {"VSEKIT_FAULT": "objstore:record@2"})
     out = proc.communicate(timeout=400)[0].decode()
     assert proc.returncode == 0, out
+    assert "died during the run" in out, out                 # the fault did kill workers
     fs = FeatureStore.open(url).features(NAME)
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
     assert np.array_equal(fs.data[:], reference)
