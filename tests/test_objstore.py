@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 
-from vsekit.storage import objcommit, objstore  # noqa: E402
+from vsekit.storage import integrity, objcommit, objstore  # noqa: E402
 from vsekit.storage.base import ProvenanceError, StoreError  # noqa: E402
 from vsekit.storage.store import FeatureStore  # noqa: E402
 
@@ -117,10 +117,10 @@ def test_each_block_has_one_record_and_a_second_commit_is_refused(s3):
     # damage to a committed chunk is found against its record, and --repair drops the record
     s3.client.put_object(Bucket=s3.bucket, Key="x.zarr/features/f/data/c/0/0", Body=chunk[:-4] + b"\0\0\0\0")
     fs = FeatureStore.open(s3.url(), mode="r+").features("f")
-    report = objcommit.verify(fs)
+    report = integrity.verify(fs)
     assert list(report.damaged) == [0] and "CRC-32" in report.damaged[0]
-    assert objcommit.verify(fs, quick=True).ok                 # same size: only the full check sees it
-    objcommit.repair(fs, report)
+    assert integrity.verify(fs, quick=True).ok                 # same size: only the full check sees it
+    integrity.repair(fs, report)
     assert fs.counts()["pending"] == 5 and objcommit.records(fs) == {}
 
 
@@ -171,7 +171,7 @@ def test_extraction_on_s3_equals_one_on_disk_bit_for_bit(s3, demo_dir, tmp_path)
     assert sorted(objcommit.records(fs)) == [b.index for b in fs.blocks()]
     again = extract(s3.url(), **OPTS)
     assert again.blocks_run == 0 and again.blocks_skipped == len(fs.blocks())
-    assert objcommit.verify(fs).ok
+    assert integrity.verify(fs).ok
     # dask reads the same array through zarr
     from obstore.store import S3Store
     from zarr.storage import ObjectStore

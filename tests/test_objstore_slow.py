@@ -20,7 +20,7 @@ pytest.importorskip("distributed")
 from click.testing import CliRunner  # noqa: E402
 
 from vsekit.cli import main  # noqa: E402
-from vsekit.storage import objcommit  # noqa: E402
+from vsekit.storage import integrity, objcommit  # noqa: E402
 from vsekit.storage.store import FeatureStore  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ def test_local_cluster_on_s3_equals_disk_and_a_killed_worker_loses_and_doubles_n
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
-    assert objcommit.verify(fs).ok
+    assert integrity.verify(fs).ok
 
 
 def test_a_driver_killed_between_chunks_and_record_resumes_with_nothing_lost_or_written_twice(s3, demo_dir, reference):
@@ -140,4 +140,4 @@ def test_a_driver_paused_past_its_lease_commits_nothing_after_another_run_took_t
     tokens = {i: rec["token"] for i, rec in recs.items()}
     assert len(set(tokens.values())) == 2 and all(tokens[i] == tokens[1] for i in tokens if i >= 1)
     assert np.array_equal(fs.data[:], reference)
-    assert objcommit.verify(fs).ok
+    assert integrity.verify(fs).ok

@@ -120,7 +120,7 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
     if fs.store.objects is not None:   # object storage: against the blocks' commit records
         from .objcommit import verify as verify_records
 
-        return verify_records(fs, quick=quick)
+        return verify_records(fs, Report(fs.name, len(fs.blocks()), full=not quick), _status_block, quick=quick)
 
     blocks = fs.blocks()
     report = Report(fs.name, len(blocks), full=not quick)

@@ -116,16 +116,15 @@ def reconcile(fs: "FeatureSet") -> int:
     return fixed
 
 
-def verify(fs: "FeatureSet", *, quick: bool = False):
-    """Every finished block against its record (``quick``: sizes only), as :func:`integrity.verify`."""
-    from .integrity import Report, _status_block
-
+def verify(fs: "FeatureSet", report, status_block, *, quick: bool = False):
+    """Every finished block against its record (``quick``: sizes only), into ``report`` (an empty
+    ``integrity.Report``; ``status_block(fs, block)`` reads a block's status or says why it cannot):
+    what :func:`vsekit.storage.integrity.verify` returns for a set on object storage."""
     blocks = fs.blocks()
-    report = Report(fs.name, len(blocks), full=not quick)
     recs = records(fs)
     for b in blocks:
         rows = f" (rows {b.start}-{b.stop - 1})"
-        status = _status_block(fs, b)
+        status = status_block(fs, b)
         if isinstance(status, str):
             report.damaged[b.index] = f"{status}{rows}"
             continue

@@ -26,9 +26,8 @@ import socket
 import threading
 import time
 import uuid
-import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from .base import StoreError
 
@@ -406,22 +405,3 @@ def lease_valid(objects: Objects, name: str, token: str | None, margin: float | 
 # --- block commit records -------------------------------------------------------------------------
 def record_key(name: str, generation: str, index: int) -> str:
     return f".vsekit/commits/{name}/{generation}/{int(index):08d}.json"
-
-
-def chunk_sums(objects: Objects, prefix: str, keys: list[str]) -> dict[str, list[int]]:
-    """CRC-32 and size of each chunk object (read back: what the provider holds, not what was sent)."""
-    out = {}
-    for key in keys:
-        got = objects.get(f"{prefix}/{key}")
-        if got is None:
-            out[key] = [0, -1]   # an all-fill chunk zarr did not write
-        else:
-            out[key] = [zlib.crc32(got[0]) & 0xFFFFFFFF, len(got[0])]
-    return out
-
-
-def iter_records(objects: Objects, name: str, generation: str) -> Iterator[dict]:
-    for key in objects.keys(f".vsekit/commits/{name}/{generation}/"):
-        got = objects.get_json(key)
-        if got is not None:
-            yield got[0]
