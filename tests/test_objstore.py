@@ -190,3 +190,29 @@ def test_a_store_made_by_a_killed_ingest_is_refused_with_how_out(s3):
         FeatureStore.open(s3.url())
     with pytest.raises(StoreError, match="already exists"):
         _small_store(s3.url())
+
+
+def test_the_trainers_feature_reads_check_each_block_against_its_commit_record(s3):
+    """The trainer's loader (train/data.py FeatureSource over storage/chunks.py) reads a set on S3
+    through zarr, each block checked against its commit record: the rows come back as written, and a
+    damaged chunk object is refused naming its block before its rows are used."""
+    from vsekit.train.data import FeatureSource
+
+    st = _small_store(s3.url())
+    rows = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    with st.writer("f", "test"):
+        fs = st.create_features("f", (3,), "float32", attrs={"kind": "global"}, block_rows=2)
+        for b in fs.blocks():
+            fs.write_block(b, rows[b.start:b.stop])
+    src = FeatureSource(FeatureStore.open(s3.url()).features("f"))
+    out = np.zeros((5, 3), np.float32)
+    for a, b in src.chunks():
+        src.read_into(a, b, out[a:b])
+    assert np.array_equal(out, rows)
+    key = "x.zarr/features/f/data/c/1/0"
+    body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body[:4] + b"\xff\xff\xff\xff" + body[8:])
+    src = FeatureSource(FeatureStore.open(s3.url()).features("f"))
+    src.read(0, 2)                                             # block 0 is whole
+    with pytest.raises(StoreError, match=r"block 1 \(rows 2-3\) is damaged \(data chunk file's CRC-32"):
+        src.read(2, 4)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .base import PENDING, Block, StoreError, read_generation
+from .base import PENDING, Block, StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet
@@ -240,7 +240,8 @@ class BlockCheck:
     The checksums, status and generation are taken once when the reader opens the set; then every
     chunk file read is compared (CRC-32 and size) before its rows are used, and the set's generation
     is read again, so a set remade by ``--overwrite`` meanwhile is refused instead of mixed in.
-    A finished block without its checksum record is refused as damaged.
+    A finished block without its checksum record is refused as damaged. On object storage the
+    record of a block is its commit record (:mod:`.objcommit`) and a chunk is re-read as an object.
     """
 
     def __init__(self, fs: "FeatureSet", arrays: Sequence[str] = ("data",)):
@@ -249,10 +250,15 @@ class BlockCheck:
         self.blocks = fs.blocks()
         names = list(fs.group.attrs.get("checksummed") or [])
         self.columns = {a: names.index(a) for a in arrays if a in names}
-        self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) else None
+        self.remote = fs.store.objects is not None
+        if self.remote:
+            from .objcommit import records
+
+            self.commits = records(fs)
+        self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) and not self.remote else None
         self.records = bool(names)
         self.status = fs.status_values()
-        self.generation = read_generation(fs.store.path, fs.name)
+        self.generation = fs.generation
 
     def expected(self, index: int, array: str) -> tuple[int, int] | None:
         """(CRC, size) recorded for ``array``'s chunk ``index``; None when there is nothing to check."""
@@ -260,6 +266,12 @@ class BlockCheck:
             return None   # an array the set does not have (no per-row count)
         block = self.blocks[index]
         unfinished = bool(np.any(self.status[block.start:block.stop] == PENDING))
+        if self.remote:
+            rec = self.commits.get(index)
+            if rec is None:
+                return None if unfinished else self.refuse(index, "its rows are finished but it has no commit record")
+            crc, size = rec.get("sums", {}).get(array, (0, ABSENT))
+            return int(crc), int(size)
         if self.sums is None:
             return None if unfinished else self.refuse(index, _missing_sums(self.columns))
         want = self.sums[index]
@@ -282,13 +294,20 @@ class BlockCheck:
 
     def check_file(self, index: int, array: str) -> None:
         """Re-read chunk file ``index`` of ``array`` and check it (readers that decode through zarr)."""
-        if self.expected(index, array) is not None:
-            self.check_sum(index, array, *_file_sum(_chunk_file(self.fs, array, index), crc=True))
+        if self.expected(index, array) is None:
+            return
+        if self.remote:
+            from .objcommit import chunk_key
+
+            got = self.fs.store.objects.get(chunk_key(self.fs, array, index))
+            self.check_sum(index, array, *((0, ABSENT) if got is None else (crc_of(got[0]), len(got[0]))))
+            return
+        self.check_sum(index, array, *_file_sum(_chunk_file(self.fs, array, index), crc=True))
 
     def check_generation(self) -> None:
         """Refuse to go on if the set was replaced (``--overwrite``) since the reader opened it."""
 
-        now = read_generation(self.fs.store.path, self.fs.name)
+        now = self.fs.generation
         if now != self.generation:
             raise StoreError(
                 f"feature set {self.fs.name!r} in {self.fs.store.path} was replaced (another run made it "
