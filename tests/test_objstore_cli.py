@@ -80,7 +80,7 @@ def test_commands_that_do_not_serve_object_storage_refuse_it_in_one_line(s3, tmp
     assert r.exit_code in (1, 2), r.output
     errors = _errors(r.output)
     assert len(errors) == 1 and url in errors[0] and "does not serve stores on object storage yet" in errors[0], r.output
-    assert "`ingest karpathy`, `extract`" in errors[0]          # and names what does
+    assert "`ingest karpathy`, `ingest folder`, `extract`" in errors[0]          # and names what does
     assert s3.keys() == [] and list(tmp_path.iterdir()) == [tmp_path / "ann.json"]
 
 
@@ -148,3 +148,21 @@ def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
         assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
         assert "in-process or on --cluster local:N" in errors[0] and url in errors[0]
     assert not [k for k in s3.keys() if "/features/" in k]
+
+
+def test_ingest_folder_on_s3_gives_the_store_ingest_on_disk_gives(s3, demo_dir, tmp_path):
+    from vsekit.storage.store import FeatureStore
+
+    images = sorted(p.name for p in (demo_dir / "images").iterdir())[:10]
+    tsv = tmp_path / "caps.tsv"
+    tsv.write_text("".join(f"{name}\tcaption {i}\n" for i, name in enumerate(images)))
+    args = ["ingest", "folder", str(demo_dir / "images"), str(tsv), "--seed", "1"]
+    r = _run([*args, "--store", s3.url()])
+    assert r.exit_code == 0, r.output
+    assert _run([*args, "--store", str(tmp_path / "d.zarr")]).exit_code == 0
+    a, b = FeatureStore.open(s3.url()), FeatureStore.open(tmp_path / "d.zarr")
+    assert a.image_ids().tolist() == b.image_ids().tolist() and len(a.image_ids()) == 10
+    assert a.image_splits().tolist() == b.image_splits().tolist()
+    assert a.caption_text().tolist() == b.caption_text().tolist()
+    r = _run([*args, "--store", s3.url()])                     # one ingest per URL
+    assert r.exit_code == 1 and len(_errors(r.output)) == 1 and "already exists" in r.output, r.output

@@ -17,7 +17,7 @@ def ingest() -> None:
 
 def _common(f, url_ok: bool = False):
     f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=url_ok),
-                     help="Store to create (a path, or s3://... for `ingest karpathy`).")(f)
+                     help="Store to create (a path, or s3://... for `ingest karpathy` and `ingest folder`).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
     f = DROP_FEATURES(f)
     f = click.option("--strict", is_flag=True, help="Turn skipped items into errors.")(f)
@@ -118,7 +118,8 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
-@_common
+@functools.partial(_common, url_ok=True)
+@STORAGE_OPTION
 def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, drop_features, strict):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder
