@@ -67,7 +67,7 @@ def test_ingest_extract_info_verify_on_s3_and_no_secret_is_written_anywhere(s3, 
     ["tokenize", "--store", "URL"],
     ["standardize", "--store", "URL", "--features", "f"],
     ["train", "--store", "URL", "--features", "f", "--model", "vse", "--out", "run"],
-    ["export", "hdf5", "--store", "URL", "--features", "f", "--out", "x.h5"],
+    ["discretize", "--store", "URL", "--features", "f"],
     ["split", "--store", "URL", "--ratios", "0.8,0.1,0.1"],
     ["ingest", "coco", "ANN", "--split-file", "ANN", "--store", "URL"],
 ])
@@ -80,7 +80,7 @@ def test_commands_that_do_not_serve_object_storage_refuse_it_in_one_line(s3, tmp
     assert r.exit_code in (1, 2), r.output
     errors = _errors(r.output)
     assert len(errors) == 1 and url in errors[0] and "does not serve stores on object storage yet" in errors[0], r.output
-    assert "`ingest karpathy`, `ingest folder`, `extract`" in errors[0]          # and names what does
+    assert "`ingest karpathy`, `ingest folder`, `extract`" in errors[0] and "`export`" in errors[0]   # and what does
     assert s3.keys() == [] and list(tmp_path.iterdir()) == [tmp_path / "ann.json"]
 
 
@@ -166,3 +166,26 @@ def test_ingest_folder_on_s3_gives_the_store_ingest_on_disk_gives(s3, demo_dir, 
     assert a.caption_text().tolist() == b.caption_text().tolist()
     r = _run([*args, "--store", s3.url()])                     # one ingest per URL
     assert r.exit_code == 1 and len(_errors(r.output)) == 1 and "already exists" in r.output, r.output
+
+
+def test_exports_from_s3_equal_exports_from_disk(s3, demo_dir, tmp_path):
+    """export reads a store on S3 (its blocks checked against their commit records) and writes the
+    same files as from the same store on disk."""
+    import h5py
+    import numpy as np
+
+    stores = {"s3": s3.url(), "disk": str(tmp_path / "d.zarr")}
+    for st in stores.values():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        assert _run(["extract", "--store", st, *FAST]).exit_code == 0
+    for where, st in stores.items():
+        for kind, out in (("hdf5", f"{where}.h5"), ("vsepp", f"{where}-vsepp")):
+            r = _run(["export", kind, "--store", st, "--features", "test_resnet_fne", "--out", str(tmp_path / out)])
+            assert r.exit_code == 0, r.output
+    with h5py.File(tmp_path / "s3.h5") as a, h5py.File(tmp_path / "disk.h5") as b:
+        for key in ("features/test_resnet_fne/data", "features/test_resnet_fne/status", "images/id", "captions/text"):
+            assert np.array_equal(a[key][:], b[key][:]), key
+    names = sorted(p.name for p in (tmp_path / "disk-vsepp").iterdir())
+    assert "train_ims.npy" in names and names == sorted(p.name for p in (tmp_path / "s3-vsepp").iterdir())
+    for name in names:
+        assert (tmp_path / "s3-vsepp" / name).read_bytes() == (tmp_path / "disk-vsepp" / name).read_bytes(), name
