@@ -64,7 +64,7 @@ def test_ingest_extract_info_verify_on_s3_and_no_secret_is_written_anywhere(s3, 
 
 
 @pytest.mark.parametrize("args", [
-    ["tokenize", "--store", "URL"],
+    ["fne", "--store", "URL", "--features", "f"],
     ["standardize", "--store", "URL", "--features", "f"],
     ["train", "--store", "URL", "--features", "f", "--model", "vse", "--out", "run"],
     ["discretize", "--store", "URL", "--features", "f"],
@@ -189,3 +189,27 @@ def test_exports_from_s3_equal_exports_from_disk(s3, demo_dir, tmp_path):
     assert "train_ims.npy" in names and names == sorted(p.name for p in (tmp_path / "s3-vsepp").iterdir())
     for name in names:
         assert (tmp_path / "s3-vsepp" / name).read_bytes() == (tmp_path / "disk-vsepp" / name).read_bytes(), name
+
+
+def test_tokenize_on_s3_writes_the_tokens_it_writes_on_disk(s3, demo_dir, tmp_path):
+    import numpy as np
+
+    from vsekit.storage.store import FeatureStore
+
+    stores = {"s3": s3.url(), "disk": str(tmp_path / "d.zarr")}
+    for where, st in stores.items():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        r = _run(["tokenize", "--store", st, "--min-count", "1"])
+        assert r.exit_code == 0 and "tokenized 120 captions" in r.output, r.output
+        assert _run(["export", "vocab", "--store", st, "--out", str(tmp_path / f"{where}.json")]).exit_code == 0
+    a, b = FeatureStore.open(stores["s3"]), FeatureStore.open(stores["disk"])
+    for key in ("tokens/ids", "tokens/offsets"):
+        assert np.array_equal(a.root[key][:], b.root[key][:]), key
+    assert a.root["tokens"].attrs["vocabulary"] == b.root["tokens"].attrs["vocabulary"]
+    assert (tmp_path / "s3.json").read_bytes() == (tmp_path / "disk.json").read_bytes()
+    assert not [k for k in s3.keys() if "tokens_partial" in k]       # the staging objects are gone
+    r = _run(["tokenize", "--store", stores["s3"], "--min-count", "1"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1 and "has tokens already" in errors[0], r.output
+    r = _run(["tokenize", "--store", stores["s3"], "--workers", "2"])
+    assert r.exit_code == 1 and "without --workers and --cluster" in r.output, r.output

@@ -328,8 +328,8 @@ def local_path(path: str | os.PathLike) -> Path:
 
 
 #: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process and --cluster local:N), `info` "
-                "(with --verify) and `export` (reading)")
+URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process and --cluster local:N), `tokenize` "
+                "(in-process), `info` (with --verify) and `export` (reading)")
 
 
 class FeatureStore:
