@@ -216,3 +216,22 @@ def test_the_trainers_feature_reads_check_each_block_against_its_commit_record(s
     src.read(0, 2)                                             # block 0 is whole
     with pytest.raises(StoreError, match=r"block 1 \(rows 2-3\) is damaged \(data chunk file's CRC-32"):
         src.read(2, 4)
+
+
+def test_a_memory_store_serves_one_process_and_refuses_a_cluster(demo_dir, tmp_path):
+    """memory:// (tests, dry runs) keeps its objects in this process: extraction works there and equals
+    disk; worker processes could not reach it, so --cluster is refused before any work."""
+    import uuid
+
+    from vsekit.extract import extract
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    url = f"memory://t{uuid.uuid4().hex[:8]}/x.zarr"
+    ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, url)
+    with pytest.raises(StoreError, match="lives in this process only"):
+        extract(url, cluster="local:2", **OPTS)
+    assert FeatureStore.open(url).feature_names() == []
+    res = extract(url, **OPTS)
+    disk, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, tmp_path / "d.zarr")
+    ref = extract(disk, **OPTS)
+    assert np.array_equal(FeatureStore.open(url).features(res.name).data[:], disk.features(ref.name).data[:])

@@ -177,6 +177,9 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
         raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
                          f"in-process or on --cluster local:N for now (issue 35); run it without --cluster or "
                          f"with local:N")
+    if store.remote and cluster is not None and store.path.startswith("memory://"):
+        raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
+                         f"process can reach it; run without --cluster")
     with store.writer(name, "vsekit extract", multi=cluster is not None):
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
