@@ -141,3 +141,51 @@ def test_a_driver_paused_past_its_lease_commits_nothing_after_another_run_took_t
     assert len(set(tokens.values())) == 2 and all(tokens[i] == tokens[1] for i in tokens if i >= 1)
     assert np.array_equal(fs.data[:], reference)
     assert integrity.verify(fs).ok
+
+
+def test_a_server_gone_mid_run_is_one_error_after_bounded_retries_and_a_rerun_completes(
+        s3, demo_dir, reference, tmp_path, monkeypatch):
+    """The S3 server goes away between a block's chunk writes and its commit record: the run retries
+    with backoff (here 1 retry within 2 s), stops with one Error line naming the URL, and once the
+    server is back a rerun completes with one record per block and the bits of the run on disk."""
+    import threading
+
+    from moto.server import ThreadedMotoServer
+
+    from vsekit.storage import faults
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)   # its own, to stop
+    server.start()
+    host, port = server.get_host_and_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")   # moto's buckets are shared in-process
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "2")
+    url = _ingest(s3, demo_dir)
+    flag = tmp_path / "go"
+    monkeypatch.setattr(faults, "_config", ("", f"objstore:record@3={flag}"))
+    opts = [*ARGS, "--workers", "0", "--storage-option", "max_retries=1", "--storage-option", "retry_timeout=2"]
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=CliRunner().invoke(main, ["extract", "--store", url, *opts])))
+    thread.start()
+    deadline = time.time() + 120
+    while not (tmp_path / "go.reached").exists() and time.time() < deadline and thread.is_alive():
+        time.sleep(0.05)
+    server.stop()                                   # gone between block 2's chunks and its record
+    flag.touch()
+    thread.join(120)
+    r = result["r"]
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
+    assert "refused the connection" in errors[0] or "cannot be reached" in errors[0], errors
+    monkeypatch.setattr(faults, "_config", False)
+    back = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    back.start()
+    try:
+        assert _records_per_block(s3) == {0: 1, 1: 1}
+        time.sleep(2.5)                             # the failed run's lease (this live process) expires
+        r = CliRunner().invoke(main, ["extract", "--store", url, *opts])
+        assert r.exit_code == 0 and "skipped 2 already done" in r.output, r.output
+        fs = FeatureStore.open(url).features(NAME)
+        assert np.array_equal(fs.data[:], reference)
+        assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    finally:
+        back.stop()
