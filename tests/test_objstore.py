@@ -235,3 +235,17 @@ def test_a_memory_store_serves_one_process_and_refuses_a_cluster(demo_dir, tmp_p
     disk, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, tmp_path / "d.zarr")
     ref = extract(disk, **OPTS)
     assert np.array_equal(FeatureStore.open(url).features(res.name).data[:], disk.features(ref.name).data[:])
+
+
+def test_without_obstore_a_url_is_one_error_naming_the_extra(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_obstore(name, *args, **kw):
+        if name.startswith("obstore"):
+            raise ImportError(name)
+        return real(name, *args, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_obstore)
+    with pytest.raises(StoreError, match=r"need the obstore package: pip install 'vsekit\[s3\]'"):
+        FeatureStore.open("s3://bucket/x.zarr")

@@ -99,7 +99,11 @@ _MEMORY_LOCK = threading.Lock()
 
 def _open_obstore(url: str, options: Mapping[str, str]):
     """The obstore store at ``url`` (its prefix included) with ``options`` over the environment."""
-    from obstore.store import MemoryStore, from_url
+    try:
+        from obstore.store import MemoryStore, from_url
+    except ImportError:
+        raise StoreError(f"--store {public_url(url)}: stores on object storage need the obstore package: "
+                         f"pip install 'vsekit[s3]'") from None
 
     scheme = scheme_of(url)
     if scheme == "memory":
