@@ -209,8 +209,7 @@ def _break(path: Path, seen: dict) -> None:
 def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:
     """A lock file cannot live on object storage: a writer that has no lease protocol yet is refused
     there (a library call or a `vsekit run` recipe), rather than making a local folder named ``s3:``."""
-    from .objstore import is_object_url, public_url
-    from .store import URL_COMMANDS
+    from .objstore import URL_COMMANDS, is_object_url, public_url
 
     if is_object_url(os.fspath(store_path)):
         raise StoreError(f"{public_url(os.fspath(store_path))}: {stage} does not serve stores on object storage "

@@ -32,6 +32,9 @@ from typing import Any, Mapping
 from .base import StoreError
 
 SCHEMES = ("s3", "gs", "az", "memory")
+#: what works on an object-store URL today; every other command refuses one, naming these
+URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process and --cluster local:N), `tokenize` "
+                "(in-process), `info` (with --verify) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
@@ -384,12 +387,16 @@ class SetLease:
 def _dead_here(info: Mapping[str, Any]) -> bool:
     """A lease whose holder ran on this host and is gone (a ``kill -9``): taken over at once, as the
     POSIX lock is, rather than after its expiry."""
-    from .lock import _alive
-
     try:
-        return info.get("host") == socket.gethostname() and not _alive(int(info.get("pid", -1)))
-    except (TypeError, ValueError):
+        pid = int(info.get("pid", -1))
+        if info.get("host") != socket.gethostname() or pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (TypeError, ValueError, PermissionError):
         return False
+    return False
 
 
 def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:

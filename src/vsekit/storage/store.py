@@ -38,6 +38,7 @@ from .base import (DONE, FAILED, PENDING, STAGED, STATUS_NAMES, Block, FormatVer
                    ProvenanceError, StoreError, read_generation)
 from .faults import point
 from .fserrors import names_set_path, names_store_path
+from .objstore import URL_COMMANDS  # noqa: F401 (what serves a URL; the refusals name it)
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -326,10 +327,6 @@ def local_path(path: str | os.PathLike) -> Path:
     raise StoreError(f"--store {text}: {match.group(1)}:// stores are not supported by this vsekit; a store is a "
                      f"local or shared-filesystem path, or s3://, gs://, az:// object storage")
 
-
-#: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process and --cluster local:N), `tokenize` "
-                "(in-process), `info` (with --verify) and `export` (reading)")
 
 
 class FeatureStore:
