@@ -173,10 +173,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     name = opts.name or default_name(plan.model, opts.kind)
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
-    if store.remote and cluster is not None and cluster.kind != "local":
+    if store.remote and cluster is not None and cluster.kind not in ("local", "tcp"):
         raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
-                         f"in-process or on --cluster local:N for now (issue 35); run it without --cluster or "
-                         f"with local:N")
+                         f"in-process or on --cluster local:N / tcp:// for now (issue 35); run it without "
+                         f"--cluster or with local:N")
     if store.remote and cluster is not None and store.path.startswith("memory://"):
         raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --cluster")
