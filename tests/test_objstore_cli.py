@@ -65,9 +65,9 @@ def test_ingest_extract_info_verify_on_s3_and_no_secret_is_written_anywhere(s3, 
 
 @pytest.mark.parametrize("args", [
     ["fne", "--store", "URL", "--features", "f"],
-    ["standardize", "--store", "URL", "--features", "f"],
+    ["ingest", "npz", "DIR", "--store", "URL"],
     ["train", "--store", "URL", "--features", "f", "--model", "vse", "--out", "run"],
-    ["discretize", "--store", "URL", "--features", "f"],
+    ["evaluate", "--sims", "ANN", "--store", "URL"],
     ["split", "--store", "URL", "--ratios", "0.8,0.1,0.1"],
     ["ingest", "coco", "ANN", "--split-file", "ANN", "--store", "URL"],
 ])
@@ -76,6 +76,7 @@ def test_commands_that_do_not_serve_object_storage_refuse_it_in_one_line(s3, tmp
     (tmp_path / "ann.json").write_text("{}")
     url = s3.url()
     argv = [url if a == "URL" else (str(tmp_path / "ann.json") if a == "ANN" else a) for a in args]
+    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
     r = _run(argv)
     assert r.exit_code in (1, 2), r.output
     errors = _errors(r.output)
@@ -213,3 +214,35 @@ def test_tokenize_on_s3_writes_the_tokens_it_writes_on_disk(s3, demo_dir, tmp_pa
     assert r.exit_code == 1 and len(errors) == 1 and "has tokens already" in errors[0], r.output
     r = _run(["tokenize", "--store", stores["s3"], "--workers", "2"])
     assert r.exit_code == 1 and "without --workers and --cluster" in r.output, r.output
+
+
+def test_standardize_and_discretize_on_s3_equal_disk(s3, demo_dir, tmp_path):
+    """FNE post-processing on S3 (in this process): the statistics are in the set before it is
+    published, each block has one commit record, and every array equals the same stages on disk."""
+    import numpy as np
+
+    from vsekit.storage import objcommit
+    from vsekit.storage.store import FeatureStore
+
+    stores = {"s3": s3.url(), "disk": str(tmp_path / "d.zarr")}
+    for st in stores.values():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        assert _run(["extract", "--store", st, *FAST]).exit_code == 0
+        r = _run(["standardize", "--store", st, "--features", "test_resnet_fne"])
+        assert r.exit_code == 0 and "wrote 3 of 3 blocks" in r.output, r.output
+        r = _run(["discretize", "--store", st, "--features", "test_resnet_fne.z", "--pack"])
+        assert r.exit_code == 0 and "wrote 3 of 3 blocks" in r.output, r.output
+    a, b = FeatureStore.open(stores["s3"]), FeatureStore.open(stores["disk"])
+    for name, arrays in (("test_resnet_fne.z", ("data", "mean", "std", "count", "status")),
+                         ("test_resnet_fne.z.fne", ("data", "status"))):
+        for arr in arrays:
+            assert np.array_equal(a.features(name).group[arr][:], b.features(name).group[arr][:]), (name, arr)
+        assert sorted(objcommit.records(a.features(name))) == [0, 1, 2]
+        r = _run(["info", stores["s3"], name, "--verify"])
+        assert r.exit_code == 0 and "no damage found" in r.output, r.output
+    again = _run(["standardize", "--store", stores["s3"], "--features", "test_resnet_fne"])
+    assert again.exit_code == 0 and "wrote 0 of 3 blocks" in again.output, again.output
+    r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "local:2",
+              "--name", "other"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1 and "runs in this process for now" in errors[0], r.output

@@ -34,7 +34,8 @@ from .base import StoreError
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
 URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process, --cluster local:N and tcp://), "
-                "`tokenize` (in-process), `info` (with --verify) and `export` (reading)")
+                "`tokenize`, `standardize` and `discretize` (in-process), `info` (with --verify) and `export` "
+                "(reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
@@ -252,6 +253,17 @@ class Objects:
             return json.loads(got[0]), got[1]
         except ValueError:
             return {}, got[1]
+
+
+_CACHED: dict[str, Objects] = {}
+
+
+def objects_for(url: str) -> Objects:
+    """One :class:`Objects` per URL in this process (with the process's ``--storage-option`` values)."""
+    key = public_url(url)
+    if key not in _CACHED:
+        _CACHED[key] = Objects(key)
+    return _CACHED[key]
 
 
 def dumps(body: Mapping[str, Any]) -> bytes:

@@ -680,9 +680,8 @@ class FeatureStore:
             if not self.has_features(parent):
                 raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
             attrs["parent"] = parent
-        if self.remote and (overwrite or init is not None):
-            raise StoreError(f"feature set {name!r} in {self.path}: "
-                             f"{'--overwrite' if overwrite else 'this command'} is not supported on object "
+        if self.remote and overwrite and self.has_features(name):
+            raise StoreError(f"feature set {name!r} in {self.path}: --overwrite is not supported on object "
                              f"storage yet; write a new set with --name")
         self.remove_leftovers(name)
         if self.has_features(name):
@@ -709,7 +708,8 @@ class FeatureStore:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
         if self.remote:
-            return self._create_remote_set(name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs)
+            return self._create_remote_set(name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs,
+                                           init)
         replace_later = beside and self.has_features(name)
         staging = f".{name}.{STAGED if replace_later else 'creating-'}{uuid.uuid4().hex[:8]}"
         g = self.root.require_group("features").create_group(staging)
@@ -750,7 +750,8 @@ class FeatureStore:
         return fs
 
     def _create_remote_set(self, name: str, n_rows: int, row_shape: tuple, dtype: np.dtype, block_rows: int,
-                           extra: Any, compressors: Any, attrs: dict[str, Any]) -> FeatureSet:
+                           extra: Any, compressors: Any, attrs: dict[str, Any],
+                           init: Callable[[FeatureSet], None] | None = None) -> FeatureSet:
         """A new set on object storage: its arrays' metadata written where the set lives, then the set
         published by one create-if-absent of its ``zarr.json`` (storage/objcommit.py). A set published
         meanwhile by another run is compared by its settings hash: reopened, or refused."""
@@ -758,7 +759,7 @@ class FeatureStore:
 
         mem = zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
         g = mem.create_group("set")
-        self._build(g, name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, None)
+        self._build(g, name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, init)
         objects = self.objects
         self.root.require_group("features")
         meta = None
