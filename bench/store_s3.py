@@ -55,6 +55,7 @@ def main() -> None:
     from moto.server import ThreadedMotoServer
 
     from vsekit.extract import extract
+    from vsekit.fne import standardize
     from vsekit.storage.demo import make_demo_data
     from vsekit.storage.sources.karpathy import ingest_karpathy
     from vsekit.storage.store import FeatureStore
@@ -91,10 +92,19 @@ def main() -> None:
             requests = dict(counter.counts)
             blocks = res.blocks_run
             rows.append((where, seconds, res.done, blocks, requests))
+        std_rows = []
+        for where, store in (("local disk", disk), ("S3 (moto)", url)):
+            counter.counts.clear()
+            t0 = time.perf_counter()
+            res = standardize(store, "test_resnet_global")
+            seconds = time.perf_counter() - t0
+            std_rows.append((where, seconds, res.rows, res.blocks_written, dict(counter.counts)))
         width = disk.features("test_resnet_global").shape[1]
         ref = disk.features("test_resnet_global").data[:]
         got = FeatureStore.open(url).features("test_resnet_global").data[:]
         assert np.array_equal(ref, got), "S3 and disk features differ"
+        assert np.array_equal(disk.features("test_resnet_global.z").data[:],
+                              FeatureStore.open(url).features("test_resnet_global.z").data[:]), "standardize differs"
         objs = [o for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench",
                                                                           Prefix="disk-vs-s3.zarr/")
                 for o in page.get("Contents", [])]
@@ -103,17 +113,22 @@ def main() -> None:
         records = [o["Size"] for o in objs if "/.vsekit/commits/test_resnet_global/" in o["Key"]]
     server.stop()
 
-    base = rows[0][1]
+    def table(rows):
+        base = rows[0][1]
+        out = ["| store | seconds | rows/s | vs disk | blocks | requests (by method) | requests per block |",
+               "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+        for where, seconds, done, blocks, requests in rows:
+            per = f"{sum(requests.values()) / blocks:.1f}" if requests and blocks else "-"
+            shown = ", ".join(f"{k} {v}" for k, v in sorted(requests.items())) or "-"
+            out.append(f"| {where} | {seconds:.2f} | {done / seconds:.0f} | {seconds / base:.2f}x | {blocks} | "
+                       f"{shown} | {per} |")
+        return out
+
     lines = [f"Extraction of {args.images} demo images (test_resnet at 32 px, 1 crop, {width}-d global float32, "
              f"{args.block_rows} rows per block, in-process, 1 torch thread), the same run into a store on local "
-             f"disk and on S3 (moto on 127.0.0.1); features equal bit for bit.", "",
-             "| store | seconds | images/s | vs disk | blocks | requests (by method) | requests per block |",
-             "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
-    for where, seconds, done, blocks, requests in rows:
-        per = f"{sum(requests.values()) / blocks:.1f}" if requests and blocks else "-"
-        shown = ", ".join(f"{k} {v}" for k, v in sorted(requests.items())) or "-"
-        lines.append(f"| {where} | {seconds:.2f} | {done / seconds:.0f} | {seconds / base:.2f}x | {blocks} | "
-                     f"{shown} | {per} |")
+             f"disk and on S3 (moto on 127.0.0.1); features equal bit for bit.", "", *table(rows), "",
+             "FNE standardize of that set (train-split statistics, then every block), in this process; the "
+             "same arrays on both:", "", *table(std_rows)]
     n = len(records)
     lines += ["", "Requests include the run's fixed ones (the provider probe is not run in-process; the lease, the "
               "set's creation and publication, its attributes).",
