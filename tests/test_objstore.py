@@ -79,14 +79,14 @@ def test_a_paused_holder_loses_its_lease_and_commits_nothing(s3):
     st = _small_store(s3.url())
     ttl = 1.0
     a = objstore.SetLease(st.objects, "f", "A", ttl=ttl).acquire()
-    st.lease, st.lease_token = a, a.token
+    st.leases["f"], st.lease_token = a, a.token
     fs = st.create_features("f", (3,), "float32", attrs={"kind": "global"}, block_rows=2)
     fs.write_block(0, np.ones((2, 3), np.float32))             # committed while A holds the lease
     a._stop.set()                                              # paused: no more renewals
     time.sleep(ttl + 0.3)
     other = FeatureStore.open(s3.url(), mode="r+")
     b = objstore.SetLease(other.objects, "f", "B", ttl=30).acquire()   # expired: taken over
-    other.lease, other.lease_token = b, b.token
+    other.leases["f"], other.lease_token = b, b.token
     with pytest.raises(objstore.LeaseLost, match="lost the lease"):
         fs.write_block(1, np.full((2, 3), 7, np.float32))      # A wakes up: refused before its record
     assert objcommit.read_record(fs, 1) is None and fs.counts()["done"] == 2
@@ -99,7 +99,7 @@ def test_a_paused_holder_loses_its_lease_and_commits_nothing(s3):
 
 def test_each_block_has_one_record_and_a_second_commit_is_refused(s3):
     st = _small_store(s3.url())
-    with st.writer("f", "test"):
+    with st.writer("f", stage="test"):
         fs = st.create_features("f", (3,), "float32", attrs={"kind": "global"}, block_rows=2)
         data = np.arange(6, dtype=np.float32).reshape(2, 3)
         fs.write_block(0, data)
@@ -137,7 +137,7 @@ def test_a_set_is_invisible_until_published_and_a_changed_setting_is_refused(s3,
             seen["sets"] = FeatureStore.open(s3.url()).feature_names()
         return real_create(self, key, data)
     monkeypatch.setattr(objstore.Objects, "create", create)
-    with st.writer("f", "test"):
+    with st.writer("f", stage="test"):
         st.create_features("f", (3,), "float32", attrs={"kind": "global", "crops": 1}, block_rows=2)
         assert seen["sets"] == [] and "x.zarr/features/f/data/zarr.json" in seen["arrays"]
         with pytest.raises(ProvenanceError, match="crops 1 → 10"):
@@ -200,7 +200,7 @@ def test_the_trainers_feature_reads_check_each_block_against_its_commit_record(s
 
     st = _small_store(s3.url())
     rows = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
-    with st.writer("f", "test"):
+    with st.writer("f", stage="test"):
         fs = st.create_features("f", (3,), "float32", attrs={"kind": "global"}, block_rows=2)
         for b in fs.blocks():
             fs.write_block(b, rows[b.start:b.stop])
@@ -254,13 +254,13 @@ def test_without_obstore_a_url_is_one_error_naming_the_extra(monkeypatch):
 def test_library_stages_without_a_lease_protocol_refuse_a_url_and_make_no_local_folder(s3, tmp_path, monkeypatch):
     """A library call or a `vsekit run` recipe reaches the stages the CLI refuses: each refuses the URL
     in one StoreError (a lock file cannot live there), and no folder named ``s3:`` appears."""
-    from vsekit.fne import fne
     from vsekit.train.data import open_features
 
     monkeypatch.chdir(tmp_path)
     st = _small_store(s3.url())
     with pytest.raises(StoreError, match="does not serve stores on object storage yet"):
-        fne(s3.url(), "f")
+        with st.building_features("g", (3,), "float32", attrs={"kind": "global"}):   # ingest precomp's way
+            pass
     with pytest.raises(StoreError, match="train, evaluate and embed do not serve stores on object storage"):
         open_features(st, "f", np.arange(5))
     assert list(tmp_path.iterdir()) == []

@@ -64,7 +64,7 @@ def test_ingest_extract_info_verify_on_s3_and_no_secret_is_written_anywhere(s3, 
 
 
 @pytest.mark.parametrize("args", [
-    ["fne", "--store", "URL", "--features", "f"],
+    ["ingest", "hdf5", "ANN", "--store", "URL"],
     ["ingest", "npz", "DIR", "--store", "URL"],
     ["train", "--store", "URL", "--features", "f", "--model", "vse", "--out", "run"],
     ["evaluate", "--sims", "ANN", "--store", "URL"],
@@ -240,6 +240,14 @@ def test_standardize_and_discretize_on_s3_equal_disk(s3, demo_dir, tmp_path):
         assert sorted(objcommit.records(a.features(name))) == [0, 1, 2]
         r = _run(["info", stores["s3"], name, "--verify"])
         assert r.exit_code == 0 and "no damage found" in r.output, r.output
+    # fne (both stages in one pass, two leases) gives the same sets again under other names
+    r = _run(["extract", "--store", stores["s3"], *FAST, "--name", "copy"])
+    assert r.exit_code == 0, r.output
+    r = _run(["fne", "--store", stores["s3"], "--features", "copy", "--pack"])
+    assert r.exit_code == 0, r.output
+    for suffix in (".z", ".z.fne"):
+        assert np.array_equal(a.features("copy" + suffix).data[:], b.features("test_resnet_fne" + suffix).data[:])
+    assert not [k for k in s3.keys() if "/.vsekit/leases/" in k]          # both leases released
     again = _run(["standardize", "--store", stores["s3"], "--features", "test_resnet_fne"])
     assert again.exit_code == 0 and "wrote 0 of 3 blocks" in again.output, again.output
     r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "local:2",

@@ -70,7 +70,9 @@ def discretize(store, features, thresholds, pack, name, cluster, overwrite, allo
 
 
 @click.command("fne")
-@_store
+@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+              help="The vsekit store (a .zarr folder, or s3://...).")
+@STORAGE_OPTION
 @_features
 @_split
 @_stats_from

@@ -180,7 +180,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     if store.remote and cluster is not None and store.path.startswith("memory://"):
         raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --cluster")
-    with store.writer(name, "vsekit extract", multi=cluster is not None):
+    with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made

@@ -109,7 +109,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     if store.remote and cluster:
         raise StoreError(f"--cluster {cluster}: discretize on object storage ({store.path}) runs in this process "
                          f"for now (issue 35); run it without --cluster")
-    with store.writer(output_name(features, name), "vsekit discretize"):
+    with store.writer(output_name(features, name), stage="vsekit discretize"):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent, allow_raw=allow_raw)
         try:

@@ -222,7 +222,7 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
     if store.remote and cluster:
         raise StoreError(f"--cluster {cluster}: standardize on object storage ({store.path}) runs in this process "
                          f"for now (issue 35); run it without --cluster")
-    with store.writer(output_name(features, name), "vsekit standardize"), cluster_client(cluster) as client:
+    with store.writer(output_name(features, name), stage="vsekit standardize"), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
                                        overwrite=overwrite, client=client, pin=pin,

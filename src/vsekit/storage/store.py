@@ -336,7 +336,7 @@ class FeatureStore:
         self.root = root
         self.objects = objects   # an objstore.Objects for an object-store URL, else None
         self.path = Path(path) if objects is None else objects.url
-        self.lease = None        # the SetLease this process holds (object storage: the writer's guard)
+        self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
 
     @property
@@ -348,33 +348,39 @@ class FeatureStore:
         """Raise unless this process may still commit blocks of ``name`` (object storage only)."""
         from .objstore import LeaseLost, lease_valid
 
-        if self.lease is not None and self.lease.name == name:
-            self.lease.check()
+        if name in self.leases:
+            self.leases[name].check()
         elif not lease_valid(self.objects, name, self.lease_token, margin=None):
             raise LeaseLost(f"the run that writes {name!r} in {self.path} no longer holds its lease; "
                             f"not committing")
 
     @contextlib.contextmanager
-    def writer(self, name: str, stage: str, *, multi: bool = False) -> Iterator[None]:
-        """Hold the one-writer guard of ``name``: the lock file on disk, the lease on object storage
-        (where a multi-writer run first needs a provider that honours conditional writes)."""
+    def writer(self, *names: str, stage: str, multi: bool = False) -> Iterator[None]:
+        """Hold the one-writer guard of each of ``names``: the lock files on disk, the leases on object
+        storage (where a multi-writer run first needs a provider that honours conditional writes).
+        A name this store holds already is held once (``fne`` holds both its sets, then writes them)."""
         if self.objects is None:
             from .lock import writer_lock
 
-            with writer_lock(self.path, name, stage=stage):
+            with writer_lock(self.path, *names, stage=stage):
                 yield
             return
         from .objstore import SetLease, require_conditions
 
         if multi:
             require_conditions(self.objects, f"{stage} with more than one writer")
-        lease = SetLease(self.objects, name, stage).acquire()
-        self.lease, self.lease_token = lease, lease.token
+        taken = []
         try:
+            for name in sorted(set(names) - set(self.leases)):   # sorted: two runs never deadlock
+                lease = SetLease(self.objects, name, stage).acquire()
+                self.leases[name] = lease
+                taken.append(lease)
+                self.lease_token = lease.token
             yield
         finally:
-            lease.release()
-            self.lease = None
+            for lease in taken:
+                self.leases.pop(lease.name, None)
+                lease.release()
 
     # opening --------------------------------------------------------------------------------------
     @classmethod

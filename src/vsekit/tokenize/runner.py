@@ -103,7 +103,7 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     if store.remote and store.has_tokens:
         raise StoreError(f"{store.path} has tokens already; tokenizing again on object storage is not supported "
                          f"yet (issue 35)")
-    with store.writer("tokens", "vsekit tokenize"):
+    with store.writer("tokens", stage="vsekit tokenize"):
         return _tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
                          lowercase=lowercase, bos_eos=bos_eos, max_len=max_len, workers=workers,
                          cluster=cluster, chunk_captions=chunk_captions, chunk_tokens=chunk_tokens,
