@@ -140,10 +140,11 @@ def test_a_visible_set_without_provenance_is_refused_not_deleted(demo_store):
     assert "config_hash" in demo_store.features("x").attrs
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/x.zarr", "gs://b/p/x.zarr", "az://c/x.zarr"])
+@pytest.mark.parametrize("url", ["http://host/x.zarr", "hdfs://nn/p/x.zarr", "ftp://c/x.zarr"])
 def test_a_store_url_vsekit_cannot_serve_is_refused_and_creates_nothing(tmp_path, monkeypatch, url):
     """Issue 35: a URL was taken for a local path and a folder named ``s3:`` appeared in the working
-    directory. Every command refuses it in one Error line before touching the disk."""
+    directory. Every command refuses a scheme vsekit does not serve in one Error line before touching
+    the disk (object storage, s3:// gs:// az://: tests/test_objstore_cli.py)."""
     from click.testing import CliRunner
 
     from vsekit.cli import main

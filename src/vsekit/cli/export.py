@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import StorePath
+from .options import STORAGE_OPTION, StorePath
 
 
 @click.group("export")
@@ -37,8 +37,13 @@ def _precomp_options(f):
     return f
 
 
-STORE = click.option("--store", "store_path", required=True, type=StorePath(exists=True),
-                     help="The vsekit store (a .zarr folder).")
+_STORE = click.option("--store", "store_path", required=True, type=StorePath(exists=True, url_ok=True),
+                      help="The vsekit store (a .zarr folder, or s3://...).")
+
+
+def STORE(f):
+    """``--store`` (a path or an object-store URL) with its ``--storage-option``."""
+    return _STORE(STORAGE_OPTION(f))
 OVERWRITE = click.option("--overwrite", is_flag=True,
                          help="Replace an existing --out (whole: no file of the old one is kept).")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import CLUSTER, SPLITS, StorePath
+from .options import CLUSTER, SPLITS, STORAGE_OPTION, StorePath
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
 from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
@@ -28,7 +28,9 @@ _overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing
 
 
 @click.command("standardize")
-@_store
+@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+              help="The vsekit store (a .zarr folder, or s3://...).")
+@STORAGE_OPTION
 @_features
 @_split
 @_stats_from
@@ -46,7 +48,9 @@ def standardize(store, features, split, stats_from, name, cluster, overwrite, al
 
 
 @click.command("discretize")
-@_store
+@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+              help="The vsekit store (a .zarr folder, or s3://...).")
+@STORAGE_OPTION
 @_features
 @_thresholds
 @_pack
@@ -66,7 +70,9 @@ def discretize(store, features, thresholds, pack, name, cluster, overwrite, allo
 
 
 @click.command("fne")
-@_store
+@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+              help="The vsekit store (a .zarr folder, or s3://...).")
+@STORAGE_OPTION
 @_features
 @_split
 @_stats_from

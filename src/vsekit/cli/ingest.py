@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
-from .options import StorePath
+from .options import STORAGE_OPTION, StorePath
 
 
 @click.group("ingest")
@@ -13,8 +15,9 @@ def ingest() -> None:
     parquet, npz)."""
 
 
-def _common(f):
-    f = click.option("--store", "store_path", required=True, type=StorePath(), help="Store to create.")(f)
+def _common(f, url_ok: bool = False):
+    f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=url_ok),
+                     help="Store to create (a path, or s3://... for `ingest karpathy` and `ingest folder`).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
     f = DROP_FEATURES(f)
     f = click.option("--strict", is_flag=True, help="Turn skipped items into errors.")(f)
@@ -60,7 +63,8 @@ _outside = click.option("--allow-outside-root", is_flag=True,
               help="Put COCO's restval images into train (the common 113,287-image practice).")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
-@_common
+@functools.partial(_common, url_ok=True)
+@STORAGE_OPTION
 def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
              overwrite, drop_features, strict):
     """Ingest a Karpathy split file (dataset_coco.json, dataset_flickr30k.json, ...)."""
@@ -114,7 +118,8 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
-@_common
+@functools.partial(_common, url_ok=True)
+@STORAGE_OPTION
 def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, drop_features, strict):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder

@@ -36,21 +36,52 @@ WORKERS = Workers()
 
 
 class StorePath(click.Path):
-    """``--store``: a store's path. A URL vsekit cannot serve (``s3://...``) is refused in one line
-    first, rather than reported as a missing folder or created as a folder named ``s3:``."""
+    """``--store``: a store's path, or with ``url_ok`` an object-store URL (``s3://``, ``gs://``,
+    ``az://``, ``memory://``) as is. A URL the command cannot serve is refused in one line first,
+    naming the commands that do, rather than reported as a missing folder or created as a folder
+    named ``s3:`` (``tests/test_objstore_cli.py``)."""
 
-    def __init__(self, exists: bool = False):
+    def __init__(self, exists: bool = False, url_ok: bool = False):
         super().__init__(exists=exists, file_okay=False)
+        self.url_ok = url_ok
 
     def convert(self, value, param, ctx):
         from ..storage.base import StoreError
-        from ..storage.store import local_path
+        from ..storage.objstore import is_object_url, public_url
+        from ..storage.store import URL_COMMANDS, local_path
 
+        if isinstance(value, str) and is_object_url(value):
+            if self.url_ok:
+                return value
+            command = f"`{ctx.command_path}`" if ctx is not None else "this command"
+            self.fail(f"{public_url(value)}: {command} does not serve stores on object storage yet; "
+                      f"they are served by {URL_COMMANDS} (issue 35). Copy the store to a local path for "
+                      f"this command", param, ctx)
         try:
             value = str(local_path(value)) if isinstance(value, str) else value
         except StoreError as exc:
             self.fail(str(exc).split(": ", 1)[1], param, ctx)
         return super().convert(value, param, ctx)
+
+
+def _storage_options(ctx, param, values):
+    from ..storage.objstore import DEFAULT_OPTIONS, parse_options
+
+    try:
+        DEFAULT_OPTIONS.update(parse_options(values))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return None
+
+
+#: ``--storage-option KEY=VALUE`` (repeatable): credentials, endpoint, region... of an object-store
+#: ``--store``, over the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). The values
+#: stay in memory: never written to the store, a log or a report.
+STORAGE_OPTION = click.option(
+    "--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE", expose_value=False,
+    callback=_storage_options,
+    help="An option of an object-store --store (endpoint, region, access_key_id, ...; repeatable), over "
+         "the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). Never recorded.")
 
 
 def resolve_workers(value, cap: int = 4) -> int:

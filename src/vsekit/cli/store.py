@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import click
 
-from .options import StorePath
+from .options import STORAGE_OPTION, StorePath
 
 
 @click.command("info")
-@click.argument("store", type=StorePath(exists=True))
+@click.argument("store", type=StorePath(exists=True, url_ok=True))
+@STORAGE_OPTION
 @click.argument("name", required=False)
 @click.option("--verify", is_flag=True,
               help="Re-read every finished block and compare it with its recorded checksum.")

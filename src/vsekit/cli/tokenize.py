@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
-from .options import CLUSTER, WORKERS, resolve_workers, StorePath
+from .options import CLUSTER, STORAGE_OPTION, WORKERS, resolve_workers, StorePath
 
 
 @click.command("tokenize")
-@click.option("--store", "store", required=True, type=StorePath(exists=True),
-              help="The vsekit store whose captions to tokenize.")
+@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+              help="The vsekit store whose captions to tokenize (a path, or s3://...).")
+@STORAGE_OPTION
 @click.option("--min-count", default=4, show_default=True, type=int,
               help="Keep words seen at least this many times in the vocabulary splits (VSE++/SCAN: 4).")
 @click.option("--vocab-splits", default="train,val", show_default=True,

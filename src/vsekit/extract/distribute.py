@@ -52,7 +52,8 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
     :class:`DriverGone`). ``job.run.device`` is resolved here, on the worker (``auto`` on a GPU node
     is its GPU); the model is built once per worker process.
     """
-    store = FeatureStore.open(job.store, mode="r+")
+    store = FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
+    store.lease_token = job.lock_token   # object storage: this task commits under its driver's lease
     fs = store.features(job.name)
     blk = Block(*block)
     guard = LockGuard(job, skip_committed=True, record_errors=False)
@@ -68,7 +69,7 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
 
 def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dict[str, Any]:
     """A bisection task: rows ``[lo, hi)`` of ``block`` computed and returned, not written."""
-    store = FeatureStore.open(job.store, mode="r+")
+    store = FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
     blk = Block(*block)
     buf = compute_block(job, blk, store=store, span=(lo, hi))
     sl = slice(lo - blk.start, hi - blk.start)

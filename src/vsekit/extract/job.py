@@ -96,6 +96,8 @@ class Job:
     lock_name: str | None = None    # the set's writer lock (its public name)
     lock_token: str | None = None   # the token of the run holding it (None: not checked)
     site: Site = Site()             # where its tasks run (``run`` is resolved there: .site.resolve)
+    # an object-store URL's options (credentials among them): handed to the tasks in memory, never shown
+    storage_options: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ExtractOptions))

@@ -208,7 +208,13 @@ class LockGuard:
 
         if self.skip_committed and integrity.block_committed(fs, block):
             return "already committed"
-        if not lock_held(self.job.store, self.job.lock_name or self.job.name, self.job.lock_token):
+        if fs.store.remote:   # object storage: the driver's lease, read (only the driver renews it)
+            from ..storage.objstore import lease_valid
+
+            held = lease_valid(fs.store.objects, self.job.lock_name or self.job.name, self.job.lock_token)
+        else:
+            held = lock_held(self.job.store, self.job.lock_name or self.job.name, self.job.lock_token)
+        if not held:
             raise DriverGone(f"the run that submitted block {block.index} of {self.job.name!r} is gone; "
                              f"not writing it")
         return None

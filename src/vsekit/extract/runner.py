@@ -28,7 +28,7 @@ from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
-from ..storage.lock import holder, writer_lock
+from ..storage.lock import holder
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
 from .images import UNRECORDED_DECODER, decoder_attrs
 from .job import Execution, ExtractOptions, Job, split_options
@@ -174,7 +174,14 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     name = opts.name or default_name(plan.model, opts.kind)
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
-    with writer_lock(store.path, name, stage="vsekit extract"):
+    if store.remote and cluster is not None and cluster.kind not in ("local", "tcp"):
+        raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
+                         f"in-process or on --cluster local:N / tcp:// for now (issue 35); run it without "
+                         f"--cluster or with local:N")
+    if store.remote and cluster is not None and store.path.startswith("memory://"):
+        raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
+                         f"process can reach it; run without --cluster")
+    with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
@@ -190,9 +197,13 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             fs.update_attrs(decoding=decoder_attrs(plan.decoder))
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
-        lock = holder(store.path, name)
-        job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
-                  lock_token=lock.get("token") if lock else None)
+        if store.remote:   # the tasks open the URL with the same options and write under the lease's token
+            job = Job(store.path, fs.name, plan, run, lock_name=name, lock_token=store.lease_token,
+                      storage_options=dict(store.objects.options))
+        else:
+            lock = holder(store.path, name)
+            job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
+                      lock_token=lock.get("token") if lock else None)
         t0 = time.perf_counter()
         try:
             if array:   # no driver stays: see extract/array.py
@@ -266,7 +277,12 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
 
 def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bool, exc: BaseException) -> None:
     """After a failed run: a staged --overwrite is dropped, a set with nothing done is removed; an
-    interrupt says what was kept (as :class:`~vsekit.interrupts.Interrupted`)."""
+    interrupt says what was kept (as :class:`~vsekit.interrupts.Interrupted`). A run that lost its lease
+    on object storage touches nothing: the set belongs to the run that took it over."""
+    from ..storage.objstore import LeaseLost
+
+    if isinstance(exc, LeaseLost):
+        return
     if fs.staged:   # a failed --overwrite: the old set stays as it was
         store.discard(fs)
         if isinstance(exc, KeyboardInterrupt):

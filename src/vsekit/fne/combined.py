@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..storage.store import FeatureStore
-from ..storage.lock import writer_lock
+from ..storage.store import FeatureStore, StoreError
 from . import derived, passes
 from . import discretize as disc
 from . import standardize as stdz
@@ -32,8 +31,10 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
 
     store = passes.open_store(store)
     disc.check_thresholds(thresholds)
-    with writer_lock(store.path, *output_names(features), stage="vsekit fne"), \
-            cluster_client(cluster) as client:
+    if store.remote and cluster:
+        raise StoreError(f"--cluster {cluster}: fne on object storage ({store.path}) runs in this process for now "
+                         f"(issue 35); run it without --cluster")
+    with store.writer(*output_names(features), stage="vsekit fne"), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "fne")
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
                                                overwrite=overwrite, client=client, pin=pin,

@@ -48,10 +48,18 @@ class Pin:
 
     @classmethod
     def of(cls, parent: FeatureSet, stage: str) -> "Pin":
-        return cls(str(parent.store.path), parent.name, read_generation(parent.store.path, parent.name), stage)
+        return cls(str(parent.store.path), parent.name, parent.generation, stage)
+
+    def _now(self) -> str | None:
+        from ..storage.objstore import is_object_url, objects_for
+
+        if is_object_url(self.store):   # object storage: the set's published zarr.json
+            got = objects_for(self.store).get_json(f"features/{self.name}/zarr.json")
+            return "absent" if got is None else (got[0].get("attributes") or {}).get("generation")
+        return read_generation(self.store, self.name)
 
     def check(self) -> None:
-        if read_generation(self.store, self.name) != self.generation:
+        if self._now() != self.generation:
             raise ParentChanged(
                 f"feature set {self.name!r} in {self.store} was made again (--overwrite) while {self.stage} "
                 f"was reading it; nothing was written from it. Run {self.stage} again once it is finished")

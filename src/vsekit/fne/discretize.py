@@ -16,7 +16,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..storage.lock import writer_lock
 from ..storage.splits import refuse_stale
 from ..storage.store import FeatureSet, FeatureStore, StoreError
 from . import derived, passes
@@ -107,7 +106,10 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     check_standardized(parent, allow_raw)
     refuse_stale(parent)
     parent.check(complete=True)
-    with writer_lock(store.path, output_name(features, name), stage="vsekit discretize"):
+    if store.remote and cluster:
+        raise StoreError(f"--cluster {cluster}: discretize on object storage ({store.path}) runs in this process "
+                         f"for now (issue 35); run it without --cluster")
+    with store.writer(output_name(features, name), stage="vsekit discretize"):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent, allow_raw=allow_raw)
         try:

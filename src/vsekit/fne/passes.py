@@ -121,7 +121,7 @@ class Output:
     pending: frozenset = field(default_factory=frozenset)
 
 
-def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: str,
+def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "str | FeatureStore",
                  stages: Sequence[Output], flags: Sequence[bool], check: bool, pin: Any = None) -> tuple[int, list]:
     """Run the chain of stages on one block and write the pending outputs; report non-finite values instead.
 
@@ -137,7 +137,8 @@ def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: str,
             return int(bad.sum()), [(block.start + int(r), int(c), float(x[r, c])) for r, c in where[:1000]]
     import zarr
 
-    store = FeatureStore(zarr.open_group(path, mode="r+", zarr_format=3), path)
+    # object storage: the driver's own store (in-process threads), which holds the set's lease
+    store = path if isinstance(path, FeatureStore) else FeatureStore(zarr.open_group(path, mode="r+", zarr_format=3), path)
     out_status = np.where(ok, DONE, FAILED).astype(np.uint8)
     values = x
     for stage, flag in zip(stages, flags):
@@ -166,7 +167,7 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *
     status = np.asarray(src.status[:])
     stages = [Output(o.name, o.fn) for o in outputs]
     shared = dask.delayed(stages, pure=True, traverse=False)
-    path = str(Path(src.store.path).resolve())
+    path = src.store if src.store.remote else str(Path(src.store.path).resolve())
     tasks = [dask.delayed(_write_block, pure=False)(
         parts[i], status[blocks[i].start:blocks[i].stop], blocks[i], path, shared,
         tuple(i in o.pending for o in outputs), check, pin) for i in todo]

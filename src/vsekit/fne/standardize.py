@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ..storage.faults import point
-from ..storage.lock import writer_lock
 from ..storage.splits import refuse_stale
 from ..storage.store import FAILED, FeatureSet, FeatureStore, StoreError, write_array
 from . import derived, passes
@@ -220,8 +219,10 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
     from ..cluster import cluster_client
 
     store = passes.open_store(store)
-    with writer_lock(store.path, output_name(features, name), stage="vsekit standardize"), \
-            cluster_client(cluster) as client:
+    if store.remote and cluster:
+        raise StoreError(f"--cluster {cluster}: standardize on object storage ({store.path}) runs in this process "
+                         f"for now (issue 35); run it without --cluster")
+    with store.writer(output_name(features, name), stage="vsekit standardize"), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
                                        overwrite=overwrite, client=client, pin=pin,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from .base import PENDING, Block, StoreError, read_generation
+from .base import PENDING, Block, StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet
@@ -117,6 +117,10 @@ def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
 
 def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
     """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
+    if fs.store.objects is not None:   # object storage: against the blocks' commit records
+        from .objcommit import verify as verify_records
+
+        return verify_records(fs, Report(fs.name, len(fs.blocks()), full=not quick), _status_block, quick=quick)
 
     blocks = fs.blocks()
     report = Report(fs.name, len(blocks), full=not quick)
@@ -166,6 +170,10 @@ def repair(fs: "FeatureSet", report: Report) -> int:
     """Mark the damaged blocks of ``report`` pending (status and checksums reset); returns how many."""
     from .faults import point
 
+    if fs.store.objects is not None:
+        from .objcommit import repair as repair_records
+
+        return repair_records(fs, report)
     blocks = fs.blocks()
     for i in sorted(report.damaged):
         b = blocks[i]
@@ -203,7 +211,12 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     A dask task asks this before computing and again before writing its block, so a block that a lost
     worker already committed is never computed or written twice (see :mod:`vsekit.extract.distribute`).
     A block with an unreadable status chunk or missing/truncated files counts as not committed.
+    On object storage: whether it has its commit record (:mod:`.objcommit`).
     """
+    if fs.store.objects is not None:
+        from .objcommit import committed
+
+        return committed(fs, block)
 
     status = _status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
@@ -227,7 +240,8 @@ class BlockCheck:
     The checksums, status and generation are taken once when the reader opens the set; then every
     chunk file read is compared (CRC-32 and size) before its rows are used, and the set's generation
     is read again, so a set remade by ``--overwrite`` meanwhile is refused instead of mixed in.
-    A finished block without its checksum record is refused as damaged.
+    A finished block without its checksum record is refused as damaged. On object storage the
+    record of a block is its commit record (:mod:`.objcommit`) and a chunk is re-read as an object.
     """
 
     def __init__(self, fs: "FeatureSet", arrays: Sequence[str] = ("data",)):
@@ -236,10 +250,15 @@ class BlockCheck:
         self.blocks = fs.blocks()
         names = list(fs.group.attrs.get("checksummed") or [])
         self.columns = {a: names.index(a) for a in arrays if a in names}
-        self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) else None
+        self.remote = fs.store.objects is not None
+        if self.remote:
+            from .objcommit import records
+
+            self.commits = records(fs)
+        self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) and not self.remote else None
         self.records = bool(names)
         self.status = fs.status_values()
-        self.generation = read_generation(fs.store.path, fs.name)
+        self.generation = fs.generation
 
     def expected(self, index: int, array: str) -> tuple[int, int] | None:
         """(CRC, size) recorded for ``array``'s chunk ``index``; None when there is nothing to check."""
@@ -247,6 +266,12 @@ class BlockCheck:
             return None   # an array the set does not have (no per-row count)
         block = self.blocks[index]
         unfinished = bool(np.any(self.status[block.start:block.stop] == PENDING))
+        if self.remote:
+            rec = self.commits.get(index)
+            if rec is None:
+                return None if unfinished else self.refuse(index, "its rows are finished but it has no commit record")
+            crc, size = rec.get("sums", {}).get(array, (0, ABSENT))
+            return int(crc), int(size)
         if self.sums is None:
             return None if unfinished else self.refuse(index, _missing_sums(self.columns))
         want = self.sums[index]
@@ -269,13 +294,20 @@ class BlockCheck:
 
     def check_file(self, index: int, array: str) -> None:
         """Re-read chunk file ``index`` of ``array`` and check it (readers that decode through zarr)."""
-        if self.expected(index, array) is not None:
-            self.check_sum(index, array, *_file_sum(_chunk_file(self.fs, array, index), crc=True))
+        if self.expected(index, array) is None:
+            return
+        if self.remote:
+            from .objcommit import chunk_key
+
+            got = self.fs.store.objects.get(chunk_key(self.fs, array, index))
+            self.check_sum(index, array, *((0, ABSENT) if got is None else (crc_of(got[0]), len(got[0]))))
+            return
+        self.check_sum(index, array, *_file_sum(_chunk_file(self.fs, array, index), crc=True))
 
     def check_generation(self) -> None:
         """Refuse to go on if the set was replaced (``--overwrite``) since the reader opened it."""
 
-        now = read_generation(self.fs.store.path, self.fs.name)
+        now = self.fs.generation
         if now != self.generation:
             raise StoreError(
                 f"feature set {self.fs.name!r} in {self.fs.store.path} was replaced (another run made it "

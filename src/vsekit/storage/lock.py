@@ -206,8 +206,19 @@ def _break(path: Path, seen: dict) -> None:
     aside.unlink(missing_ok=True)
 
 
+def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:
+    """A lock file cannot live on object storage: a writer that has no lease protocol yet is refused
+    there (a library call or a `vsekit run` recipe), rather than making a local folder named ``s3:``."""
+    from .objstore import URL_COMMANDS, is_object_url, public_url
+
+    if is_object_url(os.fspath(store_path)):
+        raise StoreError(f"{public_url(os.fspath(store_path))}: {stage} does not serve stores on object storage "
+                         f"yet; they are served by {URL_COMMANDS} (issue 35)")
+
+
 def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
     """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
+    refuse_url(store_path)
     _ensure_dir(Path(store_path))
     return acquire_file(lock_path(store_path, name), f"{name!r} in {store_path}", stage,
                         "one writer per feature set")
@@ -316,6 +327,7 @@ def _refreshed(path: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit") -> Iterator[None]:
     """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block."""
+    refuse_url(store_path, f"`{stage}`")
     taken: list[tuple[str, dict | None]] = []
     stop = threading.Event()
     try:

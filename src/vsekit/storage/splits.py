@@ -180,6 +180,8 @@ def split_notes(store: FeatureStore, name: str | None = None) -> list[str]:
 
     codes = store.image_splits()
     fix = f"`vsekit split --store {store.path} --val N --test N` re-splits, keeping every feature set"
+    if getattr(store, "remote", False):   # `split` does not serve object storage yet (issue 35)
+        fix = "ingest again with other splits (`vsekit split` works on local stores only for now)"
     if name is None:
         return [f"note: split {s!r} has {plural(int(np.sum(codes == i)), 'image')}: validation or test figures "
                 f"on it are noise; {fix}" for i, s in enumerate(SPLITS)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import zarr
+import zarr.storage
 
 from ..version import __version__
 from . import integrity
@@ -37,6 +38,7 @@ from .base import (DONE, FAILED, PENDING, STAGED, STATUS_NAMES, Block, FormatVer
                    ProvenanceError, StoreError, read_generation)
 from .faults import point
 from .fserrors import names_set_path, names_store_path
+from .objstore import URL_COMMANDS  # noqa: F401 (what serves a URL; the refusals name it)
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -124,6 +126,9 @@ class FeatureSet:
     @property
     def generation(self) -> str | None:
         """The id made when this set was created; a set made again (``--overwrite``) has a new one."""
+        if self.store.objects is not None:
+            got = self.store.objects.get_json(f"features/{self.name}/zarr.json")
+            return "absent" if got is None else (got[0].get("attributes") or {}).get("generation")
         return read_generation(self.store.path, self.name)
 
     # arrays ---------------------------------------------------------------------------------------
@@ -198,6 +203,11 @@ class FeatureSet:
         """
         if isinstance(block, int):
             block = self.blocks()[block]
+        if self.store.objects is not None:
+            from . import objcommit
+
+            if objcommit.committed(self, block):   # committed already: its chunks are never written again
+                return
         for name, values in arrays.items():
             point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
@@ -206,8 +216,14 @@ class FeatureSet:
             self.data[block.start:block.stop] = data
         if status is None:
             status = np.full(len(block), DONE, dtype=np.uint8)
-        point("write_block:sums")
-        integrity.record(self, block)
+        if self.store.objects is not None:   # object storage: the record commits it (storage/objcommit.py)
+            from . import objcommit
+
+            if not objcommit.write_record(self, block, status):
+                return   # committed already by another writer: its status is restored from its record
+        else:
+            point("write_block:sums")
+            integrity.record(self, block)
         point("write_block:status")
         self.status[block.start:block.stop] = np.asarray(status, dtype=np.uint8)
 
@@ -290,9 +306,12 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 def local_path(path: str | os.PathLike) -> Path:
     """The filesystem path of a store, or one clear refusal for a URL vsekit cannot serve.
 
-    ``file://`` URLs name a local path. Any other scheme (``s3://``, ``gs://``, ``az://``, ...) is
-    refused: taken as a path it would create a folder named ``s3:`` in the working directory
+    ``file://`` URLs name a local path. Any other scheme is refused: taken as a path it would create a
+    folder named ``s3:`` in the working directory
     (``tests/test_store.py::test_a_store_url_vsekit_cannot_serve_is_refused_and_creates_nothing``).
+    Object-store URLs (``s3://``, ``gs://``, ``az://``, ``memory://``) are opened by
+    :class:`FeatureStore` itself, by the commands that serve them (:data:`URL_COMMANDS`); the others
+    refuse them here, naming what does.
     """
     text = os.fspath(path)
     match = _URL.match(text) if isinstance(text, str) else None
@@ -300,21 +319,79 @@ def local_path(path: str | os.PathLike) -> Path:
         return Path(text)
     if match.group(1).lower() == "file":
         return Path(text[len(match.group(0)):] or "/")
+    from .objstore import is_object_url, public_url
+
+    if is_object_url(text):
+        raise StoreError(f"--store {public_url(text)}: this command does not serve object-store stores yet; "
+                         f"{match.group(1)}:// stores are served by {URL_COMMANDS} (issue 35)")
     raise StoreError(f"--store {text}: {match.group(1)}:// stores are not supported by this vsekit; a store is a "
-                     f"local or shared-filesystem path (object storage is issue 35)")
+                     f"local or shared-filesystem path, or s3://, gs://, az:// object storage")
+
 
 
 class FeatureStore:
     """A vsekit store: one Zarr v3 group per dataset."""
 
-    def __init__(self, root: zarr.Group, path: str | os.PathLike):
+    def __init__(self, root: zarr.Group, path: str | os.PathLike, objects: Any = None):
         self.root = root
-        self.path = Path(path)
+        self.objects = objects   # an objstore.Objects for an object-store URL, else None
+        self.path = Path(path) if objects is None else objects.url
+        self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
+        self.lease_token: str | None = None   # the driver's lease token a dask task writes under
+
+    @property
+    def remote(self) -> bool:
+        """True for a store on object storage (``s3://``...): ``path`` is then its URL (a str)."""
+        return self.objects is not None
+
+    def check_lease(self, name: str) -> None:
+        """Raise unless this process may still commit blocks of ``name`` (object storage only)."""
+        from .objstore import LeaseLost, lease_valid
+
+        if name in self.leases:
+            self.leases[name].check()
+        elif not lease_valid(self.objects, name, self.lease_token, margin=None):
+            raise LeaseLost(f"the run that writes {name!r} in {self.path} no longer holds its lease; "
+                            f"not committing")
+
+    @contextlib.contextmanager
+    def writer(self, *names: str, stage: str, multi: bool = False) -> Iterator[None]:
+        """Hold the one-writer guard of each of ``names``: the lock files on disk, the leases on object
+        storage (where a multi-writer run first needs a provider that honours conditional writes).
+        A name this store holds already is held once (``fne`` holds both its sets, then writes them)."""
+        if self.objects is None:
+            from .lock import writer_lock
+
+            with writer_lock(self.path, *names, stage=stage):
+                yield
+            return
+        from .objstore import SetLease, require_conditions
+
+        if multi:
+            require_conditions(self.objects, f"{stage} with more than one writer")
+        taken = []
+        try:
+            for name in sorted(set(names) - set(self.leases)):   # sorted: two runs never deadlock
+                lease = SetLease(self.objects, name, stage).acquire()
+                self.leases[name] = lease
+                taken.append(lease)
+                self.lease_token = lease.token
+            yield
+        finally:
+            for lease in taken:
+                self.leases.pop(lease.name, None)
+                lease.release()
 
     # opening --------------------------------------------------------------------------------------
     @classmethod
     def create(cls, path: str | os.PathLike, *, dataset: str, image_root: str | os.PathLike = "",
-               source_files: Sequence[str] = (), overwrite: bool = False) -> "FeatureStore":
+               source_files: Sequence[str] = (), overwrite: bool = False,
+               storage_options: Any = None) -> "FeatureStore":
+        from .objstore import is_object_url
+
+        if is_object_url(os.fspath(path)):
+            return cls._create_remote(os.fspath(path), storage_options, dataset=dataset, image_root=image_root,
+                                      source_files=source_files, overwrite=overwrite)
         path = local_path(path)
         if path.exists() and not overwrite:
             raise StoreError(f"{path} already exists; pass --overwrite to replace it")
@@ -331,7 +408,54 @@ class FeatureStore:
         return cls(root, path)
 
     @classmethod
-    def open(cls, path: str | os.PathLike, mode: str = "r") -> "FeatureStore":
+    def _create_remote(cls, url: str, storage_options: Any, *, dataset: str, image_root: Any,
+                       source_files: Sequence[str], overwrite: bool) -> "FeatureStore":
+        """A new store at an object-store URL: its root ``zarr.json`` created with create-if-absent (one
+        ingest per URL), ``complete: false`` until the ingest finishes (:meth:`building`)."""
+        from .objcommit import group_meta
+        from .objstore import Objects, parse_options
+
+        objects = Objects(url, parse_options(storage_options))
+        if overwrite:
+            raise StoreError(f"--store {objects.url}: --overwrite of a store on object storage is not supported "
+                             f"yet; delete its objects first (for example `aws s3 rm --recursive {objects.url}`)")
+        attrs = _jsonable({"vsekit_format": FORMAT_VERSION, "vsekit_version": __version__, "dataset": dataset,
+                           "image_root": str(Path(image_root).resolve()) if image_root else "",
+                           "source_files": list(source_files), "codes": SPLIT_CODES, "complete": False})
+        if objects.create("zarr.json", group_meta(attrs)) is None:
+            raise StoreError(f"{objects.url} already exists (it has a zarr.json); ingest into a new URL, or "
+                             f"delete its objects first")
+        root = zarr.open_group(objects.zarr_store(), mode="r+", zarr_format=3)
+        return cls(root, objects.url, objects)
+
+    @classmethod
+    def _open_remote(cls, url: str, mode: str, storage_options: Any) -> "FeatureStore":
+        from .objstore import Objects, parse_options
+
+        objects = Objects(url, parse_options(storage_options))
+        got = objects.get_json("zarr.json")
+        if got is None:
+            raise StoreError(f"{objects.url} is not a vsekit store (no zarr.json there); "
+                             f"create one with `vsekit ingest ...`")
+        attrs = got[0].get("attributes") or {}
+        if attrs.get("vsekit_format") is None:
+            raise StoreError(f"{objects.url} is a Zarr group but not a vsekit store (no vsekit_format attribute)")
+        if attrs.get("complete") is False:
+            raise StoreError(f"{objects.url}: its ingest has not finished (or was killed before it did); rerun "
+                             f"the ingest into a new URL, or delete these objects and ingest again")
+        if int(attrs["vsekit_format"]) > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{objects.url} was written in vsekit store format {attrs['vsekit_format']}, newer than this "
+                f"vsekit ({__version__}) reads (format {FORMAT_VERSION}); upgrade vsekit")
+        root = zarr.open_group(objects.zarr_store(read_only=mode == "r"), mode=mode, zarr_format=3)
+        return cls(root, objects.url, objects)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: Any = None) -> "FeatureStore":
+        from .objstore import is_object_url
+
+        if is_object_url(os.fspath(path)):
+            return cls._open_remote(os.fspath(path), mode, storage_options)
         path = local_path(path)
         if not (path / "zarr.json").exists():
             raise StoreError(f"{path} is not a vsekit store (no zarr.json there); "
@@ -360,7 +484,12 @@ class FeatureStore:
         ``overwrite``: a new split alone is ``vsekit split``, which keeps them.
         """
         from . import lock
+        from .objstore import is_object_url
 
+        if is_object_url(os.fspath(path)):
+            with cls._building_remote(os.fspath(path), overwrite=overwrite, **create_kw) as store:
+                yield store
+            return
         path = local_path(path)
         with lock.creating_store(path), contextlib.ExitStack() as held_store:
             if path.exists() and not overwrite:
@@ -391,6 +520,23 @@ class FeatureStore:
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
+
+    @classmethod
+    @contextlib.contextmanager
+    def _building_remote(cls, url: str, *, overwrite: bool, **create_kw: Any) -> Iterator["FeatureStore"]:
+        """An ingest into an object-store URL: the store's root is created first (create-if-absent: one
+        ingest per URL) and marked complete last; a failed ingest deletes what it wrote."""
+        store = cls.create(url, overwrite=overwrite, **create_kw)
+        try:
+            yield store
+            point("ingest:complete")
+            store.root.attrs["complete"] = True
+        except BaseException:
+            for key in store.objects.keys(""):
+                if key != "zarr.json":
+                    store.objects.delete(key)
+            store.objects.delete("zarr.json")
+            raise
 
     # attributes -----------------------------------------------------------------------------------
     @property
@@ -481,14 +627,19 @@ class FeatureStore:
         """Names of the feature sets (hidden ``.name.partial-*`` sets being built are left out)."""
         if "features" not in self.root:
             return []
-        return sorted(k for k in self.root["features"].group_keys() if not k.startswith("."))
+        import warnings
+
+        with warnings.catch_warnings():   # object storage: a set not yet published is skipped, not a warning
+            warnings.simplefilter("ignore")
+            return sorted(k for k in self.root["features"].group_keys() if not k.startswith("."))
 
     def has_features(self, name: str) -> bool:
         return name in self.feature_names()
 
     def features(self, name: str, expect: Mapping[str, Any] | None = None, *,
                  complete: bool = False) -> FeatureSet:
-        staged = STAGED in name and (self.path / "features" / name / "zarr.json").exists()
+        staged = (STAGED in name and not self.remote
+                  and (self.path / "features" / name / "zarr.json").exists())
         if not self.has_features(name) and not staged:   # a staged set is opened by its writers only
             have = ", ".join(self.feature_names()) or "none"
             raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
@@ -535,12 +686,19 @@ class FeatureStore:
             if not self.has_features(parent):
                 raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
             attrs["parent"] = parent
+        if self.remote and overwrite and self.has_features(name):
+            raise StoreError(f"feature set {name!r} in {self.path}: --overwrite is not supported on object "
+                             f"storage yet; write a new set with --name")
         self.remove_leftovers(name)
         if self.has_features(name):
             existing = FeatureSet(self, name)
             same = (existing.attrs.get("config_hash") == attrs["config_hash"]
                     and existing.shape == (n_rows, *row_shape) and existing.data.dtype == dtype)
             if same and not overwrite:
+                if self.remote:   # a writer killed between a block's record and its status
+                    from .objcommit import reconcile
+
+                    reconcile(existing)
                 return existing
             if not overwrite:
                 diff = settings_diff(existing.attrs, attrs)
@@ -555,6 +713,9 @@ class FeatureStore:
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
+        if self.remote:
+            return self._create_remote_set(name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs,
+                                           init)
         replace_later = beside and self.has_features(name)
         staging = f".{name}.{STAGED if replace_later else 'creating-'}{uuid.uuid4().hex[:8]}"
         g = self.root.require_group("features").create_group(staging)
@@ -593,6 +754,37 @@ class FeatureStore:
         if init is not None:
             init(fs)
         return fs
+
+    def _create_remote_set(self, name: str, n_rows: int, row_shape: tuple, dtype: np.dtype, block_rows: int,
+                           extra: Any, compressors: Any, attrs: dict[str, Any],
+                           init: Callable[[FeatureSet], None] | None = None) -> FeatureSet:
+        """A new set on object storage: its arrays' metadata written where the set lives, then the set
+        published by one create-if-absent of its ``zarr.json`` (storage/objcommit.py). A set published
+        meanwhile by another run is compared by its settings hash: reopened, or refused."""
+        from .objcommit import group_meta
+
+        mem = zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
+        g = mem.create_group("set")
+        self._build(g, name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, init)
+        objects = self.objects
+        self.root.require_group("features")
+        meta = None
+        for key, buf in sorted(mem.store._store_dict.items()):
+            if not key.startswith("set/"):
+                continue
+            if key == "set/zarr.json":
+                meta = json.loads(buf.to_bytes())
+                continue
+            objects.put(f"features/{name}/{key[4:]}", buf.to_bytes())
+        point("create_features:publish")
+        if objects.create(f"features/{name}/zarr.json", group_meta(meta["attributes"])) is None:
+            have = (objects.get_json(f"features/{name}/zarr.json") or ({}, None))[0].get("attributes") or {}
+            if have.get("config_hash") != attrs.get("config_hash"):
+                raise ProvenanceError(
+                    f"feature set {name!r} was just created in {self.path} by another run with different "
+                    f"settings ({'; '.join(settings_diff(have, attrs)) or 'another vsekit version'}); "
+                    f"pass --name to write a new set")
+        return FeatureSet(self, name)
 
     def commit(self, fs: FeatureSet) -> FeatureSet:
         """Swap a staged set (built beside the one it replaces) into place; returns the set by its name."""
@@ -651,6 +843,8 @@ class FeatureStore:
 
         Call only while holding ``name``'s writer lock (no live run is then building it).
         """
+        if self.remote:   # nothing is staged on object storage: a set is published in place
+            return []
         base = self.path / "features"
         if not base.is_dir():
             return []

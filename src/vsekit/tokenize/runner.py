@@ -29,7 +29,6 @@ import numpy as np
 import zarr
 
 from ..storage.faults import point
-from ..storage.lock import writer_lock
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
 from .text import tokenize_caption
@@ -93,8 +92,18 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     ``tcp://HOST:PORT``) runs it on dask instead. ``max_len`` counts ``<start>`` and ``<end>``.
     ``progress(done, total)`` is called after each chunk of captions.
     """
-    store = FeatureStore.open(store.path if isinstance(store, FeatureStore) else store, mode="r+")
-    with writer_lock(store.path, "tokens", stage="vsekit tokenize"):
+    if isinstance(store, FeatureStore):
+        options = store.objects.options if store.remote else None
+        store = FeatureStore.open(store.path, mode="r+", storage_options=options)
+    else:
+        store = FeatureStore.open(store, mode="r+")
+    if store.remote and (workers > 1 or cluster):
+        raise StoreError(f"{store.path}: tokenize on object storage counts in this process for now (issue 35); "
+                         f"run it without --workers and --cluster")
+    if store.remote and store.has_tokens:
+        raise StoreError(f"{store.path} has tokens already; tokenizing again on object storage is not supported "
+                         f"yet (issue 35)")
+    with store.writer("tokens", stage="vsekit tokenize"):
         return _tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
                          lowercase=lowercase, bos_eos=bos_eos, max_len=max_len, workers=workers,
                          cluster=cluster, chunk_captions=chunk_captions, chunk_tokens=chunk_tokens,
@@ -123,13 +132,14 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
     point("tokenize:staging")
     if STAGING in root:   # left by a killed run (no live one: we hold the lock)
         del root[STAGING]
-    for old in Path(store.path).glob(".tokens-old-*"):
+    for old in ([] if store.remote else Path(store.path).glob(".tokens-old-*")):
         shutil.rmtree(old, ignore_errors=True)
     staging = root.create_group(STAGING)
     staging.create_group("stage")
     bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
     codes = [split_code(s) for s in splits]
-    where = str(Path(store.path).resolve())   # workers may run elsewhere (same shared filesystem)
+    # workers may run elsewhere (same shared filesystem); on object storage the tasks run here, on its zarr store
+    where = store.root.store if store.remote else str(Path(store.path).resolve())
     tasks = [{"store": where, "index": i, "start": a, "stop": b, "codes": codes, **settings}
              for i, (a, b) in enumerate(bounds)]
 
@@ -317,7 +327,28 @@ class _AlignedWriter:
 
 
 def _swap_into_place(store: FeatureStore) -> None:
-    """Move ``tokens_partial/`` to ``tokens/``, replacing the old tokens only now."""
+    """Move ``tokens_partial/`` to ``tokens/``, replacing the old tokens only now. On object storage
+    (no rename; first tokens only) its objects are copied under ``tokens/`` and the group published by
+    one create-if-absent of ``tokens/zarr.json``, as a feature set is (storage/objcommit.py)."""
+    if store.remote:
+        import json
+
+        from ..storage.objcommit import group_meta
+
+        objects = store.objects
+        keys = objects.keys(f"{STAGING}/")
+        meta = None
+        for key in keys:
+            data = objects.get(key)[0]
+            if key == f"{STAGING}/zarr.json":
+                meta = json.loads(data)
+            else:
+                objects.put("tokens/" + key[len(STAGING) + 1:], data)
+        if objects.create("tokens/zarr.json", group_meta(meta.get("attributes") or {})) is None:
+            raise StoreError(f"{store.path}: another run published tokens meanwhile")
+        for key in keys:
+            objects.delete(key)
+        return
     base = Path(store.path)
     final, partial = base / "tokens", base / STAGING
     if final.exists():

@@ -1,0 +1,158 @@
+"""The commit protocol of a feature set on object storage (docs/store.md, "Stores on object storage").
+
+On a POSIX disk a set is created by a rename and a block is committed by its status chunk, written
+after its data and its checksums. Object storage has no rename and no lock file, so the same promises
+rest on conditional writes (:mod:`.objstore`):
+
+1. one writer per set: the run holds the set's lease (:class:`~.objstore.SetLease`);
+2. a new set is built where it will live, every array's metadata first, and **published** by one
+   create-if-absent of its group's ``zarr.json`` (:func:`publish`): before it the set does not exist
+   for any reader (Zarr lists only members with metadata), after it it is whole. A second creator's
+   publish fails and it compares the settings hash with the published one (resume, or refuse);
+3. a block is **committed** by one create-if-absent record,
+   ``.vsekit/commits/NAME/GENERATION/BLOCK.json``, written after the block's chunks and right after
+   the writer checked its lease (:func:`write_record`): it holds the CRC-32 and size of each chunk
+   object as the provider holds it and the rows' status codes. A block has at most one record;
+   a second writer's record is refused and it leaves the block alone;
+4. the status chunk is written after the record, as a cache of it: a run that starts under the
+   lease first restores the status of every block that has a record (:func:`reconcile`), so a writer
+   killed between its record and its status loses nothing and nothing is written twice.
+
+``info --verify`` re-reads every committed block's chunks and compares them with the record
+(:func:`verify`); a finished block without a record is damage, as a finished block without checksums
+is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .base import PENDING, StoreError
+from .faults import point
+from .objstore import Objects, dumps, record_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import Block, FeatureSet
+
+
+def group_meta(attrs: dict) -> bytes:
+    """A Zarr v3 group's ``zarr.json`` with ``attrs``."""
+    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attrs}).encode()
+
+
+def _objects(fs: "FeatureSet") -> Objects:
+    return fs.store.objects
+
+
+def chunk_key(fs: "FeatureSet", array: str, index: int) -> str:
+    arr = fs.group[array]
+    key = arr.metadata.encode_chunk_key((index,) + (0,) * (arr.ndim - 1))
+    return f"features/{fs.name}/{array}/{key}"
+
+
+def _sums(fs: "FeatureSet", block: "Block") -> dict[str, list[int]]:
+    out = {}
+    for name in fs.group.attrs.get("checksummed") or ["data"]:
+        got = _objects(fs).get(chunk_key(fs, name, block.index))
+        out[name] = [0, -1] if got is None else [zlib.crc32(got[0]) & 0xFFFFFFFF, len(got[0])]
+    return out
+
+
+def generation(fs: "FeatureSet") -> str:
+    gen = fs.group.attrs.get("generation")
+    if not gen:
+        raise StoreError(f"feature set {fs.name!r} in {fs.store.path} has no generation attribute")
+    return str(gen)
+
+
+def write_record(fs: "FeatureSet", block: "Block", status: np.ndarray) -> bool:
+    """Commit ``block`` (its chunks are written): check the lease, then create its record. False when
+    the block had a record already (another writer committed it: this one leaves it alone)."""
+    point("objstore:record")     # a kill here leaves the chunks written and the block uncommitted
+    fs.store.check_lease(fs.target)
+    body = {"block": block.index, "start": block.start, "stop": block.stop,
+            "status": np.asarray(status, dtype=np.uint8).tolist(), "sums": _sums(fs, block),
+            "token": fs.store.lease_token, "time": time.time()}
+    return _objects(fs).create(record_key(fs.name, generation(fs), block.index), dumps(body)) is not None
+
+
+def read_record(fs: "FeatureSet", index: int) -> dict | None:
+    got = _objects(fs).get_json(record_key(fs.name, generation(fs), index))
+    return None if got is None else got[0]
+
+
+def records(fs: "FeatureSet") -> dict[int, dict]:
+    """Every commit record of ``fs``'s generation, by block index."""
+    objects, gen = _objects(fs), generation(fs)
+    out = {}
+    for key in objects.keys(f".vsekit/commits/{fs.name}/{gen}/"):
+        got = objects.get_json(key)
+        if got is not None and "block" in got[0]:
+            out[int(got[0]["block"])] = got[0]
+    return out
+
+
+def committed(fs: "FeatureSet", block: "Block") -> bool:
+    """Whether ``block`` has its commit record (a dask task asks before computing and before writing)."""
+    return read_record(fs, block.index) is not None
+
+
+def reconcile(fs: "FeatureSet") -> int:
+    """Restore the status of blocks whose record exists but whose status chunk was not written (a
+    writer killed between the two); returns how many. Run under the set's lease."""
+    status = np.asarray(fs.status[:])
+    fixed = 0
+    for index, rec in records(fs).items():
+        b = fs.blocks()[index]
+        want = np.asarray(rec.get("status", []), dtype=np.uint8)
+        if len(want) == len(b) and np.any(status[b.start:b.stop] == PENDING):
+            fs.status[b.start:b.stop] = want
+            fixed += 1
+    return fixed
+
+
+def verify(fs: "FeatureSet", report, status_block, *, quick: bool = False):
+    """Every finished block against its record (``quick``: sizes only), into ``report`` (an empty
+    ``integrity.Report``; ``status_block(fs, block)`` reads a block's status or says why it cannot):
+    what :func:`vsekit.storage.integrity.verify` returns for a set on object storage."""
+    blocks = fs.blocks()
+    recs = records(fs)
+    for b in blocks:
+        rows = f" (rows {b.start}-{b.stop - 1})"
+        status = status_block(fs, b)
+        if isinstance(status, str):
+            report.damaged[b.index] = f"{status}{rows}"
+            continue
+        if np.any(status == PENDING):
+            continue
+        rec = recs.get(b.index)
+        if rec is None:
+            report.damaged[b.index] = f"its rows are finished but it has no commit record{rows}"
+            continue
+        for name, (wcrc, wsize) in rec.get("sums", {}).items():
+            got = _objects(fs).get(chunk_key(fs, name, b.index))
+            size = -1 if got is None else len(got[0])
+            if size != wsize:
+                what = "missing" if size == -1 else f"{size} bytes, expected {wsize}"
+                report.damaged[b.index] = f"{name} chunk object {what}{rows}"
+                break
+            crc = zlib.crc32(got[0]) & 0xFFFFFFFF if got is not None else 0
+            if not quick and crc != wcrc:
+                report.damaged[b.index] = f"{name} chunk object's CRC-32 {crc:08x} != recorded {wcrc:08x}{rows}"
+                break
+    return report
+
+
+def repair(fs: "FeatureSet", report) -> int:
+    """Mark damaged blocks pending and drop their records, so a rerun commits them again."""
+    blocks = fs.blocks()
+    for i in sorted(report.damaged):
+        _objects(fs).delete(record_key(fs.name, generation(fs), i))
+        b = blocks[i]
+        fs.status[b.start:b.stop] = np.zeros(len(b), dtype=np.uint8)
+    return len(report.damaged)

@@ -1,0 +1,430 @@
+"""Stores on object storage (``s3://``, ``gs://``, ``az://``, ``memory://``): opening, conditional writes,
+the provider probe and the set lease (docs/store.md, "Stores on object storage").
+
+The layer is zarr's own :class:`zarr.storage.ObjectStore` over ``obstore`` (the ``s3`` extra): the
+Zarr arrays go through it unchanged, and vsekit's commit protocol uses obstore's two conditional
+puts directly, with no HTTP of its own:
+
+- **create-if-absent** (``If-None-Match: *`` on S3, generation 0 on GCS, ``If-None-Match`` on Azure):
+  :meth:`Objects.create` returns None when the object exists;
+- **compare-and-swap** (``If-Match: <etag>``): :meth:`Objects.swap` returns None when the object
+  changed since it was read.
+
+Credentials and the endpoint come from the standard environment (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ... as obstore reads them) and
+``--storage-option KEY=VALUE``. They live only in this process's memory (and in the job a dask task
+is handed): never in the store's attributes, a log line, an error message or a report. A URL is
+shown with any ``user:password@`` removed (:func:`public_url`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .base import StoreError
+
+SCHEMES = ("s3", "gs", "az", "memory")
+#: what works on an object-store URL today; every other command refuses one, naming these
+URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process, --cluster local:N and tcp://), "
+                "`tokenize`, `standardize`, `discretize` and `fne` (in-process), `info` (with --verify) and "
+                "`export` (reading)")
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+
+#: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
+_RETRY_KEYS = {"max_retries": int, "retry_timeout": float}
+_CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout")
+#: option names whose values are secrets (never shown; none is ever written anywhere)
+_SECRET = re.compile(r"(secret|token|password|key|credential|sas)", re.I)
+
+
+class LeaseLost(StoreError):
+    """This process no longer holds the set's lease (it expired and another run took it)."""
+
+
+class LeaseHeld(StoreError):
+    """Another live run holds the set's lease; the message names it and when it expires."""
+
+
+def scheme_of(path: Any) -> str | None:
+    """The URL scheme of ``path`` in lower case, or None for a plain path."""
+    if not isinstance(path, str):
+        return None
+    m = _URL.match(path)
+    return m.group(1).lower() if m else None
+
+
+def is_object_url(path: Any) -> bool:
+    return scheme_of(path) in SCHEMES
+
+
+def public_url(url: str) -> str:
+    """``url`` as it may be shown or recorded: without a ``user:password@`` part and a trailing slash."""
+    m = _URL.match(url)
+    if not m:
+        return url
+    rest = re.sub(r"^[^/@]*@", "", m.group(2))
+    return f"{m.group(1).lower()}://{rest}".rstrip("/")
+
+
+def parse_options(pairs: Any) -> dict[str, str]:
+    """``--storage-option KEY=VALUE`` pairs (a mapping passes through) as a dict; a pair without ``=``
+    is a ValueError naming the option (its value is never shown: it may be a secret)."""
+    if isinstance(pairs, Mapping):
+        return {str(k): str(v) for k, v in pairs.items()}
+    out: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = str(pair).partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--storage-option must be KEY=VALUE, got one without '=' "
+                             f"(starting {str(pair)[:3]!r}...)")
+        out[key.strip().lower()] = value
+    return out
+
+
+def shown_options(options: Mapping[str, str]) -> str:
+    """The storage options as they may be shown: secret-looking values replaced by ``***``."""
+    return ", ".join(f"{k}={'***' if _SECRET.search(k) else v}" for k, v in sorted(options.items()))
+
+
+#: ``--storage-option`` values given to this process's command (under any explicit options)
+DEFAULT_OPTIONS: dict[str, str] = {}
+
+_MEMORY: dict[str, Any] = {}      # memory://NAME → one MemoryStore per process (tests, dry runs)
+_MEMORY_LOCK = threading.Lock()
+
+
+def _open_obstore(url: str, options: Mapping[str, str]):
+    """The obstore store at ``url`` (its prefix included) with ``options`` over the environment."""
+    try:
+        from obstore.store import MemoryStore, from_url
+    except ImportError:
+        raise StoreError(f"--store {public_url(url)}: stores on object storage need the obstore package: "
+                         f"pip install 'vsekit[s3]'") from None
+
+    scheme = scheme_of(url)
+    if scheme == "memory":
+        with _MEMORY_LOCK:
+            return _MEMORY.setdefault(public_url(url), MemoryStore())
+    config: dict[str, Any] = {}
+    retry: dict[str, Any] = {"max_retries": 3, "retry_timeout": 20.0}
+    client: dict[str, Any] = {"connect_timeout": "5s", "timeout": "60s"}
+    endpoint = options.get("endpoint") or options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL", "")
+    if scheme == "s3" and endpoint.startswith("http://"):
+        client["allow_http"] = True    # a local S3 (moto, MinIO) has no TLS
+    for key, value in options.items():
+        if key in _RETRY_KEYS:
+            retry[key] = _RETRY_KEYS[key](value)
+        elif key in _CLIENT_KEYS:
+            client[key] = value
+        elif key == "endpoint_url":
+            config["endpoint"] = value
+        else:
+            config[key] = value
+    from datetime import timedelta
+
+    retry_config = {"max_retries": int(retry["max_retries"]), "backoff": {"init_backoff": timedelta(seconds=0.1),
+                    "max_backoff": timedelta(seconds=2), "base": 2.0},
+                    "retry_timeout": timedelta(seconds=float(retry["retry_timeout"]))}
+    try:
+        return from_url(url, config=config or None, client_options=client, retry_config=retry_config)
+    except Exception as exc:   # an unknown option name, an unparsable URL
+        raise StoreError(f"--store {public_url(url)}: cannot open it: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:300]
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a request failed, in words (the provider's error code when it gave one)."""
+    text = str(exc)
+    for code, words in (("NoSuchBucket", "the bucket does not exist"),
+                        ("InvalidAccessKeyId", "the access key is not known to the provider (wrong credentials)"),
+                        ("SignatureDoesNotMatch", "the secret key does not match (wrong credentials)"),
+                        ("AccessDenied", "access denied (check the credentials and the bucket's policy)"),
+                        ("Connection refused", "the endpoint refused the connection (is the server up?)"),
+                        ("error sending request", "the endpoint cannot be reached")):
+        if code in text:
+            return words
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+@dataclass
+class Objects:
+    """The objects of one store (a URL's prefix), with vsekit's conditional writes.
+
+    Every failure of the provider is a :class:`StoreError` naming the store's URL (never a secret).
+    """
+
+    url: str
+    options: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.url = public_url(self.url)
+        self.options = {**DEFAULT_OPTIONS, **self.options}
+        self.store = _open_obstore(self.url, self.options)
+
+    def _fail(self, what: str, key: str, exc: BaseException) -> StoreError:
+        return StoreError(f"{self.url}: cannot {what} {key}: {_reason(exc)}")
+
+    def zarr_store(self, read_only: bool = False):
+        from zarr.storage import ObjectStore
+
+        return ObjectStore(self.store, read_only=read_only)
+
+    def get(self, key: str) -> tuple[bytes, str | None] | None:
+        """The object's bytes and ETag, or None when it does not exist."""
+        import obstore
+
+        try:
+            res = obstore.get(self.store, key)
+            return bytes(res.bytes()), res.meta.get("e_tag")
+        except FileNotFoundError as exc:
+            if "NoSuchBucket" in str(exc):
+                raise self._fail("read", key, exc) from None
+            return None
+        except Exception as exc:
+            raise self._fail("read", key, exc) from None
+
+    def put(self, key: str, data: bytes) -> str | None:
+        import obstore
+
+        try:
+            return obstore.put(self.store, key, data).get("e_tag")
+        except Exception as exc:
+            raise self._fail("write", key, exc) from None
+
+    def create(self, key: str, data: bytes) -> str | None:
+        """Write ``key`` only if it does not exist: its ETag, or None when it existed already."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            return obstore.put(self.store, key, data, mode="create").get("e_tag") or "created"
+        except (AlreadyExistsError, PreconditionError):
+            return None
+        except Exception as exc:
+            raise self._fail("create", key, exc) from None
+
+    def swap(self, key: str, data: bytes, etag: str) -> str | None:
+        """Replace ``key`` only if its ETag is still ``etag``: the new ETag, or None when it changed."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        try:
+            return obstore.put(self.store, key, data, mode={"e_tag": etag}).get("e_tag")
+        except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+            return None
+        except Exception as exc:
+            raise self._fail("update", key, exc) from None
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        try:
+            obstore.delete(self.store, key)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise self._fail("delete", key, exc) from None
+
+    def keys(self, prefix: str) -> list[str]:
+        import obstore
+
+        try:
+            return sorted(m["path"] for batch in obstore.list(self.store, prefix=prefix) for m in batch)
+        except Exception as exc:
+            raise self._fail("list", prefix, exc) from None
+
+    def get_json(self, key: str) -> tuple[dict, str | None] | None:
+        got = self.get(key)
+        if got is None:
+            return None
+        try:
+            return json.loads(got[0]), got[1]
+        except ValueError:
+            return {}, got[1]
+
+
+_CACHED: dict[str, Objects] = {}
+
+
+def objects_for(url: str) -> Objects:
+    """One :class:`Objects` per URL in this process (with the process's ``--storage-option`` values)."""
+    key = public_url(url)
+    if key not in _CACHED:
+        _CACHED[key] = Objects(key)
+    return _CACHED[key]
+
+
+def dumps(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+# --- the provider probe ---------------------------------------------------------------------------
+_PROBED: dict[str, bool] = {}
+
+
+def honours_conditions(objects: Objects) -> bool:
+    """Whether the provider refuses a second create-if-absent of one object (once per store and
+    process). Some S3-compatible services accept ``If-None-Match`` and overwrite anyway: on them two
+    writers cannot be kept apart, and vsekit runs only one (:func:`require_conditions`)."""
+    if objects.url in _PROBED:
+        return _PROBED[objects.url]
+    key = f".vsekit/probe/{uuid.uuid4().hex}"
+    first = objects.create(key, b"1")
+    second = objects.create(key, b"2")
+    objects.delete(key)
+    _PROBED[objects.url] = bool(first) and second is None
+    return _PROBED[objects.url]
+
+
+def require_conditions(objects: Objects, what: str) -> None:
+    """Refuse ``what`` (a multi-writer run) on a provider that ignores conditional writes."""
+    if not honours_conditions(objects):
+        raise StoreError(
+            f"{objects.url}: this object store overwrote an object that was written with create-if-absent "
+            f"(If-None-Match), so it cannot keep two writers apart; {what} is refused there. Run it "
+            f"single-writer: without --cluster (in one process), and no other vsekit writing this store")
+
+
+# --- the set lease --------------------------------------------------------------------------------
+DEFAULT_TTL_S = 60.0
+TTL_ENV = "VSEKIT_LEASE_TTL_S"
+
+
+def lease_ttl() -> float:
+    return float(os.environ.get(TTL_ENV, DEFAULT_TTL_S))
+
+
+def lease_key(name: str) -> str:
+    return f".vsekit/leases/{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json"
+
+
+class SetLease:
+    """One writer per feature set on object storage: a lease object taken with create-if-absent,
+    renewed and taken over with compare-and-swap (``If-Match``) once expired.
+
+    The holder renews it every ``ttl / 3`` from a daemon thread; :meth:`check` renews it at once and
+    raises :class:`LeaseLost` when the object changed (another run took it over after it expired) or
+    when less than half the ttl would be left: every commit record is written right after a
+    successful check, so a holder paused past its expiry never commits (``tests/test_objstore.py``).
+    """
+
+    def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None):
+        self.objects, self.name, self.stage = objects, name, stage
+        self.ttl = lease_ttl() if ttl is None else float(ttl)
+        self.key = lease_key(name)
+        self.token = uuid.uuid4().hex
+        self.etag: str | None = None
+        self.expires = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: str | None = None
+
+    def _body(self) -> bytes:
+        self.expires = time.time() + self.ttl
+        return dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+                      "stage": self.stage, "expires": self.expires, "ttl": self.ttl})
+
+    def acquire(self) -> "SetLease":
+        etag = self.objects.create(self.key, self._body())
+        if etag is None:
+            got = self.objects.get_json(self.key)
+            if got is None:   # released meanwhile: one more try
+                etag = self.objects.create(self.key, self._body())
+            else:
+                info, seen = got
+                if time.time() < float(info.get("expires", 0)) and not _dead_here(info):
+                    left = float(info.get("expires", 0)) - time.time()
+                    raise LeaseHeld(
+                        f"feature set {self.name!r} in {self.objects.url} is being written by another run "
+                        f"({info.get('stage', 'vsekit')}, pid {info.get('pid')} on {info.get('host')}); its "
+                        f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once "
+                        f"it has stopped")
+                etag = self.objects.swap(self.key, self._body(), seen) if seen else None
+            if etag is None:
+                raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url}: another run took its "
+                                f"lease at the same moment; rerun later")
+        self.etag = etag
+        self._thread = threading.Thread(target=self._renew_loop, name="vsekit-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def renew(self) -> None:
+        with self._lock:
+            if self.lost:
+                raise LeaseLost(self.lost)
+            etag = self.objects.swap(self.key, self._body(), self.etag) if self.etag else None
+            if etag is None:
+                self.lost = (f"lost the lease of feature set {self.name!r} in {self.objects.url} (it expired "
+                             f"and another run took it over); this run stops without committing more blocks")
+                raise LeaseLost(self.lost)
+            self.etag = etag
+
+    def check(self) -> None:
+        """Renew now; raise :class:`LeaseLost` unless this run still holds the lease for half a ttl."""
+        self.renew()
+        if time.time() > self.expires - self.ttl / 2:   # the renewal itself took too long
+            raise LeaseLost(f"the lease of {self.name!r} in {self.objects.url} is about to expire; "
+                            f"not committing")
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self.renew()
+            except StoreError:
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self.lost or self.etag is None:
+                return
+            got = self.objects.get_json(self.key)
+            if got is not None and got[0].get("token") == self.token:
+                self.objects.delete(self.key)
+
+
+def _dead_here(info: Mapping[str, Any]) -> bool:
+    """A lease whose holder ran on this host and is gone (a ``kill -9``): taken over at once, as the
+    POSIX lock is, rather than after its expiry."""
+    try:
+        pid = int(info.get("pid", -1))
+        if info.get("host") != socket.gethostname() or pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (TypeError, ValueError, PermissionError):
+        return False
+    return False
+
+
+def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:
+    """Whether the run holding ``token`` still holds the lease of ``name`` for ``margin`` seconds more
+    (default: a third of its ttl; a dask task checks its driver's lease this way, only the driver
+    renews it). No token: no lease was taken, nothing may be committed."""
+    if token is None:
+        return False
+    got = objects.get_json(lease_key(name))
+    if got is None:
+        return False
+    info = got[0]
+    margin = float(info.get("ttl", DEFAULT_TTL_S)) / 3 if margin is None else margin
+    return info.get("token") == token and time.time() + margin < float(info.get("expires", 0))
+
+
+# --- block commit records -------------------------------------------------------------------------
+def record_key(name: str, generation: str, index: int) -> str:
+    return f".vsekit/commits/{name}/{generation}/{int(index):08d}.json"

@@ -1,0 +1,256 @@
+"""The commands on an ``s3://`` store (issue 35), through the CLI against the local S3 server: what
+works, what is refused in one Error line before any work, and that no secret is written anywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+
+from click.testing import CliRunner  # noqa: E402
+
+from vsekit.cli import main  # noqa: E402
+
+from conftest import S3_TEST_SECRET  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+FAST = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--crops", "1", "--input-size", "48",
+        "--resize", "56", "--batch-size", "4", "--block-rows", "8", "--workers", "0", "--no-progress"]
+
+
+def _errors(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("Error:")]
+
+
+def _run(args):
+    return CliRunner().invoke(main, args)
+
+
+def test_ingest_extract_info_verify_on_s3_and_no_secret_is_written_anywhere(s3, demo_dir, tmp_path):
+    url = s3.url("stores/demo.zarr")
+    secret_opt = ["--storage-option", f"secret_access_key={S3_TEST_SECRET}",
+                  "--storage-option", "region=us-east-1"]
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url, *secret_opt])
+    assert r.exit_code == 0, r.output
+    r2 = _run(["extract", "--store", url, *FAST, *secret_opt])
+    assert r2.exit_code == 0, r2.output
+    assert "24 done, 0 failed, 0 pending" in r2.output
+    r3 = _run(["info", url, *secret_opt])
+    assert r3.exit_code == 0 and "done 24 / failed 0 / pending 0" in r3.output, r3.output
+    r4 = _run(["info", url, "test_resnet_fne", "--verify", *secret_opt])
+    assert r4.exit_code == 0 and "checksums verified, no damage found" in r4.output, r4.output
+    # the secret (given both in the environment and as --storage-option) is in no object and no output
+    keys = s3.keys()
+    assert any(k.endswith("features/test_resnet_fne/zarr.json") for k in keys)
+    for key in keys:
+        body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+        assert S3_TEST_SECRET.encode() not in body, key
+        assert b"vsekit-test-key" not in body, key
+    for res in (r, r2, r3, r4):
+        assert S3_TEST_SECRET not in res.output
+    # damage to a chunk object: --verify names the block (exit 1), --repair marks it pending
+    chunk = next(k for k in keys if k.endswith("features/test_resnet_fne/data/c/1/0"))
+    body = s3.client.get_object(Bucket=s3.bucket, Key=chunk)["Body"].read()
+    s3.client.put_object(Bucket=s3.bucket, Key=chunk, Body=body[:-1])
+    r5 = _run(["info", url, "test_resnet_fne", "--verify"])
+    assert r5.exit_code == 1 and "block 1: data chunk object" in r5.output, r5.output
+    r6 = _run(["info", url, "test_resnet_fne", "--verify", "--repair"])
+    assert "pending" in r6.output or r6.exit_code in (0, 1)
+    r7 = _run(["extract", "--store", url, *FAST])
+    assert r7.exit_code == 0 and "ran 1 block" in r7.output, r7.output
+    assert _run(["info", url, "test_resnet_fne", "--verify"]).exit_code == 0
+
+
+@pytest.mark.parametrize("args", [
+    ["ingest", "hdf5", "ANN", "--store", "URL"],
+    ["ingest", "npz", "DIR", "--store", "URL"],
+    ["train", "--store", "URL", "--features", "f", "--model", "vse", "--out", "run"],
+    ["evaluate", "--sims", "ANN", "--store", "URL"],
+    ["split", "--store", "URL", "--ratios", "0.8,0.1,0.1"],
+    ["ingest", "coco", "ANN", "--split-file", "ANN", "--store", "URL"],
+])
+def test_commands_that_do_not_serve_object_storage_refuse_it_in_one_line(s3, tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ann.json").write_text("{}")
+    url = s3.url()
+    argv = [url if a == "URL" else (str(tmp_path / "ann.json") if a == "ANN" else a) for a in args]
+    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
+    r = _run(argv)
+    assert r.exit_code in (1, 2), r.output
+    errors = _errors(r.output)
+    assert len(errors) == 1 and url in errors[0] and "does not serve stores on object storage yet" in errors[0], r.output
+    assert "`ingest karpathy`, `ingest folder`, `extract`" in errors[0] and "`export`" in errors[0]   # and what does
+    assert s3.keys() == [] and list(tmp_path.iterdir()) == [tmp_path / "ann.json"]
+
+
+def test_a_missing_bucket_is_one_error_line_naming_the_url_before_any_work(s3, demo_dir):
+    url = "s3://no-such-bucket-vsekit/x.zarr"
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert url in errors[0] and "the bucket does not exist" in errors[0]
+    for argv in (["extract", "--store", url, *FAST], ["info", url]):
+        r = _run(argv)
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
+
+
+def test_an_unreachable_endpoint_is_one_error_line_after_bounded_retries(s3, demo_dir, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")    # nothing listens there
+    url = s3.url()
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url,
+              "--storage-option", "max_retries=1", "--storage-option", "retry_timeout=2"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
+    assert "cannot" in errors[0] and S3_TEST_SECRET not in r.output
+
+
+def test_a_second_driver_on_one_set_is_refused(s3, demo_dir):
+    from vsekit.storage import objstore
+    from vsekit.storage.store import FeatureStore
+
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    first = FeatureStore.open(url, mode="r+")
+    lease = objstore.SetLease(first.objects, "test_resnet_fne", "vsekit extract", ttl=60).acquire()
+    try:
+        r = _run(["extract", "--store", url, *FAST])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, r.output
+        assert "is being written by another run (vsekit extract" in errors[0]
+        assert FeatureStore.open(url).feature_names() == []      # it did nothing
+    finally:
+        lease.release()
+
+
+def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3, demo_dir, monkeypatch):
+    from test_objstore import overwriting
+
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    overwriting(monkeypatch)
+    r = _run(["extract", "--store", url, *FAST, "--cluster", "local:2"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert "cannot keep two writers apart" in errors[0] and "without --cluster (in one process)" in errors[0]
+    # single-writer (in-process) still runs there
+    r = _run(["extract", "--store", url, *FAST])
+    assert r.exit_code == 0 and "24 done" in r.output, r.output
+
+
+def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    for cluster in ("slurm:2", "slurm-array:2"):
+        r = _run(["extract", "--store", url, *FAST, "--cluster", cluster])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
+        assert "in-process or on --cluster local:N / tcp://" in errors[0] and url in errors[0]
+    assert not [k for k in s3.keys() if "/features/" in k]
+
+
+def test_ingest_folder_on_s3_gives_the_store_ingest_on_disk_gives(s3, demo_dir, tmp_path):
+    from vsekit.storage.store import FeatureStore
+
+    images = sorted(p.name for p in (demo_dir / "images").iterdir())[:10]
+    tsv = tmp_path / "caps.tsv"
+    tsv.write_text("".join(f"{name}\tcaption {i}\n" for i, name in enumerate(images)))
+    args = ["ingest", "folder", str(demo_dir / "images"), str(tsv), "--seed", "1"]
+    r = _run([*args, "--store", s3.url()])
+    assert r.exit_code == 0, r.output
+    assert _run([*args, "--store", str(tmp_path / "d.zarr")]).exit_code == 0
+    a, b = FeatureStore.open(s3.url()), FeatureStore.open(tmp_path / "d.zarr")
+    assert a.image_ids().tolist() == b.image_ids().tolist() and len(a.image_ids()) == 10
+    assert a.image_splits().tolist() == b.image_splits().tolist()
+    assert a.caption_text().tolist() == b.caption_text().tolist()
+    r = _run([*args, "--store", s3.url()])                     # one ingest per URL
+    assert r.exit_code == 1 and len(_errors(r.output)) == 1 and "already exists" in r.output, r.output
+
+
+def test_exports_from_s3_equal_exports_from_disk(s3, demo_dir, tmp_path):
+    """export reads a store on S3 (its blocks checked against their commit records) and writes the
+    same files as from the same store on disk."""
+    import h5py
+    import numpy as np
+
+    stores = {"s3": s3.url(), "disk": str(tmp_path / "d.zarr")}
+    for st in stores.values():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        assert _run(["extract", "--store", st, *FAST]).exit_code == 0
+    for where, st in stores.items():
+        for kind, out in (("hdf5", f"{where}.h5"), ("vsepp", f"{where}-vsepp")):
+            r = _run(["export", kind, "--store", st, "--features", "test_resnet_fne", "--out", str(tmp_path / out)])
+            assert r.exit_code == 0, r.output
+    with h5py.File(tmp_path / "s3.h5") as a, h5py.File(tmp_path / "disk.h5") as b:
+        for key in ("features/test_resnet_fne/data", "features/test_resnet_fne/status", "images/id", "captions/text"):
+            assert np.array_equal(a[key][:], b[key][:]), key
+    names = sorted(p.name for p in (tmp_path / "disk-vsepp").iterdir())
+    assert "train_ims.npy" in names and names == sorted(p.name for p in (tmp_path / "s3-vsepp").iterdir())
+    for name in names:
+        assert (tmp_path / "s3-vsepp" / name).read_bytes() == (tmp_path / "disk-vsepp" / name).read_bytes(), name
+
+
+def test_tokenize_on_s3_writes_the_tokens_it_writes_on_disk(s3, demo_dir, tmp_path):
+    import numpy as np
+
+    from vsekit.storage.store import FeatureStore
+
+    stores = {"s3": s3.url(), "disk": str(tmp_path / "d.zarr")}
+    for where, st in stores.items():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        r = _run(["tokenize", "--store", st, "--min-count", "1"])
+        assert r.exit_code == 0 and "tokenized 120 captions" in r.output, r.output
+        assert _run(["export", "vocab", "--store", st, "--out", str(tmp_path / f"{where}.json")]).exit_code == 0
+    a, b = FeatureStore.open(stores["s3"]), FeatureStore.open(stores["disk"])
+    for key in ("tokens/ids", "tokens/offsets"):
+        assert np.array_equal(a.root[key][:], b.root[key][:]), key
+    assert a.root["tokens"].attrs["vocabulary"] == b.root["tokens"].attrs["vocabulary"]
+    assert (tmp_path / "s3.json").read_bytes() == (tmp_path / "disk.json").read_bytes()
+    assert not [k for k in s3.keys() if "tokens_partial" in k]       # the staging objects are gone
+    r = _run(["tokenize", "--store", stores["s3"], "--min-count", "1"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1 and "has tokens already" in errors[0], r.output
+    r = _run(["tokenize", "--store", stores["s3"], "--workers", "2"])
+    assert r.exit_code == 1 and "without --workers and --cluster" in r.output, r.output
+
+
+def test_standardize_and_discretize_on_s3_equal_disk(s3, demo_dir, tmp_path):
+    """FNE post-processing on S3 (in this process): the statistics are in the set before it is
+    published, each block has one commit record, and every array equals the same stages on disk."""
+    import numpy as np
+
+    from vsekit.storage import objcommit
+    from vsekit.storage.store import FeatureStore
+
+    stores = {"s3": s3.url(), "disk": str(tmp_path / "d.zarr")}
+    for st in stores.values():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        assert _run(["extract", "--store", st, *FAST]).exit_code == 0
+        r = _run(["standardize", "--store", st, "--features", "test_resnet_fne"])
+        assert r.exit_code == 0 and "wrote 3 of 3 blocks" in r.output, r.output
+        r = _run(["discretize", "--store", st, "--features", "test_resnet_fne.z", "--pack"])
+        assert r.exit_code == 0 and "wrote 3 of 3 blocks" in r.output, r.output
+    a, b = FeatureStore.open(stores["s3"]), FeatureStore.open(stores["disk"])
+    for name, arrays in (("test_resnet_fne.z", ("data", "mean", "std", "count", "status")),
+                         ("test_resnet_fne.z.fne", ("data", "status"))):
+        for arr in arrays:
+            assert np.array_equal(a.features(name).group[arr][:], b.features(name).group[arr][:]), (name, arr)
+        assert sorted(objcommit.records(a.features(name))) == [0, 1, 2]
+        r = _run(["info", stores["s3"], name, "--verify"])
+        assert r.exit_code == 0 and "no damage found" in r.output, r.output
+    # fne (both stages in one pass, two leases) gives the same sets again under other names
+    r = _run(["extract", "--store", stores["s3"], *FAST, "--name", "copy"])
+    assert r.exit_code == 0, r.output
+    r = _run(["fne", "--store", stores["s3"], "--features", "copy", "--pack"])
+    assert r.exit_code == 0, r.output
+    for suffix in (".z", ".z.fne"):
+        assert np.array_equal(a.features("copy" + suffix).data[:], b.features("test_resnet_fne" + suffix).data[:])
+    assert not [k for k in s3.keys() if "/.vsekit/leases/" in k]          # both leases released
+    again = _run(["standardize", "--store", stores["s3"], "--features", "test_resnet_fne"])
+    assert again.exit_code == 0 and "wrote 0 of 3 blocks" in again.output, again.output
+    r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "local:2",
+              "--name", "other"])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1 and "runs in this process for now" in errors[0], r.output
