@@ -254,13 +254,9 @@ def test_without_obstore_a_url_is_one_error_naming_the_extra(monkeypatch):
 def test_library_stages_without_a_lease_protocol_refuse_a_url_and_make_no_local_folder(s3, tmp_path, monkeypatch):
     """A library call or a `vsekit run` recipe reaches the stages the CLI refuses: each refuses the URL
     in one StoreError (a lock file cannot live there), and no folder named ``s3:`` appears."""
-    from vsekit.train.data import open_features
-
     monkeypatch.chdir(tmp_path)
     st = _small_store(s3.url())
     with pytest.raises(StoreError, match="does not serve stores on object storage yet"):
         with st.building_features("g", (3,), "float32", attrs={"kind": "global"}):   # ingest precomp's way
             pass
-    with pytest.raises(StoreError, match="train, evaluate and embed do not serve stores on object storage"):
-        open_features(st, "f", np.arange(5))
     assert list(tmp_path.iterdir()) == []

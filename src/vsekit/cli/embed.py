@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import StorePath
+from .options import STORAGE_OPTION, StorePath
 
 
 @click.command("embed")
@@ -13,8 +13,9 @@ from .options import StorePath
               help="Split to embed.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder for images.npy, captions.npy, their .parquet ids and embed.json.")
-@click.option("--store", default=None, type=StorePath(exists=True),
+@click.option("--store", default=None, type=StorePath(exists=True, url_ok=True),
               help="Embed this store instead of the run's (same vocabulary).")
+@STORAGE_OPTION
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,
               help="Checkpoint of the run: the best validation rsum, or the last epoch.")

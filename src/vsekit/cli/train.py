@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import StorePath
+from .options import STORAGE_OPTION, StorePath
 
 
 def _model_args(pairs: tuple[str, ...]) -> dict:
@@ -23,7 +23,9 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 
 
 @click.command("train")
-@click.option("--store", "store", required=True, type=StorePath(exists=True), help="The store.")
+@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+              help="The store (a path, or s3://... on object storage).")
+@STORAGE_OPTION
 @click.option("--features", required=True, help="Feature set to train on (global, FNE int8 or packed, grid, regions).")
 @click.option("--model", default=None, help="Model name (vse, order, seam-e, seam-c, seam-g, ...); "
               "a paper preset names one.")
@@ -250,8 +252,9 @@ def _check_feature_shape(store: str, features: str, model: str | None, presets) 
                    "split, 1k on a 1000-image split, else all.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
               help="Split to evaluate on.")
-@click.option("--store", "store", default=None, type=StorePath(exists=True),
+@click.option("--store", "store", default=None, type=StorePath(exists=True, url_ok=True),
               help="Evaluate on this store instead of the run's.")
+@STORAGE_OPTION
 @click.option("--features", default=None, help="Feature set instead of the run's.")
 @click.option("--checkpoint", type=click.Choice(["best", "last"]), default="best", show_default=True,
               help="Checkpoint of the run: the best validation rsum, or the last epoch.")

@@ -173,11 +173,6 @@ class FeatureSource:
 
 def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSource:
     """The feature set ``name``, refusing it if any of ``rows`` is still pending."""
-    if store.remote:   # the reads are checked there (FeatureSource), but a run records its store as a path
-        from ..storage.store import URL_COMMANDS
-
-        raise StoreError(f"{store.path}: train, evaluate and embed do not serve stores on object storage yet; "
-                         f"they are served by {URL_COMMANDS} (issue 35)")
     fs = store.features(name)
     if fs.n_rows != store.n_images:
         raise StoreError(f"feature set {name!r} has {fs.n_rows} rows but the store has {store.n_images} images")
