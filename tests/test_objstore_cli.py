@@ -256,8 +256,9 @@ def test_standardize_and_discretize_on_s3_equal_disk(s3, demo_dir, tmp_path):
 
 def test_train_and_evaluate_on_s3_give_the_run_they_give_on_disk(s3, demo_dir, tmp_path):
     """`vsekit train` reads its windows from the S3 store (each block checked against its commit
-    record), the run records the URL (not its credentials), and `vsekit evaluate` of the run reopens
-    it: the weights, the logged losses and the test metrics equal the same run on a disk store."""
+    record), the run records the URL (not its credentials), and `vsekit evaluate` and `vsekit embed`
+    of the run reopen it: the weights, the logged losses, the test metrics and the embeddings equal
+    the same run on a disk store."""
     import json
 
     import torch
@@ -278,6 +279,8 @@ def test_train_and_evaluate_on_s3_give_the_run_they_give_on_disk(s3, demo_dir, t
         r = _run(["evaluate", str(out), "--split", "test", "--protocol", "all"])
         assert r.exit_code == 0, r.output
         metrics[where] = json.loads((out / "metrics.json").read_text())
+        r = _run(["embed", str(out), "--split", "test", "--out", str(tmp_path / f"emb-{where}")])
+        assert r.exit_code == 0, r.output
     config = json.loads((tmp_path / "run-s3" / "config.json").read_text())
     assert config["store"] == stores["s3"]
     for f in (tmp_path / "run-s3").rglob("*"):
@@ -291,3 +294,7 @@ def test_train_and_evaluate_on_s3_give_the_run_they_give_on_disk(s3, demo_dir, t
     assert len(logs["s3"]) == 3 and logs["s3"][-1]["loss"] > 0
     assert [(e["loss"], e["val"]) for e in logs["s3"]] == [(e["loss"], e["val"]) for e in logs["disk"]]
     assert metrics["s3"]["protocols"] == metrics["disk"]["protocols"]
+    import numpy as np
+
+    for f in ("images.npy", "captions.npy"):
+        assert np.array_equal(np.load(tmp_path / "emb-s3" / f), np.load(tmp_path / "emb-disk" / f)), f
