@@ -429,7 +429,6 @@ class PairStream:
                 future = (pool.submit(self._read_part, plans[wi + 1], rank, world, skip)
                           if wi + 1 < len(plans) else None)
                 feats_buf, counts_buf = rows
-                img, cap, pos = plan["img"], plan["cap"], plan["pos"]
 
                 def take(positions):
                     out_f = np.empty((len(positions), *self.source.row_shape), dtype=np.float32)
@@ -445,20 +444,7 @@ class PairStream:
                                 out_c[i] = counts_buf[index[p - head]]
                     return out_f, out_c
 
-                for a, b in plan["cuts"]:
-                    cut += 1
-                    if cut <= skip:
-                        continue
-                    n = b - a
-                    part = part_slice(n, rank, world)
-                    tokens, lengths = self.tokens.batch(cap[a:b])
-                    f, c = take(pos[a:b][part])
-                    yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
-                                tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
-                rest = pos[plan["n_full"]:]
-                f, c = take(rest)
-                n_left = len(rest)
-                carry = {head - n_left + i: (f[i], None if c is None else c[i]) for i in range(n_left)}
+                cut, carry = yield from self._part_batches(plan, take, rank, world, skip, cut)
 
     def epoch_shared(self, epoch: int, rank: int, world: int, node: Any, skip: int = 0) -> Iterator[Batch]:
         """:meth:`epoch_part`'s batches, with the window read once per node into shared memory.
@@ -511,7 +497,6 @@ class PairStream:
                 node.sync(f"window {wi + 1} of epoch {epoch}")   # it is read; all are done with the other buffer
                 pending = fill(wi + 1, pool) if node.leader and wi + 1 < len(plans) else []
                 f_buf, c_buf = feats[wi % 2], counts[wi % 2]
-                img, cap, pos = plan["img"], plan["cap"], plan["pos"]
 
                 def take(positions):
                     out_f = np.empty((len(positions), *shape), dtype=np.float32)
@@ -527,19 +512,26 @@ class PairStream:
                             out_c[i] = carry[int(positions[i])][1]
                     return out_f, out_c
 
-                for a, b in plan["cuts"]:
-                    cut += 1
-                    if cut <= skip:
-                        continue
-                    part = part_slice(b - a, rank, world)
-                    tokens, lengths = self.tokens.batch(cap[a:b])
-                    f, c = take(pos[a:b][part])
-                    yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
-                                tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
-                rest = pos[plan["n_full"]:]
-                f, c = take(rest)
-                n_left = len(rest)
-                carry = {head - n_left + i: (f[i], None if c is None else c[i]) for i in range(n_left)}
+                cut, carry = yield from self._part_batches(plan, take, rank, world, skip, cut)
+
+    def _part_batches(self, plan: dict, take, rank: int, world: int, skip: int, cut: int):
+        """This rank's part of each batch of a window (``take(positions)``: the rows' features and
+        counts) after the epoch's first ``skip``; returns the epoch's batch count so far and the pairs
+        carried to the next window (window position -> (features, count))."""
+        img, cap, pos = plan["img"], plan["cap"], plan["pos"]
+        for a, b in plan["cuts"]:
+            cut += 1
+            if cut <= skip:
+                continue
+            part = part_slice(b - a, rank, world)
+            tokens, lengths = self.tokens.batch(cap[a:b])
+            f, c = take(pos[a:b][part])
+            yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
+                        tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
+        rest = pos[plan["n_full"]:]
+        f, c = take(rest)
+        first = self.batch_size - len(rest)
+        return cut, {first + i: (f[i], None if c is None else c[i]) for i in range(len(rest))}
 
     def _plans(self, epoch: int) -> list[dict]:
         """Every window of the epoch as :meth:`epoch` forms it (chunks, pair table after the shuffle,
