@@ -8,6 +8,8 @@ about 1 / ranks of a window's rows in memory.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -117,10 +119,14 @@ def run_shared(stream_parts, world, shm_dir, *, window_chunks=1, skip=0, local_w
     def run(r):
         try:
             s = streams[r] = stream_parts(window_chunks)
+            s.source = _counting(s.source)   # this rank's reads of the store, as they happen
             node = nodes[r] = NodeShare(ThreadGroup(r, world, board, local_world), shm_dir)
             if room is not None:
                 node._room = lambda nbytes, r=r: room(r)
-            out[r] = list(s.epoch_shared(2, r, world, node, skip=skip))
+            batches = s.epoch_shared(2, r, world, node, skip=skip)
+            first = next(batches)
+            s.folder_at_first_batch = sorted(p.name for p in Path(shm_dir).iterdir()) if Path(shm_dir).is_dir() else []
+            out[r] = [first, *batches]
         except BaseException as exc:   # noqa: BLE001 (reported below)
             errors.append(exc)
             board["barrier"].abort()
@@ -132,6 +138,26 @@ def run_shared(stream_parts, world, shm_dir, *, window_chunks=1, skip=0, local_w
         t.join(120)
     assert not errors, errors
     return out, streams, nodes
+
+
+def _counting(source):
+    """A copy of ``source`` that counts the chunks it reads from the store (``reads``)."""
+    import copy
+
+    counted = copy.copy(source)
+    counted.reads = 0
+    read, read_into = source.read, source.read_into
+
+    def count_read(start, stop):
+        counted.reads += 1
+        return read(start, stop)
+
+    def count_read_into(start, stop, *a, **kw):
+        counted.reads += 1
+        return read_into(start, stop, *a, **kw)
+
+    counted.read, counted.read_into = count_read, count_read_into
+    return counted
 
 
 def _same_batches(a, b):
@@ -153,10 +179,12 @@ def test_a_shared_window_gives_each_rank_its_parts_and_is_read_once_per_node(str
         # exactly the rows epoch_part gives (whose parts make one process's batches, tested above)
         _same_batches(out[r], list(stream_parts(window_chunks).epoch_part(2, r, world, skip=skip)))
         assert nodes[r].fallback is None
-        # the leader read every chunk of the epoch once; the other ranks read nothing
-        assert getattr(streams[r], "shared_reads", 0) == (n_chunks if r == 0 else 0)
+        # the leader read every chunk of the epoch once from the store; the other ranks read nothing
+        assert streams[r].source.reads == (n_chunks if r == 0 else 0)
         assert not hasattr(streams[r], "part_rows_peak")
-    assert list(tmp_path.iterdir()) == []      # the buffers' names are gone once every rank mapped them
+        # the buffers' names are gone before the first batch (a run killed from then on leaves nothing)
+        assert streams[r].folder_at_first_batch == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_each_node_has_its_leader(stream_parts, tmp_path):
@@ -164,7 +192,7 @@ def test_each_node_has_its_leader(stream_parts, tmp_path):
     folder, so each leader's buffers are separate files."""
     out, streams, nodes = run_shared(stream_parts, 4, tmp_path, local_world=2)
     n_chunks = sum(len(p["window"]) for p in streams[0]._plans(2))
-    assert [getattr(streams[r], "shared_reads", 0) for r in range(4)] == [n_chunks, 0, n_chunks, 0]
+    assert [streams[r].source.reads for r in range(4)] == [n_chunks, 0, n_chunks, 0]
     for r in range(4):
         _same_batches(out[r], list(stream_parts(1).epoch_part(2, r, 4)))
 
@@ -175,7 +203,7 @@ def test_without_room_on_any_node_every_rank_falls_back_to_its_own_rows(stream_p
     for r in range(2):
         assert nodes[r].fallback in ("no room", "another node's shared-memory folder lacks room")
         _same_batches(out[r], list(stream_parts(1).epoch_part(2, r, 2)))
-        assert streams[r].part_rows_peak > 0 and getattr(streams[r], "shared_reads", 0) == 0
+        assert streams[r].part_rows_peak > 0 and streams[r].source.reads > 0   # each rank reads for itself
     assert list(tmp_path.iterdir()) == []
 
 

@@ -260,3 +260,13 @@ def test_library_stages_without_a_lease_protocol_refuse_a_url_and_make_no_local_
         with st.building_features("g", (3,), "float32", attrs={"kind": "global"}):   # ingest precomp's way
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_records_its_store_without_credentials_and_a_path_absolute(tmp_path, monkeypatch):
+    """What `vsekit train` writes into config.json's "store" (and `evaluate` compares runs by)."""
+    from vsekit.storage.objstore import store_ref
+
+    assert store_ref("s3://AKIA:very-secret@bucket/stores/x.zarr/") == "s3://bucket/stores/x.zarr"
+    assert store_ref("s3://bucket/x.zarr") == "s3://bucket/x.zarr"
+    monkeypatch.chdir(tmp_path)
+    assert store_ref("d.zarr") == str(tmp_path.resolve() / "d.zarr")

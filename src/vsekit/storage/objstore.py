@@ -65,6 +65,14 @@ def is_object_url(path: Any) -> bool:
     return scheme_of(path) in SCHEMES
 
 
+def store_ref(store: Any) -> str:
+    """A store as a run records it (evaluate and embed reopen it): an object-store URL without any
+    credentials in it, a local path made absolute."""
+    from pathlib import Path
+
+    return public_url(str(store)) if is_object_url(str(store)) else str(Path(store).resolve())
+
+
 def public_url(url: str) -> str:
     """``url`` as it may be shown or recorded: without a ``user:password@`` part and a trailing slash."""
     m = _URL.match(url)

@@ -474,7 +474,6 @@ class PairStream:
             return
         feats = bufs[:2]
         counts = bufs[2:] if with_counts else [None, None]
-        self.shared_reads = getattr(self, "shared_reads", 0)
 
         def fill(wi: int, pool) -> list:
             jobs, off = [], head
@@ -484,7 +483,6 @@ class PairStream:
                 jobs.append(pool.submit(self.source.read_into, start, stop, f[off:off + n],
                                         None if c is None else c[off:off + n]))
                 off += n
-                self.shared_reads += 1
             return jobs
 
         carry: dict[int, tuple] = {}

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..storage.objstore import store_ref
 from ..storage.store import FeatureStore
 from .checkpoint import load_model
 from ..storage.splits import resplit_since
@@ -68,9 +69,9 @@ def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = No
         if p not in ALL_PROTOCOLS:
             raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(ALL_PROTOCOLS)}")
     models, configs = zip(*(load_model(r, device, checkpoint) for r in runs))
-    store_path = _store_ref(store or configs[0]["store"])
+    store_path = store_ref(store or configs[0]["store"])
     for r, c in zip(runs, configs):
-        if store is None and _store_ref(c["store"]) != store_path:
+        if store is None and store_ref(c["store"]) != store_path:
             raise ValueError(f"runs use different stores ({c['store']} for {r} vs {store_path}); "
                              f"an ensemble must be evaluated on one store")
     fstore = FeatureStore.open(store_path)
@@ -113,10 +114,3 @@ def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = No
         doc["sims"] = str(sims_path)
     metrics_path.write_text(json.dumps(doc, indent=2))
     return {**doc, "table": table, "metrics_path": str(metrics_path), "warnings": warnings}
-
-
-def _store_ref(store) -> str:
-    """A store as a run records it: an object-store URL as is, a path normalised."""
-    from ..storage.objstore import is_object_url
-
-    return str(store) if is_object_url(str(store)) else str(Path(store))

@@ -33,6 +33,7 @@ import torch
 
 from ..devices import exact_float32
 from ..interrupts import Interrupted, active as active_handling
+from ..storage.objstore import store_ref
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
@@ -528,7 +529,7 @@ def _train(group: Group, store, features, model, out, *, presets, resume, overwr
                 log("resume: " + ", ".join(f"{option_name(k)} {v[0]} -> {v[1]}" for k, v in changed.items()))
         else:
             _write_json(out / "config.json", {
-                "train": cfg.to_json(), "store": _store_ref(store), "features": features,
+                "train": cfg.to_json(), "store": store_ref(store), "features": features,
                 "model_kwargs": _plain(kw), "feature_set": describe_source(source),
                 "feature_attrs": _feature_attrs(source),
                 "vocab_size": tokens.vocab_size, "float32": float32, "vsekit_version": __version__})
@@ -585,13 +586,6 @@ def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, 
             "best_rsum": state["best_rsum"], "untrained_rsum": state.get("untrained_rsum"),
             "switched_at": state.get("switched_at"), "model": cfg.model, "ranks": group.world}
 
-
-def _store_ref(store) -> str:
-    """The store as the run records it (evaluate and embed reopen it): an object-store URL as given
-    (its credentials are never recorded), a local path made absolute."""
-    from ..storage.objstore import is_object_url
-
-    return str(store) if is_object_url(str(store)) else str(Path(store).resolve())
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
