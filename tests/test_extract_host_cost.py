@@ -112,3 +112,72 @@ def test_the_kept_input_buffer_gives_each_batch_its_own_values():
     got_b = ex._normalise(b)
     assert torch.equal(got_a, want[0]) and torch.equal(got_b, want[1])
     assert torch.equal(ex._normalise(c), want[2])   # a smaller last batch: its own shape
+
+
+class _Numbered:
+    """Item i: crops filled with the value i (mod 251), so a batch overwritten by a later one shows."""
+
+    def __init__(self, n, shape=(2, 8, 8, 3)):
+        self.n, self.shape = n, shape
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return Item(i, np.full(self.shape, i % 251, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("workers,prefetch", [(1, 1), (1, 2), (2, 2)])
+def test_ring_buffers_are_reused_and_never_overwrite_a_batch_the_driver_still_reads(workers, prefetch):
+    """A real DataLoader whose driver reads each batch slowly (the workers run ahead as far as the
+    loader lets them): every batch still holds its own values at the end of its processing, each
+    worker's buffers are mapped here at most prefetch + 1 times (reuse, not a segment per batch), and
+    the last batch (smaller) fits an earlier buffer."""
+    import os
+    import time
+
+    from vsekit.extract.reader import iter_batches
+
+    n, size = 61, 4
+    batches = [list(range(s, min(s + size, n))) for s in range(0, n, size)]
+    seen_storages = set()
+    for b, items in zip(batches, iter_batches(_Numbered(n), batches, workers, prefetch=prefetch)):
+        crops = items.crops.numpy()
+        first = crops.copy()
+        time.sleep(0.02)   # the workers decode ahead meanwhile
+        want = np.stack([np.full((2, 8, 8, 3), i % 251, dtype=np.uint8) for i in b])
+        assert np.array_equal(first, want) and np.array_equal(items.crops.numpy(), want)
+        assert items.intact()
+        # the shared segment (its inode: an address can be reused by a fresh mapping)
+        seen_storages.add(os.fstat(items.crops.untyped_storage()._share_fd_cpu_()[0]).st_ino)
+    assert len(seen_storages) <= workers * (prefetch + 1) < len(batches)   # 16 segments without the ring
+
+
+def test_a_batch_whose_ring_buffer_was_written_again_is_refused_and_nothing_of_it_is_kept():
+    from types import SimpleNamespace
+
+    from vsekit.extract import reader
+    from vsekit.extract.rows import run_items
+    from vsekit.extract.writer import BlockBuffer
+    from vsekit.storage.store import Block, StoreError
+
+    ring = reader.BufferRing(2)
+    data = _Numbered(8)
+    first = reader.Batch([data[i] for i in range(4)])
+    first.crops, first.stamp = ring.take((4, 2, 8, 8, 3))
+    first.crops.numpy()[:] = np.stack([it.crops for it in first])
+    assert first.intact()
+    ring.take((4, 2, 8, 8, 3))          # the other buffer
+    assert first.intact()
+    ring.take((3, 2, 8, 8, 3))          # first's buffer again (a smaller batch fits it)
+    assert not first.intact()
+
+    class _Features:   # the extractor's features: the crops' mean per image
+        def features(self, x):
+            return x.reshape(len(x), -1).float().mean(1, keepdim=True).numpy()
+
+    plan = SimpleNamespace(detector=None, kind="global", row_shape=(1,), store_dtype=np.float32, max_regions=0)
+    buf = BlockBuffer.empty(plan, Block(0, 0, 4))
+    with pytest.raises(StoreError, match="rows 0-3: a decoding worker reused the batch's shared buffer"):
+        run_items(_Features(), plan, first, buf, strict=False)
+    assert buf.filled == 0 and not buf.status.any()

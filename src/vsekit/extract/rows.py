@@ -97,18 +97,32 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
         if getattr(items, "crops", None) is not None:   # images of one size were collated: each its own
             for it, crops in zip(ok, items.crops):
                 it.crops = crops.numpy()
-        return extractor.put_items(ok, buf)
+        extractor.put_items(ok, buf)
+        return _check_intact(items)   # the buffer is dropped unwritten if not
     x = stack(items)   # the ok items' crops (collated where they were decoded)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
         feats = extractor.regions(x, boxes)
+        _check_intact(items)
         for it, f, bx in zip(ok, feats, boxes):
             sx, sy = it.scale
             buf.put(it.row, f, boxes=bx / np.array([sx, sy, sx, sy], dtype=np.float32))
         return
     feats = extractor.features(x)
+    _check_intact(items)
     for it, f in zip(ok, feats):
         buf.put(it.row, f)
+
+
+def _check_intact(items) -> None:
+    """Refuse a batch whose shared buffer a decoding worker overwrote while its features were computed
+    (:class:`.reader.BufferRing` rules it out; this makes a breach an error, never a wrong feature)."""
+    intact = getattr(items, "intact", None)
+    if intact is not None and not intact():
+        rows = [it.row for it in items]
+        raise StoreError(f"rows {min(rows)}-{max(rows)}: a decoding worker reused the batch's shared buffer "
+                         "while its features were computed; nothing of the batch was written (a bug: please "
+                         "report it; --workers 0 decodes without shared buffers)")
 
 
 # --- computing ---------------------------------------------------------------------------------------
