@@ -152,7 +152,8 @@ def gated(s3):
 def test_a_window_is_read_with_several_requests_in_flight_and_no_more_than_the_bound(s3, gated, tmp_path):
     """With ``read_requests=4``, the window reads (one process, the data-parallel ranks' part reads and
     evaluation's reads) have 4 chunk GETs in flight at once at the server, never more; each block is
-    one GET per array (data, and count for regions)."""
+    one GET per array (data, and count for regions), and no metadata is read per block. With
+    ``read_requests=1`` the reads are one at a time."""
     _write(_store(s3.url()), "regions")
     store = FeatureStore.open(s3.url(), storage_options={"endpoint": gated.endpoint, "read_requests": "4"})
     src = FeatureSource(store.features("regions"))
@@ -168,6 +169,14 @@ def test_a_window_is_read_with_several_requests_in_flight_and_no_more_than_the_b
         assert gated.peak == 4, (name, gated.peak)
         assert gated.gets == 2 * 8, (name, gated.gets)     # data + count of each of the 8 blocks, once
         assert not [r for r in gated.other if "/features/regions/" in r], name   # no metadata read per block
+    # read_requests=1: one GET at a time (the gate does not wait for company)
+    store = FeatureStore.open(s3.url(), storage_options={"endpoint": gated.endpoint, "read_requests": "1"})
+    src = FeatureSource(store.features("regions"))
+    stream = PairStream(src, _tokens(), store.split_rows("train"), store.caption_images(), batch_size=6, seed=1)
+    gated.reset()
+    gated.want = 1
+    list(stream.epoch(0))
+    assert gated.peak == 1 and gated.gets == 2 * 8
 
 
 def test_read_requests_must_be_a_positive_whole_number(s3):

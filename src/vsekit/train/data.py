@@ -352,7 +352,8 @@ class PairStream:
         self.seed, self.shuffle_memory = int(seed), int(shuffle_memory)
         self.read_threads = max(1, int(read_threads))
         # window chunks read at once: on object storage the store's read_requests (one GET each)
-        self.read_workers = max(self.read_threads, source.requests)
+        remote = source.reader is not None and source.reader.remote
+        self.read_workers = source.requests if remote else self.read_threads
         # captions of each usable image, CSR by image row
         in_split = np.zeros(source.n_rows, dtype=bool)
         in_split[rows] = True
