@@ -23,8 +23,8 @@ N, BLOCK = 40, 4     # 10 blocks
 
 
 def _write(store: FeatureStore, kind: str, seed: int = 0) -> str:
-    """The same feature set (by ``seed``) in ``store``: global float32 (stored raw), FNE int8 or
-    regions with a per-row count (both zstd)."""
+    """The same feature set (by ``seed``) in ``store``: global float32 (stored raw), FNE int8, packed
+    FNE or regions with a per-row count (zstd)."""
     rng = np.random.default_rng(seed)
     with store.writer(kind, stage="test"):
         if kind == "global":
@@ -33,6 +33,10 @@ def _write(store: FeatureStore, kind: str, seed: int = 0) -> str:
         elif kind == "fne":
             fs = store.create_features(kind, (9,), "int8", attrs={"kind": "fne"}, block_rows=BLOCK)
             rows = rng.integers(-1, 2, (N, 9)).astype(np.int8)
+        elif kind == "packed":   # 2-bit FNE codes, 4 a byte (``discretize --pack``)
+            fs = store.create_features(kind, (3,), "uint8", attrs={"kind": "fne", "packed": True, "n_features": 10},
+                                       block_rows=BLOCK)
+            rows = rng.integers(0, 256, (N, 3)).astype(np.uint8)
         else:
             fs = store.create_features(kind, (3, 5), "float32", attrs={"kind": "regions"}, block_rows=BLOCK,
                                        extra={"count": ((), "int32")})
@@ -76,7 +80,7 @@ def _batches(source: FeatureSource, store: FeatureStore, how: str) -> list:
     return out
 
 
-@pytest.mark.parametrize("kind", ["global", "fne", "regions"])
+@pytest.mark.parametrize("kind", ["global", "fne", "packed", "regions"])
 def test_the_trainers_batches_from_s3_equal_those_from_disk_bit_for_bit(s3, tmp_path, kind):
     """The same set on disk and on S3: every batch of two epochs (one window holding the split, windows
     of 3 blocks, each rank's part of a data-parallel epoch) and evaluation's image batches are equal
@@ -92,7 +96,11 @@ def test_the_trainers_batches_from_s3_equal_those_from_disk_bit_for_bit(s3, tmp_
         assert len(a) == len(b) > 0, how
         for x, y in zip(a, b):
             assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x.numpy(), y.numpy()), how
-    want = np.asarray(FeatureStore.open(tmp_path / "d.zarr").features(kind).data[:], dtype=np.float32)
+    want = np.asarray(FeatureStore.open(tmp_path / "d.zarr").features(kind).data[:])
+    if kind == "packed":   # unpacked here: 4 two-bit two's-complement codes a byte, low bits first
+        codes = ((want[..., None] >> np.array([0, 2, 4, 6], dtype=np.uint8)) & 3).astype(np.int64)
+        want = (codes - 4 * (codes >= 2)).reshape(N, -1)[:, :10]
+    want = want.astype(np.float32)
     got, counts = src_s.read(0, N)
     assert np.array_equal(got, want)
     assert (counts is None) == (kind != "regions")
