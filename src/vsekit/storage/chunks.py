@@ -107,7 +107,6 @@ class ChunkReader:
         if self.has_count and check is not None:
             check.check_file(index, "count")
 
-
     # object storage ----------------------------------------------------------------------------
     def fetch(self, index: int, array: str) -> bytes | None:
         """Block ``index``'s chunk object of ``array`` in one GET, refused unless it matches the block's
