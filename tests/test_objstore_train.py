@@ -114,7 +114,7 @@ class Gate:
     together, so reads that overlap show it whatever the machine's speed, and sequential reads show
     a peak of 1."""
 
-    def __init__(self, app, prefixes: tuple[str, ...], want: int, hold: float = 3.0):
+    def __init__(self, app, prefixes: tuple[str, ...], want: int, hold: float = 10.0):
         self.app, self.prefixes, self.want, self.hold = app, prefixes, want, hold
         self.cond = threading.Condition()
         self.reset()
