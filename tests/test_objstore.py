@@ -194,7 +194,7 @@ def test_a_store_made_by_a_killed_ingest_is_refused_with_how_out(s3):
 
 def test_the_trainers_feature_reads_check_each_block_against_its_commit_record(s3):
     """The trainer's loader (train/data.py FeatureSource over storage/chunks.py) reads a set on S3
-    through zarr, each block checked against its commit record: the rows come back as written, and a
+    one GET per block, each block checked against its commit record: the rows come back as written, and a
     damaged chunk object is refused naming its block before its rows are used."""
     from vsekit.train.data import FeatureSource
 

@@ -97,6 +97,8 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
     from ..devices import resolve_device
 
     env = launch_env()
+    if env is not None:
+        _take_rank_options()
     if env is not None and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0 \
             and (Path(out) / "checkpoint_last.pt").is_file():
         resume, overwrite = True, False    # a restarted group continues from the last checkpoint
@@ -165,8 +167,28 @@ def _check_batch(out, model, presets, resume, batch_size, ranks: int) -> None:
                                f"is split evenly over the ranks; choose a batch size divisible by {ranks}")
 
 
-def _argv(ctx: click.Context, drop=("nproc_per_node", "max_restarts")) -> list[str]:
-    """The command line of this ``vsekit train`` (the options given), without the launcher's own."""
+#: how ``--nproc-per-node`` hands this command's ``--storage-option`` values to its ranks: in their
+#: environment (JSON), never on their command line (which ``ps`` shows), in a log or on disk; each rank
+#: takes them out of its environment at once (:func:`_take_rank_options`)
+RANK_OPTIONS_ENV = "VSEKIT_RANK_STORAGE_OPTIONS"
+
+
+def _take_rank_options() -> None:
+    """In a rank: the launcher's ``--storage-option`` values, removed from the environment (so nothing
+    this rank starts inherits them) and added to the process's storage options."""
+    import json
+    import os
+
+    from ..storage.objstore import DEFAULT_OPTIONS
+
+    raw = os.environ.pop(RANK_OPTIONS_ENV, None)
+    if raw:
+        DEFAULT_OPTIONS.update({str(k): str(v) for k, v in json.loads(raw).items()})
+
+
+def _argv(ctx: click.Context, drop=("nproc_per_node", "max_restarts", "storage_option")) -> list[str]:
+    """The command line of this ``vsekit train`` (the options given), without the launcher's own and
+    without ``--storage-option`` (its values reach the ranks through :data:`RANK_OPTIONS_ENV`)."""
     from click.core import ParameterSource
 
     args: list[str] = []
@@ -196,8 +218,15 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    import json
+    import os
+
+    from ..storage.objstore import DEFAULT_OPTIONS
+
     argv = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
             "--module", "vsekit.cli", "train", *_argv(ctx)]
+    if DEFAULT_OPTIONS:
+        os.environ[RANK_OPTIONS_ENV] = json.dumps(DEFAULT_OPTIONS)
     try:
         run(get_args_parser().parse_args(argv))
     except ChildFailedError as exc:
@@ -211,6 +240,8 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
                                    f"checkpoint is in {ctx.params['out']}: continue with --resume") from None
     except SignalException as exc:
         raise SystemExit(128 + int(exc.sigval)) from None
+    finally:
+        os.environ.pop(RANK_OPTIONS_ENV, None)
 
 
 #: models that read a spatial feature set (a grid or regions), not one vector per image

@@ -41,6 +41,9 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
 _RETRY_KEYS = {"max_retries": int, "retry_timeout": float}
 _CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout")
+#: storage options vsekit reads itself (``read_requests``: the trainer's chunk reads in flight,
+#: ``storage/chunks.py``), not passed to obstore
+_OWN_KEYS = ("read_requests",)
 #: option names whose values are secrets (never shown; none is ever written anywhere)
 _SECRET = re.compile(r"(secret|token|password|key|credential|sas)", re.I)
 
@@ -128,6 +131,8 @@ def _open_obstore(url: str, options: Mapping[str, str]):
     if scheme == "s3" and endpoint.startswith("http://"):
         client["allow_http"] = True    # a local S3 (moto, MinIO) has no TLS
     for key, value in options.items():
+        if key in _OWN_KEYS:
+            continue
         if key in _RETRY_KEYS:
             retry[key] = _RETRY_KEYS[key](value)
         elif key in _CLIENT_KEYS:

@@ -139,6 +139,11 @@ class FeatureSource:
 
         The chunk files of every block read are checked against their recorded CRC-32 first.
         """
+        if self.reader is not None and self.reader.remote:   # one checked GET per block and array
+            raw, counts = self.reader.read_rows(start, stop)
+            if self.packed:
+                raw = unpack_rows(raw, self.n_features)
+            return raw.astype(np.float32, copy=False), None if counts is None else counts.astype(np.int64)
         if self.reader is not None:
             self.reader.verify(start, stop)
         raw = np.asarray(self._data[start:stop])
@@ -165,6 +170,12 @@ class FeatureSource:
             out[...] = data
         if counts_out is not None and counts is not None:
             counts_out[:] = counts
+
+    @property
+    def requests(self) -> int:
+        """How many of this source's reads may run at once: the store's ``read_requests`` on object
+        storage (each holds one chunk's bytes), else 1 (the callers' own thread count applies)."""
+        return self.reader.requests if self.reader is not None else 1
 
     def chunks(self) -> list[tuple[int, int]]:
         step = self.chunk_rows
@@ -340,6 +351,9 @@ class PairStream:
             raise ValueError(f"--shuffle-memory must be positive, got {shuffle_memory}")
         self.seed, self.shuffle_memory = int(seed), int(shuffle_memory)
         self.read_threads = max(1, int(read_threads))
+        # window chunks read at once: on object storage the store's read_requests (one GET each)
+        remote = source.reader is not None and source.reader.remote
+        self.read_workers = source.requests if remote else self.read_threads
         # captions of each usable image, CSR by image row
         in_split = np.zeros(source.n_rows, dtype=bool)
         in_split[rows] = True
@@ -487,7 +501,7 @@ class PairStream:
 
         carry: dict[int, tuple] = {}
         cut = 0
-        with ThreadPoolExecutor(max_workers=self.read_threads) as pool:
+        with ThreadPoolExecutor(max_workers=self.read_workers) as pool:
             pending = fill(0, pool) if node.leader and plans else []
             for wi, plan in enumerate(plans):
                 for job in pending:
@@ -584,16 +598,18 @@ class PairStream:
         index[wanted - head] = np.arange(len(wanted))
         feats = np.empty((len(wanted), *self.source.row_shape), dtype=np.float32)
         counts = np.zeros(len(wanted), dtype=np.int64) if self.source._count is not None else None
-        off = head
+        spans, offs, off = [], [], head
         for start, stop in plan["window"]:
-            sel = (wanted >= off) & (wanted < off + stop - start)
-            if sel.any():
-                data, cnt = self.source.read(start, stop)
-                feats[index[wanted[sel] - head]] = data[wanted[sel] - off]
-                if counts is not None and cnt is not None:
-                    counts[index[wanted[sel] - head]] = cnt[wanted[sel] - off]
-                del data
+            if ((wanted >= off) & (wanted < off + stop - start)).any():
+                spans.append((start, stop))
+                offs.append(off)
             off += stop - start
+        for off, ((start, stop), (data, cnt)) in zip(offs, read_spans(self.source, spans, self.source.requests)):
+            sel = (wanted >= off) & (wanted < off + stop - start)
+            feats[index[wanted[sel] - head]] = data[wanted[sel] - off]
+            if counts is not None and cnt is not None:
+                counts[index[wanted[sel] - head]] = cnt[wanted[sel] - off]
+            del data
         self.part_rows_peak = max(getattr(self, "part_rows_peak", 0), len(wanted))
         return (feats, counts), index
 
@@ -634,7 +650,7 @@ class PairStream:
                 off += n
             return jobs
 
-        with ThreadPoolExecutor(max_workers=self.read_threads) as pool:
+        with ThreadPoolExecutor(max_workers=self.read_workers) as pool:
             pending = submit(pool, 0)
             for w in range(len(windows)):
                 for job in pending:
@@ -655,17 +671,44 @@ def image_batches(source: FeatureSource, rows: np.ndarray, batch_size: int) -> I
     """Features of ``rows`` (sorted) in order, read one stored chunk at a time."""
     rows = np.asarray(rows, dtype=np.int64)
     buf, cbuf = [], []
-    for start, stop in source.chunks():
+    spans = [(a, b) for a, b in source.chunks() if ((rows >= a) & (rows < b)).any()]
+    for (start, stop), (data, counts) in read_spans(source, spans, source.requests):
         sel = rows[(rows >= start) & (rows < stop)]
-        if not len(sel):
-            continue
-        data, counts = source.read(start, stop)
         buf.append(data[sel - start])
         cbuf.append(None if counts is None else counts[sel - start])
         while sum(len(b) for b in buf) >= batch_size:
             yield from _emit(buf, cbuf, batch_size)
     if buf:
         yield from _emit(buf, cbuf, None)
+
+
+def read_spans(source: FeatureSource, spans: list[tuple[int, int]], requests: int
+               ) -> Iterator[tuple[tuple[int, int], tuple[np.ndarray, np.ndarray | None]]]:
+    """``source.read`` of each span, yielded in order, with up to ``requests`` reads running at once
+    (object storage: a GET each) and at most ``requests`` read spans held ahead of the consumer."""
+    if requests <= 1 or len(spans) <= 1:
+        for span in spans:
+            yield span, source.read(*span)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    from itertools import islice
+
+    with ThreadPoolExecutor(max_workers=requests) as pool:
+        todo = iter(spans)
+        pending = deque((span, pool.submit(source.read, *span)) for span in islice(todo, requests))
+        try:
+            while pending:
+                span, future = pending.popleft()
+                got = future.result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(source.read, *nxt)))
+                yield span, got
+                del got
+        finally:
+            for _, future in pending:
+                future.cancel()
 
 
 def _emit(buf: list, cbuf: list, size: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
