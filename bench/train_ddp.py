@@ -15,6 +15,8 @@ speed-up and scaling efficiency (speed-up / ranks), one process at a rank's shar
 (for VSE++, whose work is linear in the batch, a rank's own work alone on the machine with no
 communication: the efficiency's bound, as a batch of B / R does not always cost 1 / R of a batch of
 B; the pairwise models' score work is B x B / R on a rank, not (B / R)^2, so there it bounds nothing),
+for VSE++ also R such processes side by side with no group at all (what this machine gives R
+processes that share its caches and memory but never communicate: the bound that counts),
 the bytes each rank puts into collectives per step
 (encodings gathered forward and their gradients backward, batch-norm sums, the gradient bucket) and
 the bytes on the wire per rank of ring algorithms, and the peak RSS of each rank.
@@ -124,12 +126,12 @@ def measure(name: str, batch: int, steps: int, warmup: int, device: str, group) 
 
 
 def _worker(rank: int, world: int, port: int, name: str, batch: int, steps: int, warmup: int, out_dir: str,
-            threads: int) -> None:
+            threads: int, alone: bool = False) -> None:
     import torch
 
     torch.set_num_threads(threads)
     _, distributed, _ = _import_step()
-    if world > 1:
+    if world > 1 and not alone:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                           LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         group = distributed.setup("cpu", timeout_s=1800)
@@ -142,11 +144,13 @@ def _worker(rank: int, world: int, port: int, name: str, batch: int, steps: int,
     Path(out_dir, f"{name}-{world}-{rank}.json").write_text(json.dumps(res))
 
 
-def run_cpu(name: str, world: int, batch: int, steps: int, warmup: int, threads: int, tmp: str) -> list[dict]:
+def run_cpu(name: str, world: int, batch: int, steps: int, warmup: int, threads: int, tmp: str,
+            alone: bool = False) -> list[dict]:
+    """``world`` processes in a gloo group, or with ``alone`` side by side with no group at all."""
     import torch.multiprocessing as mp
 
     _, distributed, _ = _import_step()
-    mp.spawn(_worker, args=(world, distributed.free_port(), name, batch, steps, warmup, tmp, threads),
+    mp.spawn(_worker, args=(world, distributed.free_port(), name, batch, steps, warmup, tmp, threads, alone),
              nprocs=world, join=True)
     return [json.loads(Path(tmp, f"{name}-{world}-{r}.json").read_text()) for r in range(world)]
 
@@ -193,20 +197,31 @@ def main(argv=None) -> None:
             many = run_cpu(name, args.ranks, args.batch, args.steps, args.warmup, args.threads, tmp)
             # a rank's own work, with no communication: one process at the batch share of a rank
             share = run_cpu(name, 1, args.batch // args.ranks, args.steps, args.warmup, args.threads, tmp)[0]
+            # ... and R such processes side by side with no group (what the machine gives R processes
+            # that share its memory and caches but never communicate): the bound for VSE++
+            side = (run_cpu(name, args.ranks, args.batch // args.ranks, args.steps, args.warmup, args.threads, tmp,
+                            alone=True) if name == "vse" else None)
         t_many = max(r["s_per_step"] for r in many)
         speedup = one["s_per_step"] / t_many
         traffic = many[0]["traffic_bytes"]
         bound = one["s_per_step"] / (args.ranks * share["s_per_step"])
         rec = {"one": one, "ranks": many, "share": share, "s_per_step_1": one["s_per_step"], "s_per_step_n": t_many,
                "s_per_step_share": share["s_per_step"], "efficiency_bound": bound,
+               "side_by_side": side,
+               "s_per_step_side_by_side": max(r["s_per_step"] for r in side) if side else None,
+               "efficiency_bound_side_by_side": (one["s_per_step"] / (args.ranks * max(r["s_per_step"] for r in side))
+                                                 if side else None),
                "speedup": speedup, "efficiency": speedup / args.ranks, "traffic_bytes_per_rank": traffic,
                "wire_bytes_per_rank": wire_bytes(traffic, args.ranks),
                "peak_rss_mb_1": one["peak_rss_mb"], "peak_rss_mb_ranks": [r["peak_rss_mb"] for r in many]}
         results["models"][name] = rec
         _write(args.out, results)
+        side_text = (f"; {args.ranks} side by side with no group: {rec['s_per_step_side_by_side']:.2f} s/step, at "
+                     f"most {rec['efficiency_bound_side_by_side']:.2f}" if side else "")
         print(f"{name}: 1 rank {one['s_per_step']:.2f} s/step, {args.ranks} ranks {t_many:.2f} s/step: speed-up "
               f"{speedup:.2f}, efficiency {speedup / args.ranks:.2f} (1 process at batch {args.batch // args.ranks}: "
-              f"{share['s_per_step']:.2f} s/step{f': at most {bound:.2f} without communication' if name == 'vse' else ''}); "
+              f"{share['s_per_step']:.2f} s/step{f': at most {bound:.2f} without communication' if name == 'vse' else ''}"
+              f"{side_text}); "
               f"per rank per step {traffic} "
               f"(wire {rec['wire_bytes_per_rank'] / 2**20:.1f} MiB); peak RSS {one['peak_rss_mb']:.0f} MB vs "
               f"{[round(r['peak_rss_mb']) for r in many]} MB", flush=True)
