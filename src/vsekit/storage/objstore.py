@@ -245,6 +245,25 @@ class Objects:
         except Exception as exc:
             raise self._fail("delete", key, exc) from None
 
+    def copy(self, src: str, dst: str) -> None:
+        """Copy the object ``src`` to ``dst`` on the provider (no bytes pass through this process)."""
+        import obstore
+
+        try:
+            obstore.copy(self.store, src, dst)
+        except Exception as exc:
+            raise self._fail("copy", src, exc) from None
+
+    def children(self, prefix: str) -> list[str]:
+        """The names of the "folders" directly under ``prefix`` (one listing, not every object)."""
+        import obstore
+
+        try:
+            got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") or None)
+        except Exception as exc:
+            raise self._fail("list", prefix, exc) from None
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in got["common_prefixes"])
+
     def keys(self, prefix: str) -> list[str]:
         import obstore
 
