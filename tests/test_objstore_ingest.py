@@ -24,7 +24,7 @@ from vsekit.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-IGNORED_SET_ATTRS = ("generation",)     # a fresh id each time a set is made
+IGNORED_SET_ATTRS = ("generation", "parent_generation")     # a fresh id each time a set is made
 
 
 def _run(args):
@@ -250,4 +250,55 @@ def test_a_killed_set_ingest_on_s3_leaves_no_set_and_a_rerun_completes(s3, demo_
     assert _run(["ingest", "npz", str(tmp_path / "npz"), "--store", disk]).exit_code == 0
     _assert_same(_contents(url), _contents(disk))
     _verified(url)
+    _clean_after(s3)
+
+
+FAST = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--crops", "1", "--input-size", "48",
+        "--resize", "56", "--batch-size", "4", "--block-rows", "8", "--workers", "0", "--no-progress"]
+
+
+def test_split_on_s3_gives_the_split_it_gives_on_disk_and_excludes_writers(s3, demo_dir, tmp_path):
+    """`vsekit split` on S3: the same split array, history and stale marks as on disk, the feature sets
+    kept; refused while a set's lease is live, and a writer is refused while the split holds the store."""
+    from vsekit.storage import objstore
+    from vsekit.storage.store import FeatureStore
+
+    url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
+    outputs = {}
+    for st in (url, disk):
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        assert _run(["extract", "--store", st, *FAST]).exit_code == 0
+        assert _run(["standardize", "--store", st, "--features", "test_resnet_fne"]).exit_code == 0
+        before = FeatureStore.open(st).image_splits().copy()
+        r = _run(["split", "--store", st, "--val", "5", "--test", "4", "--seed", "2"])
+        assert r.exit_code == 0, r.output
+        outputs[st] = r.output.replace(st, "STORE")
+    assert outputs[url] == outputs[disk]
+    a, b = _contents(url), _contents(disk)
+    for got in (a, b):   # the re-split's time and id differ between the two runs
+        assert len(got["/"].pop("split_generation")) == 32
+        for rec in got["/"]["split_history"]:
+            rec.pop("at")
+    _assert_same(a, b)
+    after = FeatureStore.open(url).image_splits()
+    assert np.bincount(after, minlength=3)[1:3].tolist() == [5, 4] and not np.array_equal(after, before)
+    assert "before `vsekit split` changed that split's images" in str(a["features/test_resnet_fne.z"])
+    _verified(url)
+    _clean_after(s3)
+    # a live writer's lease: the split is refused and changes nothing
+    store = FeatureStore.open(url, mode="r+")
+    lease = objstore.SetLease(store.objects, "test_resnet_fne", "vsekit extract", ttl=60).acquire()
+    try:
+        r = _run(["split", "--store", url, "--val", "3", "--test", "3"])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1 and "is being written by vsekit extract" in errors[0], r.output
+        assert np.array_equal(FeatureStore.open(url).image_splits(), after)
+    finally:
+        lease.release()
+    # the split's lease held: a writer is refused before it writes anything
+    with store.store_writer("vsekit split"):
+        r = _run(["extract", "--store", url, *FAST, "--name", "other"])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1 and "is being re-split" in errors[0], r.output
+    assert "other" not in FeatureStore.open(url).feature_names()
     _clean_after(s3)
