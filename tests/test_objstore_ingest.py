@@ -109,7 +109,9 @@ def _butd_tsv(path, ids, counts, c=8, seed=0):
     rng = np.random.default_rng(seed)
     with open(path, "w") as f:
         for image_id, n in zip(ids, counts):
-            f.write(f"{image_id}\t640\t480\t{n}\t{_b64(rng.uniform(0, 400, (n, 4)))}\t{_b64(rng.normal(size=(n, c)))}\n")
+            xy = rng.uniform(0, 30, (n, 2))
+            boxes = np.concatenate([xy, xy + rng.uniform(1, 30, (n, 2))], axis=1)   # x1 y1 x2 y2 pixels
+            f.write(f"{image_id}\t64\t64\t{n}\t{_b64(boxes)}\t{_b64(rng.normal(size=(n, c)))}\n")
 
 
 def _precomp(folder, ids_by_prefix, d=6, seed=0):
@@ -213,6 +215,11 @@ def test_sets_added_to_an_s3_store_equal_disk_and_appear_only_whole(s3, demo_dir
     _assert_same(_contents(url), _contents(disk))
     _verified(url)
     _clean_after(s3)
+    for where, st in (("s3", url), ("disk", disk)):   # report-boxes reads the set from S3 too
+        r = _run(["report-boxes", st, "regions", "--rows", "0,3", "--out", str(tmp_path / f"boxes-{where}")])
+        assert r.exit_code == 0, r.output
+    for png in ("regions_0.png", "regions_3.png"):
+        assert (tmp_path / "boxes-s3" / png).read_bytes() == (tmp_path / "boxes-disk" / png).read_bytes()
     # a failure in the middle (a non-finite feature): no set, nothing hidden, no lease; the store is as it was
     before = s3.keys()
     bad = np.load(tmp_path / "p" / "test_ims.npy")
@@ -302,3 +309,32 @@ def test_split_on_s3_gives_the_split_it_gives_on_disk_and_excludes_writers(s3, d
         assert r.exit_code == 1 and len(errors) == 1 and "is being re-split" in errors[0], r.output
     assert "other" not in FeatureStore.open(url).feature_names()
     _clean_after(s3)
+
+
+def test_report_reads_an_s3_store_as_it_reads_the_same_store_on_disk(s3, demo_dir, tmp_path):
+    """`vsekit report` of one run, reading its examples from the S3 store or from the same store on
+    disk (made by the same commands): the same report.json and page, but for the store's name."""
+    stores = {"s3": s3.url("stores/demo.zarr"), "disk": str(tmp_path / "d.zarr")}
+    for st in stores.values():
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        assert _run(["extract", "--store", st, *FAST]).exit_code == 0
+        assert _run(["tokenize", "--store", st, "--min-count", "1"]).exit_code == 0
+    run = tmp_path / "run"
+    r = _run(["train", "--store", stores["s3"], "--out", str(run), "--features", "test_resnet_fne", "--model", "vse",
+              "--preset", "demo", "--embed-dim", "16", "--word-dim", "8", "--batch-size", "8", "--epochs", "1",
+              "--no-progress", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    pages = {}
+    for where, st in stores.items():
+        out = tmp_path / f"report-{where}"
+        r = _run(["report", str(run), "--out", str(out), "--store", st, "--device", "cpu", "--attention", "0"])
+        assert r.exit_code == 0, r.output
+        pages[where] = ((out / "report.json").read_text().replace(st, "STORE"),
+                        (out / "index.html").read_text().replace(st, "STORE"))
+    examples = json.loads(pages["s3"][0])["runs"][0]["examples"]     # scored from the store's features
+    assert examples["source"] == "the run's model (best checkpoint)" and len(examples["captions"]) == 8
+    assert pages["s3"] == pages["disk"]
+    # without --store: the URL the run recorded
+    r = _run(["report", str(run), "--out", str(tmp_path / "report-own"), "--device", "cpu", "--attention", "0"])
+    assert r.exit_code == 0 and "8 caption and 3 image examples" in r.output, r.output
+    assert (tmp_path / "report-own" / "report.json").read_text() == (tmp_path / "report-s3" / "report.json").read_text()
