@@ -102,6 +102,20 @@ def shown_options(options: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={'***' if _SECRET.search(k) else v}" for k, v in sorted(options.items()))
 
 
+def shown_argv(argv: list[str]) -> list[str]:
+    """A command line as it may be printed or recorded (`vsekit run`'s plan and stage records): each
+    ``--storage-option`` with a secret-looking key as ``KEY=***``, each URL without credentials."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--storage-option":
+            key, sep, _ = arg.partition("=")
+            arg = f"{key}={'***'}" if sep and _SECRET.search(key) else arg
+        elif is_object_url(arg):
+            arg = public_url(arg)
+        out.append(arg)
+    return out
+
+
 #: ``--storage-option`` values given to this process's command (under any explicit options)
 DEFAULT_OPTIONS: dict[str, str] = {}
 
