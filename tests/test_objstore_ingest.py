@@ -338,3 +338,50 @@ def test_report_reads_an_s3_store_as_it_reads_the_same_store_on_disk(s3, demo_di
     r = _run(["report", str(run), "--out", str(tmp_path / "report-own"), "--device", "cpu", "--attention", "0"])
     assert r.exit_code == 0 and "8 caption and 3 image examples" in r.output, r.output
     assert (tmp_path / "report-own" / "report.json").read_text() == (tmp_path / "report-s3" / "report.json").read_text()
+
+
+def _tokens(where) -> tuple:
+    from vsekit.storage.store import FeatureStore
+
+    store = FeatureStore.open(where)
+    attrs = dict(store.root["tokens"].attrs)
+    return (store.root["tokens/ids"][:].tolist(), store.root["tokens/offsets"][:].tolist(),
+            {k: v for k, v in attrs.items() if k != "pipeline"})
+
+
+def test_tokenize_again_on_s3_replaces_the_tokens_as_on_disk(s3, demo_dir, tmp_path):
+    """A second tokenize on S3 replaces the tokens, as on disk: the same tokens and vocabulary. A run
+    that fails keeps the old tokens; one killed before its swap mark keeps them too; one killed in the
+    swap leaves no tokens (never a mix) and the next tokenize finishes that swap, then does its own."""
+    from vsekit.storage.store import FeatureStore
+    from vsekit.tokenize.runner import SWAP_MARK
+
+    url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
+    for st in (url, disk):
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        for min_count in ("1", "3"):
+            r = _run(["tokenize", "--store", st, "--min-count", min_count])
+            assert r.exit_code == 0 and "tokenized 120 captions" in r.output, r.output
+    assert _tokens(url) == _tokens(disk) and _tokens(url)[2]["min_count"] == 3
+    _clean_after(s3)
+    assert not [k for k in s3.keys() if "tokens_partial" in k or SWAP_MARK in k]
+    # a failure (no caption in the vocabulary splits) keeps the old tokens
+    kept = _tokens(url)
+    r = _run(["tokenize", "--store", url, "--vocab-splits", "restval"])
+    assert r.exit_code == 1 and len(_errors(r.output)) == 1 and "no captions in the vocabulary splits" in r.output
+    assert _tokens(url) == kept
+    # killed (kill -9) before the swap mark: the old tokens stay; killed in the swap: no tokens at all
+    argv = [sys.executable, "-c", "from vsekit.cli import main; main()", "tokenize", "--store", url, "--min-count"]
+    env = {**os.environ, **s3.env, "VSEKIT_FAULT": "tokenize:swap"}
+    assert subprocess.run([*argv, "2"], env=env, capture_output=True, timeout=120).returncode == 137
+    assert _tokens(url) == kept and not any(SWAP_MARK in k for k in s3.keys())
+    env["VSEKIT_FAULT"] = "tokenize:publish"
+    assert subprocess.run([*argv, "2"], env=env, capture_output=True, timeout=120).returncode == 137
+    assert not FeatureStore.open(url).has_tokens and any(SWAP_MARK in k for k in s3.keys())
+    # the next tokenize (other settings) finishes that swap, then replaces it with its own tokens
+    r = _run(["tokenize", "--store", url, "--min-count", "1"])
+    assert r.exit_code == 0, r.output
+    assert _run(["tokenize", "--store", disk, "--min-count", "1"]).exit_code == 0
+    assert _tokens(url) == _tokens(disk)
+    _clean_after(s3)
+    assert not [k for k in s3.keys() if "tokens_partial" in k or SWAP_MARK in k]
