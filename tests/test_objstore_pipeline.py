@@ -32,6 +32,7 @@ pipelines:
     stages:
       - stage: ingest karpathy
         json_path: ${DATA}/dataset_demo.json
+        storage_option: ["secret_access_key=${SECRET}"]
       - {stage: extract, name: feats}
       - {stage: standardize, features: feats}
       - {stage: discretize, features: feats.z, pack: true}
@@ -57,9 +58,10 @@ def test_a_recipe_on_s3_runs_end_to_end_as_on_disk_and_a_second_run_skips_it(s3,
     url, disk = s3.url("stores/tiny.zarr"), str(tmp_path / "d.zarr")
     runs = {url: tmp_path / "runs-s3", disk: tmp_path / "runs-disk"}
 
-    def run(store, *more):
+    def run(store, *more, secret=S3_TEST_SECRET):
         return CliRunner().invoke(main, ["run", "tiny", "--file", str(recipe), "--set", f"STORE={store}",
-                                         "--set", f"RUNS={runs[store]}", "--set", f"DATA={demo_dir}", *more])
+                                         "--set", f"RUNS={runs[store]}", "--set", f"DATA={demo_dir}",
+                                         "--set", f"SECRET={secret}", *more])
 
     secret = ["--storage-option", f"secret_access_key={S3_TEST_SECRET}"]
     for store in (url, disk):
@@ -67,7 +69,7 @@ def test_a_recipe_on_s3_runs_end_to_end_as_on_disk_and_a_second_run_skips_it(s3,
         assert r.exit_code == 0 and "pipeline tiny: 7 stages ran, 0 skipped" in r.output, r.output
         for i, sid in enumerate(STAGES):
             assert f"[{i + 1}/7] {sid}: " in r.output, (sid, r.output)
-    assert S3_TEST_SECRET not in r.output
+        assert S3_TEST_SECRET not in r.output and "secret_access_key=***" in r.output
     _assert_same(_recorded(_contents(url)), _recorded(_contents(disk)))
     metrics = {s: json.loads((runs[s] / "r" / "metrics.json").read_text())["protocols"] for s in runs}
     assert metrics[url] == metrics[disk] and metrics[url]
@@ -80,10 +82,13 @@ def test_a_recipe_on_s3_runs_end_to_end_as_on_disk_and_a_second_run_skips_it(s3,
     before = store.features("feats").data[:]
     record = store.features("feats").attrs["pipeline"]["tiny/extract"]
     assert record["stage"] == "extract" and url in record["command"]
+    ingest_record = store.attrs["pipeline"]["tiny/ingest-karpathy"]
+    assert "--storage-option 'secret_access_key=***'" in ingest_record["command"], ingest_record
     for key in s3.keys():
         assert S3_TEST_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
-    # a second run: every stage is up to date, on S3 as on disk
-    r = run(url, *secret)
+    # a second run: every stage is up to date, on S3 as on disk (the storage options, another
+    # secret here, are not part of a stage's fingerprint)
+    r = run(url, secret="another-secret")
     assert r.exit_code == 0, r.output
     for sid in STAGES:
         assert f"skip {sid}: up to date" in r.output, (sid, r.output)
