@@ -898,6 +898,7 @@ class FeatureStore:
                 objects = self.objects
                 src, dst = f"features/{staging}/", f"features/{name}/"
                 meta = objects.get_json(src + "zarr.json")[0]
+                self._delete_remote_set(name)   # unpublished: what is there is a killed run's copy
                 for key in objects.keys(src):
                     if key != src + "zarr.json":
                         objects.copy(key, dst + key[len(src):])
