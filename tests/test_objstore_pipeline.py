@@ -103,3 +103,27 @@ def test_a_recipe_on_s3_runs_end_to_end_as_on_disk_and_a_second_run_skips_it(s3,
     after = FeatureStore.open(url).features("feats")
     assert np.array_equal(after.data[:], before)
     assert after.attrs["generation"] == store.features("feats").attrs["generation"]   # the same set
+
+
+@pytest.mark.slow
+def test_a_shipped_recipe_runs_on_s3_with_smoke_and_a_second_run_skips_it(s3, tmp_path, monkeypatch):
+    """A recipe of the shipped pipelines.yaml (f30k-sman-r152, its `--smoke` sizes) with its stores on
+    S3 (`--set STORE_DIR=s3://...`): every stage runs, the set and the tokens are on S3 with a commit
+    record per block, and the same command again skips every stage as up to date."""
+    from vsekit.storage.store import FeatureStore
+
+    monkeypatch.chdir(tmp_path)
+    store_dir = s3.url("stores")
+    argv = ["run", "f30k-sman-r152", "--smoke", "--set", f"STORE_DIR={store_dir}", "--device", "cpu"]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0 and "5 stages ran, 0 skipped" in r.output, r.output
+    urls = sorted({k.split("/zarr.json")[0] for k in s3.keys() if k.endswith(".zarr/zarr.json")})
+    assert len(urls) == 1
+    url = f"s3://{s3.bucket}/{urls[0]}"
+    store = FeatureStore.open(url)
+    assert store.has_tokens and len(store.feature_names()) == 1
+    _verified(url)
+    _clean_after(s3)
+    assert not (tmp_path / "vsekit-smoke" / "f30k-sman-r152" / "stores").exists()   # nothing local
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0 and r.output.count(": up to date") == 5, r.output
