@@ -33,7 +33,7 @@ from .base import StoreError
 
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("every `ingest`, `split`, `extract` (in-process, --cluster local:N, tcp:// and slurm:N), "
+URL_COMMANDS = ("every `ingest`, `split`, `extract` (in-process, --cluster local:N, tcp://, slurm:N and sge:N), "
                 "`tokenize`, `standardize`, `discretize` and `fne` (in-process), `train`, `evaluate`, `embed`, "
                 "`report`, `info` (with --verify) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
