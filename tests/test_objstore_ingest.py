@@ -235,6 +235,7 @@ def test_sets_added_to_an_s3_store_equal_disk_and_appear_only_whole(s3, demo_dir
     assert r.exit_code == 1 and len(errors) == 1 and "not supported on object storage" in errors[0], r.output
 
 
+@pytest.mark.slow   # kills a process at a write point and reruns it
 def test_a_killed_set_ingest_on_s3_leaves_no_set_and_a_rerun_completes(s3, demo_dir, tmp_path):
     """An ingest killed (``kill -9``) after its hidden set is written and copied under its name, just
     before it is published: no reader sees a set; the rerun deletes the leftovers (the hidden set and
@@ -271,6 +272,34 @@ FAST = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--crops
         "--resize", "56", "--batch-size", "4", "--block-rows", "8", "--workers", "0", "--no-progress"]
 
 
+def test_split_of_an_s3_store_without_sets_equals_disk_and_waits_for_no_writer(s3, demo_dir, tmp_path):
+    """The fast case of the test below: the same split array and history as on disk; refused while a
+    writer's lease is live."""
+    from vsekit.storage import objstore
+    from vsekit.storage.store import FeatureStore
+
+    url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
+    for st in (url, disk):
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+        r = _run(["split", "--store", st, "--ratios", "0.5,0.25,0.25", "--seed", "4"])
+        assert r.exit_code == 0, r.output
+    a, b = _contents(url), _contents(disk)
+    for got in (a, b):
+        assert len(got["/"].pop("split_generation")) == 32
+        for rec in got["/"]["split_history"]:
+            rec.pop("at")
+    _assert_same(a, b)
+    assert np.bincount(FeatureStore.open(url).image_splits(), minlength=3)[:3].tolist() == [12, 6, 6]
+    lease = objstore.SetLease(FeatureStore.open(url).objects, "tokens", "vsekit tokenize", ttl=60).acquire()
+    try:
+        r = _run(["split", "--store", url, "--val", "3", "--test", "3"])
+        assert r.exit_code == 1 and "is being written by vsekit tokenize" in r.output, r.output
+    finally:
+        lease.release()
+    _clean_after(s3)
+
+
+@pytest.mark.slow   # extracts and standardizes on two stores (over 5 s)
 def test_split_on_s3_gives_the_split_it_gives_on_disk_and_excludes_writers(s3, demo_dir, tmp_path):
     """`vsekit split` on S3: the same split array, history and stale marks as on disk, the feature sets
     kept; refused while a set's lease is live, and a writer is refused while the split holds the store."""
@@ -357,10 +386,8 @@ def _tokens(where) -> tuple:
 
 
 def test_tokenize_again_on_s3_replaces_the_tokens_as_on_disk(s3, demo_dir, tmp_path):
-    """A second tokenize on S3 replaces the tokens, as on disk: the same tokens and vocabulary. A run
-    that fails keeps the old tokens; one killed before its swap mark keeps them too; one killed in the
-    swap leaves no tokens (never a mix) and the next tokenize finishes that swap, then does its own."""
-    from vsekit.storage.store import FeatureStore
+    """A second tokenize on S3 replaces the tokens, as on disk: the same tokens and vocabulary; a run
+    that fails keeps the old tokens."""
     from vsekit.tokenize.runner import SWAP_MARK
 
     url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
@@ -377,7 +404,21 @@ def test_tokenize_again_on_s3_replaces_the_tokens_as_on_disk(s3, demo_dir, tmp_p
     r = _run(["tokenize", "--store", url, "--vocab-splits", "restval"])
     assert r.exit_code == 1 and len(_errors(r.output)) == 1 and "no captions in the vocabulary splits" in r.output
     assert _tokens(url) == kept
-    # killed (kill -9) before the swap mark: the old tokens stay; killed in the swap: no tokens at all
+
+
+@pytest.mark.slow   # kills processes at write points and reruns
+def test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it(
+        s3, demo_dir, tmp_path):
+    """Killed (``kill -9``) before its swap mark: the old tokens stay; killed in the swap: no tokens at
+    all (never a mix of two tokenizations), and the next tokenize finishes that swap, then does its own."""
+    from vsekit.storage.store import FeatureStore
+    from vsekit.tokenize.runner import SWAP_MARK
+
+    url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
+    for st in (url, disk):
+        assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", st]).exit_code == 0
+    assert _run(["tokenize", "--store", url, "--min-count", "3"]).exit_code == 0
+    kept = _tokens(url)
     argv = [sys.executable, "-c", "from vsekit.cli import main; main()", "tokenize", "--store", url, "--min-count"]
     env = {**os.environ, **s3.env, "VSEKIT_FAULT": "tokenize:swap"}
     assert subprocess.run([*argv, "2"], env=env, capture_output=True, timeout=120).returncode == 137

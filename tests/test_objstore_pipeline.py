@@ -52,6 +52,7 @@ def _recorded(contents: dict) -> dict:
     return contents
 
 
+@pytest.mark.slow   # a long end-to-end pipeline, on two stores (over 5 s)
 def test_a_recipe_on_s3_runs_end_to_end_as_on_disk_and_a_second_run_skips_it(s3, demo_dir, tmp_path):
     recipe = tmp_path / "pipelines.yaml"
     recipe.write_text(textwrap.dedent(RECIPE))
@@ -103,6 +104,29 @@ def test_a_recipe_on_s3_runs_end_to_end_as_on_disk_and_a_second_run_skips_it(s3,
     after = FeatureStore.open(url).features("feats")
     assert np.array_equal(after.data[:], before)
     assert after.attrs["generation"] == store.features("feats").attrs["generation"]   # the same set
+
+
+def test_a_two_stage_recipe_on_s3_records_in_the_store_and_skips_when_up_to_date(s3, demo_dir, tmp_path):
+    """The fast case: ingest and tokenize into an S3 store, then the same recipe again skips both."""
+    recipe = tmp_path / "pipelines.yaml"
+    recipe.write_text(textwrap.dedent("""\
+        pipelines:
+          two:
+            stages:
+              - {stage: ingest karpathy, json_path: "${DATA}/dataset_demo.json", store: "${STORE}"}
+              - {stage: tokenize, min_count: 1, store: "${STORE}"}
+        """))
+    url = s3.url("stores/two.zarr")
+    argv = ["run", "two", "--file", str(recipe), "--set", f"STORE={url}", "--set", f"DATA={demo_dir}"]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0 and "2 stages ran, 0 skipped" in r.output, r.output
+    from vsekit.storage.store import FeatureStore
+
+    store = FeatureStore.open(url)
+    assert store.has_tokens and "two/tokenize" in dict(store.root["tokens"].attrs)["pipeline"]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == 0 and r.output.count(": up to date") == 2, r.output
+    _clean_after(s3)
 
 
 @pytest.mark.slow

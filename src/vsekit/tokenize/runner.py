@@ -359,7 +359,7 @@ def _finish_remote_swap(store: FeatureStore) -> None:
     ``tokens/zarr.json`` as a feature set is (storage/objcommit.py). Every step can be done again, so
     a run killed anywhere here leaves the mark, and the next tokenize finishes this swap first; the
     mark is deleted before the staged objects, so it never outlives them
-    (``tests/test_objstore_ingest.py::test_tokenize_again_on_s3_replaces_the_tokens_as_on_disk``)."""
+    (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
     from ..storage.objcommit import group_meta
 
     objects = store.objects
