@@ -426,6 +426,8 @@ def test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_nex
     env["VSEKIT_FAULT"] = "tokenize:publish"
     assert subprocess.run([*argv, "2"], env=env, capture_output=True, timeout=120).returncode == 137
     assert not FeatureStore.open(url).has_tokens and any(SWAP_MARK in k for k in s3.keys())
+    r = _run(["info", url])
+    assert r.exit_code == 0 and "tokens: being replaced (a tokenize stopped in its swap)" in r.output, r.output
     # the next tokenize (other settings) finishes that swap, then replaces it with its own tokens
     r = _run(["tokenize", "--store", url, "--min-count", "1"])
     assert r.exit_code == 0, r.output

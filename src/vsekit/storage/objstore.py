@@ -466,6 +466,11 @@ def lease_valid(objects: Objects, name: str, token: str | None, margin: float | 
     return info.get("token") == token and time.time() + margin < float(info.get("expires", 0))
 
 
+#: a tokenize that replaces the tokens on object storage (tokenize/runner.py): its staged tokens are
+#: complete and a swap into ``tokens/`` is to be finished
+TOKENS_SWAP = ".vsekit/swaps/tokens.json"
+
+
 # --- block commit records -------------------------------------------------------------------------
 def record_key(name: str, generation: str, index: int) -> str:
     return f".vsekit/commits/{name}/{generation}/{int(index):08d}.json"

@@ -29,6 +29,7 @@ import numpy as np
 import zarr
 
 from ..storage.faults import point
+from ..storage.objstore import TOKENS_SWAP as SWAP_MARK   # on object storage: a swap to finish (`info` says so)
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
 from .text import tokenize_caption
@@ -345,10 +346,6 @@ def _swap_into_place(store: FeatureStore) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         partial.rename(final)
-
-
-#: on object storage: the staged tokens are complete and replace ``tokens/`` (a swap to finish)
-SWAP_MARK = ".vsekit/swaps/tokens.json"
 
 
 def _finish_remote_swap(store: FeatureStore) -> None:
