@@ -251,15 +251,20 @@ def test_without_obstore_a_url_is_one_error_naming_the_extra(monkeypatch):
         FeatureStore.open("s3://bucket/x.zarr")
 
 
-def test_library_stages_without_a_lease_protocol_refuse_a_url_and_make_no_local_folder(s3, tmp_path, monkeypatch):
-    """A library call or a `vsekit run` recipe reaches the stages the CLI refuses: each refuses the URL
-    in one StoreError (a lock file cannot live there), and no folder named ``s3:`` appears."""
+def test_lock_files_refuse_a_url_and_make_no_local_folder(s3, tmp_path, monkeypatch):
+    """A library call that reaches a lock file with a URL (a lock file cannot live on object storage)
+    refuses it in one StoreError naming what serves URLs, and no folder named ``s3:`` appears; the
+    stages that write a store on object storage take leases instead (:meth:`FeatureStore.writer`)."""
+    from vsekit.storage import lock
+
     monkeypatch.chdir(tmp_path)
-    st = _small_store(s3.url())
-    with pytest.raises(StoreError, match="does not serve stores on object storage yet"):
-        with st.building_features("g", (3,), "float32", attrs={"kind": "global"}):   # ingest precomp's way
+    url = s3.url()
+    with pytest.raises(StoreError, match="does not serve stores on object storage yet; they are served by every"):
+        with lock.writer_lock(url, "g", stage="vsekit test"):
             pass
-    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(StoreError, match="does not serve stores on object storage yet"):
+        lock.acquire(url, "g", "vsekit test")
+    assert list(tmp_path.iterdir()) == [] and s3.keys() == []
 
 
 def test_a_run_records_its_store_without_credentials_and_a_path_absolute(tmp_path, monkeypatch):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import click
 
 from .options import STORAGE_OPTION, StorePath
@@ -15,9 +13,10 @@ def ingest() -> None:
     parquet, npz)."""
 
 
-def _common(f, url_ok: bool = False):
-    f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=url_ok),
-                     help="Store to create (a path, or s3://... for `ingest karpathy` and `ingest folder`).")(f)
+def _common(f):
+    f = STORAGE_OPTION(f)
+    f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
+                     help="Store to create (a path, or an object-store URL s3://...).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
     f = DROP_FEATURES(f)
     f = click.option("--strict", is_flag=True, help="Turn skipped items into errors.")(f)
@@ -63,8 +62,7 @@ _outside = click.option("--allow-outside-root", is_flag=True,
               help="Put COCO's restval images into train (the common 113,287-image practice).")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
-@functools.partial(_common, url_ok=True)
-@STORAGE_OPTION
+@_common
 def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
              overwrite, drop_features, strict):
     """Ingest a Karpathy split file (dataset_coco.json, dataset_flickr30k.json, ...)."""
@@ -118,8 +116,7 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
-@functools.partial(_common, url_ok=True)
-@STORAGE_OPTION
+@_common
 def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, drop_features, strict):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder
@@ -142,7 +139,8 @@ def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root
               help="Captions per image in the files (the layouts assume a fixed number).")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default=None,
               help="Stored dtype (default: the file's for global features, float16 for regions).")
-@click.option("--store", "store_path", required=True, type=StorePath(),
+@STORAGE_OPTION
+@click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
               help="A new store, or an existing one to add the feature set to (matched by image id).")
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
@@ -163,7 +161,8 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
 
 @ingest.command("butd")
 @click.argument("tsv", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--store", "store_path", required=True, type=StorePath(),
+@STORAGE_OPTION
+@click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
               help="An existing store to add the features to (matched by image id), or a new store.")
 @click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
 @click.option("--max-boxes", default=100, show_default=True, type=click.IntRange(1),
@@ -249,7 +248,8 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
 
 @ingest.command("npz")
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
-@click.option("--store", "store_path", required=True, type=StorePath(exists=True),
+@STORAGE_OPTION
+@click.option("--store", "store_path", required=True, type=StorePath(exists=True, url_ok=True),
               help="Existing store to add the region features to (matched by image id).")
 @click.option("--name", default="regions", show_default=True, help="Name of the feature set.")
 @click.option("--match", type=click.Choice(["exact", "number"]), default="exact", show_default=True,
@@ -272,7 +272,8 @@ def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
 
 @ingest.command("hdf5")
 @click.argument("h5_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--store", "store_path", required=True, type=StorePath(), help="Store to create.")
+@STORAGE_OPTION
+@click.option("--store", "store_path", required=True, type=StorePath(url_ok=True), help="Store to create.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store.")
 @DROP_FEATURES
 def hdf5(h5_path, store_path, overwrite, drop_features):

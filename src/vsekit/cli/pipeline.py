@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..cluster import SPEC_HELP as CLUSTER_HELP
-from .options import CLUSTER_TEXT
+from .options import CLUSTER_TEXT, STORAGE_OPTION
 
 
 def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
@@ -42,6 +42,7 @@ def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
                    f"file's `cluster:`).")
 @click.option("--device", default=None, metavar="auto|cpu|cuda|cuda:N",
               help="Set ${DEVICE}, the device of every stage that has --device [default: auto].")
+@STORAGE_OPTION
 def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, smoke, cluster, device):
     """Run the named PIPELINE: skip stages that are up to date, rerun changed ones and those after them."""
     from ..pipeline import list_pipelines, load_pipelines

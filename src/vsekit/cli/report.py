@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import StorePath
+from .options import STORAGE_OPTION, StorePath
 
 
 @click.command("report")
@@ -21,8 +21,9 @@ from .options import StorePath
               help="Caption-image pairs to show attention maps for.")
 @click.option("--top-k", "k", default=5, show_default=True, type=click.IntRange(min=1), help="Results shown per query.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the example sample.")
-@click.option("--store", default=None, type=StorePath(),
-              help="Store to read (default: the one in each run's config.json).")
+@click.option("--store", default=None, type=StorePath(url_ok=True),
+              help="Store to read, a path or s3://... (default: the one in each run's config.json).")
+@STORAGE_OPTION
 @click.option("--device", default="auto", show_default=True,
               help="Device to score examples on: auto | cpu | cuda | cuda:N.")
 @click.option("--block", default=256, show_default=True, type=click.IntRange(min=1), help="Rows scored per block.")
@@ -47,8 +48,9 @@ def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, 
 
 
 @click.command("report-boxes")
-@click.argument("store", type=StorePath(exists=True))
+@click.argument("store", type=StorePath(exists=True, url_ok=True))
 @click.argument("name")
+@STORAGE_OPTION
 @click.option("--rows", default="0", show_default=True, help="Comma-separated image rows.")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Folder for the PNGs.")
 @click.option("--objects-vocab", type=click.Path(exists=True, dir_okay=False), default=None,

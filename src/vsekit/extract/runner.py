@@ -174,10 +174,14 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     name = opts.name or default_name(plan.model, opts.kind)
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
-    if store.remote and cluster is not None and cluster.kind not in ("local", "tcp"):
+    # object storage: the workers get the storage options with their tasks (in memory over dask's
+    # connection) and the rest of the credentials from their own environment (sbatch and qsub -V pass
+    # the submitter's); nothing is written into a job script. A job array has no driver to hand them
+    # over and its block leases are files: refused there.
+    if store.remote and cluster is not None and (array or cluster.kind not in ("local", "tcp", "slurm", "sge")):
         raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
-                         f"in-process or on --cluster local:N / tcp:// for now (issue 35); run it without "
-                         f"--cluster or with local:N")
+                         f"in-process or on --cluster local:N / tcp:// / slurm:N / sge:N for now (issue 35); "
+                         f"run it with one of those")
     if store.remote and cluster is not None and store.path.startswith("memory://"):
         raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --cluster")

@@ -20,7 +20,9 @@ Counts = dict[str, int]   # split → images, plus "captions" and "captions:<spl
 def _from_store(path: str) -> Counts | None:
     from ..storage.store import SPLITS, FeatureStore
 
-    if not (Path(path) / "zarr.json").is_file():
+    from .outputs import store_there
+
+    if not store_there(path):
         return None
     try:
         st = FeatureStore.open(path)

@@ -43,6 +43,7 @@ import click
 from ..version import __version__
 from ..words import plural
 from .commands import call_stage, has_option
+from .outputs import store_there
 from .resolve import ResolvedStage, resolve_pipeline
 from .spec import PipelineError, PipelineFile, PipelineSpec
 
@@ -90,7 +91,10 @@ class Step:
         return self.stage.argv(self.extra())
 
     def command_line(self) -> str:
-        return "vsekit " + " ".join(shlex.quote(a) for a in self.argv())
+        """The stage's command line as printed and recorded: no secret of a --storage-option in it."""
+        from ..storage.objstore import shown_argv
+
+        return "vsekit " + " ".join(shlex.quote(a) for a in shown_argv(self.argv()))
 
 
 @dataclass
@@ -263,7 +267,7 @@ def check_protocols(stages: list[ResolvedStage], checked: set[str], echo: Callab
             continue
         protocols = [p for p in (stage.values.get("protocol") or ()) if p != "all"]
         store = stage.values.get("store")
-        if not protocols or not store or not (Path(str(store)) / "zarr.json").is_file():
+        if not protocols or not store or not store_there(store):
             continue
         checked.add(stage.id)
         from ..storage.store import FeatureStore

@@ -28,6 +28,18 @@ MARKER = ".vsekit-pipeline.json"
 def _store_root(path: str, mode: str = "r"):
     import zarr
 
+    from ..storage.objstore import is_object_url
+
+    if is_object_url(path):   # s3://...: the records live in the same attributes there
+        from ..storage.objstore import Objects
+
+        try:
+            objects = Objects(path)
+            if objects.get("zarr.json") is None:
+                return None
+            return zarr.open_group(objects.zarr_store(read_only=mode == "r"), mode=mode, zarr_format=3)
+        except Exception:  # noqa: BLE001 - unreachable or broken counts as missing; its stage says why
+            return None
     p = Path(path)
     if not (p / "zarr.json").exists():
         return None
@@ -193,7 +205,22 @@ class StageIO:
     resume_file: str = ""               # resuming needs --resume when this file is in the output
 
 
+def store_there(path: Any) -> bool:
+    """Whether a store is at ``path`` (a local path or an object-store URL); an unreachable one is not."""
+    from ..storage.store import store_exists
+
+    try:
+        return store_exists(str(path))
+    except Exception:  # noqa: BLE001 - unreachable: the stage that opens it says why
+        return False
+
+
 def store_key(path: Any) -> str:
+    """One spelling per store: a local path made absolute, an object-store URL without credentials."""
+    from ..storage.objstore import is_object_url, public_url
+
+    if is_object_url(str(path)):
+        return public_url(str(path))
     return os.path.normpath(os.path.abspath(str(path)))
 
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 #: options that say where or how fast a stage runs, not what it makes: not part of the fingerprint
 NOT_FINGERPRINTED = frozenset({"cluster", "workers", "device", "pin-memory", "channels-last", "prefetch", "progress",
-                               "no-progress", "quiet", "verbose"})
+                               "no-progress", "quiet", "verbose",
+                               "storage-option"})   # credentials: never recorded, and where the store is stays --store
 
 
 @dataclass

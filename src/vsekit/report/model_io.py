@@ -69,10 +69,14 @@ class SplitData:
 
 def open_store(run: RunInfo, store: str | Path | None = None) -> FeatureStore:
     """The run's store: ``store`` if given, else the path in its config (absolute, or relative to the
-    current folder or to the run folder)."""
+    current folder or to the run folder), or the object-store URL either names."""
+    from ..storage.objstore import is_object_url
+
     path = store or _first(run.config, "store", "store_path")
     if not path:
         raise StoreError(f"{run.path}/config.json names no store; pass --store")
+    if is_object_url(str(path)):   # s3://... (the run recorded the URL, never its credentials)
+        return FeatureStore.open(str(path))
     for cand in (Path(path), run.path / path):
         if (cand / "zarr.json").exists():
             return FeatureStore.open(cand)

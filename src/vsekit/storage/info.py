@@ -56,6 +56,12 @@ def describe(store: FeatureStore, name: str | None = None) -> str:
             lines.append(f"  tokens: vocabulary {len(vocab)} words, min_count {tok.attrs.get('min_count')}")
             for key in sorted(tok.array_keys()):
                 lines.append(_array_line(key, tok[key], "    "))
+        if store.remote:
+            from .objstore import TOKENS_SWAP
+
+            if store.objects.get(TOKENS_SWAP) is not None:
+                lines.append(f"  tokens: being replaced (a tokenize stopped in its swap); `vsekit tokenize --store "
+                             f"{store.path}` finishes it first")
         names = store.feature_names()
         lines.append(f"  features: {len(names) or 'none'}")
         for fname in names:

@@ -33,9 +33,9 @@ from .base import StoreError
 
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("`ingest karpathy`, `ingest folder`, `extract` (in-process, --cluster local:N and tcp://), "
+URL_COMMANDS = ("every `ingest`, `split`, `extract` (in-process, --cluster local:N, tcp://, slurm:N and sge:N), "
                 "`tokenize`, `standardize`, `discretize` and `fne` (in-process), `train`, `evaluate`, `embed`, "
-                "`info` (with --verify) and `export` (reading)")
+                "`report`, `info` (with --verify) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
@@ -103,6 +103,20 @@ def parse_options(pairs: Any) -> dict[str, str]:
 def shown_options(options: Mapping[str, str]) -> str:
     """The storage options as they may be shown: secret-looking values replaced by ``***``."""
     return ", ".join(f"{k}={'***' if _SECRET.search(k) else v}" for k, v in sorted(options.items()))
+
+
+def shown_argv(argv: list[str]) -> list[str]:
+    """A command line as it may be printed or recorded (`vsekit run`'s plan and stage records): each
+    ``--storage-option`` with a secret-looking key as ``KEY=***``, each URL without credentials."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--storage-option":
+            key, sep, _ = arg.partition("=")
+            arg = f"{key}={'***'}" if sep and _SECRET.search(key) else arg
+        elif is_object_url(arg):
+            arg = public_url(arg)
+        out.append(arg)
+    return out
 
 
 #: ``--storage-option`` values given to this process's command (under any explicit options)
@@ -249,6 +263,25 @@ class Objects:
             pass
         except Exception as exc:
             raise self._fail("delete", key, exc) from None
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy the object ``src`` to ``dst`` on the provider (no bytes pass through this process)."""
+        import obstore
+
+        try:
+            obstore.copy(self.store, src, dst)
+        except Exception as exc:
+            raise self._fail("copy", src, exc) from None
+
+    def children(self, prefix: str) -> list[str]:
+        """The names of the "folders" directly under ``prefix`` (one listing, not every object)."""
+        import obstore
+
+        try:
+            got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") or None)
+        except Exception as exc:
+            raise self._fail("list", prefix, exc) from None
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in got["common_prefixes"])
 
     def keys(self, prefix: str) -> list[str]:
         import obstore
@@ -436,6 +469,11 @@ def lease_valid(objects: Objects, name: str, token: str | None, margin: float | 
     info = got[0]
     margin = float(info.get("ttl", DEFAULT_TTL_S)) / 3 if margin is None else margin
     return info.get("token") == token and time.time() + margin < float(info.get("expires", 0))
+
+
+#: a tokenize that replaces the tokens on object storage (tokenize/runner.py): its staged tokens are
+#: complete and a swap into ``tokens/`` is to be finished
+TOKENS_SWAP = ".vsekit/swaps/tokens.json"
 
 
 # --- block commit records -------------------------------------------------------------------------

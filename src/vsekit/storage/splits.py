@@ -180,8 +180,6 @@ def split_notes(store: FeatureStore, name: str | None = None) -> list[str]:
 
     codes = store.image_splits()
     fix = f"`vsekit split --store {store.path} --val N --test N` re-splits, keeping every feature set"
-    if getattr(store, "remote", False):   # `split` does not serve object storage yet (issue 35)
-        fix = "ingest again with other splits (`vsekit split` works on local stores only for now)"
     if name is None:
         return [f"note: split {s!r} has {plural(int(np.sum(codes == i)), 'image')}: validation or test figures "
                 f"on it are noise; {fix}" for i, s in enumerate(SPLITS)
@@ -243,8 +241,14 @@ def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[f
     report._remake = [remake_command(store, n, "--overwrite") for n in stale]
     if dry_run:
         return report
-    with lock.replacing_store(store.path, stage="vsekit split"):   # no writer runs meanwhile
-        _swap_split_array(store, new)
+    # no writer runs meanwhile: the store lock on disk, the store's lease on object storage
+    held = (store.store_writer("vsekit split") if store.remote
+            else lock.replacing_store(store.path, stage="vsekit split"))
+    with held:
+        if store.remote:   # no rename there: the split array's chunks are put in place (see the docs)
+            store.root["images/split"][:] = new
+        else:
+            _swap_split_array(store, new)
         record = {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **how,
                   "before": report.before, "after": report.after, "moved": report.moved,
                   "stale": sorted(stale)}

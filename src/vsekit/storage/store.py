@@ -338,6 +338,7 @@ class FeatureStore:
         self.path = Path(path) if objects is None else objects.url
         self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
+        self._new_store_leases: Any = None   # while an ingest builds this store on object storage
 
     @property
     def remote(self) -> bool:
@@ -376,11 +377,50 @@ class FeatureStore:
                 self.leases[name] = lease
                 taken.append(lease)
                 self.lease_token = lease.token
+            if taken and STORE_LEASE not in names:
+                self._check_not_resplit()
             yield
         finally:
             for lease in taken:
                 self.leases.pop(lease.name, None)
                 lease.release()
+
+    def _check_not_resplit(self) -> None:
+        """Refuse to write while `vsekit split` holds this store's lease (object storage; on disk the
+        store lock file does this: :func:`vsekit.storage.lock.writer_lock`)."""
+        import time as _time
+
+        from .objstore import LeaseHeld, _dead_here, lease_key
+
+        got = self.objects.get_json(lease_key(STORE_LEASE))
+        if got is None:
+            return
+        info = got[0]
+        if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
+            raise LeaseHeld(f"{self.path} is being re-split by {info.get('stage', 'vsekit split')} (pid "
+                            f"{info.get('pid')} on {info.get('host')}); wait for it to finish, then run this again")
+
+    @contextlib.contextmanager
+    def store_writer(self, stage: str) -> Iterator[None]:
+        """Hold the whole store (object storage): its lease ``.store``, refused while any set's lease is
+        live; set writers check it after taking theirs (:meth:`writer`), so of two that start at once
+        at least one sees the other, as with the lock files on disk."""
+        import time as _time
+
+        from .objstore import LeaseHeld, _dead_here
+
+        with self.writer(STORE_LEASE, stage=stage):
+            for key in self.objects.keys(".vsekit/leases/"):
+                name = key.rsplit("/", 1)[-1][:-len(".json")]
+                got = self.objects.get_json(key)
+                if name == STORE_LEASE or got is None:
+                    continue
+                info = got[0]
+                if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
+                    raise LeaseHeld(f"cannot re-split {self.path}: {name!r} in it is being written by "
+                                    f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); "
+                                    f"wait for it to finish")
+            yield
 
     # opening --------------------------------------------------------------------------------------
     @classmethod
@@ -528,7 +568,10 @@ class FeatureStore:
         ingest per URL) and marked complete last; a failed ingest deletes what it wrote."""
         store = cls.create(url, overwrite=overwrite, **create_kw)
         try:
-            yield store
+            with contextlib.ExitStack() as leases:
+                store._new_store_leases = leases   # create_features takes each new set's lease here
+                yield store
+            store._new_store_leases = None
             point("ingest:complete")
             store.root.attrs["complete"] = True
         except BaseException:
@@ -714,6 +757,9 @@ class FeatureStore:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
         if self.remote:
+            held = getattr(self, "_new_store_leases", None)
+            if held is not None and name not in self.leases:   # a set of a store its ingest is building
+                held.enter_context(self.writer(name, stage="vsekit ingest"))
             return self._create_remote_set(name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs,
                                            init)
         replace_later = beside and self.has_features(name)
@@ -806,6 +852,10 @@ class FeatureStore:
         Ingesters that add a set to an existing store use this, so a failure part-way leaves no
         half-written set behind (the store's other contents are untouched).
         """
+        if self.remote:
+            with self._building_features_remote(name, row_shape, dtype, overwrite=overwrite, **create_kw) as fs:
+                yield fs
+            return
         from .lock import writer_lock
 
         with writer_lock(self.path, name, stage="vsekit ingest"):
@@ -821,6 +871,65 @@ class FeatureStore:
             except BaseException:
                 shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
                 raise
+
+    @contextlib.contextmanager
+    def _building_features_remote(self, name: str, row_shape: Sequence[int], dtype: Any, *,
+                                  overwrite: bool = False, **create_kw: Any) -> Iterator[FeatureSet]:
+        """:meth:`building_features` on object storage, which has no rename: under the set's lease the
+        set is built and committed block by block under a hidden name (``.NAME.partial-*``, listed by
+        no reader), then its objects and commit records are copied under NAME on the provider and the
+        set is published by one create-if-absent of ``features/NAME/zarr.json``: readers see no set,
+        then a whole one. A failure deletes the hidden set; one a killed run left is deleted by the
+        next run under the lease."""
+        from .objcommit import group_meta
+
+        with self.writer(name, stage="vsekit ingest"):
+            if self.has_features(name):
+                how = ("--overwrite is not supported on object storage yet; " if overwrite
+                       else "pass --overwrite to replace it (on a local store) or ")
+                raise StoreError(f"feature set {name!r} already exists in {self.path}; {how}"
+                                 f"pass --name to write a new set")
+            self._remove_remote_staged(name)
+            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+            fs = self.create_features(staging, row_shape, dtype, **create_kw)
+            fs.target = name   # its blocks are committed under NAME's lease
+            try:
+                yield fs
+                objects = self.objects
+                src, dst = f"features/{staging}/", f"features/{name}/"
+                meta = objects.get_json(src + "zarr.json")[0]
+                self._delete_remote_set(name)   # unpublished: what is there is a killed run's copy
+                for key in objects.keys(src):
+                    if key != src + "zarr.json":
+                        objects.copy(key, dst + key[len(src):])
+                rsrc, rdst = f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/"
+                for key in objects.keys(rsrc):
+                    objects.copy(key, rdst + key[len(rsrc):])
+                point("create_features:publish")
+                self.check_lease(name)
+                if objects.create(dst + "zarr.json", group_meta(meta.get("attributes") or {})) is None:
+                    raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
+                fs.name, fs.target, fs.group = name, name, self.root[f"features/{name}"]
+            except BaseException:
+                self._delete_remote_set(staging)
+                raise
+            self._delete_remote_set(staging)
+
+    def _delete_remote_set(self, name: str) -> None:
+        """Delete every object of the (hidden) set ``name`` on object storage: its zarr.json first, so
+        it is listed by no reader from then on, then its arrays and its commit records."""
+        self.objects.delete(f"features/{name}/zarr.json")
+        for prefix in (f"features/{name}/", f".vsekit/commits/{name}/"):
+            for key in self.objects.keys(prefix):
+                self.objects.delete(key)
+
+    def _remove_remote_staged(self, name: str) -> list[str]:
+        """Delete the hidden ``.NAME.partial-*`` sets killed ingests left (under NAME's lease: no live
+        run builds one then)."""
+        gone = [c for c in self.objects.children("features/") if c.startswith(f".{name}.partial-")]
+        for child in gone:
+            self._delete_remote_set(child)
+        return gone
 
     def delete_features(self, name: str) -> None:
         if self.has_features(name):
@@ -888,6 +997,15 @@ def refuse_dropping_features(path: str | os.PathLike) -> None:
                      f"(or --split-file, or --val N --test N). To re-ingest and delete them, add --drop-features")
 
 
+def store_exists(path: str | os.PathLike) -> bool:
+    """Whether a store (its root ``zarr.json``) is at ``path``, a local path or an object-store URL."""
+    from .objstore import Objects, is_object_url
+
+    if is_object_url(os.fspath(path)):
+        return Objects(os.fspath(path)).get("zarr.json") is not None
+    return (local_path(path) / "zarr.json").is_file()
+
+
 def feature_names_at(path: str | os.PathLike) -> list[str]:
     """The feature sets of the store at ``path`` (none when there is no readable store there)."""
     try:
@@ -897,6 +1015,7 @@ def feature_names_at(path: str | os.PathLike) -> list[str]:
 
 
 INGEST_LOCK = "ingest"
+STORE_LEASE = ".store"   # the lease `vsekit split` holds on object storage (lock.STORE_LOCK on disk)
 STALE_STAGING_S = 60.0   # a staging folder without a lock file is a killed ingest's once this old
 
 

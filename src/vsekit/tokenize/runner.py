@@ -29,6 +29,7 @@ import numpy as np
 import zarr
 
 from ..storage.faults import point
+from ..storage.objstore import TOKENS_SWAP as SWAP_MARK   # on object storage: a swap to finish (`info` says so)
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
 from .text import tokenize_caption
@@ -100,9 +101,6 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     if store.remote and (workers > 1 or cluster):
         raise StoreError(f"{store.path}: tokenize on object storage counts in this process for now (issue 35); "
                          f"run it without --workers and --cluster")
-    if store.remote and store.has_tokens:
-        raise StoreError(f"{store.path} has tokens already; tokenizing again on object storage is not supported "
-                         f"yet (issue 35)")
     with store.writer("tokens", stage="vsekit tokenize"):
         return _tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
                          lowercase=lowercase, bos_eos=bos_eos, max_len=max_len, workers=workers,
@@ -129,6 +127,8 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
                 "max_len": None if max_len is None else int(max_len)}
 
     root = store.root
+    if store.remote and store.objects.get(SWAP_MARK) is not None:
+        _finish_remote_swap(store)   # a run killed while it replaced the tokens: finish its swap first
     point("tokenize:staging")
     if STAGING in root:   # left by a killed run (no live one: we hold the lock)
         del root[STAGING]
@@ -328,26 +328,14 @@ class _AlignedWriter:
 
 def _swap_into_place(store: FeatureStore) -> None:
     """Move ``tokens_partial/`` to ``tokens/``, replacing the old tokens only now. On object storage
-    (no rename; first tokens only) its objects are copied under ``tokens/`` and the group published by
-    one create-if-absent of ``tokens/zarr.json``, as a feature set is (storage/objcommit.py)."""
+    (no rename) see :func:`_finish_remote_swap`."""
     if store.remote:
-        import json
+        from ..storage.objstore import dumps
 
-        from ..storage.objcommit import group_meta
-
-        objects = store.objects
-        keys = objects.keys(f"{STAGING}/")
-        meta = None
-        for key in keys:
-            data = objects.get(key)[0]
-            if key == f"{STAGING}/zarr.json":
-                meta = json.loads(data)
-            else:
-                objects.put("tokens/" + key[len(STAGING) + 1:], data)
-        if objects.create("tokens/zarr.json", group_meta(meta.get("attributes") or {})) is None:
-            raise StoreError(f"{store.path}: another run published tokens meanwhile")
-        for key in keys:
-            objects.delete(key)
+        # the staged tokens are complete: from this record on, the swap is finished by whichever run
+        # comes next (this one, or the next tokenize if this one is killed)
+        store.objects.put(SWAP_MARK, dumps({"staging": STAGING, "token": store.lease_token}))
+        _finish_remote_swap(store)
         return
     base = Path(store.path)
     final, partial = base / "tokens", base / STAGING
@@ -358,6 +346,38 @@ def _swap_into_place(store: FeatureStore) -> None:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         partial.rename(final)
+
+
+def _finish_remote_swap(store: FeatureStore) -> None:
+    """Replace ``tokens/`` by the complete ``tokens_partial/`` on object storage, which has no rename
+    (run under the ``tokens`` lease, after :data:`SWAP_MARK` is written). Readers see the old tokens,
+    then none (the group's ``zarr.json`` is deleted first: a reader is told there are no tokens, never
+    given a mix of two tokenizations), then the new ones, published by one create-if-absent of
+    ``tokens/zarr.json`` as a feature set is (storage/objcommit.py). Every step can be done again, so
+    a run killed anywhere here leaves the mark, and the next tokenize finishes this swap first; the
+    mark is deleted before the staged objects, so it never outlives them
+    (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
+    from ..storage.objcommit import group_meta
+
+    objects = store.objects
+    staged = objects.keys(f"{STAGING}/")
+    meta = objects.get_json(f"{STAGING}/zarr.json")
+    if meta is None:
+        raise StoreError(f"{store.path}: {SWAP_MARK} says staged tokens replace tokens/, but {STAGING}/ has no "
+                         f"zarr.json; delete {SWAP_MARK} and {STAGING}/ and tokenize again")
+    objects.delete("tokens/zarr.json")          # from here no reader sees tokens until the new ones
+    for key in objects.keys("tokens/"):
+        objects.delete(key)
+    for key in staged:
+        if key != f"{STAGING}/zarr.json":
+            objects.copy(key, "tokens/" + key[len(STAGING) + 1:])
+    point("tokenize:publish")
+    store.check_lease("tokens")
+    if objects.create("tokens/zarr.json", group_meta(meta[0].get("attributes") or {})) is None:
+        raise StoreError(f"{store.path}: another run published tokens meanwhile")
+    objects.delete(SWAP_MARK)
+    for key in staged:
+        objects.delete(key)
 
 
 def _nltk_version() -> str:

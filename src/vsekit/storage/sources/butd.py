@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..store import FeatureStore, split_code
+from ..store import FeatureStore, split_code, store_exists
 from .common import IngestError, IngestReport, RegionBlock, read_split_file
 
 FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
@@ -136,8 +136,7 @@ def ingest_butd(tsv_files: Sequence[str | Path], store_path: str | Path, *, name
     split_code(default_split)
     report = IngestReport(strict=strict)
     lines, width = _scan(paths, max_boxes, report)
-    store_path = Path(store_path)
-    attach = (store_path / "zarr.json").exists()
+    attach = store_exists(store_path)   # a path or an object-store URL
     k = max(ln.num_boxes for ln in lines)
     attrs = {"kind": "regions", "model": "butd-faster-rcnn", "weights": "unknown",
              "precision": np.dtype(dtype).name, "source": "butd",
@@ -146,6 +145,7 @@ def ingest_butd(tsv_files: Sequence[str | Path], store_path: str | Path, *, name
     extra = {"boxes": ((k, 4), "float32"), "count": ((), "int16"), "image_size": ((2,), "int32")}
     if attach:
         store = FeatureStore.open(store_path, mode="r+")
+        store_path = store.path
         row_of = {str(i): r for r, i in enumerate(store.image_ids())}
         rows = []
         for ln in lines:

@@ -97,6 +97,7 @@ def ingest_npz(folder: str | Path, store_path: str | Path, *, name: str = "regio
         raise IngestError(f"{folder}: no .npz files")
     _id_of("", match)
     store = FeatureStore.open(store_path, mode="r+")
+    store_path = store.path
     row_of = {str(i): r for r, i in enumerate(store.image_ids())}
     if match == "number":
         row_of = {(str(int(i)) if i.isdigit() else i): r for i, r in row_of.items()}

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..store import DONE, FAILED, FeatureStore
+from ..store import DONE, FAILED, FeatureStore, store_exists
 from .common import IngestError, IngestReport, read_text_lines
 
 PREFIX_SPLITS = {"train": "train", "dev": "val", "val": "val", "test": "test", "testall": "test",
@@ -139,9 +139,9 @@ def ingest_precomp(folder: str | Path, store_path: str | Path, *, prefixes: Sequ
     attrs = {"kind": kind, "model": "precomp", "weights": "unknown", "precision": out_dtype.name,
              "source": "precomp", "source_files": files, "captions_per_image": captions_per_image}
     extra = {"boxes": ((row_shape[0], 4), "float32"), "count": ((), "int16")} if kind == "regions" else None
-    store_path = Path(store_path)
-    if (store_path / "zarr.json").exists():  # add the features to an existing store, matched by id
+    if store_exists(store_path):  # add the features to an existing store, matched by id (a path or a URL)
         store = FeatureStore.open(store_path, mode="r+")
+        store_path = store.path
         row_of = {str(i): r for r, i in enumerate(store.image_ids())}
         source = np.full(store.n_images, -1, dtype=np.int64)
         for j, image_id in enumerate(ids):

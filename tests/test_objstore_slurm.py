@@ -1,0 +1,134 @@
+"""`extract --cluster slurm:N` (and `sge:N`) into an ``s3://`` store (issue 35), on a throw-away
+one-node SLURM (Grid Engine) and the local S3 server: the jobs get the storage options with their tasks (in memory, over dask's
+connection), so nothing secret is written into a job script, a job log or SLURM's own files, and the
+extraction equals the one on disk bit for bit. Job arrays stay refused on object storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+pytest.importorskip("dask_jobqueue")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import slurm_local  # noqa: E402  (tests/slurm_local.py)
+from test_objstore_slow import OPTS, _ingest, _records_per_block, reference  # noqa: E402,F401
+
+pytestmark = pytest.mark.slow
+
+OPTION_SECRET = "vsekit-option-secret-not-in-any-file"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("slurm")
+    with slurm_local.local_slurm(folder) as env:
+        yield {"env": env, "dir": folder}
+
+
+def test_slurm_jobs_get_the_storage_options_with_their_tasks_and_write_what_disk_has(
+        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+    from vsekit.extract import extract
+    from vsekit.storage import objstore
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
+        "interface": "lo", "cores": 1, "memory": "2GB", "walltime": "00:20:00", "queue": "vsekit",
+        "python": sys.executable, "log_directory": str(tmp_path / "jobs")}))
+    # no AWS variable at all in the jobs' environment (sbatch passes this one): the endpoint and the
+    # credentials can reach them only with their tasks, as --storage-option gives them here
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(objstore, "DEFAULT_OPTIONS", {
+        "endpoint": s3.endpoint, "access_key_id": "vsekit-test-key", "secret_access_key": OPTION_SECRET,
+        "region": "us-east-1"})
+    res = extract(url, cluster="slurm:2", device="cpu", **OPTS)
+    fs = FeatureStore.open(url).features(res.name)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)                          # bit for bit as on disk
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}    # each block committed once
+    assert not slurm_local.jobs(slurm["env"])                             # the jobs ended with the run
+    # the secret is in no file the run or SLURM wrote (job logs, SLURM's state and spool) and no object
+    written = [p for p in (*(tmp_path / "jobs").rglob("*"), *slurm["dir"].rglob("*")) if p.is_file()]
+    assert any((tmp_path / "jobs").rglob("*.err")) or any((tmp_path / "jobs").rglob("*.out")), written
+    for p in written:
+        assert OPTION_SECRET.encode() not in p.read_bytes(), p
+    for key in s3.keys():
+        assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
+
+
+@pytest.fixture(scope="module")
+def sge():
+    import sge_local
+
+    why = sge_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with sge_local.local_sge() as env:
+        yield {"env": env}
+
+
+def test_grid_engine_jobs_get_the_storage_options_with_their_tasks_and_write_what_disk_has(
+        sge, s3, demo_dir, reference, tmp_path, monkeypatch):
+    """`sge:N` is the same dask-jobqueue path (its jobs see the submitting environment through
+    ``qsub -V``): the same bits, one record per block, the option's secret in no job log or object."""
+    import sge_local
+
+    from vsekit.extract import extract
+    from vsekit.storage import objstore
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    for key in ("SGE_ROOT", "SGE_CELL"):
+        monkeypatch.setenv(key, sge["env"][key])
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "jobs").mkdir()
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
+        "interface": "lo", "cores": 1, "memory": "2GB", "memory_resource": "h_rss", "walltime": "00:20:00",
+        "queue": sge_local.QUEUE, "python": sys.executable, "log_directory": str(tmp_path / "jobs")}))
+    for key in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setattr(objstore, "DEFAULT_OPTIONS", {
+        "endpoint": s3.endpoint, "access_key_id": "vsekit-test-key", "secret_access_key": OPTION_SECRET,
+        "region": "us-east-1"})
+    res = extract(url, cluster="sge:2", device="cpu", **OPTS)
+    fs = FeatureStore.open(url).features(res.name)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    written = [p for p in (tmp_path / "jobs").rglob("*") if p.is_file()]
+    assert written
+    for p in written:
+        assert OPTION_SECRET.encode() not in p.read_bytes(), p
+    for key in s3.keys():
+        assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
+
+
+def test_a_job_array_on_object_storage_is_refused_in_one_line(s3, demo_dir):
+    from click.testing import CliRunner
+
+    from vsekit.cli import main
+
+    url = _ingest(s3, demo_dir)
+    for cluster in ("slurm-array:2", "sge-array:2", "pbs:2"):
+        r = CliRunner().invoke(main, ["extract", "--store", url, "--model", "test_resnet", "--weights", "none",
+                                      "--no-progress", "--cluster", cluster])
+        errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+        assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
+        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N" in errors[0] and url in errors[0]
+    assert not [k for k in s3.keys() if "/features/" in k]
