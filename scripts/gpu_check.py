@@ -279,6 +279,11 @@ def check_throughput(ctx: Ctx):
     dev = torch.device(ctx.device)
     precisions = ["fp32", "bf16"] + (["fp16"] if dev.type == "cuda" else [])
     out, ok = {"images": n, "crops": 10, "input": size, "batch_images": batch}, True
+    from vsekit.devices import exact_float32
+
+    # the floor under extraction's own float32 (IEEE, no TF32): left to torch's defaults, cuDNN ran the
+    # fp32 convolutions in TF32 whenever no earlier check had turned it off (97.6 vs 441 img/s on an H100)
+    exact_float32()
     model = build_model(ctx.model, "none", device=ctx.device).eval()
     x = torch.randint(0, 256, (batch * 10, 3, size, size), dtype=torch.uint8, device=dev)
     for prec in precisions:
