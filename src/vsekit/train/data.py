@@ -433,7 +433,6 @@ class PairStream:
         from concurrent.futures import ThreadPoolExecutor
 
         plans = self._plans(epoch)
-        head = self.batch_size
         carry = {}                       # window position (< head) -> (features, count) of carried pairs
         cut = 0
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -443,22 +442,8 @@ class PairStream:
                 future = (pool.submit(self._read_part, plans[wi + 1], rank, world, skip)
                           if wi + 1 < len(plans) else None)
                 feats_buf, counts_buf = rows
-
-                def take(positions):
-                    out_f = np.empty((len(positions), *self.source.row_shape), dtype=np.float32)
-                    out_c = None if counts_buf is None else np.empty(len(positions), dtype=np.int64)
-                    for i, p in enumerate(positions):
-                        if p < head:
-                            out_f[i] = carry[p][0]
-                            if out_c is not None:
-                                out_c[i] = carry[p][1]
-                        else:
-                            out_f[i] = feats_buf[index[p - head]]
-                            if out_c is not None:
-                                out_c[i] = counts_buf[index[p - head]]
-                    return out_f, out_c
-
-                cut, carry = yield from self._part_batches(plan, take, rank, world, skip, cut)
+                cut, carry = yield from self._part_batches(plan, feats_buf, counts_buf, index, carry, rank, world,
+                                                           skip, cut)
 
     def epoch_shared(self, epoch: int, rank: int, world: int, node: Any, skip: int = 0) -> Iterator[Batch]:
         """:meth:`epoch_part`'s batches, with the window read once per node into shared memory.
@@ -508,28 +493,32 @@ class PairStream:
                     job.result()
                 node.sync(f"window {wi + 1} of epoch {epoch}")   # it is read; all are done with the other buffer
                 pending = fill(wi + 1, pool) if node.leader and wi + 1 < len(plans) else []
-                f_buf, c_buf = feats[wi % 2], counts[wi % 2]
+                cut, carry = yield from self._part_batches(plan, feats[wi % 2], counts[wi % 2], None, carry, rank,
+                                                           world, skip, cut)
 
-                def take(positions):
-                    out_f = np.empty((len(positions), *shape), dtype=np.float32)
-                    out_c = None if c_buf is None else np.empty(len(positions), dtype=np.int64)
-                    old = positions < head
-                    new = ~old
-                    out_f[new] = f_buf[positions[new]]
-                    if out_c is not None:
-                        out_c[new] = c_buf[positions[new]]
-                    for i in np.flatnonzero(old):
-                        out_f[i] = carry[int(positions[i])][0]
-                        if out_c is not None:
-                            out_c[i] = carry[int(positions[i])][1]
-                    return out_f, out_c
+    def _part_batches(self, plan: dict, feats: np.ndarray, counts: np.ndarray | None, index: np.ndarray | None,
+                      carry: dict, rank: int, world: int, skip: int, cut: int):
+        """This rank's part of each batch of a window after the epoch's first ``skip``; returns the
+        epoch's batch count so far and the pairs carried to the next window (window position ->
+        (features, count)). A window position ``p`` below the head is a pair carried from the last
+        window (``carry``); the others are the window's rows: ``feats[p]`` where the whole window is
+        held, ``feats[index[p - head]]`` where only some of its rows were read (``index``)."""
+        head = self.batch_size
 
-                cut, carry = yield from self._part_batches(plan, take, rank, world, skip, cut)
+        def take(positions):
+            out_f = np.empty((len(positions), *self.source.row_shape), dtype=np.float32)
+            out_c = None if counts is None else np.empty(len(positions), dtype=np.int64)
+            new = positions >= head
+            at = positions[new] if index is None else index[positions[new] - head]
+            out_f[new] = feats[at]
+            if out_c is not None:
+                out_c[new] = counts[at]
+            for i in np.flatnonzero(~new):
+                out_f[i], c = carry[int(positions[i])]
+                if out_c is not None:
+                    out_c[i] = c
+            return out_f, out_c
 
-    def _part_batches(self, plan: dict, take, rank: int, world: int, skip: int, cut: int):
-        """This rank's part of each batch of a window (``take(positions)``: the rows' features and
-        counts) after the epoch's first ``skip``; returns the epoch's batch count so far and the pairs
-        carried to the next window (window position -> (features, count))."""
         img, cap, pos = plan["img"], plan["cap"], plan["pos"]
         for a, b in plan["cuts"]:
             cut += 1
@@ -598,17 +587,17 @@ class PairStream:
         index[wanted - head] = np.arange(len(wanted))
         feats = np.empty((len(wanted), *self.source.row_shape), dtype=np.float32)
         counts = np.zeros(len(wanted), dtype=np.int64) if self.source._count is not None else None
-        spans, offs, off = [], [], head
+        spans, sels, off = [], [], head
         for start, stop in plan["window"]:
-            if ((wanted >= off) & (wanted < off + stop - start)).any():
+            sel = wanted[(wanted >= off) & (wanted < off + stop - start)]
+            if len(sel):
                 spans.append((start, stop))
-                offs.append(off)
+                sels.append((sel, off))
             off += stop - start
-        for off, ((start, stop), (data, cnt)) in zip(offs, read_spans(self.source, spans, self.source.requests)):
-            sel = (wanted >= off) & (wanted < off + stop - start)
-            feats[index[wanted[sel] - head]] = data[wanted[sel] - off]
+        for (sel, off), (_, (data, cnt)) in zip(sels, read_spans(self.source, spans, self.source.requests)):
+            feats[index[sel - head]] = data[sel - off]
             if counts is not None and cnt is not None:
-                counts[index[wanted[sel] - head]] = cnt[wanted[sel] - off]
+                counts[index[sel - head]] = cnt[sel - off]
             del data
         self.part_rows_peak = max(getattr(self, "part_rows_peak", 0), len(wanted))
         return (feats, counts), index
@@ -671,9 +660,12 @@ def image_batches(source: FeatureSource, rows: np.ndarray, batch_size: int) -> I
     """Features of ``rows`` (sorted) in order, read one stored chunk at a time."""
     rows = np.asarray(rows, dtype=np.int64)
     buf, cbuf = [], []
-    spans = [(a, b) for a, b in source.chunks() if ((rows >= a) & (rows < b)).any()]
-    for (start, stop), (data, counts) in read_spans(source, spans, source.requests):
-        sel = rows[(rows >= start) & (rows < stop)]
+    if np.any(rows[1:] <= rows[:-1]):   # the batches follow the chunks: an order of its own would be lost
+        raise ValueError("image_batches: rows must be sorted and distinct")
+    cuts = [(a, b, *np.searchsorted(rows, [a, b])) for a, b in source.chunks()]
+    spans = [(a, b) for a, b, lo, hi in cuts if hi > lo]
+    sels = [rows[lo:hi] for a, b, lo, hi in cuts if hi > lo]
+    for sel, ((start, stop), (data, counts)) in zip(sels, read_spans(source, spans, source.requests)):
         buf.append(data[sel - start])
         cbuf.append(None if counts is None else counts[sel - start])
         while sum(len(b) for b in buf) >= batch_size:
