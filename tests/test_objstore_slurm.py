@@ -36,39 +36,52 @@ def slurm(tmp_path_factory):
         yield {"env": env, "dir": folder}
 
 
-def test_slurm_jobs_get_the_storage_options_with_their_tasks_and_write_what_disk_has(
-        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
-    from vsekit.extract import extract
-    from vsekit.storage import objstore
-    from vsekit.storage.store import FeatureStore
-
-    url = _ingest(s3, demo_dir)
-    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+def _options_only_with_the_tasks(s3, monkeypatch, cluster_config: dict) -> None:
+    """The jobs run this checkout's src with ``cluster_config``; no AWS variable at all in their
+    environment (the scheduler passes the submitting one): the endpoint and the credentials can reach
+    them only with their tasks, as --storage-option gives them here."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
-        "interface": "lo", "cores": 1, "memory": "2GB", "walltime": "00:20:00", "queue": "vsekit",
-        "python": sys.executable, "log_directory": str(tmp_path / "jobs")}))
-    # no AWS variable at all in the jobs' environment (sbatch passes this one): the endpoint and the
-    # credentials can reach them only with their tasks, as --storage-option gives them here
+        "interface": "lo", "cores": 1, "memory": "2GB", "walltime": "00:20:00", **cluster_config}))
     for key in [k for k in os.environ if k.startswith("AWS_")]:
         monkeypatch.delenv(key)
+    from vsekit.storage import objstore
+
     monkeypatch.setattr(objstore, "DEFAULT_OPTIONS", {
         "endpoint": s3.endpoint, "access_key_id": "vsekit-test-key", "secret_access_key": OPTION_SECRET,
         "region": "us-east-1"})
-    res = extract(url, cluster="slurm:2", device="cpu", **OPTS)
+
+
+def _extract_equals_disk_and_leaks_nothing(s3, url, cluster, reference, written_in) -> None:
+    """``extract`` on ``cluster`` gives the disk run's bits with one record per block, and the option's
+    secret is in no file under ``written_in`` (at least one file is there) and no object."""
+    from vsekit.extract import extract
+    from vsekit.storage.store import FeatureStore
+
+    res = extract(url, cluster=cluster, device="cpu", **OPTS)
     fs = FeatureStore.open(url).features(res.name)
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
     assert np.array_equal(fs.data[:], reference)                          # bit for bit as on disk
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}    # each block committed once
-    assert not slurm_local.jobs(slurm["env"])                             # the jobs ended with the run
-    # the secret is in no file the run or SLURM wrote (job logs, SLURM's state and spool) and no object
-    written = [p for p in (*(tmp_path / "jobs").rglob("*"), *slurm["dir"].rglob("*")) if p.is_file()]
-    assert any((tmp_path / "jobs").rglob("*.err")) or any((tmp_path / "jobs").rglob("*.out")), written
+    written = [p for folder in written_in for p in folder.rglob("*") if p.is_file()]
+    assert written
     for p in written:
         assert OPTION_SECRET.encode() not in p.read_bytes(), p
     for key in s3.keys():
         assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
+
+
+def test_slurm_jobs_get_the_storage_options_with_their_tasks_and_write_what_disk_has(
+        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+    url = _ingest(s3, demo_dir)
+    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+    _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
+                                                   "log_directory": str(tmp_path / "jobs")})
+    # the secret is in no file the run or SLURM wrote (job logs, SLURM's state and spool) and no object
+    _extract_equals_disk_and_leaks_nothing(s3, url, "slurm:2", reference, [tmp_path / "jobs", slurm["dir"]])
+    assert not slurm_local.jobs(slurm["env"])                             # the jobs ended with the run
+    assert any((tmp_path / "jobs").rglob("*.err")) or any((tmp_path / "jobs").rglob("*.out"))
 
 
 @pytest.fixture(scope="module")
@@ -88,35 +101,13 @@ def test_grid_engine_jobs_get_the_storage_options_with_their_tasks_and_write_wha
     ``qsub -V``): the same bits, one record per block, the option's secret in no job log or object."""
     import sge_local
 
-    from vsekit.extract import extract
-    from vsekit.storage import objstore
-    from vsekit.storage.store import FeatureStore
-
     url = _ingest(s3, demo_dir)
     for key in ("SGE_ROOT", "SGE_CELL"):
         monkeypatch.setenv(key, sge["env"][key])
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
     (tmp_path / "jobs").mkdir()
-    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
-        "interface": "lo", "cores": 1, "memory": "2GB", "memory_resource": "h_rss", "walltime": "00:20:00",
-        "queue": sge_local.QUEUE, "python": sys.executable, "log_directory": str(tmp_path / "jobs")}))
-    for key in [k for k in os.environ if k.startswith("AWS_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setattr(objstore, "DEFAULT_OPTIONS", {
-        "endpoint": s3.endpoint, "access_key_id": "vsekit-test-key", "secret_access_key": OPTION_SECRET,
-        "region": "us-east-1"})
-    res = extract(url, cluster="sge:2", device="cpu", **OPTS)
-    fs = FeatureStore.open(url).features(res.name)
-    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
-    assert np.array_equal(fs.data[:], reference)
-    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
-    written = [p for p in (tmp_path / "jobs").rglob("*") if p.is_file()]
-    assert written
-    for p in written:
-        assert OPTION_SECRET.encode() not in p.read_bytes(), p
-    for key in s3.keys():
-        assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
+    _options_only_with_the_tasks(s3, monkeypatch, {"memory_resource": "h_rss", "queue": sge_local.QUEUE,
+                                                   "python": sys.executable, "log_directory": str(tmp_path / "jobs")})
+    _extract_equals_disk_and_leaks_nothing(s3, url, "sge:2", reference, [tmp_path / "jobs"])
 
 
 def test_a_job_array_on_object_storage_is_refused_in_one_line(s3, demo_dir):
