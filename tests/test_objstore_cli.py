@@ -297,3 +297,18 @@ def test_train_and_evaluate_on_s3_give_the_run_they_give_on_disk(s3, demo_dir, t
 
     for f in ("images.npy", "captions.npy"):
         assert np.array_equal(np.load(tmp_path / "emb-s3" / f), np.load(tmp_path / "emb-disk" / f)), f
+
+
+def test_a_commands_storage_options_do_not_carry_over_to_the_next_command_in_one_process(s3, demo_dir):
+    """`--storage-option` values belong to one command: a second command run in the same process (as
+    tests and notebooks do) starts from none, so it neither reuses the first one's credentials nor
+    its endpoint."""
+    url = s3.url("carry.zarr")
+    r = _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url])
+    assert r.exit_code == 0, r.output
+    dead = ["--storage-option", "endpoint=http://127.0.0.1:9", "--storage-option", "max_retries=0",
+            "--storage-option", "retry_timeout=1"]
+    r1 = _run(["info", url, *dead])
+    assert r1.exit_code != 0 and "refused the connection" in r1.output, r1.output
+    r2 = _run(["info", url])          # the environment's endpoint again, not the last command's
+    assert r2.exit_code == 0 and "images" in r2.output, r2.output

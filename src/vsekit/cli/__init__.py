@@ -32,7 +32,9 @@ class VsekitGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         from ..interrupts import Interrupted, handling
+        from ..storage.objstore import reset_options
 
+        reset_options()   # this command's --storage-option values only, never an earlier command's
         try:
             with handling():   # Ctrl-C / SIGTERM: locks released, what was kept said, exit 130 / 143
                 return self._invoke(ctx)

@@ -175,6 +175,10 @@ def _reason(exc: BaseException) -> str:
     """Why a request failed, in words (the provider's error code when it gave one)."""
     text = str(exc)
     for code, words in (("NoSuchBucket", "the bucket does not exist"),
+                        ("ContainerNotFound", "the container does not exist"),
+                        ("AuthenticationFailed", "the provider refused the credentials (wrong account key or token)"),
+                        ("AuthorizationFailure", "the provider refused the credentials (wrong account key or token, "
+                                                 "or no access to the container)"),
                         ("InvalidAccessKeyId", "the access key is not known to the provider (wrong credentials)"),
                         ("SignatureDoesNotMatch", "the secret key does not match (wrong credentials)"),
                         ("AccessDenied", "access denied (check the credentials and the bucket's policy)"),
@@ -216,7 +220,7 @@ class Objects:
             res = obstore.get(self.store, key)
             return bytes(res.bytes()), res.meta.get("e_tag")
         except FileNotFoundError as exc:
-            if "NoSuchBucket" in str(exc):
+            if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
                 raise self._fail("read", key, exc) from None
             return None
         except Exception as exc:
@@ -310,6 +314,14 @@ def objects_for(url: str) -> Objects:
     if key not in _CACHED:
         _CACHED[key] = Objects(key)
     return _CACHED[key]
+
+
+def reset_options() -> None:
+    """Forget the ``--storage-option`` values of an earlier command in this process (each CLI
+    invocation starts from none: a second command run in one process, as tests and notebooks do, must
+    not reuse the first one's credentials)."""
+    DEFAULT_OPTIONS.clear()
+    _CACHED.clear()
 
 
 def dumps(body: Mapping[str, Any]) -> bytes:
