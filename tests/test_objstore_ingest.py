@@ -230,9 +230,20 @@ def test_sets_added_to_an_s3_store_equal_disk_and_appear_only_whole(s3, demo_dir
     assert r.exit_code == 1 and len(errors) == 1 and "non-finite" in errors[0], r.output
     assert s3.keys() == before
     assert "broken" not in FeatureStore.open(url).feature_names()
-    r = _run(["ingest", "npz", str(tmp_path / "npz"), "--store", url, "--name", "npz", "--overwrite"])
-    errors = _errors(r.output)
-    assert r.exit_code == 1 and len(errors) == 1 and "not supported on object storage" in errors[0], r.output
+    # --overwrite replaces a set as on disk: the new set whole, nothing of the old one left behind
+    old_gen = FeatureStore.open(url).features("npz").attrs["generation"]
+    r = _run(["ingest", "npz", str(tmp_path / "npz"), "--store", url, "--name", "npz"])
+    assert r.exit_code == 1 and "pass --overwrite to replace it" in _errors(r.output)[0], r.output
+    _npz_folder(tmp_path / "npz2", ids[0:12], seed=1)
+    for st in (url, disk):
+        r = _run(["ingest", "npz", str(tmp_path / "npz2"), "--store", st, "--name", "npz", "--dtype", "float32",
+                  "--overwrite"])
+        assert r.exit_code == 0, r.output
+    _assert_same(_contents(url), _contents(disk))
+    _verified(url)
+    _clean_after(s3)
+    assert FeatureStore.open(url).features("npz").attrs["generation"] != old_gen
+    assert not [k for k in s3.keys() if old_gen in k or ".npz.next-" in k or "/.vsekit/swaps/" in k]
 
 
 @pytest.mark.slow   # kills a process at a write point and reruns it
