@@ -341,6 +341,7 @@ class FeatureStore:
         self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
         self._new_store_leases: Any = None   # while an ingest builds this store on object storage
+        self.finished_swaps: dict[str, dict] = {}   # set name → the mark of a killed run's swap this one finished
 
     @property
     def remote(self) -> bool:
@@ -380,7 +381,9 @@ class FeatureStore:
                 taken.append(lease)
                 self.lease_token = lease.token
                 if name != STORE_LEASE:   # a replacement of NAME a killed run left half-done: finished first
-                    self._finish_remote_replace(name)
+                    mark = self._finish_remote_replace(name)
+                    if mark:
+                        self.finished_swaps[name] = mark
             if taken and STORE_LEASE not in names:
                 self._check_not_resplit()
             yield
@@ -953,7 +956,8 @@ class FeatureStore:
         killed run left is deleted by the next run under the lease, and a swap it left half-done is
         finished by the next writer of NAME."""
         with self.writer(name, stage="vsekit ingest"):
-            if self.has_features(name) and not overwrite:
+            # a set a killed ingest had built new and this run's lease published is made again, not refused
+            if self.has_features(name) and not overwrite and not self.finished_swaps.get(name, {}).get("new"):
                 raise StoreError(f"feature set {name!r} already exists in {self.path}; "
                                  f"pass --overwrite to replace it or --name to write a new set")
             self.remove_leftovers(name)
@@ -984,12 +988,12 @@ class FeatureStore:
         point("replace:mark")
         self.objects.put(replace_mark(name), dumps({
             "staging": staging, "generation": (got[0].get("attributes") or {}).get("generation"),
-            "token": self.lease_token}))
+            "new": not self.has_features(name), "token": self.lease_token}))
         self._finish_remote_replace(name)
 
-    def _finish_remote_replace(self, name: str) -> bool:
-        """Finish the swap the mark of ``name`` describes (run under NAME's lease; False when there is
-        no mark). Each step can be done again, so a run killed anywhere here leaves the mark and the next
+    def _finish_remote_replace(self, name: str) -> dict | None:
+        """Finish the swap the mark of ``name`` describes (run under NAME's lease); returns the mark, or
+        None when there is none. Each step can be done again, so a run killed anywhere here leaves the mark and the next
         writer of NAME calls this again: the old set's ``zarr.json`` is deleted first (from then on no
         reader lists the set, and :meth:`features` names the swap), then every old object and every
         commit record of NAME (the old generation's included), then the staged objects and records are
@@ -1000,7 +1004,7 @@ class FeatureStore:
         objects = self.objects
         mark = objects.get_json(replace_mark(name))
         if mark is None:
-            return False
+            return None
         staging, gen = mark[0].get("staging"), mark[0].get("generation")
         src, dst = f"features/{staging}/", f"features/{name}/"
         rsrc, rdst = f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/"
@@ -1029,7 +1033,7 @@ class FeatureStore:
         point("replace:cleanup")
         objects.delete(replace_mark(name))
         self._delete_remote_set(staging)
-        return True
+        return mark[0] or {"finished": True}
 
     def refuse_if_replacing(self, name: str) -> None:
         """One clear error while feature set ``name`` is being replaced on object storage (its swap mark
