@@ -192,7 +192,7 @@ def test_a_swap_stopped_at_each_step_is_finished_by_the_next_writer_and_readers_
         reading.read(0, 2)
 
 
-def test_standardize_overwrite_on_s3_equals_disk_and_a_reader_of_the_parent_sees_the_new_set(s3, demo_dir, tmp_path):
+def test_standardize_and_fne_overwrite_on_s3_equal_disk(s3, demo_dir, tmp_path):
     """standardize --overwrite (other options) replaces the derived set on S3 as on disk; fne --overwrite
     of both stages too."""
     from vsekit.storage.store import FeatureStore
@@ -242,7 +242,7 @@ def _store_objects(s3) -> dict[str, bytes]:
 
 def test_ingest_overwrite_of_an_s3_store_refuses_sets_and_live_writers_and_gives_the_disk_store(
         s3, demo_dir, tmp_path):
-    from tests.test_objstore_ingest import _assert_same, _contents   # the same comparison as every ingest
+    from test_objstore_ingest import _assert_same, _contents   # the same comparison as every ingest
 
     url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
     karpathy = ["ingest", "karpathy", str(demo_dir / "dataset_demo.json")]
@@ -292,7 +292,7 @@ def test_a_failed_ingest_overwrite_leaves_the_old_s3_store_whole(s3, demo_dir, m
 @pytest.mark.parametrize("step", ["ingest:replace:mark", *STORE_STEPS])
 def test_an_ingest_overwrite_stopped_in_its_swap_is_named_on_opening_and_finished_by_the_next_one(
         s3, demo_dir, tmp_path, monkeypatch, step):
-    from tests.test_objstore_ingest import _assert_same, _contents
+    from test_objstore_ingest import _assert_same, _contents
 
     url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
     karpathy = ["ingest", "karpathy", str(demo_dir / "dataset_demo.json")]
