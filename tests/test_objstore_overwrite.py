@@ -176,6 +176,8 @@ def test_a_swap_stopped_at_each_step_is_finished_by_the_next_writer_and_readers_
         FeatureStore.open(s3.url()).features("f")
     r = _run(["info", s3.url(), "f"])
     assert r.exit_code == 1 and len(_errors(r.output)) == 1 and "is being replaced" in r.output, r.output
+    r = _run(["info", s3.url()])                  # the store's summary names the set being replaced
+    assert r.exit_code == 0 and "f: being replaced" in r.output, r.output
     if step in ("replace:unpublish", "replace:delete"):   # the old chunks are all still there
         assert np.array_equal(reading.read(0, 5)[0], old_rows)
     else:   # the old chunks are gone (or replaced): refused, never fill values or new rows under old records

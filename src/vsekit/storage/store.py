@@ -404,7 +404,8 @@ class FeatureStore:
             return
         info = got[0]
         if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
-            raise LeaseHeld(f"{self.path} is held by {info.get('stage', 'vsekit split')} (pid "
+            stage = str(info.get("stage", "vsekit split"))
+            raise LeaseHeld(f"{self.path} is being {'replaced' if 'ingest' in stage else 're-split'} by {stage} (pid "
                             f"{info.get('pid')} on {info.get('host')}); wait for it to finish, then run this again")
 
     @contextlib.contextmanager
