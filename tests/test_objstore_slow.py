@@ -287,3 +287,20 @@ def test_an_ingest_overwrite_killed_in_its_swap_is_finished_by_the_next_one(s3, 
     assert r.exit_code == 0, r.output     # the dead run's store lease (this host, pid gone) is taken at once
     _assert_same(_contents(url), _contents(disk))
     assert not [k for k in s3.keys() if "/.vsekit/" in k]
+
+
+def test_extract_overwrite_on_a_local_cluster_on_s3_equals_disk(s3, demo_dir, reference):
+    """--overwrite with dask workers: each task opens the staged set by its hidden name and commits its
+    block under the driver's lease of the set it replaces; the swapped-in set equals the run on disk."""
+    url = _ingest(s3, demo_dir)
+    old_args = [("80" if a == "72" else a) for a in ARGS]
+    assert CliRunner().invoke(main, ["extract", "--store", url, *old_args, "--workers", "0"]).exit_code == 0
+    old_gen = FeatureStore.open(url).features(NAME).attrs["generation"]
+    proc = _cli(["extract", "--store", url, *ARGS, "--cluster", "local:2", "--overwrite"])
+    out = proc.communicate(timeout=400)[0].decode()
+    assert proc.returncode == 0, out
+    fs = FeatureStore.open(url).features(NAME)
+    assert np.array_equal(fs.data[:], reference) and fs.attrs["generation"] != old_gen
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert integrity.verify(fs).ok
+    assert not [k for k in s3.keys() if old_gen in k or ".next-" in k or "/.vsekit/swaps/" in k]
