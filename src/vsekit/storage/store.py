@@ -380,12 +380,13 @@ class FeatureStore:
                 self.leases[name] = lease
                 taken.append(lease)
                 self.lease_token = lease.token
-                if name != STORE_LEASE:   # a replacement of NAME a killed run left half-done: finished first
-                    mark = self._finish_remote_replace(name)
-                    if mark:
-                        self.finished_swaps[name] = mark
             if taken and STORE_LEASE not in names:
                 self._check_not_resplit()
+            for lease in taken:   # a replacement of a set a killed run left half-done: finished first
+                if lease.name != STORE_LEASE:
+                    mark = self._finish_remote_replace(lease.name)
+                    if mark:
+                        self.finished_swaps[lease.name] = mark
             yield
         finally:
             for lease in taken:
@@ -405,8 +406,9 @@ class FeatureStore:
         info = got[0]
         if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
             stage = str(info.get("stage", "vsekit split"))
-            raise LeaseHeld(f"{self.path} is being {'replaced' if 'ingest' in stage else 're-split'} by {stage} (pid "
-                            f"{info.get('pid')} on {info.get('host')}); wait for it to finish, then run this again")
+            doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
+            raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
+                            f"{info.get('host')}); wait for it to finish, then run this again")
 
     @contextlib.contextmanager
     def store_writer(self, stage: str, what: str = "re-split") -> Iterator[None]:
