@@ -215,7 +215,8 @@ def test_standardize_and_fne_overwrite_on_s3_equal_disk(s3, demo_dir, tmp_path):
         r = _run(["standardize", "--store", st, "--features", "test_resnet_fne", "--split", "val", "--overwrite"])
         assert r.exit_code == 0 and "wrote 3 of 3 blocks" in r.output, r.output
     a, b = FeatureStore.open(stores["s3"]), FeatureStore.open(stores["disk"])
-    assert np.array_equal(a.features("test_resnet_fne.z").array("mean")[:], b.features("test_resnet_fne.z").array("mean")[:])
+    z = "test_resnet_fne.z"
+    assert np.array_equal(a.features(z).array("mean")[:], b.features(z).array("mean")[:])
     val_gen = a.features("test_resnet_fne.z").attrs["generation"]
     for st in stores.values():   # fne: both stages, each set replaced (.z from train again, then other thresholds)
         r = _run(["fne", "--store", st, "--features", "test_resnet_fne", "--pack", "--overwrite"])
