@@ -307,10 +307,14 @@ def test_an_ingest_overwrite_stopped_in_its_swap_is_named_on_opening_and_finishe
         CliRunner().invoke(main, [*karpathy, "--store", url, "--overwrite", "--restval-as-train"],
                            catch_exceptions=False)
     monkeypatch.setattr(store_mod, "point", lambda at: None)
-    if step == "ingest:replace:mark":   # before the mark: the old store whole
+    if step in ("ingest:replace:mark", "ingest:replace:unpublish"):   # nothing deleted yet: the old store whole
         _assert_same(_contents(url), old)
-    else:
-        for args in (["info", url], ["tokenize", "--store", url]):
+    if step == "ingest:replace:cleanup":   # the new store published whole: it opens (the next ingest cleans up)
+        _assert_same(_contents(url), _contents(disk))
+    if step != "ingest:replace:mark":
+        for args in (["info", url], ["tokenize", "--store", url]):   # from the old zarr.json's deletion on
+            if step in ("ingest:replace:unpublish", "ingest:replace:cleanup"):
+                continue
             r = _run(args)
             errors = _errors(r.output)
             assert r.exit_code == 1 and len(errors) == 1, r.output

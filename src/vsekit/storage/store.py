@@ -485,7 +485,7 @@ class FeatureStore:
 
         objects = Objects(url, parse_options(storage_options))
         got = objects.get_json("zarr.json")
-        if got is None or objects.get(STORE_SWAP) is not None:
+        if got is None:   # a store's objects are deleted only after its zarr.json (finish_store_replace)
             refuse_if_store_replaced(objects)
         if got is None:
             raise StoreError(f"{objects.url} is not a vsekit store (no zarr.json there); "
