@@ -230,16 +230,28 @@ def test_sets_added_to_an_s3_store_equal_disk_and_appear_only_whole(s3, demo_dir
     assert r.exit_code == 1 and len(errors) == 1 and "non-finite" in errors[0], r.output
     assert s3.keys() == before
     assert "broken" not in FeatureStore.open(url).feature_names()
-    r = _run(["ingest", "npz", str(tmp_path / "npz"), "--store", url, "--name", "npz", "--overwrite"])
-    errors = _errors(r.output)
-    assert r.exit_code == 1 and len(errors) == 1 and "not supported on object storage" in errors[0], r.output
+    # --overwrite replaces a set as on disk: the new set whole, nothing of the old one left behind
+    old_gen = FeatureStore.open(url).features("npz").attrs["generation"]
+    r = _run(["ingest", "npz", str(tmp_path / "npz"), "--store", url, "--name", "npz"])
+    assert r.exit_code == 1 and "pass --overwrite to replace it" in _errors(r.output)[0], r.output
+    _npz_folder(tmp_path / "npz2", ids[0:12], seed=1)
+    for st in (url, disk):
+        r = _run(["ingest", "npz", str(tmp_path / "npz2"), "--store", st, "--name", "npz", "--dtype", "float32",
+                  "--overwrite"])
+        assert r.exit_code == 0, r.output
+    _assert_same(_contents(url), _contents(disk))
+    _verified(url)
+    _clean_after(s3)
+    assert FeatureStore.open(url).features("npz").attrs["generation"] != old_gen
+    assert not [k for k in s3.keys() if old_gen in k or ".npz.next-" in k or "/.vsekit/swaps/" in k]
 
 
 @pytest.mark.slow   # kills a process at a write point and reruns it
 def test_a_killed_set_ingest_on_s3_leaves_no_set_and_a_rerun_completes(s3, demo_dir, tmp_path):
     """An ingest killed (``kill -9``) after its hidden set is written and copied under its name, just
-    before it is published: no reader sees a set; the rerun deletes the leftovers (the hidden set and
-    the unpublished copy) and publishes the same set as on disk."""
+    before it is published: no reader lists a set (opening it names the swap); the rerun finishes that
+    swap, then builds and publishes the same set as on disk, and leaves nothing of the killed run's."""
+    from vsekit.storage.base import StoreError
     from vsekit.storage.store import FeatureStore
 
     url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
@@ -248,13 +260,14 @@ def test_a_killed_set_ingest_on_s3_leaves_no_set_and_a_rerun_completes(s3, demo_
     ids = FeatureStore.open(disk).image_ids().tolist()
     _npz_folder(tmp_path / "npz", ids)
     argv = [sys.executable, "-c", "from vsekit.cli import main; main()", "ingest", "npz", str(tmp_path / "npz"), "--store", url]
-    # the 1st hit of the point publishes the hidden set; the 2nd, after its blocks are committed and its
-    # objects copied under the set's name, would publish that
-    env = {**os.environ, **s3.env, "VSEKIT_FAULT": "create_features:publish@2"}
+    # after its blocks are committed and its objects copied under the set's name, before it is published
+    env = {**os.environ, **s3.env, "VSEKIT_FAULT": "replace:publish"}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 137, proc.stderr
     assert any(".regions.partial-" in k for k in s3.keys())        # the hidden set it was building
     assert FeatureStore.open(url).feature_names() == []            # which no reader lists
+    with pytest.raises(StoreError, match="feature set 'regions' .* is being replaced"):
+        FeatureStore.open(url).features("regions")
     # what the killed run had copied under the set's own name, unpublished, is not kept either
     stray = s3.url("stores/demo.zarr").split("/", 3)[3] + "/features/regions/stray/zarr.json"
     array_meta = next(k for k in s3.keys() if k.endswith("/features/regions/count/zarr.json"))

@@ -240,3 +240,67 @@ def test_a_tcp_cluster_gets_the_storage_options_with_its_tasks(s3, demo_dir, ref
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         log.close()
+
+
+def test_an_extract_overwrite_killed_in_its_swap_is_named_to_readers_and_finished_by_the_next_run(
+        s3, demo_dir, reference):
+    """``kill -9`` of an ``extract --overwrite`` after the old set's objects are deleted, before the new
+    ones are copied in: a reader gets one error naming the swap; the next extract of the set (here
+    without --overwrite, with the new settings) takes the dead run's lease, finishes the swap and finds
+    every block done: the new set whole, the bits of a fresh extraction, nothing of the old one left."""
+    url = _ingest(s3, demo_dir)
+    old_args = [("80" if a == "72" else a) for a in ARGS]            # the old set: --resize 80
+    assert CliRunner().invoke(main, ["extract", "--store", url, *old_args, "--workers", "0"]).exit_code == 0
+    old_gen = FeatureStore.open(url).features(NAME).attrs["generation"]
+    proc = _cli(["extract", "--store", url, *ARGS, "--workers", "0", "--overwrite"], {"VSEKIT_FAULT": "replace:copy"})
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 137, out
+    r = CliRunner().invoke(main, ["info", url, NAME])
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert r.exit_code == 1 and len(errors) == 1 and "is being replaced" in errors[0], r.output
+    r = CliRunner().invoke(main, ["extract", "--store", url, *ARGS, "--workers", "0"])
+    assert r.exit_code == 0 and "skipped 6 already done" in r.output, r.output
+    fs = FeatureStore.open(url).features(NAME)
+    assert np.array_equal(fs.data[:], reference) and fs.attrs["resize"] == 72
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert integrity.verify(fs).ok
+    assert not [k for k in s3.keys() if old_gen in k or ".next-" in k or "/.vsekit/swaps/" in k
+                or "/.vsekit/leases/" in k]
+
+
+def test_an_ingest_overwrite_killed_in_its_swap_is_finished_by_the_next_one(s3, demo_dir, tmp_path):
+    """``kill -9`` of ``ingest --overwrite`` of a whole store in its copy: opening the URL names the
+    swap; the next ``ingest --overwrite`` finishes it, then makes its own store (the one disk has)."""
+    from test_objstore_ingest import _assert_same, _contents
+
+    url, disk = s3.url("stores/demo.zarr"), str(tmp_path / "d.zarr")
+    karpathy = ["ingest", "karpathy", str(demo_dir / "dataset_demo.json")]
+    assert CliRunner().invoke(main, [*karpathy, "--store", url]).exit_code == 0
+    assert CliRunner().invoke(main, [*karpathy, "--store", disk, "--restval-as-train"]).exit_code == 0
+    proc = _cli([*karpathy, "--store", url, "--overwrite", "--restval-as-train"],
+                {"VSEKIT_FAULT": "ingest:replace:copy"})
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 137, out
+    r = CliRunner().invoke(main, ["info", url])
+    assert r.exit_code == 1 and "is being replaced by `vsekit ingest ... --overwrite`" in r.output, r.output
+    r = CliRunner().invoke(main, [*karpathy, "--store", url, "--overwrite", "--restval-as-train"])
+    assert r.exit_code == 0, r.output     # the dead run's store lease (this host, pid gone) is taken at once
+    _assert_same(_contents(url), _contents(disk))
+    assert not [k for k in s3.keys() if "/.vsekit/" in k]
+
+
+def test_extract_overwrite_on_a_local_cluster_on_s3_equals_disk(s3, demo_dir, reference):
+    """--overwrite with dask workers: each task opens the staged set by its hidden name and commits its
+    block under the driver's lease of the set it replaces; the swapped-in set equals the run on disk."""
+    url = _ingest(s3, demo_dir)
+    old_args = [("80" if a == "72" else a) for a in ARGS]
+    assert CliRunner().invoke(main, ["extract", "--store", url, *old_args, "--workers", "0"]).exit_code == 0
+    old_gen = FeatureStore.open(url).features(NAME).attrs["generation"]
+    proc = _cli(["extract", "--store", url, *ARGS, "--cluster", "local:2", "--overwrite"])
+    out = proc.communicate(timeout=400)[0].decode()
+    assert proc.returncode == 0, out
+    fs = FeatureStore.open(url).features(NAME)
+    assert np.array_equal(fs.data[:], reference) and fs.attrs["generation"] != old_gen
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert integrity.verify(fs).ok
+    assert not [k for k in s3.keys() if old_gen in k or ".next-" in k or "/.vsekit/swaps/" in k]

@@ -63,9 +63,17 @@ def describe(store: FeatureStore, name: str | None = None) -> str:
                 lines.append(f"  tokens: being replaced (a tokenize stopped in its swap); `vsekit tokenize --store "
                              f"{store.path}` finishes it first")
         names = store.feature_names()
-        lines.append(f"  features: {len(names) or 'none'}")
+        swapping = []
+        if store.remote:   # sets an --overwrite is swapping in (or a killed one left half-swapped)
+            prefix = ".vsekit/swaps/features/"
+            swapping = sorted(k[len(prefix):-len(".json")] for k in store.objects.keys(prefix) if k.endswith(".json"))
+            names = [n for n in names if n not in swapping]
+        lines.append(f"  features: {len(names) + len(swapping) or 'none'}")
         for fname in names:
             lines.extend(_describe_set(store, fname, brief=True))
+        for fname in swapping:
+            lines.append(f"  {fname}: being replaced (an --overwrite is swapping the new set in, or one was killed "
+                         f"while it did); any command that writes {fname!r} finishes it first")
     else:
         lines.extend(_describe_set(store, name, brief=False))
     return "\n".join(lines)

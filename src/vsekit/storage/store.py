@@ -115,7 +115,9 @@ class FeatureSet:
     def __init__(self, store: "FeatureStore", name: str, target: str | None = None):
         self.store = store
         self.name = name
-        self.target = target or name   # the name it takes when committed (see FeatureStore.commit)
+        # the name it takes when committed (see FeatureStore.commit); on object storage a task that opens a
+        # staged set by its hidden name commits its blocks under the lease of the set it will replace
+        self.target = target or (owner_of(name) if store.remote else name)
         self.group = store.root[f"features/{name}"]
 
     @property
@@ -339,6 +341,7 @@ class FeatureStore:
         self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
         self._new_store_leases: Any = None   # while an ingest builds this store on object storage
+        self.finished_swaps: dict[str, dict] = {}   # set name → the mark of a killed run's swap this one finished
 
     @property
     def remote(self) -> bool:
@@ -379,6 +382,11 @@ class FeatureStore:
                 self.lease_token = lease.token
             if taken and STORE_LEASE not in names:
                 self._check_not_resplit()
+            for lease in taken:   # a replacement of a set a killed run left half-done: finished first
+                if lease.name != STORE_LEASE:
+                    mark = self._finish_remote_replace(lease.name)
+                    if mark:
+                        self.finished_swaps[lease.name] = mark
             yield
         finally:
             for lease in taken:
@@ -397,11 +405,13 @@ class FeatureStore:
             return
         info = got[0]
         if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
-            raise LeaseHeld(f"{self.path} is being re-split by {info.get('stage', 'vsekit split')} (pid "
-                            f"{info.get('pid')} on {info.get('host')}); wait for it to finish, then run this again")
+            stage = str(info.get("stage", "vsekit split"))
+            doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
+            raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
+                            f"{info.get('host')}); wait for it to finish, then run this again")
 
     @contextlib.contextmanager
-    def store_writer(self, stage: str) -> Iterator[None]:
+    def store_writer(self, stage: str, what: str = "re-split") -> Iterator[None]:
         """Hold the whole store (object storage): its lease ``.store``, refused while any set's lease is
         live; set writers check it after taking theirs (:meth:`writer`), so of two that start at once
         at least one sees the other, as with the lock files on disk."""
@@ -417,7 +427,7 @@ class FeatureStore:
                     continue
                 info = got[0]
                 if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
-                    raise LeaseHeld(f"cannot re-split {self.path}: {name!r} in it is being written by "
+                    raise LeaseHeld(f"cannot {what} {self.path}: {name!r} in it is being written by "
                                     f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); "
                                     f"wait for it to finish")
             yield
@@ -456,9 +466,10 @@ class FeatureStore:
         from .objstore import Objects, parse_options
 
         objects = Objects(url, parse_options(storage_options))
-        if overwrite:
-            raise StoreError(f"--store {objects.url}: --overwrite of a store on object storage is not supported "
-                             f"yet; delete its objects first (for example `aws s3 rm --recursive {objects.url}`)")
+        refuse_if_store_replaced(objects)
+        if overwrite and objects.get("zarr.json") is not None:   # only ingest replaces one (building)
+            raise StoreError(f"--store {objects.url}: a store on object storage is replaced by `vsekit ingest "
+                             f"... --overwrite` only")
         attrs = _jsonable({"vsekit_format": FORMAT_VERSION, "vsekit_version": __version__, "dataset": dataset,
                            "image_root": str(Path(image_root).resolve()) if image_root else "",
                            "source_files": list(source_files), "codes": SPLIT_CODES, "complete": False})
@@ -474,6 +485,8 @@ class FeatureStore:
 
         objects = Objects(url, parse_options(storage_options))
         got = objects.get_json("zarr.json")
+        if got is None:   # a store's objects are deleted only after its zarr.json (finish_store_replace)
+            refuse_if_store_replaced(objects)
         if got is None:
             raise StoreError(f"{objects.url} is not a vsekit store (no zarr.json there); "
                              f"create one with `vsekit ingest ...`")
@@ -527,7 +540,8 @@ class FeatureStore:
         from .objstore import is_object_url
 
         if is_object_url(os.fspath(path)):
-            with cls._building_remote(os.fspath(path), overwrite=overwrite, **create_kw) as store:
+            with cls._building_remote(os.fspath(path), overwrite=overwrite, drop_features=drop_features,
+                                      **create_kw) as store:
                 yield store
             return
         path = local_path(path)
@@ -563,10 +577,19 @@ class FeatureStore:
 
     @classmethod
     @contextlib.contextmanager
-    def _building_remote(cls, url: str, *, overwrite: bool, **create_kw: Any) -> Iterator["FeatureStore"]:
+    def _building_remote(cls, url: str, *, overwrite: bool, drop_features: bool = False,
+                         **create_kw: Any) -> Iterator["FeatureStore"]:
         """An ingest into an object-store URL: the store's root is created first (create-if-absent: one
-        ingest per URL) and marked complete last; a failed ingest deletes what it wrote."""
-        store = cls.create(url, overwrite=overwrite, **create_kw)
+        ingest per URL) and marked complete last; a failed ingest deletes what it wrote. An existing
+        store is replaced only with ``overwrite`` (:meth:`_replacing_remote`)."""
+        from .objstore import Objects, parse_options
+
+        objects = Objects(url, parse_options(create_kw.get("storage_options")))
+        if overwrite and (objects.get("zarr.json") is not None or objects.get(STORE_SWAP) is not None):
+            with cls._replacing_remote(objects, drop_features=drop_features, **create_kw) as store:
+                yield store
+            return
+        store = cls.create(url, **create_kw)
         try:
             with contextlib.ExitStack() as leases:
                 store._new_store_leases = leases   # create_features takes each new set's lease here
@@ -575,11 +598,52 @@ class FeatureStore:
             point("ingest:complete")
             store.root.attrs["complete"] = True
         except BaseException:
-            for key in store.objects.keys(""):
-                if key != "zarr.json":
-                    store.objects.delete(key)
-            store.objects.delete("zarr.json")
+            _delete_keys(store.objects, "", keep=())
             raise
+
+    @classmethod
+    @contextlib.contextmanager
+    def _replacing_remote(cls, objects: Any, *, drop_features: bool, **create_kw: Any) -> Iterator["FeatureStore"]:
+        """``ingest --overwrite`` of a store on object storage (docs/store.md, "Replacing a store"). Under
+        the store's lease (``.vsekit/leases/.store.json``, refused while any set's lease in it is live;
+        set writers refuse to start while it is held), with the old store's feature sets refused unless
+        ``drop_features``: the new store is built whole under the hidden prefix ``.vsekit/next-*`` of
+        the URL (a nested store no Zarr reader of the old one lists), and the old store is not touched
+        until it is complete. Then the swap mark ``.vsekit/swaps/store.json`` is written and
+        :func:`finish_store_replace` swaps it in. A failed ingest deletes the nested store (the old one
+        stays whole); a run killed in the swap leaves the mark, opening the URL names it, and the next
+        ``ingest --overwrite`` of the URL finishes the swap first."""
+        from .objstore import dumps
+
+        if objects.url.startswith("memory://"):
+            raise StoreError(f"--store {objects.url}: --overwrite of a memory:// store is not supported (it has "
+                             f"no nested prefixes); ingest into a new memory:// URL")
+        holder = cls(None, objects.url, objects)
+        with holder.store_writer("vsekit ingest --overwrite", what="replace"):
+            finish_store_replace(objects, holder)   # a killed replacement is finished first
+            if not drop_features:
+                refuse_dropping_features(objects.url, objects)
+            for child in objects.children(".vsekit/"):   # nested stores killed ingests left
+                if child.startswith("next-"):
+                    _delete_keys(objects, f".vsekit/{child}/", keep=())
+            staging = f".vsekit/next-{uuid.uuid4().hex[:8]}"
+            store = cls.create(f"{objects.url}/{staging}", **create_kw)
+            try:
+                with contextlib.ExitStack() as leases:
+                    store._new_store_leases = leases
+                    yield store
+                store._new_store_leases = None
+                point("ingest:complete")
+                store.root.attrs["complete"] = True
+            except BaseException:
+                _delete_keys(objects, f"{staging}/", keep=())
+                raise
+            holder.check_lease(STORE_LEASE)
+            point("ingest:replace:mark")
+            objects.put(STORE_SWAP, dumps({"staging": staging, "token": holder.lease_token}))
+            finish_store_replace(objects, holder)
+            store.objects, store.path = objects, objects.url
+            store.root = zarr.open_group(objects.zarr_store(), mode="r+", zarr_format=3)
 
     # attributes -----------------------------------------------------------------------------------
     @property
@@ -681,8 +745,12 @@ class FeatureStore:
 
     def features(self, name: str, expect: Mapping[str, Any] | None = None, *,
                  complete: bool = False) -> FeatureSet:
-        staged = (STAGED in name and not self.remote
-                  and (self.path / "features" / name / "zarr.json").exists())
+        if self.remote:
+            self.refuse_if_replacing(name)
+            staged = (bool(_STAGING_NAME.match(name))
+                      and self.objects.get(f"features/{name}/zarr.json") is not None)
+        else:
+            staged = STAGED in name and (self.path / "features" / name / "zarr.json").exists()
         if not self.has_features(name) and not staged:   # a staged set is opened by its writers only
             have = ", ".join(self.feature_names()) or "none"
             raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
@@ -729,9 +797,6 @@ class FeatureStore:
             if not self.has_features(parent):
                 raise StoreError(f"parent feature set {parent!r} does not exist in {self.path}")
             attrs["parent"] = parent
-        if self.remote and overwrite and self.has_features(name):
-            raise StoreError(f"feature set {name!r} in {self.path}: --overwrite is not supported on object "
-                             f"storage yet; write a new set with --name")
         self.remove_leftovers(name)
         if self.has_features(name):
             existing = FeatureSet(self, name)
@@ -760,6 +825,12 @@ class FeatureStore:
             held = getattr(self, "_new_store_leases", None)
             if held is not None and name not in self.leases:   # a set of a store its ingest is building
                 held.enter_context(self.writer(name, stage="vsekit ingest"))
+            if overwrite and self.has_features(name):   # built beside it, swapped in by commit()
+                staging = f".{name}.{STAGED}{uuid.uuid4().hex[:8]}"
+                fs = self._create_remote_set(staging, n_rows, row_shape, dtype, block_rows, extra, compressors,
+                                             attrs, init)
+                fs = FeatureSet(self, staging, target=name)
+                return fs if beside else self.commit(fs)
             return self._create_remote_set(name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs,
                                            init)
         replace_later = beside and self.has_features(name)
@@ -836,12 +907,18 @@ class FeatureStore:
         """Swap a staged set (built beside the one it replaces) into place; returns the set by its name."""
         if not fs.staged:
             return fs
-        self._replace(fs.target, fs.name)
+        if self.remote:
+            self._replace_remote(fs.target, fs.name)
+        else:
+            self._replace(fs.target, fs.name)
         return FeatureSet(self, fs.target)
 
     def discard(self, fs: FeatureSet) -> None:
         """Drop a staged set that was not finished: the set it would have replaced stays as it was."""
-        if fs.staged:
+        if fs.staged and self.remote:
+            if self.objects.get(replace_mark(fs.target)) is None:   # never one a swap mark names
+                self._delete_remote_set(fs.name)
+        elif fs.staged:
             shutil.rmtree(self.path / "features" / fs.name, ignore_errors=True)
 
     @contextlib.contextmanager
@@ -877,43 +954,101 @@ class FeatureStore:
                                   overwrite: bool = False, **create_kw: Any) -> Iterator[FeatureSet]:
         """:meth:`building_features` on object storage, which has no rename: under the set's lease the
         set is built and committed block by block under a hidden name (``.NAME.partial-*``, listed by
-        no reader), then its objects and commit records are copied under NAME on the provider and the
-        set is published by one create-if-absent of ``features/NAME/zarr.json``: readers see no set,
-        then a whole one. A failure deletes the hidden set; one a killed run left is deleted by the
-        next run under the lease."""
-        from .objcommit import group_meta
-
+        no reader), then swapped in as an ``--overwrite`` is (:meth:`_replace_remote`): readers see no
+        set (or the old one), then a whole one. A failure before the swap deletes the hidden set; one a
+        killed run left is deleted by the next run under the lease, and a swap it left half-done is
+        finished by the next writer of NAME."""
         with self.writer(name, stage="vsekit ingest"):
-            if self.has_features(name):
-                how = ("--overwrite is not supported on object storage yet; " if overwrite
-                       else "pass --overwrite to replace it (on a local store) or ")
-                raise StoreError(f"feature set {name!r} already exists in {self.path}; {how}"
-                                 f"pass --name to write a new set")
-            self._remove_remote_staged(name)
+            # a set a killed ingest had built new and this run's lease published is made again, not refused
+            if self.has_features(name) and not overwrite and not self.finished_swaps.get(name, {}).get("new"):
+                raise StoreError(f"feature set {name!r} already exists in {self.path}; "
+                                 f"pass --overwrite to replace it or --name to write a new set")
+            self.remove_leftovers(name)
             staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
             fs = self.create_features(staging, row_shape, dtype, **create_kw)
             fs.target = name   # its blocks are committed under NAME's lease
             try:
                 yield fs
-                objects = self.objects
-                src, dst = f"features/{staging}/", f"features/{name}/"
-                meta = objects.get_json(src + "zarr.json")[0]
-                self._delete_remote_set(name)   # unpublished: what is there is a killed run's copy
-                for key in objects.keys(src):
-                    if key != src + "zarr.json":
-                        objects.copy(key, dst + key[len(src):])
-                rsrc, rdst = f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/"
-                for key in objects.keys(rsrc):
-                    objects.copy(key, rdst + key[len(rsrc):])
-                point("create_features:publish")
-                self.check_lease(name)
-                if objects.create(dst + "zarr.json", group_meta(meta.get("attributes") or {})) is None:
-                    raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
+                self._replace_remote(name, staging)
                 fs.name, fs.target, fs.group = name, name, self.root[f"features/{name}"]
             except BaseException:
-                self._delete_remote_set(staging)
+                if self.objects.get(replace_mark(name)) is None:   # not yet handed to the swap
+                    self._delete_remote_set(staging)
                 raise
-            self._delete_remote_set(staging)
+
+    # replacing a set on object storage ------------------------------------------------------------
+    def _replace_remote(self, name: str, staging: str) -> None:
+        """Swap the complete hidden set ``staging`` in as ``name`` on object storage (no rename), under
+        NAME's lease: write the swap mark (``.vsekit/swaps/features/NAME.json``: the staged set and its
+        generation), then :meth:`_finish_remote_replace`. From the mark on the swap is finished by this
+        run, or by the next writer of NAME if this one is killed (docs/store.md, "Replacing a set")."""
+        from .objstore import dumps
+
+        got = self.objects.get_json(f"features/{staging}/zarr.json")
+        if got is None:
+            raise StoreError(f"feature set {staging!r} in {self.path} is gone; it cannot replace {name!r}")
+        self.check_lease(name)
+        point("replace:mark")
+        self.objects.put(replace_mark(name), dumps({
+            "staging": staging, "generation": (got[0].get("attributes") or {}).get("generation"),
+            "new": not self.has_features(name), "token": self.lease_token}))
+        self._finish_remote_replace(name)
+
+    def _finish_remote_replace(self, name: str) -> dict | None:
+        """Finish the swap the mark of ``name`` describes (run under NAME's lease); returns the mark, or
+        None when there is none. Each step can be done again, so a run killed anywhere here leaves the mark and the next
+        writer of NAME calls this again: the old set's ``zarr.json`` is deleted first (from then on no
+        reader lists the set, and :meth:`features` names the swap), then every old object and every
+        commit record of NAME (the old generation's included), then the staged objects and records are
+        copied under NAME on the provider, the set is published by one create-if-absent of its
+        ``zarr.json``, and only then are the mark and the staged set deleted."""
+        from .objcommit import group_meta
+
+        objects = self.objects
+        mark = objects.get_json(replace_mark(name))
+        if mark is None:
+            return None
+        staging, gen = mark[0].get("staging"), mark[0].get("generation")
+        src, dst = f"features/{staging}/", f"features/{name}/"
+        rsrc, rdst = f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/"
+        have = objects.get_json(dst + "zarr.json")
+        if have is None or (have[0].get("attributes") or {}).get("generation") != gen or not gen:
+            meta = objects.get_json(src + "zarr.json")
+            if meta is None:
+                raise StoreError(f"{self.path}: {replace_mark(name)} says {staging!r} replaces feature set "
+                                 f"{name!r}, but {staging!r} has no zarr.json; delete that mark and run the "
+                                 f"command that makes {name!r} again with --overwrite")
+            point("replace:unpublish")
+            objects.delete(dst + "zarr.json")   # from here no reader lists NAME until the new one is whole
+            point("replace:delete")
+            for key in objects.keys(dst) + objects.keys(rdst):
+                objects.delete(key)
+            point("replace:copy")
+            for key in objects.keys(src):
+                if key != src + "zarr.json":
+                    objects.copy(key, dst + key[len(src):])
+            for key in objects.keys(rsrc):
+                objects.copy(key, rdst + key[len(rsrc):])
+            point("replace:publish")
+            self.check_lease(name)
+            if objects.create(dst + "zarr.json", group_meta(meta[0].get("attributes") or {})) is None:
+                raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
+        point("replace:cleanup")
+        objects.delete(replace_mark(name))
+        self._delete_remote_set(staging)
+        return mark[0] or {"finished": True}
+
+    def refuse_if_replacing(self, name: str) -> None:
+        """One clear error while feature set ``name`` is being replaced on object storage (its swap mark
+        is there): a reader never gets a mix of the old and the new set, or fill values for the old
+        set's deleted chunks."""
+        got = self.objects.get_json(replace_mark(name))
+        if got is None:
+            return
+        raise StoreError(f"feature set {name!r} in {self.path} is being replaced (an --overwrite is swapping "
+                         f"the new set in, or one was killed while it did); wait for it to finish, or if it "
+                         f"was killed, run any command that writes {name!r} (the same one with --overwrite): "
+                         f"it finishes the swap first")
 
     def _delete_remote_set(self, name: str) -> None:
         """Delete every object of the (hidden) set ``name`` on object storage: its zarr.json first, so
@@ -924,9 +1059,10 @@ class FeatureStore:
                 self.objects.delete(key)
 
     def _remove_remote_staged(self, name: str) -> list[str]:
-        """Delete the hidden ``.NAME.partial-*`` sets killed ingests left (under NAME's lease: no live
-        run builds one then)."""
-        gone = [c for c in self.objects.children("features/") if c.startswith(f".{name}.partial-")]
+        """Delete the hidden ``.NAME.partial-*`` / ``.NAME.next-*`` sets killed runs left (under NAME's
+        lease, after a half-done swap is finished: no live run builds one then)."""
+        gone = [c for c in self.objects.children("features/")
+                if c.startswith((f".{name}.partial-", f".{name}.{STAGED}")) and _STAGING_NAME.match(c)]
         for child in gone:
             self._delete_remote_set(child)
         return gone
@@ -952,8 +1088,10 @@ class FeatureStore:
 
         Call only while holding ``name``'s writer lock (no live run is then building it).
         """
-        if self.remote:   # nothing is staged on object storage: a set is published in place
-            return []
+        if self.remote:
+            if name not in self.leases:   # only under NAME's lease (no live run builds one then)
+                return []
+            return self._remove_remote_staged(name)
         base = self.path / "features"
         if not base.is_dir():
             return []
@@ -978,17 +1116,88 @@ class FeatureStore:
 _STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
 
 
-def refuse_dropping_features(path: str | os.PathLike) -> None:
+def owner_of(name: str) -> str:
+    """The set a hidden staged set (``.NAME.next-*``, ``.NAME.partial-*``) is built for; else ``name``."""
+    m = _STAGING_NAME.match(name)
+    return name[1:name.rindex(".")] if m and m.group(1) in ("next", "partial") else name
+
+
+def replace_mark(name: str) -> str:
+    """The swap mark of feature set ``name`` on object storage (see :meth:`FeatureStore._replace_remote`)."""
+    return f".vsekit/swaps/features/{name}.json"
+
+
+STORE_SWAP = ".vsekit/swaps/store.json"   # an `ingest --overwrite` swapping a new store in (object storage)
+
+
+def _delete_keys(objects: Any, prefix: str, keep: Sequence[str]) -> None:
+    """Delete every object under ``prefix`` but those whose key starts with one of ``keep``; a root
+    ``zarr.json`` (prefix "") last, so a store is listed until nothing else of it is left."""
+    keys = [k for k in objects.keys(prefix) if not k.startswith(tuple(keep))]
+    for key in sorted(keys, key=lambda k: k == f"{prefix}zarr.json"):
+        objects.delete(key)
+
+
+def refuse_if_store_replaced(objects: Any) -> None:
+    """One clear error while the store at ``objects.url`` is being replaced (its swap mark is there)."""
+    if objects.get(STORE_SWAP) is None:
+        return
+    raise StoreError(f"{objects.url} is being replaced by `vsekit ingest ... --overwrite` (it is swapping the new "
+                     f"store in, or it was killed while it did); wait for it to finish, or if it was killed, "
+                     f"run that ingest --overwrite again: it finishes the swap first")
+
+
+def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
+    """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names (under the store's
+    lease; False without a mark). Every step can be done again, and a run killed anywhere here leaves
+    the mark: the old root ``zarr.json`` is deleted first (from then on opening the URL names the
+    swap), then every other object of the old store (the nested store, the mark and the store lease
+    excepted), then the nested store's objects are copied to the root on the provider, the root
+    ``zarr.json`` is written last by create-if-absent, and only then are the mark and the nested
+    store deleted."""
+    mark = objects.get_json(STORE_SWAP)
+    if mark is None:
+        return False
+    staging = str(mark[0].get("staging") or "")
+    src = f"{staging}/"
+    meta = objects.get(src + "zarr.json")
+    if not staging.startswith(".vsekit/next-") or meta is None:
+        raise StoreError(f"{objects.url}: {STORE_SWAP} names a new store {staging!r} that is not there; "
+                         f"delete {STORE_SWAP} and ingest again with --overwrite")
+    point("ingest:replace:unpublish")
+    objects.delete("zarr.json")
+    point("ingest:replace:delete")
+    _delete_keys(objects, "", keep=(src, STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"))
+    point("ingest:replace:copy")
+    for key in objects.keys(src):
+        rest = key[len(src):]
+        if rest != "zarr.json" and not rest.startswith(".vsekit/leases/"):
+            objects.copy(key, rest)
+    point("ingest:replace:publish")
+    holder.check_lease(STORE_LEASE)
+    if objects.create("zarr.json", meta[0]) is None:
+        raise StoreError(f"{objects.url}: another run created a store there meanwhile")
+    point("ingest:replace:cleanup")
+    objects.delete(STORE_SWAP)
+    _delete_keys(objects, src, keep=())
+    return True
+
+
+def refuse_dropping_features(path: str | os.PathLike, objects: Any = None) -> None:
     """Refuse to replace a store whose feature sets would go with it (``--drop-features`` allows it)."""
     from ..words import plural
 
-    path = Path(path)
-    if not (path / "zarr.json").is_file():
-        return
-    try:
-        names = FeatureStore.open(path).feature_names()
-    except StoreError:   # not a readable store: nothing of vsekit's to lose
-        return
+    if objects is not None:   # object storage: the published sets of what is there, readable or not
+        names = [c for c in objects.children("features/") if not c.startswith(".")
+                 and objects.get(f"features/{c}/zarr.json") is not None]
+    else:
+        path = Path(path)
+        if not (path / "zarr.json").is_file():
+            return
+        try:
+            names = FeatureStore.open(path).feature_names()
+        except StoreError:   # not a readable store: nothing of vsekit's to lose
+            return
     if not names:
         return
     shown = ", ".join(names[:6]) + (f", ... ({len(names)} in all)" if len(names) > 6 else "")
@@ -1009,7 +1218,7 @@ def store_exists(path: str | os.PathLike) -> bool:
 def feature_names_at(path: str | os.PathLike) -> list[str]:
     """The feature sets of the store at ``path`` (none when there is no readable store there)."""
     try:
-        return FeatureStore.open(path).feature_names() if (Path(path) / "zarr.json").is_file() else []
+        return FeatureStore.open(path).feature_names() if store_exists(path) else []
     except StoreError:
         return []
 
