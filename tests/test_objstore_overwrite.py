@@ -344,3 +344,38 @@ def test_replace_marks_name_what_they_swap(s3):
     mark = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=f"x.zarr/{replace_mark('f')}")["Body"].read())
     assert mark["staging"] == new.name and mark["generation"] == new.attrs["generation"]
     assert new.name.startswith(".f.next-")
+
+
+@pytest.mark.parametrize("step", ["replace:unpublish", "replace:delete", "replace:copy"])
+def test_a_swapper_that_lost_its_lease_deletes_and_copies_nothing_more(s3, monkeypatch, step):
+    """A run paused in its swap past its lease's expiry (another run took the set over) checks the lease
+    before each destructive step and stops there: what it would have deleted or copied is untouched."""
+    rng = np.random.default_rng(0)
+    old_rows, new_rows = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    st = _small_store(s3.url())
+    with st.writer("f", stage="test"):
+        _write_set(st, old_rows)
+    real = store_mod.point
+    before: dict[str, bytes] = {}
+
+    def objects() -> dict[str, bytes]:
+        return {k: s3.client.get_object(Bucket=s3.bucket, Key=k)["Body"].read() for k in s3.keys()}
+
+    with st.writer("f", stage="test"):
+        new = _write_set(st, new_rows, overwrite=True, seed=1)
+
+        def point(at: str) -> None:   # the lease is lost right at this step: as if paused, then taken over
+            if at == step:
+                before.update(objects())
+                st.leases["f"].lost = "taken over"
+            real(at)
+
+        monkeypatch.setattr(store_mod, "point", point)
+        with pytest.raises(objstore.LeaseLost):
+            st.commit(new)
+        monkeypatch.setattr(store_mod, "point", real)
+    after = objects()
+    assert before, "the swap never reached the step"
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    # from the moment the lease was lost, only the lease object itself changed (released or renewed)
+    assert all("/.vsekit/leases/" in k for k in changed), sorted(changed)

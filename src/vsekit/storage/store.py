@@ -1019,11 +1019,14 @@ class FeatureStore:
                                  f"{name!r}, but {staging!r} has no zarr.json; delete that mark and run the "
                                  f"command that makes {name!r} again with --overwrite")
             point("replace:unpublish")
+            self.check_lease(name)   # before each destructive step: a holder paused past its lease stops
             objects.delete(dst + "zarr.json")   # from here no reader lists NAME until the new one is whole
             point("replace:delete")
+            self.check_lease(name)
             for key in objects.keys(dst) + objects.keys(rdst):
                 objects.delete(key)
             point("replace:copy")
+            self.check_lease(name)
             for key in objects.keys(src):
                 if key != src + "zarr.json":
                     objects.copy(key, dst + key[len(src):])
@@ -1165,10 +1168,13 @@ def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
         raise StoreError(f"{objects.url}: {STORE_SWAP} names a new store {staging!r} that is not there; "
                          f"delete {STORE_SWAP} and ingest again with --overwrite")
     point("ingest:replace:unpublish")
+    holder.check_lease(STORE_LEASE)   # before each destructive step: a holder paused past its lease stops
     objects.delete("zarr.json")
     point("ingest:replace:delete")
+    holder.check_lease(STORE_LEASE)
     _delete_keys(objects, "", keep=(src, STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"))
     point("ingest:replace:copy")
+    holder.check_lease(STORE_LEASE)
     for key in objects.keys(src):
         rest = key[len(src):]
         if rest != "zarr.json" and not rest.startswith(".vsekit/leases/"):
