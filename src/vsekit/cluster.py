@@ -678,6 +678,31 @@ def _quiet_job_logs() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+# --- object storage ---------------------------------------------------------------------------------
+#: the executors that serve a store on object storage: their tasks open the URL with the storage
+#: options handed to them in memory, over dask's connection (storage/ref.py). Job arrays have no
+#: driver to hand them over; pbs, lsf and htcondor are untested there.
+OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge")
+
+
+def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) -> "ClusterSpec | None":
+    """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
+    line, where its workers cannot reach that store; returns the parsed spec."""
+    from .storage.base import StoreError
+
+    spec = parse_cluster(spec)
+    if spec is None:
+        return None
+    if url.startswith("memory://"):
+        raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
+                         f"process can reach it; run without --cluster")
+    if spec.is_array or spec.kind not in OBJECT_STORAGE_KINDS:
+        raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
+                         f"on --cluster local:N / tcp:// / slurm:N / sge:N for now (issue 35); run it with one "
+                         f"of those")
+    return spec
+
+
 # --- the entry point --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, float] | None = None,

@@ -216,19 +216,18 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
                 stats_from: str | None = None, name: str | None = None, cluster: "ClusterSpec | str | None" = None,
                 overwrite: bool = False, allow_standardized: bool = False) -> derived.Result:
     """Standardize feature set ``features`` into ``<features>.z`` (or ``name``); see the module docstring."""
-    from ..cluster import cluster_client
+    from ..cluster import check_object_storage, cluster_client
 
     store = passes.open_store(store)
-    if store.remote and cluster:
-        raise StoreError(f"--cluster {cluster}: standardize on object storage ({store.path}) runs in this process "
-                         f"for now (issue 35); run it without --cluster")
-    with store.writer(output_name(features, name), stage="vsekit standardize"), cluster_client(cluster) as client:
+    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
+        cluster = check_object_storage(cluster, store.path, "standardize")
+    with store.writer(output_name(features, name), stage="vsekit standardize", multi=bool(cluster)), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
                                        overwrite=overwrite, client=client, pin=pin,
                                        allow_standardized=allow_standardized)
         try:
-            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
+            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs), fs.target)]
             # the scan checked the values; each block is checked to come from the pinned parent
             written = passes.write_pass(parent, outputs, client, check=False, pin=pin)
             derived.copy_errors(parent, fs)

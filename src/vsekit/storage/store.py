@@ -371,9 +371,11 @@ class FeatureStore:
         if multi:
             require_conditions(self.objects, f"{stage} with more than one writer")
         taken = []
+        # one token for every lease of this run: its dask tasks carry it and commit any of its sets
+        token = self.lease_token or uuid.uuid4().hex
         try:
             for name in sorted(set(names) - set(self.leases)):   # sorted: two runs never deadlock
-                lease = SetLease(self.objects, name, stage).acquire()
+                lease = SetLease(self.objects, name, stage, token=token).acquire()
                 self.leases[name] = lease
                 taken.append(lease)
                 self.lease_token = lease.token
