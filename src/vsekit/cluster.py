@@ -703,6 +703,22 @@ def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) 
     return spec
 
 
+def report_worker_deaths(client, since: float, say) -> int:
+    """``say`` a line for each dask worker that died (left unexpectedly) since ``since`` (a
+    ``time.time()``); returns how many."""
+    try:
+        events = client.get_events("all")
+    except Exception:  # an old scheduler without the event log: nothing to say
+        return 0
+    dead = [e for t, e in events if t >= since and isinstance(e, dict)
+            and e.get("action") == "remove-worker" and e.get("expected") is False]
+    for e in dead:
+        n = len(e.get("processing-tasks") or ())
+        say(f"dask worker {e.get('worker', '?')} died during the run"
+            + (f" with {n} task(s) in progress; they ran again elsewhere" if n else ""))
+    return len(dead)
+
+
 # --- the entry point --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def cluster_client(spec: "ClusterSpec | str | None", *, resources: Mapping[str, float] | None = None,

@@ -69,7 +69,18 @@ def _read_rows(ref: StoreRef, name: str, start: int, stop: int) -> np.ndarray:
 def _compute(client: Any, *graphs: Any) -> tuple:
     import dask
 
-    return dask.compute(*graphs, scheduler=client if client is not None else "threads")
+    if client is None:
+        return dask.compute(*graphs, scheduler="threads")
+    import sys
+    import time
+
+    from ..cluster import report_worker_deaths
+
+    started = time.time()
+    try:
+        return dask.compute(*graphs, scheduler=client)
+    finally:   # a task whose worker died ran again elsewhere; the user is told
+        report_worker_deaths(client, started, lambda line: print(f"vsekit: {line}", file=sys.stderr, flush=True))
 
 
 def _identity(a: np.ndarray, axis=None, keepdims=None) -> np.ndarray:
