@@ -159,9 +159,10 @@ def test_fne_on_local_2_into_s3_survives_a_killed_worker_with_nothing_written_tw
 
 
 @pytest.mark.slow
-def test_a_worker_killed_between_record_and_status_leaves_a_done_block_never_rewritten(s3, data, on_disk):
-    """A task killed right after its commit record (before the status chunk): the retried task finds
-    the record and writes nothing; the driver takes the block's status from the record."""
+def test_a_block_with_its_record_and_no_status_is_done_on_a_cluster_and_never_rewritten(s3, data, on_disk):
+    """What a task killed right after its commit record (before the status chunk) leaves: the task
+    run again on a dask worker finds the record and writes nothing; the driver takes the block's
+    status from the record."""
     from vsekit.fne import passes
 
     url = _s3_store(s3.url(), *data)
