@@ -243,3 +243,55 @@ def test_tokenize_with_workers_on_s3_equals_in_process_on_disk(s3, demo_dir, tmp
     r = CliRunner().invoke(main, ["tokenize", "--store", url, "--min-count", "1", *how])   # the CLI path
     assert r.exit_code == 0 and "tokenized 120 captions" in r.output, r.output
     assert np.array_equal(FeatureStore.open(url).root["tokens/ids"][:], b.root["tokens/ids"][:])
+
+
+# --- statistics from a store on object storage ----------------------------------------------------------
+def test_stats_from_a_set_on_s3_give_what_the_same_statistics_give_on_disk(s3, data, on_disk, tmp_path):
+    url = _s3_store(s3.url(), *data)
+    standardize(url, "feat")
+    disk = make_store(tmp_path / "d.zarr", *data, block_rows=BLOCK_ROWS)
+    res = standardize(disk, "feat", stats_from=f"{url}::feat", name="via_s3")   # feat: its .z set is found
+    fs = disk.features("via_s3")
+    assert np.array_equal(fs.data[:], on_disk["feat.z"]["data"])
+    assert np.array_equal(fs.array("mean")[:], on_disk["feat.z"]["mean"])
+    assert fs.attrs["stats_source"] == f"{url}::feat.z" and res.details["stats_from"] == f"{url}::feat"
+
+
+# --- info --verify --repair on object storage --------------------------------------------------------------
+FAST = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--crops", "1", "--input-size", "48",
+        "--resize", "56", "--batch-size", "4", "--block-rows", "8", "--workers", "0", "--no-progress"]
+
+
+def test_info_verify_repair_on_s3_finds_a_chunk_changed_on_the_server_and_the_rerun_refills_it(s3, demo_dir):
+    """A chunk object replaced on the server by one of the same size (only its CRC-32 tells): `info
+    --verify` names the block (exit 1); `--repair` marks it pending and drops its commit record; the
+    command it prints refills the block with the bits it had, under one new record."""
+    import shlex
+
+    url, name = s3.url(), "test_resnet_fne"
+    run = CliRunner()
+    assert run.invoke(main, ["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    assert run.invoke(main, ["extract", "--store", url, *FAST]).exit_code == 0
+    before = FeatureStore.open(url).features(name).data[:]
+    key = f"x.zarr/features/{name}/data/c/1/0"
+    body = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
+
+    r = run.invoke(main, ["info", url, name, "--verify"])
+    assert r.exit_code == 1 and "block 1: data chunk object's CRC-32" in r.output, r.output
+    r = run.invoke(main, ["info", url, name, "--verify", "--repair"])
+    assert r.exit_code == 0, r.output
+    assert f"repaired: 1 block(s) of {name} marked pending; now run: vsekit extract --store {url}" in r.output
+    fs = FeatureStore.open(url).features(name)
+    assert fs.counts()["pending"] == 8 and sorted(objcommit.records(fs)) == [0, 2]
+    assert not [k for k in s3.keys() if "/.vsekit/leases/" in k]            # the repair's lease released
+    command = shlex.split(r.output.split("now run: ", 1)[1].strip().splitlines()[0])
+    assert command[0] == "vsekit"
+    r = run.invoke(main, [*command[1:], "--workers", "0", "--no-progress"])
+    assert r.exit_code == 0 and "ran 1 block" in r.output, r.output
+    fs = FeatureStore.open(url).features(name)
+    assert np.array_equal(fs.data[:], before) and fs.counts()["pending"] == 0
+    assert _records(s3, name) == {0: 1, 1: 1, 2: 1}
+    r = run.invoke(main, ["info", url, name, "--verify"])
+    assert r.exit_code == 0 and "no damage found" in r.output, r.output
