@@ -33,9 +33,9 @@ from .base import StoreError
 
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("every `ingest`, `split`, `extract` (in-process, --cluster local:N, tcp://, slurm:N and sge:N), "
-                "`tokenize`, `standardize`, `discretize` and `fne` (in-process), `train`, `evaluate`, `embed`, "
-                "`report`, `info` (with --verify) and `export` (reading)")
+URL_COMMANDS = ("every `ingest`, `split`, `extract`, `tokenize`, `standardize`, `discretize` and `fne` (in-process, "
+                "--cluster local:N, tcp://, slurm:N and sge:N; tokenize also --workers N), `train`, `evaluate`, "
+                "`embed`, `report`, `info` (with --verify and --repair) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
