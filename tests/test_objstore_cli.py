@@ -143,7 +143,7 @@ def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3,
 def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
     url = s3.url()
     assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
-    for cluster in ("slurm-array:2", "pbs:2"):   # slurm:N and sge:N serve it (tests/test_objstore_slurm.py)
+    for cluster in ("slurm-array:2", "lsf:2", "htcondor:2"):   # slurm:N, sge:N (tests/test_objstore_slurm.py) and pbs:N (tests/test_pbs_local.py) serve it
         r = _run(["extract", "--store", url, *FAST, "--cluster", cluster])
         errors = _errors(r.output)
         assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
@@ -247,7 +247,7 @@ def test_standardize_and_discretize_on_s3_equal_disk(s3, demo_dir, tmp_path):
     again = _run(["standardize", "--store", stores["s3"], "--features", "test_resnet_fne"])
     assert again.exit_code == 0 and "wrote 0 of 3 blocks" in again.output, again.output
     # on a cluster (local:N, tcp://, slurm:N, sge:N): tests/test_objstore_cluster.py; others are refused
-    r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "pbs:2",
+    r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "lsf:2",
               "--name", "other"])
     errors = _errors(r.output)
     assert r.exit_code == 1 and len(errors) == 1 and "local:N / tcp:// / slurm:N / sge:N" in errors[0], r.output

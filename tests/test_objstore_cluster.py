@@ -205,11 +205,11 @@ def test_a_provider_that_overwrites_refuses_the_cluster_run_in_one_line(s3, data
 def test_executors_that_do_not_serve_object_storage_are_refused_by_the_fne_stages_and_tokenize(s3, data):
     url = _s3_store(s3.url(), *data)
     for stage, feats in (("standardize", "feat"), ("fne", "feat")):
-        for cluster in ("pbs:2", "lsf:1", "slurm-array:2"):
+        for cluster in ("lsf:1", "htcondor:2", "slurm-array:2"):
             r = CliRunner().invoke(main, [stage, "--store", url, "--features", feats, "--cluster", cluster])
             errors = _errors(r.output)
             assert r.exit_code == 1 and len(errors) == 1, (stage, cluster, r.output)
-            assert "local:N / tcp:// / slurm:N / sge:N" in errors[0] and url in errors[0], errors
+            assert "local:N / tcp:// / slurm:N / sge:N / pbs:N" in errors[0] and url in errors[0], errors
     mem = _s3_store("memory://vsekit-cluster-test", *data)   # lives in this process only
     for args in (["standardize", "--features", "feat", "--cluster", "local:2"], ["tokenize", "--workers", "2"]):
         r = CliRunner().invoke(main, [*args, "--store", mem])

@@ -116,7 +116,7 @@ def test_a_job_array_on_object_storage_is_refused_in_one_line(s3, demo_dir):
     from vsekit.cli import main
 
     url = _ingest(s3, demo_dir)
-    for cluster in ("slurm-array:2", "sge-array:2", "pbs:2"):
+    for cluster in ("slurm-array:2", "sge-array:2", "lsf:2"):   # pbs:N: tests/test_pbs_local.py
         r = CliRunner().invoke(main, ["extract", "--store", url, "--model", "test_resnet", "--weights", "none",
                                       "--no-progress", "--cluster", cluster])
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]

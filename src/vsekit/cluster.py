@@ -681,8 +681,8 @@ def _quiet_job_logs() -> None:
 # --- object storage ---------------------------------------------------------------------------------
 #: the executors that serve a store on object storage: their tasks open the URL with the storage
 #: options handed to them in memory, over dask's connection (storage/ref.py). Job arrays have no
-#: driver to hand them over; pbs, lsf and htcondor are untested there.
-OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge")
+#: driver to hand them over; lsf and htcondor are untested (pbs: on a stand-in, tests/test_pbs_local.py).
+OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs")
 
 
 def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) -> "ClusterSpec | None":
@@ -698,8 +698,8 @@ def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) 
                          f"process can reach it; run without --cluster")
     if spec.is_array or spec.kind not in OBJECT_STORAGE_KINDS:
         raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
-                         f"on --cluster local:N / tcp:// / slurm:N / sge:N for now (issue 35); run it with one "
-                         f"of those")
+                         f"on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N for now (issue 35); run it "
+                         f"with one of those")
     return spec
 
 
