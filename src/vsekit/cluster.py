@@ -26,7 +26,8 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   ``SGECluster`` / ``PBSCluster`` / ``LSFCluster`` / ``HTCondorCluster``. What differs between
   schedulers (walltime syntax, how cores, memory and GPUs are requested, the early check: Grid
   Engine ``qsub -w v``, the commands that cancel and list jobs) is one entry each of
-  :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, the others are not.
+  :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, PBS on a stand-in whose
+  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor not at all.
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
