@@ -371,8 +371,9 @@ class FeatureStore:
         if multi:
             require_conditions(self.objects, f"{stage} with more than one writer")
         taken = []
-        # one token for every lease of this run: its dask tasks carry it and commit any of its sets
-        token = self.lease_token or uuid.uuid4().hex
+        # one token for the leases this run holds at once (its dask tasks carry it and commit any of its
+        # sets); a fresh one for a run that holds none, so tasks of an earlier run never commit for it
+        token = next(iter(self.leases.values())).token if self.leases else uuid.uuid4().hex
         try:
             for name in sorted(set(names) - set(self.leases)):   # sorted: two runs never deadlock
                 lease = SetLease(self.objects, name, stage, token=token).acquire()
