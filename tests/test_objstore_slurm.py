@@ -116,10 +116,45 @@ def test_a_job_array_on_object_storage_is_refused_in_one_line(s3, demo_dir):
     from vsekit.cli import main
 
     url = _ingest(s3, demo_dir)
-    for cluster in ("slurm-array:2", "sge-array:2", "pbs:2"):
+    for cluster in ("slurm-array:2", "sge-array:2", "lsf:2"):   # pbs:N: tests/test_pbs_local.py
         r = CliRunner().invoke(main, ["extract", "--store", url, "--model", "test_resnet", "--weights", "none",
                                       "--no-progress", "--cluster", cluster])
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
         assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
         assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N" in errors[0] and url in errors[0]
     assert not [k for k in s3.keys() if "/features/" in k]
+
+
+def test_fne_on_slurm_jobs_into_s3_equals_disk_with_the_options_only_in_the_tasks(
+        slurm, s3, demo_dir, tmp_path, monkeypatch):
+    """`fne --cluster slurm:2` into S3: its tasks get the URL's options as extraction's do (a handle in
+    memory: tests/test_objstore_cluster.py); both sets equal `fne` in-process on disk, one commit record
+    per block, the option's secret in no job log or object."""
+    from vsekit.extract import extract
+    from vsekit.fne import fne
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+    from vsekit.storage.store import FeatureStore
+
+    disk, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, tmp_path / "d.zarr")
+    name = extract(disk, workers=0, **OPTS).name
+    fne(disk, name)
+    url = _ingest(s3, demo_dir)
+    extract(url, workers=0, **OPTS)                            # in-process: the cluster runs fne only
+    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+    _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
+                                                   "log_directory": str(tmp_path / "jobs")})
+    z, q = fne(url, name, cluster="slurm:2")
+    assert (z.blocks_written, q.blocks_written) == (6, 6)
+    a = FeatureStore.open(url)
+    for suffix in (".z", ".z.fne"):
+        for arr in ("data", "status"):
+            assert np.array_equal(a.features(name + suffix).group[arr][:], disk.features(name + suffix).group[arr][:])
+        records = [k for k in s3.keys() if f"/.vsekit/commits/{name}{suffix}/" in k]
+        assert len(records) == 6                                 # one per block
+    assert not slurm_local.jobs(slurm["env"])
+    logs = [p for p in (tmp_path / "jobs").rglob("*") if p.is_file()]
+    assert logs
+    for p in logs:
+        assert OPTION_SECRET.encode() not in p.read_bytes(), p
+    for key in s3.keys():
+        assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key

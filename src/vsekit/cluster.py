@@ -26,7 +26,8 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   ``SGECluster`` / ``PBSCluster`` / ``LSFCluster`` / ``HTCondorCluster``. What differs between
   schedulers (walltime syntax, how cores, memory and GPUs are requested, the early check: Grid
   Engine ``qsub -w v``, the commands that cancel and list jobs) is one entry each of
-  :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, the others are not.
+  :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, PBS on a stand-in whose
+  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor not at all.
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
@@ -676,6 +677,47 @@ def _quiet_job_logs() -> None:
     for name in ("distributed.deploy.adaptive", "distributed.deploy.adaptive_core",
                  "distributed.deploy.spec", "tornado.application"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+# --- object storage ---------------------------------------------------------------------------------
+#: the executors that serve a store on object storage: their tasks open the URL with the storage
+#: options handed to them in memory, over dask's connection (storage/ref.py). Job arrays have no
+#: driver to hand them over; lsf and htcondor are untested (pbs: on a stand-in, tests/test_pbs_local.py).
+OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs")
+
+
+def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) -> "ClusterSpec | None":
+    """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
+    line, where its workers cannot reach that store; returns the parsed spec."""
+    from .storage.base import StoreError
+
+    spec = parse_cluster(spec)
+    if spec is None:
+        return None
+    if url.startswith("memory://"):
+        raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
+                         f"process can reach it; run without --cluster")
+    if spec.is_array or spec.kind not in OBJECT_STORAGE_KINDS:
+        raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
+                         f"on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N for now (issue 35); run it "
+                         f"with one of those")
+    return spec
+
+
+def report_worker_deaths(client, since: float, say) -> int:
+    """``say`` a line for each dask worker that died (left unexpectedly) since ``since`` (a
+    ``time.time()``); returns how many."""
+    try:
+        events = client.get_events("all")
+    except Exception:  # an old scheduler without the event log: nothing to say
+        return 0
+    dead = [e for t, e in events if t >= since and isinstance(e, dict)
+            and e.get("action") == "remove-worker" and e.get("expected") is False]
+    for e in dead:
+        n = len(e.get("processing-tasks") or ())
+        say(f"dask worker {e.get('worker', '?')} died during the run"
+            + (f" with {n} task(s) in progress; they ran again elsewhere" if n else ""))
+    return len(dead)
 
 
 # --- the entry point --------------------------------------------------------------------------------

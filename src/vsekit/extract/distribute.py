@@ -181,17 +181,9 @@ def report(message: str) -> None:
 
 def report_deaths(client, since: float) -> int:
     """Report each dask worker that died (left unexpectedly) since ``since``; returns how many."""
-    try:
-        events = client.get_events("all")
-    except Exception:  # an old scheduler without the event log: nothing to say
-        return 0
-    dead = [e for t, e in events if t >= since and isinstance(e, dict)
-            and e.get("action") == "remove-worker" and e.get("expected") is False]
-    for e in dead:
-        n = len(e.get("processing-tasks") or ())
-        report(f"dask worker {e.get('worker', '?')} died during the run"
-               + (f" with {n} task(s) in progress; they ran again elsewhere" if n else ""))
-    return len(dead)
+    from ..cluster import report_worker_deaths
+
+    return report_worker_deaths(client, since, report)
 
 
 def bisect_block(client, submit: Callable[[int, int], Any], plan: Plan, block: Block) -> BlockBuffer:

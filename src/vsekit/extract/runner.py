@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import ClusterSpec, parse_cluster
+from ..cluster import ClusterSpec, check_object_storage, parse_cluster
 from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
@@ -178,13 +178,8 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     # connection) and the rest of the credentials from their own environment (sbatch and qsub -V pass
     # the submitter's); nothing is written into a job script. A job array has no driver to hand them
     # over and its block leases are files: refused there.
-    if store.remote and cluster is not None and (array or cluster.kind not in ("local", "tcp", "slurm", "sge")):
-        raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
-                         f"in-process or on --cluster local:N / tcp:// / slurm:N / sge:N for now (issue 35); "
-                         f"run it with one of those")
-    if store.remote and cluster is not None and store.path.startswith("memory://"):
-        raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
-                         f"process can reach it; run without --cluster")
+    if store.remote:
+        check_object_storage(cluster, store.path, "extraction")
     with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
         existed = store.has_features(name) and not run.overwrite

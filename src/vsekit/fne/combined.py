@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..storage.store import FeatureStore, StoreError
+from ..storage.store import FeatureStore
 from . import derived, passes
 from . import discretize as disc
 from . import standardize as stdz
@@ -27,14 +27,13 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
         pack: bool = False, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
         allow_standardized: bool = False) -> tuple[derived.Result, derived.Result]:
     """Write ``<features>.z`` and ``<features>.z.fne``; returns both stages' results."""
-    from ..cluster import cluster_client
+    from ..cluster import check_object_storage, cluster_client
 
     store = passes.open_store(store)
     disc.check_thresholds(thresholds)
-    if store.remote and cluster:
-        raise StoreError(f"--cluster {cluster}: fne on object storage ({store.path}) runs in this process for now "
-                         f"(issue 35); run it without --cluster")
-    with store.writer(*output_names(features), stage="vsekit fne"), cluster_client(cluster) as client:
+    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
+        cluster = check_object_storage(cluster, store.path, "fne")
+    with store.writer(*output_names(features), stage="vsekit fne", multi=bool(cluster)), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "fne")
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
                                                overwrite=overwrite, client=client, pin=pin,
@@ -45,8 +44,8 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
             qset, qfn = disc.prepare(store, zset.target, thresholds=thresholds, pack_bits=pack,
                                      name=output_names(features)[1], overwrite=overwrite or zset.staged, parent=zset)
             made.append(qset)
-            outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset)),
-                       passes.Output(qset.name, qfn, derived.pending_indices(qset))]
+            outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset), zset.target),
+                       passes.Output(qset.name, qfn, derived.pending_indices(qset), qset.target)]
             passes.write_pass(parent, outputs, client, check=False, pin=pin)  # the scan checked the values
             derived.copy_errors(parent, zset)
             derived.copy_errors(zset, qset)

@@ -45,16 +45,19 @@ class Pin:
     name: str
     generation: str | None
     stage: str
+    # object storage: the URL's options, for a task in another process (in memory, never shown)
+    options: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, parent: FeatureSet, stage: str) -> "Pin":
-        return cls(str(parent.store.path), parent.name, parent.generation, stage)
+        options = dict(parent.store.objects.options) if parent.store.remote else {}
+        return cls(str(parent.store.path), parent.name, parent.generation, stage, options)
 
     def _now(self) -> str | None:
         from ..storage.objstore import is_object_url, objects_for
 
         if is_object_url(self.store):   # object storage: the set's published zarr.json
-            got = objects_for(self.store).get_json(f"features/{self.name}/zarr.json")
+            got = objects_for(self.store, self.options).get_json(f"features/{self.name}/zarr.json")
             return "absent" if got is None else (got[0].get("attributes") or {}).get("generation")
         return read_generation(self.store, self.name)
 
@@ -136,11 +139,24 @@ def copy_errors(parent: FeatureSet, child: FeatureSet) -> None:
 
 
 def pending_indices(fs: FeatureSet) -> frozenset:
-    """The blocks still to write; damaged blocks (missing or truncated chunk files) count as pending."""
+    """The blocks still to write; damaged blocks (missing or truncated chunk files) count as pending.
+    On object storage a block with its commit record but no status yet (a writer killed between the
+    two) gets its status from the record first: it is done, never written twice."""
+    reconcile(fs)
     report = integrity.verify(fs, quick=True)
     if report.damaged:
         integrity.repair(fs, report)
     return frozenset(b.index for b in fs.pending_blocks())
+
+
+def reconcile(fs: FeatureSet) -> int:
+    """Object storage: restore the status of ``fs``'s blocks that have their commit record (see
+    :func:`vsekit.storage.objcommit.reconcile`); run by the driver, under the set's lease."""
+    if not fs.store.remote:
+        return 0
+    from ..storage import objcommit
+
+    return objcommit.reconcile(fs)
 
 
 @dataclass

@@ -97,7 +97,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                name: str | None = None, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
                allow_raw: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
-    from ..cluster import cluster_client
+    from ..cluster import check_object_storage, cluster_client
 
     store = passes.open_store(store)
     parent = store.features(features)
@@ -106,15 +106,14 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     check_standardized(parent, allow_raw)
     refuse_stale(parent)
     parent.check(complete=True)
-    if store.remote and cluster:
-        raise StoreError(f"--cluster {cluster}: discretize on object storage ({store.path}) runs in this process "
-                         f"for now (issue 35); run it without --cluster")
-    with store.writer(output_name(features, name), stage="vsekit discretize"):
+    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
+        cluster = check_object_storage(cluster, store.path, "discretize")
+    with store.writer(output_name(features, name), stage="vsekit discretize", multi=bool(cluster)):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent, allow_raw=allow_raw)
         try:
             with cluster_client(cluster) as client:
-                outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
+                outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs), fs.target)]
                 written = passes.write_pass(parent, outputs, client, pin=pin)
             derived.copy_errors(parent, fs)
             pin.check()

@@ -8,7 +8,10 @@
   status, so a rerun resumes.
 
 Both are dask graphs over the store, computed in-process (threads) or on ``--cluster`` through
-:func:`vsekit.cluster.cluster_client`. Memory stays a few chunks per worker thread.
+:func:`vsekit.cluster.cluster_client`. Memory stays a few chunks per worker thread. On object storage
+a cluster's tasks read and write their blocks through a :class:`~vsekit.storage.ref.StoreRef` (the
+URL, its options in memory, the driver's lease token), and each block is committed by one
+create-if-absent record (:mod:`vsekit.storage.objcommit`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..storage.ref import StoreRef
 from ..storage.store import DONE, FAILED, Block, FeatureSet, FeatureStore, StoreError
 from . import stats as st
 
@@ -41,16 +45,45 @@ def row_codes(status: np.ndarray, use_rows: np.ndarray | None) -> np.ndarray:
     return codes
 
 
-def _source_array(fs: FeatureSet):
+def _source_array(fs: FeatureSet, client: Any = None):
+    """``fs``'s data as a dask array, one chunk per row block. On object storage with a cluster,
+    each block is read by its task, which opens the URL with the options it carries (:class:`StoreRef`)."""
     import dask.array as da
 
-    return da.from_zarr(fs.data, chunks=(fs.chunk_rows, *fs.shape[1:]))
+    ref = _task_ref(fs.store, client)
+    if ref is None:
+        return da.from_zarr(fs.data, chunks=(fs.chunk_rows, *fs.shape[1:]))
+    import dask
+
+    read = dask.delayed(_read_rows, pure=False)
+    return da.concatenate([da.from_delayed(read(ref, fs.name, b.start, b.stop), shape=(len(b), *fs.shape[1:]),
+                                           dtype=fs.data.dtype) for b in fs.blocks()], axis=0)
+
+
+def _task_ref(store: FeatureStore, client: Any) -> StoreRef | None:
+    """How tasks in other processes reach a store on object storage (None: they use the driver's arrays)."""
+    return StoreRef.of(store) if store.remote and client is not None else None
+
+
+def _read_rows(ref: StoreRef, name: str, start: int, stop: int) -> np.ndarray:
+    return np.asarray(FeatureSet(ref.open(mode="r"), name).data[start:stop])
 
 
 def _compute(client: Any, *graphs: Any) -> tuple:
     import dask
 
-    return dask.compute(*graphs, scheduler=client if client is not None else "threads")
+    if client is None:
+        return dask.compute(*graphs, scheduler="threads")
+    import sys
+    import time
+
+    from ..cluster import report_worker_deaths
+
+    started = time.time()
+    try:
+        return dask.compute(*graphs, scheduler=client)
+    finally:   # a task whose worker died ran again elsewhere; the user is told
+        report_worker_deaths(client, started, lambda line: print(f"vsekit: {line}", file=sys.stderr, flush=True))
 
 
 def _identity(a: np.ndarray, axis=None, keepdims=None) -> np.ndarray:
@@ -63,7 +96,7 @@ def scan(fs: FeatureSet, codes: np.ndarray, client: Any = None) -> np.ndarray:
 
     width = fs.shape[1]
     rows = st.canonical_rows(width)
-    x = _source_array(fs).rechunk({0: rows})
+    x = _source_array(fs, client).rechunk({0: rows})
     c = da.from_array(codes.reshape(-1, 1), chunks=(rows, 1))
     states = da.map_blocks(st.block_state, x, c, dtype=np.float64,
                            chunks=((st.STATE_ROWS,) * x.numblocks[0], x.chunks[1]))
@@ -83,7 +116,7 @@ def nonfinite_report(fs: FeatureSet, codes: np.ndarray, bad_columns: np.ndarray,
     """Find the rows holding non-finite values (a second pass, only when there are some) and describe them."""
     import dask.array as da
 
-    x = _source_array(fs)
+    x = _source_array(fs, client)
     c = da.from_array(codes.reshape(-1, 1), chunks=(fs.chunk_rows, 1))
     flags = da.map_blocks(_bad_rows_block, x, c, drop_axis=1, dtype=bool)
     (flags,) = _compute(client, flags)
@@ -119,13 +152,17 @@ class Output:
     name: str
     fn: Callable[[np.ndarray], np.ndarray]
     pending: frozenset = field(default_factory=frozenset)
+    target: str | None = None   # the name it takes when committed (a staged set's; None: ``name``)
 
 
-def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "str | FeatureStore",
+def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "str | FeatureStore | StoreRef",
                  stages: Sequence[Output], flags: Sequence[bool], check: bool, pin: Any = None) -> tuple[int, list]:
     """Run the chain of stages on one block and write the pending outputs; report non-finite values instead.
 
     ``pin`` (``derived.Pin``): the block ``x`` was read from the parent generation it names, or this raises.
+    ``path``: the driver's own store (in-process threads), or how a task in another process opens it
+    (a local path; a :class:`StoreRef` on object storage, whose lease token each commit is checked
+    against, storage/objcommit.py).
     """
     if pin is not None:
         pin.check()
@@ -137,16 +174,20 @@ def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "str | F
             return int(bad.sum()), [(block.start + int(r), int(c), float(x[r, c])) for r, c in where[:1000]]
     import zarr
 
-    # object storage: the driver's own store (in-process threads), which holds the set's lease
-    store = path if isinstance(path, FeatureStore) else FeatureStore(zarr.open_group(path, mode="r+", zarr_format=3), path)
+    if isinstance(path, FeatureStore):   # in-process threads: the driver's store (on object storage, its leases)
+        store = path
+    elif isinstance(path, StoreRef):     # a task in another process, on object storage: the driver's token
+        store = path.open()
+    else:
+        store = FeatureStore(zarr.open_group(path, mode="r+", zarr_format=3), path)
     out_status = np.where(ok, DONE, FAILED).astype(np.uint8)
     values = x
     for stage, flag in zip(stages, flags):
         values = np.asarray(stage.fn(values))  # stages return new arrays, never views of their input
         if not ok.all():
             values[~ok] = 0
-        if flag:
-            FeatureSet(store, stage.name).write_block(block, values, out_status)
+        if flag:   # on object storage: nothing if committed already, else chunks then one create-if-absent record
+            FeatureSet(store, stage.name, stage.target).write_block(block, values, out_status)
     return 0, []
 
 
@@ -163,15 +204,21 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *
     todo = sorted(set().union(*(o.pending for o in outputs)))
     if not todo:
         return 0
-    parts = _source_array(src).to_delayed().reshape(len(blocks), -1)[:, 0]
+    parts = _source_array(src, client).to_delayed().reshape(len(blocks), -1)[:, 0]
     status = np.asarray(src.status[:])
-    stages = [Output(o.name, o.fn) for o in outputs]
+    stages = [Output(o.name, o.fn, target=o.target) for o in outputs]
     shared = dask.delayed(stages, pure=True, traverse=False)
-    path = src.store if src.store.remote else str(Path(src.store.path).resolve())
+    ref = _task_ref(src.store, client)
+    path = (ref if ref is not None else src.store) if src.store.remote else str(Path(src.store.path).resolve())
     tasks = [dask.delayed(_write_block, pure=False)(
         parts[i], status[blocks[i].start:blocks[i].stop], blocks[i], path, shared,
         tuple(i in o.pending for o in outputs), check, pin) for i in todo]
     results = _compute(client, *tasks)
+    if src.store.remote:   # a task killed between a block's record and its status: the record says done
+        from .derived import reconcile
+
+        for o in outputs:
+            reconcile(FeatureSet(src.store, o.name, o.target))
     total = sum(r[0] for r in results)
     if total:
         positions = [p for r in results for p in r[1]]

@@ -88,13 +88,26 @@ def check_source(parent: FeatureSet, *, allow_standardized: bool = False) -> Non
     parent.check(complete=True)
 
 
-def parse_stats_from(spec: str) -> tuple[Path, str]:
+def parse_stats_from(spec: str) -> tuple[Path | str, str]:
+    """``STORE::NAME`` → (the store: a path, or an object-store URL as it is; the set's name)."""
+    from ..storage.objstore import is_object_url
+
     if "::" not in spec:
         raise ValueError(f"--stats-from {spec!r}: expected STORE::NAME (e.g. train.zarr::vgg19.z)")
     path, name = spec.rsplit("::", 1)
     if not path or not name:
         raise ValueError(f"--stats-from {spec!r}: expected STORE::NAME (e.g. train.zarr::vgg19.z)")
-    return Path(path), name
+    return (path if is_object_url(path) else Path(path)), name
+
+
+def shown_spec(spec: str | None) -> str | None:
+    """``--stats-from`` as it may be recorded: an object-store URL without any ``user:password@``."""
+    from ..storage.objstore import is_object_url, public_url
+
+    if spec is None or "::" not in spec:
+        return spec
+    path, name = spec.rsplit("::", 1)
+    return f"{public_url(path)}::{name}" if is_object_url(path) else spec
 
 
 def output_name(features: str, name: str | None = None) -> str:
@@ -130,7 +143,7 @@ def load_stats(spec: str, parent: FeatureSet) -> Stats:
                          f"({_taps_text(theirs)} vs {_taps_text(mine)})")
     if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std >= 0)):
         raise StoreError(f"--stats-from {spec}: statistics contain non-finite or negative values")
-    return Stats(mean, std, count, f"{path}::{src.name}")
+    return Stats(mean, std, count, shown_spec(f"{path}::{src.name}"))
 
 
 def _taps_text(taps: Any) -> str:
@@ -182,7 +195,7 @@ def prepare(store: FeatureStore, features: str, *, split: str = "train", stats_f
     check_source(parent, allow_standardized=allow_standardized)
     out = output_name(features, name)
     attrs = derived.derived_attrs(parent, stage="standardize", split=None if stats_from else split,
-                                  stats_from=stats_from, ddof=0, zero_std="zero", precision="fp32")
+                                  stats_from=shown_spec(stats_from), ddof=0, zero_std="zero", precision="fp32")
     width = parent.shape[1]
     fs = derived.existing_matches(store, out, attrs, parent.shape, np.float32, parent.chunk_rows, overwrite)
     if fs is not None and fs.attrs.get("stats_ready"):
@@ -216,19 +229,18 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
                 stats_from: str | None = None, name: str | None = None, cluster: "ClusterSpec | str | None" = None,
                 overwrite: bool = False, allow_standardized: bool = False) -> derived.Result:
     """Standardize feature set ``features`` into ``<features>.z`` (or ``name``); see the module docstring."""
-    from ..cluster import cluster_client
+    from ..cluster import check_object_storage, cluster_client
 
     store = passes.open_store(store)
-    if store.remote and cluster:
-        raise StoreError(f"--cluster {cluster}: standardize on object storage ({store.path}) runs in this process "
-                         f"for now (issue 35); run it without --cluster")
-    with store.writer(output_name(features, name), stage="vsekit standardize"), cluster_client(cluster) as client:
+    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
+        cluster = check_object_storage(cluster, store.path, "standardize")
+    with store.writer(output_name(features, name), stage="vsekit standardize", multi=bool(cluster)), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
                                        overwrite=overwrite, client=client, pin=pin,
                                        allow_standardized=allow_standardized)
         try:
-            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs))]
+            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs), fs.target)]
             # the scan checked the values; each block is checked to come from the pinned parent
             written = passes.write_pass(parent, outputs, client, check=False, pin=pin)
             derived.copy_errors(parent, fs)

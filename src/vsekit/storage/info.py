@@ -164,8 +164,6 @@ def verify_store(store: FeatureStore, name: str | None = None, *, repair: bool =
     Returns the report text and whether every set is sound (after the repair, if asked: a repaired
     set is sound once its blocks are rewritten, which the text says how to do).
     """
-    from .lock import writer_lock
-
     names = [name] if name else store.feature_names()
     lines, ok = [], True
     for n in names:
@@ -177,7 +175,8 @@ def verify_store(store: FeatureStore, name: str | None = None, *, repair: bool =
         if not repair:
             ok = False
             continue
-        with writer_lock(store.path, n, stage="vsekit info --repair"):
+        # the set's one-writer guard: its lock file on disk, its lease on object storage
+        with store.writer(n, stage="vsekit info --repair"):
             count = integrity.repair(fs, report)
         from .remake import remake_command
 

@@ -33,9 +33,9 @@ from .base import StoreError
 
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("every `ingest`, `split`, `extract` (in-process, --cluster local:N, tcp://, slurm:N and sge:N), "
-                "`tokenize`, `standardize`, `discretize` and `fne` (in-process), `train`, `evaluate`, `embed`, "
-                "`report`, `info` (with --verify) and `export` (reading)")
+URL_COMMANDS = ("every `ingest`, `split`, `extract`, `tokenize`, `standardize`, `discretize` and `fne` (in-process, "
+                "--cluster local:N, tcp://, slurm:N, sge:N and pbs:N; tokenize also --workers N), `train`, `evaluate`, "
+                "`embed`, `report`, `info` (with --verify and --repair) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
@@ -305,14 +305,15 @@ class Objects:
             return {}, got[1]
 
 
-_CACHED: dict[str, Objects] = {}
+_CACHED: dict[tuple, Objects] = {}
 
 
-def objects_for(url: str) -> Objects:
-    """One :class:`Objects` per URL in this process (with the process's ``--storage-option`` values)."""
-    key = public_url(url)
+def objects_for(url: str, options: Mapping[str, str] | None = None) -> Objects:
+    """One :class:`Objects` per URL and options in this process (``options`` over the process's
+    ``--storage-option`` values; a dask task passes those its driver handed it)."""
+    key = (public_url(url), tuple(sorted((options or {}).items())))
     if key not in _CACHED:
-        _CACHED[key] = Objects(key)
+        _CACHED[key] = Objects(key[0], dict(options or {}))
     return _CACHED[key]
 
 
@@ -378,11 +379,12 @@ class SetLease:
     successful check, so a holder paused past its expiry never commits (``tests/test_objstore.py``).
     """
 
-    def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None):
+    def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None,
+                 token: str | None = None):
         self.objects, self.name, self.stage = objects, name, stage
         self.ttl = lease_ttl() if ttl is None else float(ttl)
         self.key = lease_key(name)
-        self.token = uuid.uuid4().hex
+        self.token = token or uuid.uuid4().hex   # one run's leases share its token (its tasks carry it)
         self.etag: str | None = None
         self.expires = 0.0
         self._lock = threading.Lock()

@@ -374,9 +374,12 @@ class FeatureStore:
         if multi:
             require_conditions(self.objects, f"{stage} with more than one writer")
         taken = []
+        # one token for the leases this run holds at once (its dask tasks carry it and commit any of its
+        # sets); a fresh one for a run that holds none, so tasks of an earlier run never commit for it
+        token = next(iter(self.leases.values())).token if self.leases else uuid.uuid4().hex
         try:
             for name in sorted(set(names) - set(self.leases)):   # sorted: two runs never deadlock
-                lease = SetLease(self.objects, name, stage).acquire()
+                lease = SetLease(self.objects, name, stage, token=token).acquire()
                 self.leases[name] = lease
                 taken.append(lease)
                 self.lease_token = lease.token

@@ -29,6 +29,7 @@ import numpy as np
 import zarr
 
 from ..storage.faults import point
+from ..storage.ref import StoreRef
 from ..storage.objstore import TOKENS_SWAP as SWAP_MARK   # on object storage: a swap to finish (`info` says so)
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
@@ -90,7 +91,8 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     """Tokenise every caption of ``store``, build the vocabulary, and write the ``tokens`` group.
 
     ``workers`` > 1 runs the count pass in that many processes; ``cluster`` (``local:N`` or
-    ``tcp://HOST:PORT``) runs it on dask instead. ``max_len`` counts ``<start>`` and ``<end>``.
+    ``tcp://HOST:PORT``) runs it on dask instead. On object storage both need a provider that
+    honours conditional writes (several processes write the staging objects under the run's lease). ``max_len`` counts ``<start>`` and ``<end>``.
     ``progress(done, total)`` is called after each chunk of captions.
     """
     if isinstance(store, FeatureStore):
@@ -98,10 +100,14 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
         store = FeatureStore.open(store.path, mode="r+", storage_options=options)
     else:
         store = FeatureStore.open(store, mode="r+")
-    if store.remote and (workers > 1 or cluster):
-        raise StoreError(f"{store.path}: tokenize on object storage counts in this process for now (issue 35); "
-                         f"run it without --workers and --cluster")
-    with store.writer("tokens", stage="vsekit tokenize"):
+    if store.remote and cluster:   # its tasks open the URL with the options handed to them (storage/ref.py)
+        from ..cluster import check_object_storage
+
+        cluster = check_object_storage(cluster, store.path, "tokenize")
+    if store.remote and workers > 1 and store.path.startswith("memory://"):
+        raise StoreError(f"--workers {workers}: a memory:// store lives in this process only, where no worker "
+                         f"process can reach it; run without --workers")
+    with store.writer("tokens", stage="vsekit tokenize", multi=bool(cluster) or workers > 1):
         return _tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
                          lowercase=lowercase, bos_eos=bos_eos, max_len=max_len, workers=workers,
                          cluster=cluster, chunk_captions=chunk_captions, chunk_tokens=chunk_tokens,
@@ -138,8 +144,12 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
     staging.create_group("stage")
     bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
     codes = [split_code(s) for s in splits]
-    # workers may run elsewhere (same shared filesystem); on object storage the tasks run here, on its zarr store
-    where = store.root.store if store.remote else str(Path(store.path).resolve())
+    # workers may run elsewhere (same shared filesystem); on object storage tasks in other processes open
+    # the URL with the options and the lease token they carry (storage/ref.py), in-process ones use its zarr store
+    if not store.remote:
+        where: Any = str(Path(store.path).resolve())
+    else:
+        where = StoreRef.of(store) if cluster or workers > 1 else store.root.store
     tasks = [{"store": where, "index": i, "start": a, "stop": b, "codes": codes, **settings}
              for i, (a, b) in enumerate(bounds)]
 
@@ -193,8 +203,13 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
 
 # pass 1: count (runs in worker processes) ---------------------------------------------------------
 def count_chunk(task: dict[str, Any]) -> dict[str, Any]:
-    """Tokenise captions ``[start, stop)``; stage their local ids; return word counts and stats."""
-    root = zarr.open_group(task["store"], mode="r+", zarr_format=3)
+    """Tokenise captions ``[start, stop)``; stage their local ids; return word counts and stats.
+
+    On object storage a task in another process stages its ids only while its driver holds the
+    ``tokens`` lease (it may have been handed out by a run that has since stopped)."""
+    ref = task["store"] if isinstance(task["store"], StoreRef) else None
+    store = ref.open() if ref is not None else None
+    root = store.root if store is not None else zarr.open_group(task["store"], mode="r+", zarr_format=3)
     start, stop = task["start"], task["stop"]
     texts = root["captions/text"][start:stop]
     owners = np.asarray(root["captions/image"][start:stop], dtype=np.int64)
@@ -222,6 +237,8 @@ def count_chunk(task: dict[str, Any]) -> dict[str, Any]:
     local = {w: i for i, w in enumerate(dict.fromkeys(kept_words))}   # first-appearance order
     local_ids = list(map(local.__getitem__, kept_words))
 
+    if store is not None and store.remote:
+        store.check_lease("tokens")
     g = root[f"{STAGING}/stage"].create_group(f"{task['index']:06d}", overwrite=True)
     g.attrs["words"] = list(local)
     for name, values in (("ids", np.asarray(local_ids, dtype=np.int32)), ("lengths", lengths)):
