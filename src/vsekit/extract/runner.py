@@ -175,13 +175,14 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
     # object storage: the workers get the storage options with their tasks (in memory over dask's
-    # connection) and the rest of the credentials from their own environment (sbatch and qsub -V pass
-    # the submitter's); nothing is written into a job script. A job array has no driver to hand them
-    # over and its block leases are files: refused there.
-    if store.remote and cluster is not None and (array or cluster.kind not in ("local", "tcp", "slurm", "sge")):
+    # connection; a job array's tasks in the environment of the sbatch / qsub process only, see
+    # extract/array.py) and the rest of the credentials from their own environment (sbatch and qsub -V
+    # pass the submitter's); nothing is written into a job script.
+    served = ("local", "tcp", "slurm", "sge", "slurm-array", "sge-array")
+    if store.remote and cluster is not None and cluster.kind not in served:
         raise StoreError(f"--cluster {cluster}: extraction into a store on object storage ({store.path}) runs "
-                         f"in-process or on --cluster local:N / tcp:// / slurm:N / sge:N for now (issue 35); "
-                         f"run it with one of those")
+                         f"in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / slurm-array:N / "
+                         f"sge-array:N for now (issue 35); run it with one of those")
     if store.remote and cluster is not None and store.path.startswith("memory://"):
         raise StoreError(f"--cluster {cluster}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --cluster")
