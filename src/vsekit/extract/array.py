@@ -199,7 +199,7 @@ def _hand_set_lease(store: FeatureStore, name: str, token: str, job_id: str | No
     """Object storage: rewrite the set's lease (held by this process) as the array's (compare-and-swap)."""
     store.leases[name].hand_over(token, {
         "pid": 0, "host": None, "array_job": job_id, "array_scheduler": scheduler,
-        "stage": f"vsekit extract --cluster {scheduler}-array (job {job_id or 'being submitted'})"})
+        "stage": f"vsekit extract --cluster {scheduler}-array:N"})
 
 
 def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None, scheduler: str = "slurm") -> dict:

@@ -193,9 +193,9 @@ def place(store, name: str) -> DiskArray | ObjectArray:
 
 def local_dir(name: str) -> Path:
     """Job scripts and task logs of an array on object storage (no store folder to hold them):
-    ``vsekit-arrays/NAME`` under the directory the command runs in, which SLURM's ``sbatch`` and Grid
-    Engine's ``qsub -cwd`` make the jobs' working directory too (a cluster's shared home or project
-    folder); the cluster setting ``log_directory`` chooses another."""
+    ``vsekit-arrays/NAME`` under the directory the command runs in (an absolute path: the folder
+    ``sbatch`` also makes the tasks' working directory; on a cluster, a shared home or project folder
+    that the nodes reach, as they must reach ``log_directory``, which chooses another)."""
     return Path.cwd() / "vsekit-arrays" / re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 

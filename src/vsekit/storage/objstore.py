@@ -471,15 +471,15 @@ def holder_live(info: Mapping[str, Any]) -> str | None:
 
         job, scheduler = info.get("array_job"), str(info.get("array_scheduler"))
         label = LABELS.get(scheduler, scheduler)
-        held = (f"{label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')}); "
-                f"wait for it to end, or cancel it ({'qdel' if scheduler == 'sge' else 'scancel'} {job})")
-        if left > 0:
-            return held
+        who = f"{label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
         alive = job_alive(job, scheduler)
         if alive is True:
-            return held
+            return f"{who}; wait for it to end, or cancel it ({'qdel' if scheduler == 'sge' else 'scancel'} {job})"
+        if left > 0:   # even once the job has left the queue: a task still running would be renewing it
+            ended = "its job has ended and " if alive is False else ""
+            return f"{who}; {ended}its lease expires in {left:.0f} s: rerun then"
         if alive is None and -left < float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)):
-            return (f"{held}; {'qstat' if scheduler == 'sge' else 'squeue'} cannot answer here, so its lease is "
+            return (f"{who}; {'qstat' if scheduler == 'sge' else 'squeue'} cannot answer here, so its lease is "
                     f"kept until {STALE_ENV}={os.environ.get(STALE_ENV, DEFAULT_STALE_S)} s past its expiry")
         return None
     if left > 0 and not _dead_here(info):
