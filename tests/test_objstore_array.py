@@ -378,3 +378,38 @@ def test_a_grid_engine_array_into_s3_equals_disk_and_leaks_no_storage_option(
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
     _leaks_nothing(s3, [tmp_path])
+
+
+@pytest.mark.slow
+def test_a_task_killed_between_its_record_and_its_status_loses_nothing_and_commits_nothing_twice(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """A task (a process, as the scheduler starts it) dies right after its first commit record, before
+    that block's status; another task finds the block pending, takes its expired lease, restores the
+    status from the record instead of extracting it again, and completes the set."""
+    import subprocess
+
+    from vsekit.extract.array import work
+    from vsekit.extract import extract
+    from vsekit.storage import objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, VSEKIT_FAULT="write_block:status@1", SLURM_ARRAY_TASK_ID="0", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "vsekit.extract.array", url, NAME], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 137, proc.stderr
+    [block] = _records_per_block(s3)                                   # its record, and no status
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts()["done"] == 0
+    record = objcommit.read_record(fs, block)
+    assert work(url, task=1, name=NAME) == 0
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert objcommit.read_record(fs, block) == record                  # kept: the block was not redone
