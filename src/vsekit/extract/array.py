@@ -23,6 +23,14 @@ pending (:mod:`vsekit.interrupts`; a commit under way finishes first). Each task
 points ``array-task-K:start`` and ``array-task-K:claimed`` (:mod:`vsekit.storage.faults`), where
 tests hold or kill a given task. Running the same command again after the array has ended submits a new array for the
 blocks still pending, or reports the set done.
+
+On object storage (``--store s3://...``) the spec, the block leases (:mod:`vsekit.storage.objleases`),
+the failure reasons and the merge lease are objects of the store (:func:`vsekit.storage.job_arrays.place`),
+the set's lease object is handed to the array instead of the lock file (:func:`_hand_set_lease`; the
+tasks renew it together, :class:`~vsekit.storage.objstore.ArrayLease`), each task runs
+``python -m vsekit.extract.array URL NAME``, and the ``--storage-option`` values reach it in the
+environment of the sbatch / qsub process only (:data:`OPTIONS_ENV`). Job scripts and logs stay in a
+local folder (:func:`vsekit.storage.job_arrays.local_dir`). docs/store.md, "Job arrays on object storage".
 """
 
 from __future__ import annotations
