@@ -143,11 +143,12 @@ def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3,
 def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
     url = s3.url()
     assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
-    for cluster in ("slurm-array:2", "lsf:2", "htcondor:2"):   # slurm:N, sge:N (tests/test_objstore_slurm.py) and pbs:N (tests/test_pbs_local.py) serve it
+    for cluster in ("lsf:2", "htcondor:2"):   # slurm:N, sge:N, their arrays (tests/test_objstore_slurm.py, test_objstore_array.py) and pbs:N (tests/test_pbs_local.py) serve it
         r = _run(["extract", "--store", url, *FAST, "--cluster", cluster])
         errors = _errors(r.output)
         assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
-        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N" in errors[0] and url in errors[0]
+        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N / slurm-array:N" in errors[0]
+        assert url in errors[0]
     assert not [k for k in s3.keys() if "/features/" in k]
 
 

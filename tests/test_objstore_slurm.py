@@ -1,7 +1,7 @@
 """`extract --cluster slurm:N` (and `sge:N`) into an ``s3://`` store (issue 35), on a throw-away
 one-node SLURM (Grid Engine) and the local S3 server: the jobs get the storage options with their tasks (in memory, over dask's
 connection), so nothing secret is written into a job script, a job log or SLURM's own files, and the
-extraction equals the one on disk bit for bit. Job arrays stay refused on object storage."""
+extraction equals the one on disk bit for bit. Job arrays on object storage: tests/test_objstore_array.py."""
 
 from __future__ import annotations
 
@@ -110,18 +110,19 @@ def test_grid_engine_jobs_get_the_storage_options_with_their_tasks_and_write_wha
     _extract_equals_disk_and_leaks_nothing(s3, url, "sge:2", reference, [tmp_path / "jobs"])
 
 
-def test_a_job_array_on_object_storage_is_refused_in_one_line(s3, demo_dir):
+def test_a_cluster_that_does_not_serve_object_storage_is_refused_in_one_line(s3, demo_dir):
     from click.testing import CliRunner
 
     from vsekit.cli import main
 
     url = _ingest(s3, demo_dir)
-    for cluster in ("slurm-array:2", "sge-array:2", "lsf:2"):   # pbs:N: tests/test_pbs_local.py
+    for cluster in ("lsf:2",):   # job arrays: tests/test_objstore_array.py; pbs:N: tests/test_pbs_local.py
         r = CliRunner().invoke(main, ["extract", "--store", url, "--model", "test_resnet", "--weights", "none",
                                       "--no-progress", "--cluster", cluster])
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
         assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
-        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N" in errors[0] and url in errors[0]
+        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N / slurm-array:N" in errors[0]
+        assert url in errors[0]
     assert not [k for k in s3.keys() if "/features/" in k]
 
 

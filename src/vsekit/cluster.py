@@ -681,14 +681,18 @@ def _quiet_job_logs() -> None:
 
 # --- object storage ---------------------------------------------------------------------------------
 #: the executors that serve a store on object storage: their tasks open the URL with the storage
-#: options handed to them in memory, over dask's connection (storage/ref.py). Job arrays have no
-#: driver to hand them over; lsf and htcondor are untested (pbs: on a stand-in, tests/test_pbs_local.py).
+#: options handed to them in memory, over dask's connection (storage/ref.py); lsf and htcondor are
+#: untested (pbs: on a stand-in, tests/test_pbs_local.py).
 OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs")
+#: job arrays on object storage: extraction only (their tasks' leases and spec are objects there)
+OBJECT_STORAGE_ARRAYS = ("slurm-array", "sge-array")
 
 
-def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) -> "ClusterSpec | None":
+def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str,
+                         arrays: bool = False) -> "ClusterSpec | None":
     """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
-    line, where its workers cannot reach that store; returns the parsed spec."""
+    line, where its workers cannot reach that store; returns the parsed spec. ``arrays``: the stage
+    serves ``slurm-array:N`` / ``sge-array:N`` there (extraction: extract/array.py)."""
     from .storage.base import StoreError
 
     spec = parse_cluster(spec)
@@ -697,10 +701,11 @@ def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str) 
     if url.startswith("memory://"):
         raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --cluster")
-    if spec.is_array or spec.kind not in OBJECT_STORAGE_KINDS:
+    served = OBJECT_STORAGE_KINDS + (OBJECT_STORAGE_ARRAYS if arrays else ())
+    if spec.kind not in served:
+        kinds = " / ".join(("tcp://" if k == "tcp" else f"{k}:N") for k in served)
         raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
-                         f"on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N for now (issue 35); run it "
-                         f"with one of those")
+                         f"on --cluster {kinds} for now (issue 35); run it with one of those")
     return spec
 
 

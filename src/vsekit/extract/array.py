@@ -23,6 +23,14 @@ pending (:mod:`vsekit.interrupts`; a commit under way finishes first). Each task
 points ``array-task-K:start`` and ``array-task-K:claimed`` (:mod:`vsekit.storage.faults`), where
 tests hold or kill a given task. Running the same command again after the array has ended submits a new array for the
 blocks still pending, or reports the set done.
+
+On object storage (``--store s3://...``) the spec, the block leases (:mod:`vsekit.storage.objleases`),
+the failure reasons and the merge lease are objects of the store (:func:`vsekit.storage.job_arrays.place`),
+the set's lease object is handed to the array instead of the lock file (:func:`_hand_set_lease`; the
+tasks renew it together, :class:`~vsekit.storage.objstore.ArrayLease`), each task runs
+``python -m vsekit.extract.array URL NAME``, and the ``--storage-option`` values reach it in the
+environment of the sbatch / qsub process only (:data:`OPTIONS_ENV`). Job scripts and logs stay in a
+local folder (:func:`vsekit.storage.job_arrays.local_dir`). docs/store.md, "Job arrays on object storage".
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -43,12 +52,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..interrupts import Interrupted, handling
 from ..storage import job_arrays as arrays
 from ..storage.faults import point
-from ..storage.leases import Lease, LeaseDir, default_ttl, owner_record
+from ..storage.leases import Lease, default_ttl, owner_record
 from ..storage.lock import lock_path
-from ..storage.store import Block, FeatureSet, FeatureStore
+from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .rows import commit, compute_block
 
 SBATCH_TIMEOUT_S = 60
@@ -158,14 +169,45 @@ def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: in
     return _script_end(lines, "#$", settings, spec_file)
 
 
-def _script_end(lines: list[str], directive: str, settings: dict, spec_file: Path) -> str:
+def _script_end(lines: list[str], directive: str, settings: dict, spec_file: "Path | str") -> str:
     """An array script's end, the same for every scheduler: the site's extra directives and prologue,
-    then each task runs ``vsekit.extract.array`` on the spec."""
+    then each task runs ``vsekit.extract.array`` on the spec (``spec_file``: its path, or for a store
+    on object storage ``URL NAME``, :func:`task_args`)."""
     lines = [*lines, *(f"{directive} {x}" for x in settings.get("job_extra") or []),
              *(str(x) for x in settings.get("prologue") or [])]
     python = settings.get("python") or sys.executable
     lines.append(f"exec {python} -m vsekit.extract.array {spec_file}")
     return "\n".join(lines) + "\n"
+
+
+def task_args(store: FeatureStore, name: str, spec_file: Path | None) -> str:
+    """What the job script gives ``python -m vsekit.extract.array``: the spec file on a disk; on
+    object storage the store's URL (without credentials) and the set's name (the spec is an object)."""
+    if not store.remote:
+        return str(spec_file)
+    return f"{shlex.quote(store.path)} {shlex.quote(name)}"
+
+
+#: how an array on object storage gets this command's ``--storage-option`` values: in the environment
+#: of the sbatch / qsub process only (the scheduler passes it to the tasks: sbatch's default
+#: ``--export=ALL``, Grid Engine's ``-V``), never in the spec object, the job script, a log or the store;
+#: each task takes it out of its environment at once (:func:`_take_storage_options`)
+OPTIONS_ENV = "VSEKIT_ARRAY_STORAGE_OPTIONS"
+
+
+def _take_storage_options() -> None:
+    from ..storage.objstore import DEFAULT_OPTIONS
+
+    raw = os.environ.pop(OPTIONS_ENV, None)
+    if raw:
+        DEFAULT_OPTIONS.update({str(k): str(v) for k, v in json.loads(raw).items()})
+
+
+def _hand_set_lease(store: FeatureStore, name: str, token: str, job_id: str | None, scheduler: str) -> None:
+    """Object storage: rewrite the set's lease (held by this process) as the array's (compare-and-swap)."""
+    store.leases[name].hand_over(token, {
+        "pid": 0, "host": None, "array_job": job_id, "array_scheduler": scheduler,
+        "stage": f"vsekit extract --cluster {scheduler}-array:N"})
 
 
 def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None, scheduler: str = "slurm") -> dict:
@@ -191,8 +233,9 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     scheduler = ARRAY_KINDS[cluster.kind]
     label, tool, flags, _ = SUBMIT[scheduler]
     device = job.run.device
+    where = arrays.place(store, fs.name)
     if fresh:
-        arrays.remove(store.path, fs.name)
+        where.remove()
     settings = {k: v for k, v in cluster.settings.items() if k in ARRAY_KEYS}
     if str(device) != "cpu" and array_gpus(settings, device) == 0:   # no silent CPU
         line = (f"--device {device} on --cluster {cluster}: the array tasks ask for no GPU, so they run "
@@ -210,8 +253,9 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     if sbatch is None:
         raise ValueError(f"--cluster {cluster.kind}:{tasks}: `{tool}` is not on the PATH; run vsekit where "
                          f"{label} jobs can be submitted (a login node)")
-    adir = arrays.array_dir(store.path, fs.name)
-    shutil.rmtree(adir / "leases", ignore_errors=True)  # a previous array has ended: we hold the lock
+    where.clear_leases()   # a previous array has ended: we hold the set's lock (or lease)
+    # scripts and logs: in the store's folder on a disk; a local folder for a store on object storage
+    adir = arrays.local_dir(fs.name) if store.remote else arrays.array_dir(store.path, fs.name)
     log_dir = Path(settings.get("log_directory") or adir / "logs").absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
@@ -219,12 +263,20 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     spec_file = adir / "spec.json"
     script = adir / f"job-{time.strftime('%Y%m%d-%H%M%S')}.sh"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(job_script(spec_file, fs.name, tasks, settings, device, log_dir, scheduler))
-    arrays.write_json(spec_file, spec)
-    before = _hand_lock(store.path, fs.name, token, None, scheduler)
+    script.write_text(job_script(task_args(store, fs.name, spec_file), fs.name, tasks, settings, device, log_dir,
+                                 scheduler))
+    where.write_spec(spec)
+    env = None
+    if store.remote:
+        own_token = store.leases[fs.name].token
+        _hand_set_lease(store, fs.name, token, None, scheduler)
+        if job.storage_options:   # for the sbatch / qsub process only: see OPTIONS_ENV
+            env = dict(os.environ, **{OPTIONS_ENV: json.dumps(job.storage_options)})
+    else:
+        before = _hand_lock(store.path, fs.name, token, None, scheduler)
     try:
         out = subprocess.run([sbatch, *flags, str(script)], capture_output=True, text=True,
-                             timeout=SBATCH_TIMEOUT_S)
+                             timeout=SBATCH_TIMEOUT_S, env=env)
         if out.returncode != 0:
             why = " ".join(ln for ln in (out.stderr or out.stdout).split("\n") if ln.strip() != "Exiting.")
             why = " ".join(why.split()) or f"exit status {out.returncode}"
@@ -232,15 +284,22 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
         # sbatch --parsable: ID[;CLUSTER]; qsub -terse for an array: ID.1-N:1
         job_id = out.stdout.strip().split(";")[0].split(".")[0]
     except BaseException as exc:
-        arrays.write_json(lock_path(store.path, fs.name), before)  # the caller releases it as usual
-        spec_file.unlink(missing_ok=True)
+        if store.remote:   # the lease back to this run, which releases it as usual
+            with contextlib.suppress(StoreError):
+                store.leases[fs.name].hand_over(own_token, {}, handed=False)
+        else:
+            arrays.write_json(lock_path(store.path, fs.name), before)  # the caller releases it as usual
+        where.drop_spec()
         script.unlink(missing_ok=True)
         if isinstance(exc, subprocess.TimeoutExpired):
             raise ValueError(f"--cluster {cluster.kind}:{tasks}: {tool} did not answer in {SBATCH_TIMEOUT_S}s") from None
         raise
     spec["job_id"] = job_id
-    arrays.write_json(spec_file, spec)
-    _hand_lock(store.path, fs.name, token, job_id, scheduler)
+    where.write_spec(spec)
+    if store.remote:
+        _hand_set_lease(store, fs.name, token, job_id, scheduler)
+    else:
+        _hand_lock(store.path, fs.name, token, job_id, scheduler)
     result.job_id, result.log_dir = job_id, str(log_dir)
     return result
 
@@ -248,7 +307,7 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
 def task_spec(store: FeatureStore, fs: FeatureSet, job, tasks: int, token: str) -> dict:
     """What every array task reads: the set, its plan and the whole Execution (``run``: every field,
     each task resolves it on its node, :func:`task_execution`)."""
-    return {"store": str(Path(store.path).resolve()), "name": fs.name, "plan": job.plan.to_dict(),
+    return {"store": store.path if store.remote else str(Path(store.path).resolve()), "name": fs.name, "plan": job.plan.to_dict(),
             "run": dataclasses.asdict(job.run), "tasks": tasks, "ttl": default_ttl(),
             "config_hash": fs.attrs.get("config_hash"), "lock_token": token, "job_id": None,
             "submitted": time.time()}
@@ -279,14 +338,17 @@ class LockLost(Exception):
 
 
 class Renewer:
-    """A daemon thread that renews the lease in progress and refreshes the set's writer lock."""
+    """A daemon thread that renews the lease in progress and refreshes the set's writer lock (on a
+    disk: touches ``lock_file`` every minute; on object storage: ``refresh``, the array's set lease,
+    every ``refresh_every`` seconds)."""
 
-    def __init__(self, leases: LeaseDir, lock_file: Path):
+    def __init__(self, leases, lock_file: Path | None = None, refresh=None, refresh_every: float = 60.0):
         self.leases, self.lock_file = leases, lock_file
+        self.refresh, self.refresh_every = refresh, refresh_every
         self.current: Lease | None = None
         self.mutex = threading.Lock()
         self.stop = threading.Event()
-        self.every = max(0.05, min(leases.ttl / 4, 60.0))
+        self.every = max(0.05, min(leases.ttl / 4, refresh_every / 2, 60.0))
         self.thread = threading.Thread(target=self._run, name="vsekit-lease", daemon=True)
         self.thread.start()
 
@@ -297,9 +359,9 @@ class Renewer:
                 if self.current is not None:
                     with contextlib.suppress(OSError):
                         self.leases.renew(self.current)
-            if time.time() - last_lock > 60:
-                with contextlib.suppress(OSError):
-                    os.utime(self.lock_file)
+            if time.time() - last_lock > self.refresh_every:
+                with contextlib.suppress(OSError, StoreError):   # a lost set lease: the next commit sees it
+                    self.refresh() if self.refresh is not None else os.utime(self.lock_file)
                 last_lock = time.time()
 
     def hold(self, lease: Lease | None) -> None:
@@ -316,7 +378,7 @@ class Renewer:
 class Claimer:
     """The next block for this task: pending, leased by it, and (re-checked) still pending."""
 
-    def __init__(self, fs: FeatureSet, leases: LeaseDir, task: int, tasks: int):
+    def __init__(self, fs: FeatureSet, leases, task: int, tasks: int):
         self.fs, self.leases, self.task, self.tasks = fs, leases, task, max(1, tasks)
         self.blocks = fs.blocks()
         self.queue: list[Block] = []
@@ -339,7 +401,7 @@ class Claimer:
                 lease = self.leases.claim(b.index)
                 if lease is None:
                     continue
-                if self.fs.block_done(b):     # finished since this round's read
+                if self.fs.block_done(b) or _restored(self.fs, b):   # finished since this round's read
                     self.leases.release(lease)
                     continue
                 return lease, b
@@ -348,15 +410,38 @@ class Claimer:
                 time.sleep(min(5.0, max(0.2, self.leases.ttl / 10)))
 
 
+def _restored(fs: FeatureSet, block: Block) -> bool:
+    """Object storage: a block with a commit record whose status was not written (a task killed
+    between the two) gets its status from the record, and is done (:func:`objcommit.reconcile`)."""
+    if not fs.store.remote:
+        return False
+    from ..storage import objcommit
+
+    rec = objcommit.read_record(fs, block.index)
+    if rec is None:
+        return False
+    fs.status[block.start:block.stop] = np.asarray(rec.get("status", []), dtype=np.uint8)
+    say(f"block {block.index}: committed by an earlier task, its status restored from its commit record")
+    return True
+
+
 class LeaseGuard:
     """An array task may write a block while it holds the block's lease, the block is still pending,
-    and the array still holds the set's writer lock (the spec's token)."""
+    and the array still holds the set's writer lock (the spec's token; on object storage the set's
+    lease, :class:`~vsekit.storage.objstore.ArrayLease`, checked again before the commit record)."""
 
-    def __init__(self, leases: LeaseDir, lease: Lease, spec: dict | None = None):
-        self.leases, self.lease, self.spec = leases, lease, spec
+    def __init__(self, leases, lease, spec: dict | None = None, set_lease=None):
+        self.leases, self.lease, self.spec, self.set_lease = leases, lease, spec, set_lease
 
     def refuses(self, fs: FeatureSet, block: Block) -> str | None:
-        if self.spec is not None and not _holds_lock(self.spec):
+        if self.set_lease is not None:
+            from ..storage.objstore import LeaseLost
+
+            try:
+                self.set_lease.check()
+            except LeaseLost as exc:
+                raise LockLost(str(exc)) from None
+        elif self.spec is not None and not _holds_lock(self.spec):
             raise LockLost(f"the writer lock of {fs.name!r} is no longer this array's (broken by another run?)")
         self.leases.renew(self.lease)
         if not self.leases.held(self.lease):
@@ -367,29 +452,28 @@ class LeaseGuard:
 
     def write(self, fs: FeatureSet, buf) -> None:
         if buf.errors:   # a file of their own: one task at a time merges them into the attrs
-            arrays.write_json(arrays.array_dir(fs.store.path, fs.name) / "errors" / f"b{buf.block.index:06d}.json",
-                              {str(k): v for k, v in buf.errors.items()})
+            arrays.place(fs.store, fs.name).write_errors(buf.block.index, {str(k): v for k, v in buf.errors.items()})
         buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
 
 
 def merge_errors(fs: FeatureSet) -> int:
     """Move the failure reasons the tasks wrote into the set's attrs (one merger at a time)."""
-    edir = arrays.array_dir(fs.store.path, fs.name) / "errors"
-    files = sorted(edir.glob("b*.json")) if edir.is_dir() else []
+    where = arrays.place(fs.store, fs.name)
+    files = where.error_files()
     if not files:
         return 0
-    guard = LeaseDir(edir.parent / "merge", ttl=120)
+    guard = where.merge_leases()
     lease = guard.claim(0)
     if lease is None:
         return 0
     try:
+        files = where.error_files()   # under the lease: what no other merger took meanwhile
         merged: dict[int, str] = {}
-        for f in files:
-            with contextlib.suppress(OSError, ValueError):
-                merged.update({int(k): v for k, v in json.loads(f.read_text()).items()})
-        fs.record_errors(merged)
-        for f in files:
-            f.unlink(missing_ok=True)
+        for _, reasons in files:
+            with contextlib.suppress(ValueError):
+                merged.update({int(k): v for k, v in reasons.items()})
+        fs.store.features(fs.name).record_errors(merged)   # the attrs as they are now, not as this task opened them
+        where.drop_errors([f for f, _ in files])
         return len(merged)
     finally:
         guard.release(lease)
@@ -400,7 +484,7 @@ def record_notes(fs: FeatureSet, notes) -> None:
     at a time, through the same lease as the failure reasons)."""
     if not notes:
         return
-    guard = LeaseDir(arrays.array_dir(fs.store.path, fs.name) / "merge", ttl=120)
+    guard = arrays.place(fs.store, fs.name).merge_leases()
     for _ in range(50):
         lease = guard.claim(0)
         if lease is not None:
@@ -421,22 +505,48 @@ def _holds_lock(spec: dict) -> bool:
     return info.get("token") == spec["lock_token"]
 
 
-def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
-    """One array task: claim, extract and commit pending blocks until none is left; the exit status."""
+def _open_remote(url: str, name: str) -> tuple[FeatureStore, dict | None]:
+    """An array task on object storage: the store (this command's storage options from the
+    environment, :data:`OPTIONS_ENV`, over the standard AWS_* ones) and the spec object."""
+    _take_storage_options()
+    store = FeatureStore.open(url, mode="r+")
+    return store, arrays.place(store, name).read_spec()
+
+
+def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None = None) -> int:
+    """One array task: claim, extract and commit pending blocks until none is left; the exit status.
+    ``spec_file``: the spec's path; or, for a store on object storage, the store's URL and ``name``
+    the set's (the spec is an object of the store)."""
+    from ..storage.objstore import ArrayLease, LeaseLost, is_object_url
     from .job import Job, Site
     from .plan import Plan
 
-    spec = json.loads(Path(spec_file).read_text())
     if task is None:   # SLURM counts tasks from 0, Grid Engine's -t 1-N from 1
         sge = os.environ.get("SGE_TASK_ID", "")
         task = int(os.environ["SLURM_ARRAY_TASK_ID"]) if "SLURM_ARRAY_TASK_ID" in os.environ else (
             int(sge) - 1 if sge.isdigit() else 0)
-    store = FeatureStore.open(spec["store"], mode="r+")
+    set_lease = None
+    if is_object_url(str(spec_file)):
+        store, spec = _open_remote(str(spec_file), str(name))
+        if spec is None:
+            say(f"no job array spec for {name!r} in {store.path}; stopping")
+            return 2
+        set_lease = ArrayLease(store.objects, spec["name"], spec["lock_token"])
+        try:
+            set_lease.renew()
+        except LeaseLost as exc:
+            say(f"{exc}; stopping")
+            return 2
+        store.leases[spec["name"]] = set_lease   # every commit record checks it (FeatureStore.check_lease)
+        store.lease_token = spec["lock_token"]
+    else:
+        spec = json.loads(Path(spec_file).read_text())
+        store = FeatureStore.open(spec["store"], mode="r+")
     fs = store.features(spec["name"])
     if fs.attrs.get("config_hash") != spec["config_hash"]:
         say(f"{spec['name']!r} has other settings now (config_hash {fs.attrs.get('config_hash')}); stopping")
         return 2
-    if not _holds_lock(spec):
+    if set_lease is None and not _holds_lock(spec):
         say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
         return 2
     cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("NSLOTS") or "1"   # NSLOTS: Grid Engine's slots
@@ -447,8 +557,11 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
         say(f"note: {line}")
     record_notes(fs, resolved.notes)
     job = Job(spec["store"], spec["name"], Plan.from_dict(spec["plan"]), run, site=Site("array"))
-    leases = arrays.lease_dir(spec["store"], spec["name"], ttl=spec["ttl"], owner=owner_record())
-    renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
+    leases = arrays.place(store, spec["name"]).leases(ttl=spec["ttl"], owner=owner_record())
+    if set_lease is not None:
+        renewer = Renewer(leases, refresh=set_lease.renew, refresh_every=set_lease.ttl / 3)
+    else:
+        renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
     committed, dropped = 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
         f"device {device}, {workers} decoding processes, {spec['name']!r}")
@@ -468,7 +581,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
                 point(f"array-task-{task}:claimed")
                 buf = compute_block(job, block, store=store, resolved=resolved)
                 with signals.deferred():
-                    why = commit(fs, buf, LeaseGuard(leases, lease, spec))
+                    why = commit(fs, buf, LeaseGuard(leases, lease, spec, set_lease))
                     if why is None:
                         committed += 1
                         say(f"committed block {block.index} (rows {block.start}-{block.stop - 1}), decoded by "
@@ -477,7 +590,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
                         dropped += 1
                         say(f"block {block.index} not committed: {why}")
                     renewer.release()
-    except LockLost as exc:
+    except (LockLost, LeaseLost) as exc:
         say(f"{exc}; stopping without committing")
         return 2
     except Interrupted as exc:
@@ -496,10 +609,11 @@ def work(spec_file: str | os.PathLike, task: int | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m vsekit.extract.array SPEC.json (run by the job array)", file=sys.stderr)
+    if len(args) not in (1, 2):
+        print("usage: python -m vsekit.extract.array SPEC.json | STORE_URL NAME (run by the job array)",
+              file=sys.stderr)
         return 2
-    return work(args[0])
+    return work(args[0], name=args[1] if len(args) == 2 else None)
 
 
 if __name__ == "__main__":   # run the imported module's functions, not this __main__ copy's

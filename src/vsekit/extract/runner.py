@@ -175,11 +175,11 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     extra = region_arrays(plan) if opts.kind == "regions" else None
     array = cluster is not None and cluster.is_array
     # object storage: the workers get the storage options with their tasks (in memory over dask's
-    # connection) and the rest of the credentials from their own environment (sbatch and qsub -V pass
-    # the submitter's); nothing is written into a job script. A job array has no driver to hand them
-    # over and its block leases are files: refused there.
+    # connection; a job array's tasks in the environment of the sbatch / qsub process only, see
+    # extract/array.py) and the rest of the credentials from their own environment (sbatch and qsub -V
+    # pass the submitter's); nothing is written into a job script.
     if store.remote:
-        check_object_storage(cluster, store.path, "extraction")
+        check_object_storage(cluster, store.path, "extraction", arrays=True)
     with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
         existed = store.has_features(name) and not run.overwrite

@@ -13,6 +13,12 @@
 
 While the array runs it holds the set's writer lock (:mod:`vsekit.storage.lock`): the lock file
 names the array's job id, and it is stale once ``squeue`` no longer lists that job.
+
+On object storage the same things are objects under ``.vsekit/arrays/NAME/`` in the store (the spec,
+``leases/bNNNNNN.json`` of :mod:`vsekit.storage.objleases`, ``errors/``, ``merge/``), the set's lease
+object (:class:`vsekit.storage.objstore.SetLease`) is handed to the array, and the job scripts and
+logs stay in a local folder (:func:`local_dir`). :func:`place` gives either kind of store through
+one interface (:class:`DiskArray`, :class:`ObjectArray`), so the tasks' code is the same.
 """
 
 from __future__ import annotations
@@ -65,6 +71,132 @@ def remove(store_path: str | os.PathLike, name: str) -> None:
 
 
 LABELS = {"slurm": "SLURM", "sge": "Grid Engine"}
+
+
+# --- where an array keeps its state: a folder, or objects -----------------------------------------
+class DiskArray:
+    """An array's state in ``STORE/.vsekit/arrays/NAME/`` on a POSIX disk."""
+
+    remote = False
+
+    def __init__(self, store_path: str | os.PathLike, name: str):
+        self.store_path, self.name = store_path, name
+        self.dir = array_dir(store_path, name)
+
+    def read_spec(self) -> dict | None:
+        return read_spec(self.store_path, self.name)
+
+    def write_spec(self, spec: dict) -> None:
+        write_json(self.dir / "spec.json", spec)
+
+    def drop_spec(self) -> None:
+        (self.dir / "spec.json").unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        remove(self.store_path, self.name)
+
+    def clear_leases(self) -> None:
+        shutil.rmtree(self.dir / "leases", ignore_errors=True)
+
+    def leases(self, ttl: float | None = None, owner: dict | None = None) -> LeaseDir:
+        return lease_dir(self.store_path, self.name, ttl=ttl, owner=owner)
+
+    def merge_leases(self) -> LeaseDir:
+        return LeaseDir(self.dir / "merge", ttl=120)
+
+    def write_errors(self, index: int, errors: dict) -> None:
+        write_json(self.dir / "errors" / f"b{int(index):06d}.json", errors)
+
+    def error_files(self) -> list[tuple[Any, dict]]:
+        """(handle, reasons) of each block's failure-reasons file not yet merged."""
+        edir = self.dir / "errors"
+        out = []
+        for f in sorted(edir.glob("b*.json")) if edir.is_dir() else []:
+            try:
+                out.append((f, json.loads(f.read_text())))
+            except (OSError, ValueError):
+                out.append((f, {}))
+        return out
+
+    def drop_errors(self, handles) -> None:
+        for f in handles:
+            f.unlink(missing_ok=True)
+
+    def count_errors(self) -> int:
+        return len(list((self.dir / "errors").glob("b*.json")))
+
+
+class ObjectArray:
+    """An array's state as objects under ``.vsekit/arrays/NAME/`` in a store on object storage."""
+
+    remote = True
+
+    def __init__(self, objects, name: str):
+        self.objects, self.name = objects, name
+        self.prefix = "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])
+
+    def read_spec(self) -> dict | None:
+        got = self.objects.get_json(f"{self.prefix}/spec.json")
+        return None if got is None else got[0]
+
+    def write_spec(self, spec: dict) -> None:
+        self.objects.put(f"{self.prefix}/spec.json", json.dumps(spec, indent=1, default=str).encode())
+
+    def drop_spec(self) -> None:
+        self.objects.delete(f"{self.prefix}/spec.json")
+
+    def _drop(self, prefix: str) -> None:
+        for key in self.objects.keys(prefix):
+            self.objects.delete(key)
+
+    def remove(self) -> None:
+        self._drop(f"{self.prefix}/")
+
+    def clear_leases(self) -> None:
+        self._drop(f"{self.prefix}/leases/")
+
+    def leases(self, ttl: float | None = None, owner: dict | None = None):
+        from .objleases import ObjectLeaseDir
+
+        return ObjectLeaseDir(self.objects, f"{self.prefix}/leases", ttl=ttl, owner=owner)
+
+    def merge_leases(self):
+        from .objleases import ObjectLeaseDir
+
+        return ObjectLeaseDir(self.objects, f"{self.prefix}/merge", ttl=120)
+
+    def write_errors(self, index: int, errors: dict) -> None:
+        self.objects.put(f"{self.prefix}/errors/b{int(index):06d}.json", json.dumps(errors).encode())
+
+    def error_files(self) -> list[tuple[Any, dict]]:
+        out = []
+        for key in self.objects.keys(f"{self.prefix}/errors/"):
+            got = self.objects.get_json(key)
+            if got is not None:
+                out.append((key, got[0]))
+        return out
+
+    def drop_errors(self, handles) -> None:
+        for key in handles:
+            self.objects.delete(key)
+
+    def count_errors(self) -> int:
+        return len(self.objects.keys(f"{self.prefix}/errors/"))
+
+
+def place(store, name: str) -> DiskArray | ObjectArray:
+    """Where the array writing ``name`` of ``store`` (a :class:`~.store.FeatureStore`) keeps its state."""
+    if getattr(store, "objects", None) is not None:
+        return ObjectArray(store.objects, name)
+    return DiskArray(store.path, name)
+
+
+def local_dir(name: str) -> Path:
+    """Job scripts and task logs of an array on object storage (no store folder to hold them):
+    ``vsekit-arrays/NAME`` under the directory the command runs in (an absolute path: the folder
+    ``sbatch`` also makes the tasks' working directory; on a cluster, a shared home or project folder
+    that the nodes reach, as they must reach ``log_directory``, which chooses another)."""
+    return Path.cwd() / "vsekit-arrays" / re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 # --- the scheduler's view --------------------------------------------------------------------------------
@@ -130,7 +262,8 @@ def lock_stale_reason(path: Path, info: dict, limit: float) -> str | None:
 # --- progress ------------------------------------------------------------------------------------
 def progress_lines(fs, indent: str = "      ") -> list[str]:
     """``vsekit info`` lines of the job array writing (or that wrote) ``fs``; [] if none did."""
-    spec = read_spec(fs.store.path, fs.name)
+    where = place(fs.store, fs.name)
+    spec = where.read_spec()
     if spec is None:
         return []
     job = spec.get("job_id")
@@ -149,7 +282,7 @@ def progress_lines(fs, indent: str = "      ") -> list[str]:
     lines.append(f"{indent}  blocks: {done} done, {len(blocks) - done} pending of {len(blocks)}"
                  f" ({failed} with failed rows)")
     live, expired = [], []
-    for s in lease_dir(fs.store.path, fs.name).states():
+    for s in where.leases().states():
         (expired if s.expired else live).append(s)
     lines.append(f"{indent}  leases: {len(live)} live, {len(expired)} expired")
     now = time.time()
@@ -159,7 +292,7 @@ def progress_lines(fs, indent: str = "      ") -> list[str]:
         when = (f"expires in {s.expires - now:.0f}s" if not s.expired
                 else f"expired {now - s.expires:.0f}s ago (another task may take it over)")
         lines.append(f"{indent}    block {s.key}: {who}, {when}")
-    pending_errors = len(list((array_dir(fs.store.path, fs.name) / "errors").glob("b*.json")))
+    pending_errors = where.count_errors()
     if pending_errors:
         lines.append(f"{indent}  {pending_errors} block(s) of failure reasons not yet merged into the set")
     if alive is False and done < len(blocks):

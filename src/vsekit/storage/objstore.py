@@ -34,8 +34,9 @@ from .base import StoreError
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
 URL_COMMANDS = ("every `ingest`, `split`, `extract`, `tokenize`, `standardize`, `discretize` and `fne` (in-process, "
-                "--cluster local:N, tcp://, slurm:N, sge:N and pbs:N; tokenize also --workers N), `train`, `evaluate`, "
-                "`embed`, `report`, `info` (with --verify and --repair) and `export` (reading)")
+                "--cluster local:N, tcp://, slurm:N, sge:N and pbs:N; extract also slurm-array:N and sge-array:N; "
+                "tokenize also --workers N), `train`, `evaluate`, `embed`, `report`, `info` (with --verify and "
+                "--repair) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
@@ -391,11 +392,13 @@ class SetLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: str | None = None
+        self.extra: dict[str, Any] = {}    # what a hand-over to a job array adds (:meth:`hand_over`)
+        self.handed = False
 
     def _body(self) -> bytes:
         self.expires = time.time() + self.ttl
         return dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                      "stage": self.stage, "expires": self.expires, "ttl": self.ttl})
+                      "stage": self.stage, "expires": self.expires, "ttl": self.ttl, **self.extra})
 
     def acquire(self) -> "SetLease":
         etag = self.objects.create(self.key, self._body())
@@ -405,13 +408,9 @@ class SetLease:
                 etag = self.objects.create(self.key, self._body())
             else:
                 info, seen = got
-                if time.time() < float(info.get("expires", 0)) and not _dead_here(info):
-                    left = float(info.get("expires", 0)) - time.time()
-                    raise LeaseHeld(
-                        f"feature set {self.name!r} in {self.objects.url} is being written by another run "
-                        f"({info.get('stage', 'vsekit')}, pid {info.get('pid')} on {info.get('host')}); its "
-                        f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once "
-                        f"it has stopped")
+                why = holder_live(info)
+                if why is not None:
+                    raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url} is being written by {why}")
                 etag = self.objects.swap(self.key, self._body(), seen) if seen else None
             if etag is None:
                 raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url}: another run took its "
@@ -446,14 +445,102 @@ class SetLease:
             except StoreError:
                 return
 
+    def hand_over(self, token: str, extra: Mapping[str, Any], handed: bool = True) -> None:
+        """Rewrite the lease (compare-and-swap) as a job array's: its ``token`` and ``extra`` (the job
+        id and scheduler, ``pid: 0`` so that this process ending does not free it). ``handed``: this
+        process no longer releases it (the array's tasks renew it; :class:`ArrayLease`); False hands
+        it back (a refused submission)."""
+        with self._lock:
+            before = (self.token, self.extra)
+            self.token, self.extra = token, dict(extra)
+            etag = self.objects.swap(self.key, self._body(), self.etag) if self.etag and not self.lost else None
+            if etag is None:
+                self.token, self.extra = before
+                raise LeaseLost(self.lost or f"lost the lease of feature set {self.name!r} in {self.objects.url} "
+                                             f"before handing it to the job array")
+            self.etag, self.handed = etag, handed
+
     def release(self) -> None:
         self._stop.set()
         with self._lock:
-            if self.lost or self.etag is None:
+            if self.lost or self.etag is None or self.handed:
                 return
             got = self.objects.get_json(self.key)
             if got is not None and got[0].get("token") == self.token:
                 self.objects.delete(self.key)
+
+
+def holder_live(info: Mapping[str, Any]) -> str | None:
+    """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it.
+
+    A run's lease: until it expires, unless its holder ran on this host and is gone. A job array's
+    (``array_job``, handed over by ``extract --cluster slurm-array:N``): until it expires AND the
+    scheduler no longer lists the job (the array may wait in the queue for hours with no task to
+    renew it); where the scheduler cannot answer, until ``VSEKIT_LOCK_STALE_S`` (default 3600) past
+    its expiry."""
+    left = float(info.get("expires", 0)) - time.time()
+    if "array_scheduler" in info:
+        from .job_arrays import LABELS, job_alive
+        from .lock import DEFAULT_STALE_S, STALE_ENV
+
+        job, scheduler = info.get("array_job"), str(info.get("array_scheduler"))
+        label = LABELS.get(scheduler, scheduler)
+        who = f"{label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
+        alive = job_alive(job, scheduler)
+        if alive is True:
+            return f"{who}; wait for it to end, or cancel it ({'qdel' if scheduler == 'sge' else 'scancel'} {job})"
+        if left > 0:   # even once the job has left the queue: a task still running would be renewing it
+            ended = "its job has ended and " if alive is False else ""
+            return f"{who}; {ended}its lease expires in {left:.0f} s: rerun then"
+        if alive is None and -left < float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)):
+            return (f"{who}; {'qstat' if scheduler == 'sge' else 'squeue'} cannot answer here, so its lease is "
+                    f"kept until {STALE_ENV}={os.environ.get(STALE_ENV, DEFAULT_STALE_S)} s past its expiry")
+        return None
+    if left > 0 and not _dead_here(info):
+        return (f"another run ({info.get('stage', 'vsekit')}, pid {info.get('pid')} on {info.get('host')}); its "
+                f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once it has stopped")
+    return None
+
+
+class ArrayLease:
+    """The set lease as the tasks of a job array hold it together, all under the array's token.
+
+    Each task renews it by reading the object and compare-and-swapping it with a later expiry, only
+    while the object still holds the array's token (a sibling's renewal in between makes it read
+    again; another run's takeover changes the token, and the task stops: :class:`LeaseLost`). It is
+    what :meth:`~.store.FeatureStore.check_lease` consults before every commit record of a task."""
+
+    def __init__(self, objects: Objects, name: str, token: str):
+        self.objects, self.name, self.token = objects, name, token
+        self.key = lease_key(name)
+        self.ttl = DEFAULT_TTL_S
+        self.expires = 0.0
+        self.lost: str | None = None
+        self._lock = threading.Lock()
+
+    def renew(self) -> None:
+        with self._lock:
+            if self.lost:
+                raise LeaseLost(self.lost)
+            for _ in range(20):
+                got = self.objects.get_json(self.key)
+                if got is None or got[0].get("token") != self.token:
+                    self.lost = (f"the lease of feature set {self.name!r} in {self.objects.url} is no longer this "
+                                 f"job array's (another run took it over); not committing")
+                    raise LeaseLost(self.lost)
+                info, etag = got
+                self.ttl = float(info.get("ttl") or DEFAULT_TTL_S)
+                expires = time.time() + self.ttl
+                if etag and self.objects.swap(self.key, dumps(dict(info, expires=expires)), etag) is not None:
+                    self.expires = expires
+                    return
+                time.sleep(0.05)   # a sibling task renewed it in between: read it again
+
+    def check(self) -> None:
+        """Renew now; raise :class:`LeaseLost` unless the array still holds the lease for half a ttl."""
+        self.renew()
+        if time.time() > self.expires - self.ttl / 2:
+            raise LeaseLost(f"the lease of {self.name!r} in {self.objects.url} is about to expire; not committing")
 
 
 def _dead_here(info: Mapping[str, Any]) -> bool:

@@ -418,9 +418,7 @@ class FeatureStore:
         """Hold the whole store (object storage): its lease ``.store``, refused while any set's lease is
         live; set writers check it after taking theirs (:meth:`writer`), so of two that start at once
         at least one sees the other, as with the lock files on disk."""
-        import time as _time
-
-        from .objstore import LeaseHeld, _dead_here
+        from .objstore import LeaseHeld, holder_live
 
         with self.writer(STORE_LEASE, stage=stage):
             for key in self.objects.keys(".vsekit/leases/"):
@@ -429,10 +427,12 @@ class FeatureStore:
                 if name == STORE_LEASE or got is None:
                     continue
                 info = got[0]
-                if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
-                    raise LeaseHeld(f"cannot {what} {self.path}: {name!r} in it is being written by "
-                                    f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); "
-                                    f"wait for it to finish")
+                if holder_live(info) is None:   # a job array's lease counts while its job is queued or running
+                    continue
+                who = (holder_live(info) if "array_scheduler" in info else
+                       f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); wait for it "
+                       f"to finish")
+                raise LeaseHeld(f"cannot {what} {self.path}: {name!r} in it is being written by {who}")
             yield
 
     # opening --------------------------------------------------------------------------------------
