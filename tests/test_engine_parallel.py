@@ -151,7 +151,7 @@ def test_workers_and_prefetch_reach_an_array_tasks_execution(tmp_path):
     plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=36)
     run = Execution(device="cpu", batch_size=7, workers=3, prefetch=5, pin_memory="off", channels_last=False,
                     strict=True)
-    store = SimpleNamespace(path=tmp_path / "s.zarr")
+    store = SimpleNamespace(path=tmp_path / "s.zarr", remote=False)
     fs = SimpleNamespace(name="x", attrs={"config_hash": "h"})
     spec = json.loads(json.dumps(task_spec(store, fs, Job(str(store.path), "x", plan, run), 2, "tok")))
     got = task_execution(spec, cpus=1).run

@@ -688,27 +688,6 @@ OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs")
 OBJECT_STORAGE_ARRAYS = ("slurm-array", "sge-array")
 
 
-def check_object_storage(spec: "ClusterSpec | str | None", url: str, what: str,
-                         arrays: bool = False) -> "ClusterSpec | None":
-    """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
-    line, where its workers cannot reach that store; returns the parsed spec. ``arrays``: the stage
-    serves ``slurm-array:N`` / ``sge-array:N`` there (extraction: extract/array.py)."""
-    from .storage.base import StoreError
-
-    spec = parse_cluster(spec)
-    if spec is None:
-        return None
-    if url.startswith("memory://"):
-        raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
-                         f"process can reach it; run without --cluster")
-    served = OBJECT_STORAGE_KINDS + (OBJECT_STORAGE_ARRAYS if arrays else ())
-    if spec.kind not in served:
-        kinds = " / ".join(("tcp://" if k == "tcp" else f"{k}:N") for k in served)
-        raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
-                         f"on --cluster {kinds} for now (issue 35); run it with one of those")
-    return spec
-
-
 def report_worker_deaths(client, since: float, say) -> int:
     """``say`` a line for each dask worker that died (left unexpectedly) since ``since`` (a
     ``time.time()``); returns how many."""

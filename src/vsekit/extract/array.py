@@ -307,7 +307,8 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
 def task_spec(store: FeatureStore, fs: FeatureSet, job, tasks: int, token: str) -> dict:
     """What every array task reads: the set, its plan and the whole Execution (``run``: every field,
     each task resolves it on its node, :func:`task_execution`)."""
-    return {"store": store.path if store.remote else str(Path(store.path).resolve()), "name": fs.name, "plan": job.plan.to_dict(),
+    where = store.path if store.remote else str(Path(store.path).resolve())
+    return {"store": where, "name": fs.name, "plan": job.plan.to_dict(),
             "run": dataclasses.asdict(job.run), "tasks": tasks, "ttl": default_ttl(),
             "config_hash": fs.attrs.get("config_hash"), "lock_token": token, "job_id": None,
             "submitted": time.time()}

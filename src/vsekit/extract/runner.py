@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import ClusterSpec, check_object_storage, parse_cluster
+from ..cluster import ClusterSpec, parse_cluster
+from ..storage.ref import check_object_storage
 from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -97,7 +97,8 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                name: str | None = None, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
                allow_raw: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
-    from ..cluster import check_object_storage, cluster_client
+    from ..cluster import cluster_client
+    from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)
     parent = store.features(features)

@@ -27,19 +27,16 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .jobstate import ALIVE_STATES, LABELS, job_alive, job_states  # noqa: F401 (re-exported)
 from .leases import LeaseDir
 
 ARRAY_DIR = (".vsekit", "arrays")
-ALIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
-
 
 def array_dir(store_path: str | os.PathLike, name: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
@@ -70,7 +67,6 @@ def remove(store_path: str | os.PathLike, name: str) -> None:
     shutil.rmtree(array_dir(store_path, name), ignore_errors=True)
 
 
-LABELS = {"slurm": "SLURM", "sge": "Grid Engine"}
 
 
 # --- where an array keeps its state: a folder, or objects -----------------------------------------
@@ -197,49 +193,6 @@ def local_dir(name: str) -> Path:
     ``sbatch`` also makes the tasks' working directory; on a cluster, a shared home or project folder
     that the nodes reach, as they must reach ``log_directory``, which chooses another)."""
     return Path.cwd() / "vsekit-arrays" / re.sub(r"[^A-Za-z0-9._-]", "_", name)
-
-
-# --- the scheduler's view --------------------------------------------------------------------------------
-def job_states(job_id: str, scheduler: str = "slurm") -> list[str] | None:
-    """The states of job ``job_id``'s tasks that ``squeue`` lists ([] once it has left the queue);
-    None when squeue cannot answer (not installed here, or the controller is unreachable). Grid
-    Engine (``scheduler="sge"``): ``qstat -j`` knows the job (``["RUNNING"]``: queued or running) or not."""
-    if scheduler == "sge":
-        return _sge_states(job_id)
-    exe = shutil.which("squeue")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return [] if "invalid job id" in out.stderr.lower() else None
-    return [s.strip() for s in out.stdout.split() if s.strip()]
-
-
-def _sge_states(job_id: str) -> list[str] | None:
-    exe = shutil.which("qstat")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "-j", str(job_id)], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode == 0:
-        return ["RUNNING"]
-    return [] if "do not exist" in (out.stderr + out.stdout).lower() else None
-
-
-def job_alive(job_id: str | None, scheduler: str = "slurm") -> bool | None:
-    """True while the scheduler still lists job ``job_id`` as queued or running; None if it cannot tell."""
-    if not job_id:
-        return False
-    states = job_states(job_id, scheduler)
-    if states is None:
-        return None
-    return any(s.upper() in ALIVE_STATES for s in states)
 
 
 def lock_stale_reason(path: Path, info: dict, limit: float) -> str | None:

@@ -40,10 +40,10 @@ from typing import Iterator
 
 from .fserrors import naming
 from .base import StoreError
+from .jobstate import DEFAULT_STALE_S, STALE_ENV  # noqa: F401 (the lock's staleness; objstore uses it too)
 
 LOCK_DIR = (".vsekit", "locks")
-STALE_ENV, BREAK_ENV = "VSEKIT_LOCK_STALE_S", "VSEKIT_BREAK_LOCK"
-DEFAULT_STALE_S = 3600.0
+BREAK_ENV = "VSEKIT_BREAK_LOCK"
 HEARTBEAT_S = 60.0
 _GROUP_JSON = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
 

@@ -480,8 +480,7 @@ def holder_live(info: Mapping[str, Any]) -> str | None:
     its expiry."""
     left = float(info.get("expires", 0)) - time.time()
     if "array_scheduler" in info:
-        from .job_arrays import LABELS, job_alive
-        from .lock import DEFAULT_STALE_S, STALE_ENV
+        from .jobstate import DEFAULT_STALE_S, LABELS, STALE_ENV, job_alive
 
         job, scheduler = info.get("array_job"), str(info.get("array_scheduler"))
         label = LABELS.get(scheduler, scheduler)

@@ -12,7 +12,9 @@ their values (``tests/test_objstore_cluster.py``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from .base import StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureStore
@@ -59,3 +61,23 @@ class StoreRef:
 
     def __setstate__(self, state: tuple) -> None:
         self.path, self.token, self._options = state
+
+
+def check_object_storage(spec: Any, url: str, what: str, arrays: bool = False) -> Any:
+    """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
+    line, where its workers cannot reach that store; returns the parsed spec. ``arrays``: the stage
+    serves ``slurm-array:N`` / ``sge-array:N`` there (extraction: extract/array.py)."""
+    from ..cluster import OBJECT_STORAGE_ARRAYS, OBJECT_STORAGE_KINDS, parse_cluster
+
+    spec = parse_cluster(spec)
+    if spec is None:
+        return None
+    if url.startswith("memory://"):
+        raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
+                         f"process can reach it; run without --cluster")
+    served = OBJECT_STORAGE_KINDS + (OBJECT_STORAGE_ARRAYS if arrays else ())
+    if spec.kind not in served:
+        kinds = " / ".join(("tcp://" if k == "tcp" else f"{k}:N") for k in served)
+        raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
+                         f"on --cluster {kinds} for now (issue 35); run it with one of those")
+    return spec

@@ -101,7 +101,7 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     else:
         store = FeatureStore.open(store, mode="r+")
     if store.remote and cluster:   # its tasks open the URL with the options handed to them (storage/ref.py)
-        from ..cluster import check_object_storage
+        from ..storage.ref import check_object_storage
 
         cluster = check_object_storage(cluster, store.path, "tokenize")
     if store.remote and workers > 1 and store.path.startswith("memory://"):
