@@ -9,7 +9,7 @@ and memory in bsub's words, checked as bsub checks them) or submit description (
 from them, the job id read back from the scheduler's answer, the jobs' logs where the directives put
 them, and cancelling exactly the run's jobs; and that the workers do the work: extraction on a disk
 store and into an ``s3://`` store equals the in-process run on disk bit for bit, one commit record
-per block. On object storage the endpoint and the credentials reach the jobs only with their tasks
+per block, and ``standardize`` there gives the in-process set. On object storage the endpoint and the credentials reach the jobs only with their tasks
 (``--storage-option``; no ``AWS_*`` variable anywhere), and the secret is in no job script, job log
 or object. Not tested: the schedulers' own scheduling (queues, limits, placement).
 """
@@ -116,10 +116,12 @@ def test_extract_on_lsf_and_htcondor_jobs_into_a_disk_store_equals_in_process(sc
     _jobs_ran(sched)
 
 
-def test_extract_on_lsf_and_htcondor_jobs_into_s3_equals_disk_and_leaks_no_secret(sched, s3, demo_dir, tmp_path):
+def test_extract_and_standardize_on_lsf_and_htcondor_jobs_into_s3_equal_disk_and_leak_no_secret(sched, s3, demo_dir,
+                                                                                                 tmp_path):
     from test_objstore_slow import OPTS, _records_per_block
 
     from vsekit.extract import extract
+    from vsekit.fne import standardize
     from vsekit.storage.sources.karpathy import ingest_karpathy
     from vsekit.storage.store import FeatureStore
 
@@ -128,6 +130,7 @@ def test_extract_on_lsf_and_htcondor_jobs_into_s3_equals_disk_and_leaks_no_secre
     torch.set_num_threads(1)
     ref, _ = ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, tmp_path / "ref.zarr")
     extract(ref, workers=0, **OPTS)
+    standardize(ref, NAME)
     url = s3.url()
     ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, url)
     # no AWS variable in the driver's environment either (LSF copies it into the jobs): everything
@@ -137,12 +140,17 @@ def test_extract_on_lsf_and_htcondor_jobs_into_s3_equals_disk_and_leaks_no_secre
     for pair in (f"endpoint={s3.endpoint}", "access_key_id=vsekit-test-key",
                  f"secret_access_key={OPTION_SECRET}", "region=us-east-1"):
         opts += ["--storage-option", pair]
-    out = _vsekit(["extract", "--store", url, *opts, *ARGS, "--cluster", f"{sched['kind']}:2"], env)
-    fs = FeatureStore.open(url).features(NAME)
+    cluster = f"{sched['kind']}:2"
+    out = _vsekit(["extract", "--store", url, *opts, *ARGS, "--cluster", cluster], env)
+    out += _vsekit(["standardize", "--store", url, *opts, "--features", NAME, "--cluster", cluster], env)
+    store = FeatureStore.open(url)
+    fs = store.features(NAME)
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
     assert np.array_equal(fs.data[:], ref.features(NAME).data[:])
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
-    _jobs_ran(sched)
+    for arr in ("data", "mean", "std", "status"):
+        assert np.array_equal(store.features(NAME + ".z").group[arr][:], ref.features(NAME + ".z").group[arr][:])
+    assert len(_jobs_ran(sched)) >= 4                          # two runs, two jobs each
     written = [p for p in sched["dir"].rglob("*") if p.is_file()]   # job scripts, job logs, events, pids
     assert any(p.parent.name == "logs" for p in written)
     for p in written:

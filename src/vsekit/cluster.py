@@ -304,8 +304,12 @@ def _sge_seconds(text: str) -> int | None:
 
 
 def _lsf_seconds(text: str) -> int | None:
-    hm = _clock(text, 60)   # bsub -W [HH:]MM
-    return hm * 60 if hm is not None and ":" in text and text.count(":") == 1 else hm
+    """bsub -W [HH:]MM[/HOST]: a bare number is minutes; HH:MM:SS or days are no LSF run limit."""
+    text = text.split("/", 1)[0]
+    if "-" in text or text.count(":") > 1:
+        return None
+    hm = _clock(text, 60)
+    return hm * 60 if hm is not None and ":" in text else hm
 
 
 @dataclass(frozen=True)
@@ -439,6 +443,9 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
         extra += ["--resources", ",".join(f"{k}={v:g}" for k, v in res.items())]
     if s.get("walltime") and sched.seconds is None:
         raise ValueError(f"cluster setting walltime: {sched.label} jobs take no walltime here; use lifetime (seconds)")
+    if kind == "lsf" and s.get("walltime") and _lsf_seconds(str(s["walltime"]).strip()) is None:
+        # bsub refuses any other run limit ("Bad RUNLIMIT specification"), and the jobs would never start
+        raise ValueError(f"cluster setting walltime {s['walltime']!r}: LSF takes [HH:]MM (bsub -W), e.g. 01:30")
     # the walltime the job will have: the setting, else dask-jobqueue's configuration (its default
     # 00:30:00 for SLURM, Grid Engine, PBS, LSF): the workers retire before it either way
     walltime = s.get("walltime") or (_configured_walltime(kind) if sched.seconds else None)
@@ -681,9 +688,9 @@ def _quiet_job_logs() -> None:
 
 # --- object storage ---------------------------------------------------------------------------------
 #: the executors that serve a store on object storage: their tasks open the URL with the storage
-#: options handed to them in memory, over dask's connection (storage/ref.py); lsf and htcondor are
-#: untested (pbs: on a stand-in, tests/test_pbs_local.py).
-OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs")
+#: options handed to them in memory, over dask's connection (storage/ref.py); pbs, lsf and htcondor
+#: run on stand-ins of their schedulers (tests/test_pbs_local.py, tests/test_lsf_htcondor_local.py).
+OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs", "lsf", "htcondor")
 #: job arrays on object storage: extraction only (their tasks' leases and spec are objects there)
 OBJECT_STORAGE_ARRAYS = ("slurm-array", "sge-array")
 
