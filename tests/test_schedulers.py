@@ -26,7 +26,7 @@ def test_every_scheduler_parses_as_jobs_resolved_on_the_workers():
     assert [k for k, s in SCHEDULERS.items() if s.tested] == ["slurm", "sge"]
     out = CliRunner().invoke(__import__("vsekit.cli", fromlist=["main"]).main, ["extract", "--help"],
                              terminal_width=200)
-    assert "sge:N" in " ".join(out.output.split()) and "untested" in out.output
+    assert "sge:N" in " ".join(out.output.split()) and "tested on stand-ins only" in " ".join(out.output.split())
 
 
 @pytest.mark.parametrize("kind, walltime, seconds", [

@@ -1,5 +1,5 @@
 """Where stages run: in-process, a local dask cluster (``local:N``), SLURM jobs (``slurm:N``), Grid
-Engine jobs (``sge:N``; ``pbs:N``, ``lsf:N``, ``htcondor:N`` the same way, untested) or a running
+Engine jobs (``sge:N``; ``pbs:N``, ``lsf:N``, ``htcondor:N`` the same way, tested on stand-ins) or a running
 scheduler (``tcp://``). ``slurm-array:N`` (an sbatch job array, no driver) is parsed here
 and run by its own module.
 
@@ -27,7 +27,9 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   schedulers (walltime syntax, how cores, memory and GPUs are requested, the early check: Grid
   Engine ``qsub -w v``, the commands that cancel and list jobs) is one entry each of
   :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, PBS on a stand-in whose
-  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor not at all.
+  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor on stand-ins
+  of ``bsub`` and ``condor_submit`` that start the job as their scheduler would
+  (``tests/test_lsf_htcondor_local.py``); none of these three on a real server.
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
@@ -50,13 +52,13 @@ from .devices import gpu_assignment, is_cuda, worker_device
 
 SPEC_HELP = ("local:N (N worker processes here) | slurm:N (N SLURM jobs) | slurm-array:N (an sbatch "
              "job array of N tasks, no driver) | sge:N (N Grid Engine jobs; pbs:N, lsf:N, htcondor:N "
-             "likewise, untested) | sge-array:N (a qsub -t job array) | tcp://HOST:PORT (a running dask scheduler)")
+             "likewise, tested on stand-ins only) | sge-array:N (a qsub -t job array) | tcp://HOST:PORT (a running dask scheduler)")
 ENV_SETTINGS = "VSEKIT_CLUSTER_CONFIG"
 # the keys of a `cluster:` section (pipelines.yaml) and of `settings`, with what they mean
 CLUSTER_KEYS = {
     "queue": "SLURM partition (-p), Grid Engine / PBS / LSF queue (-q)",
     "account": "SLURM / PBS account (-A)",
-    "walltime": "job time limit, HH:MM:SS (SLURM -t, Grid Engine -l h_rt, PBS -l walltime; LSF -W HH:MM)",
+    "walltime": "job time limit, HH:MM:SS (SLURM -t, Grid Engine -l h_rt, PBS -l walltime; LSF -W [HH:]MM only)",
     "cores": "CPU cores per job (and decoding threads of its worker)",
     "memory": "memory per job, e.g. 16GB",
     "gpus": "GPUs per job (--gres=gpu:G, only with a CUDA device): G workers, one pinned per GPU",
