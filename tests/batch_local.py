@@ -96,7 +96,8 @@ def alive(jobs: Path) -> list[str]:
 
 
 def cancel(jobs: Path, job_id: str) -> bool:
-    """End the job's whole process group (SIGTERM); False if no such job runs."""
+    """End the job's whole process group (SIGTERM) and note it (``jobs/JOB_ID.cancelled``: the
+    tests see which jobs were cancelled, not ended on their own); False if no such job runs."""
     try:
         pid = int((jobs / f"{job_id}.pid").read_text())
     except (OSError, ValueError):
@@ -107,6 +108,7 @@ def cancel(jobs: Path, job_id: str) -> bool:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    (jobs / f"{job_id}.cancelled").touch()
     return True
 
 

@@ -81,6 +81,7 @@ def _jobs_ran(sched) -> list[Path]:
             err = list(logs.glob(f"*-{job}.err"))   # -e .../NAME-%J.err, %J: the job id
             assert len(err) == 1 and list(logs.glob(f"*-{job}.out")), sorted(logs.iterdir())
             assert "Start worker" in err[0].read_text()
+            assert (jobs / f"{job}.cancelled").exists()      # bkill JOB by the run, with the id bsub printed
     else:
         given = sorted(jobs.glob("*.sub"))
         for s in given:
@@ -91,6 +92,7 @@ def _jobs_ran(sched) -> list[Path]:
             assert "Start worker" in (logs / f"worker-{cluster}.0.err").read_text()
             events = (logs / f"worker-{cluster}.log").read_text()
             assert "Job executing" in events and "Job was aborted" in events, events   # condor_rm'd
+            assert (jobs / f"{cluster}.0.cancelled").exists()   # by the id "CLUSTER.0" dask-jobqueue made
     assert len(given) >= 2, given                          # two jobs (more if one was replaced)
     assert batch_local.live_jobs(sched["dir"]) == []       # the cancel command ended every job of the run
     return given
