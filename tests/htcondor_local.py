@@ -145,8 +145,8 @@ def condor_submit(args: list[str]) -> int:
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
     _event(log, "000", job, "Job submitted from host: <127.0.0.1:0>")
-    (jobs / f"{job}.job").write_text(json.dumps({"log": str(log) if log else None,
-                                                 "cmd": Path(executable).name}))
+    (jobs / f"{job}.job").write_text(json.dumps({"log": str(log) if log else None, "cmd": Path(executable).name,
+                                                 "submitted": time.strftime("%m/%d %H:%M")}))
     batch_local.start(jobs, job, ["condor_exec.exe", *arguments], env, path("output"), path("error"),
                       cwd=scratch, executable=executable)
     _event(log, "001", job, "Job executing on host: <127.0.0.1:0>")
@@ -172,13 +172,15 @@ def condor_rm(args: list[str]) -> int:
 
 
 def condor_q(args: list[str]) -> int:
-    """condor_q: the live jobs, state R."""
+    """condor_q [-nobatch] [ID...]: the live jobs (all, or those named: N.0 or N), state R."""
     jobs = batch_local.jobs_dir(DIR)
+    named = [a if "." in a else f"{a}.0" for a in args if not a.startswith("-")]
     print(" ID      OWNER            SUBMITTED     RUN_TIME ST PRI SIZE CMD")
-    live = batch_local.alive(jobs)
+    live = [j for j in batch_local.alive(jobs) if not named or j in named]
     for job in live:
-        cmd = json.loads((jobs / f"{job}.job").read_text())["cmd"]
-        print(f"{job:>7}  {os.environ.get('USER', 'user'):<16} -             0+00:00:00 R  0   0.0  {cmd}")
+        info = json.loads((jobs / f"{job}.job").read_text())
+        print(f"{job:>7}  {os.environ.get('USER', 'user'):<16} {info['submitted']}   0+00:00:00 R  0   0.0  "
+              f"{info['cmd']}")
     print(f"\n{len(live)} jobs; 0 idle, {len(live)} running, 0 held")
     return 0
 

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import batch_local
@@ -77,7 +78,8 @@ def bsub(args: list[str]) -> int:
     spool.write_text(script)
     spool.chmod(0o755)
     queue, name = opts.get("-q", "normal"), opts.get("-J", "")
-    (jobs / f"{job}.job").write_text(json.dumps({"queue": queue, "name": name}))
+    (jobs / f"{job}.job").write_text(json.dumps({"queue": queue, "name": name,
+                                                 "submitted": time.strftime("%b %d %H:%M")}))
 
     def path(opt: str) -> Path | None:
         value = opts.get(opt) or opts.get(opt + "o")
@@ -108,7 +110,8 @@ def bkill(args: list[str]) -> int:
 def bjobs(args: list[str]) -> int:
     """bjobs [ID...]: the live jobs (all, or those named), state RUN."""
     jobs = batch_local.jobs_dir(DIR)
-    live = [j for j in batch_local.alive(jobs) if not args or j in args]
+    named = [a for a in args if not a.startswith("-")]   # -w (wide): the same columns here
+    live = [j for j in batch_local.alive(jobs) if not named or j in named]
     if not live:
         print("No unfinished job found", file=sys.stderr)
         return 0
@@ -116,7 +119,8 @@ def bjobs(args: list[str]) -> int:
     for job in live:
         info = json.loads((jobs / f"{job}.job").read_text())
         user = os.environ.get("USER", "user")
-        print(f"{job:<7} {user:<7} RUN   {info['queue']:<10} localhost   localhost   {info['name'] or '-':<10} -")
+        print(f"{job:<7} {user:<7} RUN   {info['queue']:<10} localhost   localhost   {info['name'] or '-':<10} "
+              f"{info['submitted']}")
     return 0
 
 

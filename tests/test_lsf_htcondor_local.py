@@ -160,3 +160,32 @@ def test_extract_and_standardize_on_lsf_and_htcondor_jobs_into_s3_equal_disk_and
     assert OPTION_SECRET not in out
     for key in s3.keys():
         assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
+
+
+def test_no_job_starting_a_worker_in_time_is_one_error_with_the_schedulers_state(sched, demo_dir, tmp_path):
+    """Jobs that run but start no worker within start_timeout (here: a prologue that sleeps): one
+    Error line with each job's state as the status command (bjobs -w, condor_q -nobatch) gives it,
+    and both jobs cancelled; nothing is written to the set."""
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+    from vsekit.storage.store import FeatureStore
+
+    ingest_karpathy(demo_dir / "dataset_demo.json", demo_dir, tmp_path / "d.zarr")
+    env = _env(sched)
+    config = {**json.loads(env["VSEKIT_CLUSTER_CONFIG"]), "start_timeout": 4, "prologue": ["/bin/sleep 120"]}
+    env["VSEKIT_CLUSTER_CONFIG"] = json.dumps(config)
+    kind = sched["kind"]
+    proc = subprocess.run([sys.executable, "-c", "from vsekit.cli import main; main()", "extract", "--store",
+                           str(tmp_path / "d.zarr"), *ARGS, "--cluster", f"{kind}:2"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    out = proc.stdout.decode()
+    errors = [ln for ln in out.splitlines() if ln.startswith("Error:")]
+    assert proc.returncode == 1 and len(errors) == 1, out
+    label, status = {"lsf": ("LSF", "bjobs"), "htcondor": ("HTCondor", "condor_q")}[kind]
+    ids = ["1", "2"] if kind == "lsf" else ["1.0", "2.0"]            # the stand-in numbers jobs 1, 2, ...
+    state = "RUN" if kind == "lsf" else "R"
+    assert f"no {label} job started within 4 s (start_timeout); {status}: " in errors[0], errors
+    for job in ids:
+        assert f"job {job} {state} ({status})" in errors[0], errors
+    assert batch_local.live_jobs(sched["dir"]) == []
+    assert all((sched["dir"] / "jobs" / f"{j}.cancelled").exists() for j in ids)
+    assert NAME not in FeatureStore.open(tmp_path / "d.zarr").feature_names()

@@ -594,8 +594,8 @@ def cancel_jobs(ids: list[str], kind: str = "slurm") -> None:
 
 
 def pending_reasons(ids: list[str], kind: str = "slurm") -> str:
-    """The scheduler's state of each job of ``ids`` (squeue's reason, qstat's state), e.g.
-    ``job 12 PENDING (Resources)``."""
+    """The scheduler's state of each job of ``ids`` (squeue's reason, qstat's, bjobs's and
+    condor_q's state), e.g. ``job 12 PENDING (Resources)``."""
     if not ids:
         return "no job was submitted"
     sched = SCHEDULERS[kind]
@@ -603,6 +603,10 @@ def pending_reasons(ids: list[str], kind: str = "slurm") -> str:
         cmd = [sched.status, "-h", "-j", ",".join(ids), "-o", "%i %T %r"]
     elif kind in ("sge", "pbs"):
         cmd = [sched.status]
+    elif kind == "lsf":
+        cmd = [sched.status, "-w", *ids]        # JOBID USER STAT QUEUE FROM_HOST EXEC_HOST JOB_NAME SUBMIT_TIME
+    elif kind == "htcondor":
+        cmd = [sched.status, "-nobatch", *ids]  # ID OWNER SUBMITTED (date time) RUN_TIME ST PRI SIZE CMD
     else:
         return f"jobs {', '.join(ids)} (ask {sched.status} why)"
     try:
@@ -611,6 +615,10 @@ def pending_reasons(ids: list[str], kind: str = "slurm") -> str:
         return f"{sched.status} failed ({exc})"
     if kind == "slurm":
         rows = [ln.split(None, 2) for ln in out.stdout.splitlines() if ln.strip()]
+    elif kind in ("lsf", "htcondor"):
+        col = 2 if kind == "lsf" else 5
+        rows = [[r[0], r[col], sched.status] for r in (ln.split() for ln in out.stdout.splitlines())
+                if len(r) > col and r[0] in ids]
     else:   # qstat: job id, priority, name, user, state, ...
         rows = [[r[0], r[4], "qstat"] for r in (ln.split() for ln in out.stdout.splitlines())
                 if len(r) > 4 and r[0].split(".")[0] in ids]
