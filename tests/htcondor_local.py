@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import batch_local
-from batch_local import end_all, live_jobs  # noqa: F401  (the tests' clean-up and check)
 
 DIR = "CONDOR_LOCAL_DIR"
 

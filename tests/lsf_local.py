@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import batch_local
-from batch_local import end_all, live_jobs  # noqa: F401  (the tests' clean-up and check)
 
 DIR = "LSF_LOCAL_DIR"
 #: bsub's options that take a value (those vsekit's job scripts use, and a few more)

@@ -17,8 +17,9 @@ import shutil
 from pathlib import Path
 
 import batch_local
-from batch_local import end_all, live_jobs  # noqa: F401  (the tests' clean-up and check)
+from batch_local import end_all, live_jobs
 
+__all__ = ["install", "live_jobs", "end_all"]   # the tests' set-up, check and clean-up
 DIR = "PBS_LOCAL_DIR"
 
 
