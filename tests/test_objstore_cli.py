@@ -141,15 +141,30 @@ def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3,
 
 
 def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
+    """Every --cluster serves extraction into a store on object storage (local:N, tcp://: here and
+    tests/test_objstore_cluster.py; slurm:N, sge:N and their arrays: tests/test_objstore_slurm.py,
+    test_objstore_array.py; pbs:N, lsf:N, htcondor:N on stand-ins: tests/test_pbs_local.py,
+    test_lsf_htcondor_local.py). What is refused, in one Error line before any work: a job array for
+    a stage other than extract, and any --cluster with a memory:// store (no worker reaches it)."""
     url = s3.url()
     assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
-    for cluster in ("lsf:2", "htcondor:2"):   # slurm:N, sge:N, their arrays (tests/test_objstore_slurm.py, test_objstore_array.py) and pbs:N (tests/test_pbs_local.py) serve it
-        r = _run(["extract", "--store", url, *FAST, "--cluster", cluster])
+    for cluster in ("slurm-array:2", "sge-array:2"):
+        r = _run(["standardize", "--store", url, "--features", "test_resnet_fne", "--cluster", cluster])
         errors = _errors(r.output)
         assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
-        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N / slurm-array:N" in errors[0]
+        assert ("in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N / lsf:N / htcondor:N for now"
+                in errors[0]), errors
         assert url in errors[0]
     assert not [k for k in s3.keys() if "/features/" in k]
+    mem = "memory://vsekit-cli-refusal/x.zarr"   # lives in this process (the CLI runs in it here)
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", mem]).exit_code == 0
+    for cluster in ("lsf:2", "htcondor:2", "local:2"):
+        r = _run(["extract", "--store", mem, *FAST, "--cluster", cluster])
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
+        assert f"--cluster {cluster}: a memory:// store lives in this process only" in errors[0], errors
+    r = _run(["extract", "--store", mem, *FAST])              # in-process, it is served
+    assert r.exit_code == 0 and "24 done" in r.output, r.output
 
 
 def test_ingest_folder_on_s3_gives_the_store_ingest_on_disk_gives(s3, demo_dir, tmp_path):
@@ -247,8 +262,8 @@ def test_standardize_and_discretize_on_s3_equal_disk(s3, demo_dir, tmp_path):
     assert not [k for k in s3.keys() if "/.vsekit/leases/" in k]          # both leases released
     again = _run(["standardize", "--store", stores["s3"], "--features", "test_resnet_fne"])
     assert again.exit_code == 0 and "wrote 0 of 3 blocks" in again.output, again.output
-    # on a cluster (local:N, tcp://, slurm:N, sge:N): tests/test_objstore_cluster.py; others are refused
-    r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "lsf:2",
+    # on a cluster (local:N, tcp://, slurm:N, sge:N): tests/test_objstore_cluster.py; job arrays are refused
+    r = _run(["discretize", "--store", stores["s3"], "--features", "test_resnet_fne.z", "--cluster", "slurm-array:2",
               "--name", "other"])
     errors = _errors(r.output)
     assert r.exit_code == 1 and len(errors) == 1 and "local:N / tcp:// / slurm:N / sge:N" in errors[0], r.output

@@ -111,17 +111,19 @@ def test_grid_engine_jobs_get_the_storage_options_with_their_tasks_and_write_wha
 
 
 def test_a_cluster_that_does_not_serve_object_storage_is_refused_in_one_line(s3, demo_dir):
+    """Every batch scheduler serves a store on object storage (pbs:N, lsf:N, htcondor:N on stand-ins:
+    tests/test_pbs_local.py, test_lsf_htcondor_local.py); a job array serves extraction only
+    (tests/test_objstore_array.py): the other stages refuse it in one line, before any work."""
     from click.testing import CliRunner
 
     from vsekit.cli import main
 
     url = _ingest(s3, demo_dir)
-    for cluster in ("lsf:2",):   # job arrays: tests/test_objstore_array.py; pbs:N: tests/test_pbs_local.py
-        r = CliRunner().invoke(main, ["extract", "--store", url, "--model", "test_resnet", "--weights", "none",
-                                      "--no-progress", "--cluster", cluster])
+    for stage in ("standardize", "fne"):
+        r = CliRunner().invoke(main, [stage, "--store", url, "--features", "test_resnet_fne", "--cluster", "slurm-array:2"])
         errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
-        assert r.exit_code == 1 and len(errors) == 1, (cluster, r.output)
-        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N / slurm-array:N" in errors[0]
+        assert r.exit_code == 1 and len(errors) == 1, (stage, r.output)
+        assert "in-process or on --cluster local:N / tcp:// / slurm:N / sge:N / pbs:N / lsf:N / htcondor:N for" in errors[0]
         assert url in errors[0]
     assert not [k for k in s3.keys() if "/features/" in k]
 

@@ -7,6 +7,8 @@ carry each request in that scheduler's words (Grid Engine: ``-l h_rt``, ``-pe``,
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -24,7 +26,7 @@ def test_every_scheduler_parses_as_jobs_resolved_on_the_workers():
     assert [k for k, s in SCHEDULERS.items() if s.tested] == ["slurm", "sge"]
     out = CliRunner().invoke(__import__("vsekit.cli", fromlist=["main"]).main, ["extract", "--help"],
                              terminal_width=200)
-    assert "sge:N" in " ".join(out.output.split()) and "untested" in out.output
+    assert "sge:N" in " ".join(out.output.split()) and "tested on stand-ins only" in " ".join(out.output.split())
 
 
 @pytest.mark.parametrize("kind, walltime, seconds", [
@@ -43,6 +45,22 @@ def test_a_walltime_without_a_time_gives_no_lifetime_and_htcondor_takes_none():
     assert lifetime_args("INFINITY", kind="sge") == [] and lifetime_args("1-00:00:00", kind="sge") == []
     with pytest.raises(ValueError, match="take no walltime"):
         jobqueue_kwargs("htcondor", {"walltime": "01:00:00"}, "cpu", None)
+
+
+def test_an_lsf_walltime_is_one_bsub_takes():
+    """bsub -W takes [HH:]MM only (the stand-in checks it as bsub does: tests/lsf_local.py); vsekit
+    refuses any other walltime for LSF in one line, before a job is submitted and never starts."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import lsf_local
+
+    pattern = lsf_local.CHECKS["-W"][0]
+    for walltime in ("30", "01:30", "00:20"):
+        assert re.fullmatch(pattern, walltime)
+        assert jobqueue_kwargs("lsf", {"walltime": walltime}, "cpu", None)["walltime"] == walltime
+    for walltime in ("00:20:00", "1-00:00", "1:2:3"):
+        assert not re.fullmatch(pattern, walltime)
+        with pytest.raises(ValueError, match=re.escape(f"cluster setting walltime '{walltime}': LSF takes [HH:]MM")):
+            jobqueue_kwargs("lsf", {"walltime": walltime}, "cpu", None)
 
 
 def _sge_script(settings, device):

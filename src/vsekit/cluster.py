@@ -1,5 +1,5 @@
 """Where stages run: in-process, a local dask cluster (``local:N``), SLURM jobs (``slurm:N``), Grid
-Engine jobs (``sge:N``; ``pbs:N``, ``lsf:N``, ``htcondor:N`` the same way, untested) or a running
+Engine jobs (``sge:N``; ``pbs:N``, ``lsf:N``, ``htcondor:N`` the same way, tested on stand-ins) or a running
 scheduler (``tcp://``). ``slurm-array:N`` (an sbatch job array, no driver) is parsed here
 and run by its own module.
 
@@ -27,7 +27,9 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   schedulers (walltime syntax, how cores, memory and GPUs are requested, the early check: Grid
   Engine ``qsub -w v``, the commands that cancel and list jobs) is one entry each of
   :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, PBS on a stand-in whose
-  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor not at all.
+  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor on stand-ins
+  of ``bsub`` and ``condor_submit`` that start the job as their scheduler would
+  (``tests/test_lsf_htcondor_local.py``); none of these three on a real server.
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
@@ -50,13 +52,13 @@ from .devices import gpu_assignment, is_cuda, worker_device
 
 SPEC_HELP = ("local:N (N worker processes here) | slurm:N (N SLURM jobs) | slurm-array:N (an sbatch "
              "job array of N tasks, no driver) | sge:N (N Grid Engine jobs; pbs:N, lsf:N, htcondor:N "
-             "likewise, untested) | sge-array:N (a qsub -t job array) | tcp://HOST:PORT (a running dask scheduler)")
+             "likewise, tested on stand-ins only) | sge-array:N (a qsub -t job array) | tcp://HOST:PORT (a running dask scheduler)")
 ENV_SETTINGS = "VSEKIT_CLUSTER_CONFIG"
 # the keys of a `cluster:` section (pipelines.yaml) and of `settings`, with what they mean
 CLUSTER_KEYS = {
     "queue": "SLURM partition (-p), Grid Engine / PBS / LSF queue (-q)",
     "account": "SLURM / PBS account (-A)",
-    "walltime": "job time limit, HH:MM:SS (SLURM -t, Grid Engine -l h_rt, PBS -l walltime; LSF -W HH:MM)",
+    "walltime": "job time limit, HH:MM:SS (SLURM -t, Grid Engine -l h_rt, PBS -l walltime; LSF -W [HH:]MM only)",
     "cores": "CPU cores per job (and decoding threads of its worker)",
     "memory": "memory per job, e.g. 16GB",
     "gpus": "GPUs per job (--gres=gpu:G, only with a CUDA device): G workers, one pinned per GPU",
@@ -304,8 +306,12 @@ def _sge_seconds(text: str) -> int | None:
 
 
 def _lsf_seconds(text: str) -> int | None:
-    hm = _clock(text, 60)   # bsub -W [HH:]MM
-    return hm * 60 if hm is not None and ":" in text and text.count(":") == 1 else hm
+    """bsub -W [HH:]MM[/HOST]: a bare number is minutes; HH:MM:SS or days are no LSF run limit."""
+    text = text.split("/", 1)[0]
+    if "-" in text or text.count(":") > 1:
+        return None
+    hm = _clock(text, 60)
+    return hm * 60 if hm is not None and ":" in text else hm
 
 
 @dataclass(frozen=True)
@@ -439,6 +445,9 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
         extra += ["--resources", ",".join(f"{k}={v:g}" for k, v in res.items())]
     if s.get("walltime") and sched.seconds is None:
         raise ValueError(f"cluster setting walltime: {sched.label} jobs take no walltime here; use lifetime (seconds)")
+    if kind == "lsf" and s.get("walltime") and _lsf_seconds(str(s["walltime"]).strip()) is None:
+        # bsub refuses any other run limit ("Bad RUNLIMIT specification"), and the jobs would never start
+        raise ValueError(f"cluster setting walltime {s['walltime']!r}: LSF takes [HH:]MM (bsub -W), e.g. 01:30")
     # the walltime the job will have: the setting, else dask-jobqueue's configuration (its default
     # 00:30:00 for SLURM, Grid Engine, PBS, LSF): the workers retire before it either way
     walltime = s.get("walltime") or (_configured_walltime(kind) if sched.seconds else None)
@@ -585,8 +594,8 @@ def cancel_jobs(ids: list[str], kind: str = "slurm") -> None:
 
 
 def pending_reasons(ids: list[str], kind: str = "slurm") -> str:
-    """The scheduler's state of each job of ``ids`` (squeue's reason, qstat's state), e.g.
-    ``job 12 PENDING (Resources)``."""
+    """The scheduler's state of each job of ``ids`` (squeue's reason, qstat's, bjobs's and
+    condor_q's state), e.g. ``job 12 PENDING (Resources)``."""
     if not ids:
         return "no job was submitted"
     sched = SCHEDULERS[kind]
@@ -594,6 +603,10 @@ def pending_reasons(ids: list[str], kind: str = "slurm") -> str:
         cmd = [sched.status, "-h", "-j", ",".join(ids), "-o", "%i %T %r"]
     elif kind in ("sge", "pbs"):
         cmd = [sched.status]
+    elif kind == "lsf":
+        cmd = [sched.status, "-w", *ids]        # JOBID USER STAT QUEUE FROM_HOST EXEC_HOST JOB_NAME SUBMIT_TIME
+    elif kind == "htcondor":
+        cmd = [sched.status, "-nobatch", *ids]  # ID OWNER SUBMITTED (date time) RUN_TIME ST PRI SIZE CMD
     else:
         return f"jobs {', '.join(ids)} (ask {sched.status} why)"
     try:
@@ -602,6 +615,10 @@ def pending_reasons(ids: list[str], kind: str = "slurm") -> str:
         return f"{sched.status} failed ({exc})"
     if kind == "slurm":
         rows = [ln.split(None, 2) for ln in out.stdout.splitlines() if ln.strip()]
+    elif kind in ("lsf", "htcondor"):
+        col = 2 if kind == "lsf" else 5
+        rows = [[r[0], r[col], sched.status] for r in (ln.split() for ln in out.stdout.splitlines())
+                if len(r) > col and r[0] in ids]
     else:   # qstat: job id, priority, name, user, state, ...
         rows = [[r[0], r[4], "qstat"] for r in (ln.split() for ln in out.stdout.splitlines())
                 if len(r) > 4 and r[0].split(".")[0] in ids]
@@ -681,9 +698,9 @@ def _quiet_job_logs() -> None:
 
 # --- object storage ---------------------------------------------------------------------------------
 #: the executors that serve a store on object storage: their tasks open the URL with the storage
-#: options handed to them in memory, over dask's connection (storage/ref.py); lsf and htcondor are
-#: untested (pbs: on a stand-in, tests/test_pbs_local.py).
-OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs")
+#: options handed to them in memory, over dask's connection (storage/ref.py); pbs, lsf and htcondor
+#: run on stand-ins of their schedulers (tests/test_pbs_local.py, tests/test_lsf_htcondor_local.py).
+OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs", "lsf", "htcondor")
 #: job arrays on object storage: extraction only (their tasks' leases and spec are objects there)
 OBJECT_STORAGE_ARRAYS = ("slurm-array", "sge-array")
 

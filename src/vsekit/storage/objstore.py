@@ -34,7 +34,8 @@ from .base import StoreError
 SCHEMES = ("s3", "gs", "az", "memory")
 #: what works on an object-store URL today; every other command refuses one, naming these
 URL_COMMANDS = ("every `ingest`, `split`, `extract`, `tokenize`, `standardize`, `discretize` and `fne` (in-process, "
-                "--cluster local:N, tcp://, slurm:N, sge:N and pbs:N; extract also slurm-array:N and sge-array:N; "
+                "--cluster local:N, tcp://, slurm:N, sge:N, pbs:N, lsf:N and htcondor:N; extract also slurm-array:N "
+                "and sge-array:N; "
                 "tokenize also --workers N), `train`, `evaluate`, `embed`, `report`, `info` (with --verify and "
                 "--repair) and `export` (reading)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
