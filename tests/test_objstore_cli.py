@@ -143,8 +143,7 @@ def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3,
 def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
     """Every --cluster serves extraction into a store on object storage (local:N, tcp://: here and
     tests/test_objstore_cluster.py; slurm:N, sge:N and their arrays: tests/test_objstore_slurm.py,
-    test_objstore_array.py; pbs:N, lsf:N, htcondor:N on stand-ins: tests/test_pbs_local.py,
-    test_lsf_htcondor_local.py). What is refused, in one Error line before any work: a job array for
+    test_objstore_array.py; pbs:N, lsf:N, htcondor:N on stand-ins: tests/test_jobqueue_standins.py). What is refused, in one Error line before any work: a job array for
     a stage other than extract, and any --cluster with a memory:// store (no worker reaches it)."""
     url = s3.url()
     assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0

@@ -112,7 +112,7 @@ def test_grid_engine_jobs_get_the_storage_options_with_their_tasks_and_write_wha
 
 def test_a_cluster_that_does_not_serve_object_storage_is_refused_in_one_line(s3, demo_dir):
     """Every batch scheduler serves a store on object storage (pbs:N, lsf:N, htcondor:N on stand-ins:
-    tests/test_pbs_local.py, test_lsf_htcondor_local.py); a job array serves extraction only
+    tests/test_jobqueue_standins.py); a job array serves extraction only
     (tests/test_objstore_array.py): the other stages refuse it in one line, before any work."""
     from click.testing import CliRunner
 

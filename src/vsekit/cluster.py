@@ -27,9 +27,9 @@ Only this module imports ``distributed`` (and ``dask_jobqueue``), and only when 
   schedulers (walltime syntax, how cores, memory and GPUs are requested, the early check: Grid
   Engine ``qsub -w v``, the commands that cancel and list jobs) is one entry each of
   :data:`SCHEDULERS`; SLURM and Grid Engine are tested on real schedulers, PBS on a stand-in whose
-  ``qsub`` runs the job script at once (``tests/test_pbs_local.py``), LSF and HTCondor on stand-ins
+  ``qsub`` runs the job script at once (``tests/test_jobqueue_standins.py``), LSF and HTCondor on stand-ins
   of ``bsub`` and ``condor_submit`` that start the job as their scheduler would
-  (``tests/test_lsf_htcondor_local.py``); none of these three on a real server.
+  (``tests/test_jobqueue_standins.py``); none of these three on a real server.
 - ``tcp://HOST:PORT`` joins a scheduler whose workers were started elsewhere (``dask worker ...
   --resources GPU=1`` for GPU workers).
 """
@@ -699,7 +699,7 @@ def _quiet_job_logs() -> None:
 # --- object storage ---------------------------------------------------------------------------------
 #: the executors that serve a store on object storage: their tasks open the URL with the storage
 #: options handed to them in memory, over dask's connection (storage/ref.py); pbs, lsf and htcondor
-#: run on stand-ins of their schedulers (tests/test_pbs_local.py, tests/test_lsf_htcondor_local.py).
+#: run on stand-ins of their schedulers (tests/test_jobqueue_standins.py).
 OBJECT_STORAGE_KINDS = ("local", "tcp", "slurm", "sge", "pbs", "lsf", "htcondor")
 #: job arrays on object storage: extraction only (their tasks' leases and spec are objects there)
 OBJECT_STORAGE_ARRAYS = ("slurm-array", "sge-array")

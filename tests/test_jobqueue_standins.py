@@ -1,10 +1,11 @@
-"""`--cluster lsf:N` and `--cluster htcondor:N` end to end through dask-jobqueue's LSFCluster and
-HTCondorCluster, on stand-ins (tests/lsf_local.py, tests/htcondor_local.py; what they share with the
-PBS one: tests/batch_local.py).
+"""`--cluster pbs:N`, `lsf:N` and `htcondor:N` end to end through dask-jobqueue's PBSCluster,
+LSFCluster and HTCondorCluster, on stand-ins (tests/pbs_local.py, tests/lsf_local.py,
+tests/htcondor_local.py; what they share: tests/batch_local.py).
 
-No LSF or HTCondor server can run here, so this tests vsekit's side for real: its settings for each
-scheduler, the job script (LSF: ``#BSUB`` lines, fed to ``bsub`` on its standard input, the walltime
-and memory in bsub's words, checked as bsub checks them) or submit description (HTCondor:
+No PBS, LSF or HTCondor server can run here, so this tests vsekit's side for real: its settings for
+each scheduler, the job script (PBS: ``#PBS`` lines, started by ``qsub`` at once in its own session
+with a node's minimal environment; LSF: ``#BSUB`` lines, fed to ``bsub`` on its standard input, the
+walltime and memory in bsub's words, checked as bsub checks them) or submit description (HTCondor:
 ``Executable`` and ``Arguments``, run with HTCondor's bare job environment) dask-jobqueue writes
 from them, the job id read back from the scheduler's answer, the jobs' logs where the directives put
 them, and cancelling exactly the run's jobs; and that the workers do the work: extraction on a disk
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import batch_local  # noqa: E402  (tests/batch_local.py)
 import htcondor_local  # noqa: E402
 import lsf_local  # noqa: E402
+import pbs_local  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -38,13 +40,13 @@ ARGS = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--seed"
         "--input-size", "64", "--resize", "72", "--batch-size", "2", "--block-rows", "4", "--no-progress",
         "--device", "cpu"]
 NAME = "test_resnet_fne"
-OPTION_SECRET = "vsekit-lsf-htcondor-option-secret-in-no-file"
-STANDINS = {"lsf": lsf_local, "htcondor": htcondor_local}
-# the settings of each: LSF's walltime in bsub -W's [HH:]MM; HTCondor jobs take none
-SETTINGS = {"lsf": {"walltime": "00:20"}, "htcondor": {}}
+OPTION_SECRET = "vsekit-jobqueue-option-secret-in-no-file"
+STANDINS = {"pbs": pbs_local, "lsf": lsf_local, "htcondor": htcondor_local}
+# the settings of each: PBS's walltime HH:MM:SS; LSF's in bsub -W's [HH:]MM; HTCondor jobs take none
+SETTINGS = {"pbs": {"walltime": "00:20:00"}, "lsf": {"walltime": "00:20"}, "htcondor": {}}
 
 
-@pytest.fixture(params=["lsf", "htcondor"])
+@pytest.fixture(params=["pbs", "lsf", "htcondor"])
 def sched(request, tmp_path):
     kind = request.param
     folder = tmp_path / kind
@@ -68,10 +70,15 @@ def _env(sched, **more) -> dict:
 
 
 def _jobs_ran(sched) -> list[Path]:
-    """What the stand-in was given (LSF: the spooled job scripts; HTCondor: the submit descriptions),
-    each a job of the run, its logs where its directives put them, each ended with the run."""
+    """What the stand-in was given (PBS, LSF: the job scripts; HTCondor: the submit descriptions),
+    each a job of the run, its logs where its directives put them (LSF, HTCondor), each ended with the run."""
     jobs, logs = sched["dir"] / "jobs", sched["dir"] / "logs"
-    if sched["kind"] == "lsf":
+    if sched["kind"] == "pbs":
+        given = sorted(jobs.glob("*.sh"))
+        for s in given:
+            text = s.read_text()
+            assert "#PBS -l walltime=00:20:00" in text and "distributed.cli.dask_worker" in text, text
+    elif sched["kind"] == "lsf":
         given = sorted(jobs.glob("*.sh"))
         for s in given:
             text = s.read_text()
@@ -98,7 +105,7 @@ def _jobs_ran(sched) -> list[Path]:
     return given
 
 
-def test_extract_on_lsf_and_htcondor_jobs_into_a_disk_store_equals_in_process(sched, demo_dir, tmp_path):
+def test_extract_on_standin_jobs_into_a_disk_store_equals_in_process(sched, demo_dir, tmp_path):
     from test_objstore_slow import OPTS
 
     from vsekit.extract import extract
@@ -118,7 +125,7 @@ def test_extract_on_lsf_and_htcondor_jobs_into_a_disk_store_equals_in_process(sc
     _jobs_ran(sched)
 
 
-def test_extract_and_standardize_on_lsf_and_htcondor_jobs_into_s3_equal_disk_and_leak_no_secret(sched, s3, demo_dir,
+def test_extract_and_standardize_on_standin_jobs_into_s3_equal_disk_and_leak_no_secret(sched, s3, demo_dir,
                                                                                                  tmp_path):
     from test_objstore_slow import OPTS, _records_per_block
 
@@ -154,7 +161,8 @@ def test_extract_and_standardize_on_lsf_and_htcondor_jobs_into_s3_equal_disk_and
         assert np.array_equal(store.features(NAME + ".z").group[arr][:], ref.features(NAME + ".z").group[arr][:])
     assert len(_jobs_ran(sched)) >= 4                          # two runs, two jobs each
     written = [p for p in sched["dir"].rglob("*") if p.is_file()]   # job scripts, job logs, events, pids
-    assert any(p.parent.name == "logs" for p in written)
+    # the jobs' logs: where the directives put them (LSF, HTCondor), beside the job (the PBS stand-in)
+    assert any(p.parent.name == "logs" or p.suffix == ".err" for p in written)
     for p in written:
         assert OPTION_SECRET.encode() not in p.read_bytes(), p
     assert OPTION_SECRET not in out
@@ -162,6 +170,7 @@ def test_extract_and_standardize_on_lsf_and_htcondor_jobs_into_s3_equal_disk_and
         assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
 
 
+@pytest.mark.parametrize("sched", ["lsf", "htcondor"], indirect=True)
 def test_no_job_starting_a_worker_in_time_is_one_error_with_the_schedulers_state(sched, demo_dir, tmp_path):
     """Jobs that run but start no worker within start_timeout (here: a prologue that sleeps): one
     Error line with each job's state as the status command (bjobs -w, condor_q -nobatch) gives it,
