@@ -413,3 +413,288 @@ def test_a_task_killed_between_its_record_and_its_status_loses_nothing_and_commi
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
     assert objcommit.read_record(fs, block) == record                  # kept: the block was not redone
+
+
+# --- a researcher's faults, the tasks run as the scheduler starts them (stand-in sbatch / squeue) --
+# Each task is ``python -m vsekit.extract.array URL NAME`` in a process of its own, with the array's
+# SLURM variables; what reached the server is counted there (records per block, chunk objects and
+# their bytes and times), not taken from what the tool reports.
+def _task(url: str, k: int, log: Path, **extra: str):
+    import subprocess
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID=str(k), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]), **extra)
+    return subprocess.Popen([sys.executable, "-m", "vsekit.extract.array", url, NAME], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
+def _task_leases(url: str, task: int) -> list[int]:
+    """The blocks whose lease object names array task ``task`` (live or expired, not free)."""
+    from vsekit.storage import job_arrays
+    from vsekit.storage.store import FeatureStore
+
+    return [s.key for s in job_arrays.place(FeatureStore.open(url), NAME).leases().states()
+            if str(s.owner.get("task")) == str(task)]
+
+
+def _chunk_objects(s3, blocks) -> dict[str, tuple[bytes, object]]:
+    """Every data chunk object of ``blocks``: its bytes and its time of writing, as the server has them."""
+    out = {}
+    for i in blocks:
+        for key in s3.keys(f"x.zarr/features/{NAME}/data/c/{i}/"):
+            got = s3.client.get_object(Bucket=s3.bucket, Key=key)
+            out[key] = (got["Body"].read(), got["LastModified"])
+    return out
+
+
+def _stop_all(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.slow
+def test_on_s3_a_task_sigkilled_with_a_half_block_and_one_sigtermed_mid_block_leave_their_blocks_to_a_sibling(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """Three tasks of one array. Task 0 commits a block, writes the chunks of its second and is killed
+    with SIGKILL before that block's record (a node crash, OOM); task 1 gets SIGTERM (scancel, the time
+    limit) while it holds its first block; task 2, started once both are gone, takes over task 0's
+    expired lease, extracts both blocks and completes the set: one record per block, the bits of disk."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import integrity, job_arrays, objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    assert extract(url, cluster="slurm-array:3", device="cpu", **OPTS).pending_blocks == 6
+    logs = [tmp_path / f"task{k}.log" for k in range(3)]
+    hold = {k: tmp_path / f"never{k}" for k in range(2)}
+    go = tmp_path / "go"
+    procs = [_task(url, 0, logs[0], VSEKIT_PAUSE=f"objstore:record@2={hold[0]}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 1, logs[1], VSEKIT_PAUSE=f"array-task-1:claimed={hold[1]}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 2, logs[2], VSEKIT_PAUSE=f"array-task-2:start={go}", VSEKIT_PAUSE_MAX_S="600")]
+    try:
+        _wait(lambda: Path(f"{hold[0]}.reached").exists(), 120, "task 0 to write its second block's chunks")
+        [half] = _task_leases(url, 0)                        # the block task 0 holds, chunks written
+        assert half not in _records_per_block(s3)
+        assert s3.keys(f"x.zarr/features/{NAME}/data/c/{half}/")   # its chunks are on the server
+        [first] = _records_per_block(s3)                     # task 0's committed block
+        procs[0].send_signal(signal.SIGKILL)
+        assert procs[0].wait(30) == -signal.SIGKILL
+        _wait(lambda: Path(f"{hold[1]}.reached").exists(), 120, "task 1 to hold a block")
+        [termed] = _task_leases(url, 1)
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(60) == 143
+        assert job_arrays.place(FeatureStore.open(url), NAME).leases().state(termed).free   # released, not left to expire
+        assert termed not in _records_per_block(s3)
+        assert half in _task_leases(url, 0)                   # the killed task's lease: left to expire
+        assert FeatureStore.open(url).features(NAME).counts()["done"] == 4
+        go.touch()
+        assert procs[2].wait(240) == 0, logs[2].read_text()
+    finally:
+        _stop_all(procs)
+    out = [p.read_text() for p in logs]
+    assert "terminated (SIGTERM) after committing 0 block(s); the block in progress stays pending" in out[1]
+    assert f"block {half}: took over the expired lease of job 4242 task 0" in out[2], out[2]
+    assert f"committed block {half} " in out[2] and f"committed block {termed} " in out[2]
+    assert out[2].count("committed block") == 5               # every block but task 0's first
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)              # bit for bit as on disk
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}   # each block committed once
+    records = objcommit.records(fs)
+    assert set(records) == set(range(6)) and first in records
+    assert integrity.verify(fs).ok
+    assert not _task_leases(url, 0) and not _task_leases(url, 2)
+
+
+@pytest.mark.slow
+def test_on_s3_requeued_tasks_that_had_written_chunks_and_a_record_write_nothing_twice(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """Task 0 commits a block and is killed (SIGKILL) with its second block's chunks written and no
+    record; task 1 commits a block and dies between its second block's record and status. Both are
+    requeued (the same job and task ids run again): every block ends with one record and the bits of
+    disk, and the blocks that had a record keep it and keep every chunk object byte for byte, unwritten."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import integrity, objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    assert extract(url, cluster="slurm-array:2", device="cpu", **OPTS).pending_blocks == 6
+    hold = tmp_path / "never"
+    procs = [_task(url, 0, tmp_path / "t0.log", VSEKIT_PAUSE=f"objstore:record@2={hold}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 1, tmp_path / "t1.log", VSEKIT_FAULT="write_block:status@2")]
+    try:
+        assert procs[1].wait(240) == 137, (tmp_path / "t1.log").read_text()
+        _wait(lambda: Path(f"{hold}.reached").exists(), 120, "task 0 to write its second block's chunks")
+        [half] = _task_leases(url, 0)
+        procs[0].send_signal(signal.SIGKILL)
+        assert procs[0].wait(30) == -signal.SIGKILL
+    finally:
+        _stop_all(procs)
+    fs = FeatureStore.open(url).features(NAME)
+    recorded = sorted(_records_per_block(s3))
+    assert len(recorded) == 3 and half not in recorded        # task 0's first, task 1's two
+    assert s3.keys(f"x.zarr/features/{NAME}/data/c/{half}/")   # a half block: chunks, no record
+    assert fs.counts()["done"] == 8                            # task 1's second block: record, no status
+    before_records = objcommit.records(fs)
+    before_chunks = _chunk_objects(s3, recorded)
+    assert len(before_chunks) == len(recorded)
+    time.sleep(1.1)   # S3 times have whole seconds: a rewrite would show
+
+    requeued = [_task(url, k, tmp_path / f"t{k}.again.log") for k in range(2)]
+    try:
+        codes = [p.wait(240) for p in requeued]
+    finally:
+        _stop_all(requeued)
+    out = "".join((tmp_path / f"t{k}.again.log").read_text() for k in range(2))
+    assert codes == [0, 0], out
+    assert out.count("status restored from its commit record") == 1, out
+    assert out.count("committed block") == 3, out             # the half block and the two never started
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}   # nothing committed twice
+    after = objcommit.records(fs)
+    assert {i: after[i] for i in recorded} == {i: before_records[i] for i in recorded}
+    assert _chunk_objects(s3, recorded) == before_chunks      # same bytes, same time: not rewritten
+    assert integrity.verify(fs).ok
+
+
+@pytest.mark.slow
+def test_on_s3_an_array_whose_tasks_all_died_shows_in_info_holds_the_set_then_a_rerun_submits_the_rest(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """While the array's job is queued or running, `vsekit split` (the store's lease) and another
+    extract are refused; every task dies with blocks left; `vsekit info` shows the array ended and the
+    blocks done and pending; once the set's lease expired, the same command submits a new array for
+    the pending blocks only, which completes the set with the first array's records kept."""
+    from click.testing import CliRunner
+
+    from vsekit.cli import main
+    from vsekit.extract import extract
+    from vsekit.storage import objcommit
+    from vsekit.storage.objstore import Objects, holder_live, lease_key
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    split_before = FeatureStore.open(url).root["images/split"][:]
+    sub = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    assert sub.job_id == "4242" and sub.pending_blocks == 6
+    _squeue(fake_slurm, running=True)
+    runner = CliRunner()
+    r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])
+    assert r.exit_code == 1 and r.output.startswith("Error: "), r.output
+    assert f"is being written by SLURM job array 4242" in r.output and len(r.output.strip().splitlines()) == 1
+    assert np.array_equal(FeatureStore.open(url).root["images/split"][:], split_before)   # nothing changed
+    assert not s3.keys("x.zarr/.vsekit/leases/.store")                                    # no store lease left
+
+    procs = [_task(url, k, tmp_path / f"t{k}.log", VSEKIT_FAULT="objstore:record@2") for k in range(2)]
+    try:
+        assert [p.wait(240) for p in procs] == [137, 137]    # each died with its second block's chunks
+    finally:
+        _stop_all(procs)
+    first = _records_per_block(s3)
+    assert set(first.values()) == {1} and len(first) == 2
+    r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])   # still listed by squeue
+    assert r.exit_code == 1 and "SLURM job array 4242" in r.output, r.output
+    _squeue(fake_slurm, running=False)                       # the job has left the queue
+    r = runner.invoke(main, ["info", url, NAME])
+    assert r.exit_code == 0, r.output
+    assert "SLURM job array 4242 (2 tasks): ended" in r.output, r.output
+    assert "blocks: 2 done, 4 pending of 6" in r.output and "done 8 / failed 0 / pending 16" in r.output, r.output
+    objects = Objects(url)
+    _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 30, "the array's lease to expire")
+    before = objcommit.records(FeatureStore.open(url).features(NAME))
+    (fake_slurm / "bin" / "sbatch").write_text(f'#!/bin/bash\ncp "${{@: -1}}" {fake_slurm}/again.sh\necho 4343\n')
+    again = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    assert (again.job_id, again.pending_blocks, again.done) == ("4343", 4, 8)   # the pending blocks only
+    assert "#SBATCH --array=0-1" in (fake_slurm / "again.sh").read_text()
+    _squeue(fake_slurm, running=True)
+    r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])
+    assert r.exit_code == 1 and "SLURM job array 4343" in r.output, r.output
+    r = runner.invoke(main, ["info", url, NAME])
+    assert "SLURM job array 4343 (2 tasks): queued or running" in r.output, r.output
+    task = _task(url, 0, tmp_path / "again.log")
+    try:
+        assert task.wait(240) == 0, (tmp_path / "again.log").read_text()
+    finally:
+        _stop_all([task])
+    assert (tmp_path / "again.log").read_text().count("committed block") == 4
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    after = objcommit.records(fs)
+    assert all(after[i] == before[i] for i in first)
+
+
+@pytest.mark.slow
+def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_and_the_rerun_completes(
+        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+    """On the local SLURM: task 0 commits a block and holds its next one when it is cancelled
+    (``scancel``); task 1 holds its first block past its one-minute time limit. SLURM sends each
+    SIGTERM: each releases its block's lease (no record, no chunk of the block) and exits 143. The same
+    command, once the array's lease expired, submits the blocks still pending and completes the set."""
+    import slurm_local
+    import subprocess
+
+    from vsekit.extract import extract
+    from vsekit.storage import job_arrays, objcommit
+    from vsekit.storage.objstore import Objects, holder_live, lease_key
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    jobs = _on_cluster(s3, monkeypatch, tmp_path, {"queue": "vsekit", "walltime": "00:01:00"})
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
+    hold = {k: tmp_path / f"never{k}" for k in range(2)}
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-0:claimed@2={hold[0]},array-task-1:claimed={hold[1]}")
+    monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
+    sub = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    job = sub.job_id
+    assert job and sub.pending_blocks == 6
+    leases = job_arrays.place(FeatureStore.open(url), NAME).leases()
+    _wait(lambda: Path(f"{hold[0]}.reached").exists() and Path(f"{hold[1]}.reached").exists(), 240,
+          "task 0 to commit a block and hold another, task 1 to hold its first")
+    [first] = _records_per_block(s3)
+    held = {k: _task_leases(url, k) for k in range(2)}
+    assert len(held[0]) == 1 and len(held[1]) == 1, held
+    subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=slurm, check=True)
+    _wait(lambda: _slurm_array_ended(slurm, job), 240, f"array {job} to end (task 1 at its time limit)")
+    out = {k: (jobs / f"vsekit-{NAME}-{job}_{k}.out").read_text() for k in range(2)}
+    assert "CANCELLED AT" in out[0] and "TIME LIMIT" not in out[0], out[0]
+    assert "DUE TO TIME LIMIT" in out[1], out[1]
+    for k in range(2):
+        assert "terminated (SIGTERM)" in out[k] and "the block in progress stays pending" in out[k], out[k]
+        assert leases.state(held[k][0]).free                     # released, not left to expire
+        assert held[k][0] not in _records_per_block(s3)
+        assert not s3.keys(f"x.zarr/features/{NAME}/data/c/{held[k][0]}/")   # no chunk of a block in progress
+    assert _records_per_block(s3) == {first: 1}
+    assert FeatureStore.open(url).features(NAME).counts() == {"pending": 20, "done": 4, "failed": 0}
+    before = objcommit.records(FeatureStore.open(url).features(NAME))
+    chunks = _chunk_objects(s3, [first])
+    objects = Objects(url)
+    _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 60, "the array's lease to expire")
+
+    monkeypatch.delenv("VSEKIT_PAUSE")
+    config = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps(dict(config, walltime="00:20:00")))
+    again = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    assert again.job_id and again.pending_blocks == 5
+    _wait(lambda: _slurm_array_ended(slurm, again.job_id), 400, f"array {again.job_id} to end")
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert objcommit.records(fs)[first] == before[first] and _chunk_objects(s3, [first]) == chunks
