@@ -8,13 +8,20 @@ S3 server (the ``s3`` fixture).
   arrays' results equal the in-process run on disk bit for bit with one commit record per block, the
   ``--storage-option`` secret is in no job script, log, spec or object, another extract is refused
   while the array holds the set, and tasks killed between their chunks and their records are made
-  good by the rerun with nothing committed twice.
+  good by the rerun with nothing committed twice; a task cancelled and one past its time limit
+  release their blocks and the rerun completes the set;
+* slow, the tasks started here as the scheduler starts them (stand-in sbatch / squeue): a task
+  SIGKILLed with a half block written, whose expired lease a sibling takes over; one SIGTERMed
+  mid-block; requeued tasks that had written chunks and a record (nothing written twice, compared
+  object by object); an array whose tasks all died (``vsekit info``, ``vsekit split`` refused while
+  the job is listed, the rerun submits the pending blocks only).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -582,7 +589,7 @@ def test_on_s3_an_array_whose_tasks_all_died_shows_in_info_holds_the_set_then_a_
     from vsekit.cli import main
     from vsekit.extract import extract
     from vsekit.storage import objcommit
-    from vsekit.storage.objstore import Objects, holder_live, lease_key
+    from vsekit.storage.objstore import LeaseHeld, Objects, holder_live, lease_key
     from vsekit.storage.store import FeatureStore
 
     url = _ingest(s3, demo_dir)
@@ -608,11 +615,19 @@ def test_on_s3_an_array_whose_tasks_all_died_shows_in_info_holds_the_set_then_a_
     assert set(first.values()) == {1} and len(first) == 2
     r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])   # still listed by squeue
     assert r.exit_code == 1 and "SLURM job array 4242" in r.output, r.output
+    with pytest.raises(LeaseHeld, match="SLURM job array 4242 .*scancel 4242"):
+        extract(url, **OPTS)
     _squeue(fake_slurm, running=False)                       # the job has left the queue
     r = runner.invoke(main, ["info", url, NAME])
     assert r.exit_code == 0, r.output
     assert "SLURM job array 4242 (2 tasks): ended" in r.output, r.output
     assert "blocks: 2 done, 4 pending of 6" in r.output and "done 8 / failed 0 / pending 16" in r.output, r.output
+    assert "the array has ended with blocks left: rerun the same extract command" in r.output
+    live, expired = map(int, re.search(r"leases: (\d+) live, (\d+) expired", r.output).groups())
+    assert live + expired == 2                               # the half blocks of the dead tasks
+    for k in range(2):
+        [half] = _task_leases(url, k)
+        assert half not in first and f"block {half}: job 4242 task {k} " in r.output, r.output
     objects = Objects(url)
     _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 30, "the array's lease to expire")
     before = objcommit.records(FeatureStore.open(url).features(NAME))
