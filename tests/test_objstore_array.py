@@ -713,3 +713,56 @@ def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
     assert objcommit.records(fs)[first] == before[first] and _chunk_objects(s3, [first]) == chunks
+
+
+@pytest.mark.slow
+def test_on_s3_a_sigterm_while_a_task_commits_lets_that_commit_finish_then_stops_it(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """SIGTERM reaches a task after its block's chunks are on the server and before the block's record:
+    the commit finishes (record, then status), the lease is released, the task exits 143; no block is
+    left half written, and the rerun's task extracts the rest, with each block committed once."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import job_arrays, objcommit
+    from vsekit.storage.objstore import Objects, holder_live, lease_key
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    extract(url, cluster="slurm-array:1", device="cpu", **OPTS)
+    go = tmp_path / "go"
+    proc = _task(url, 0, tmp_path / "t0.log", VSEKIT_PAUSE=f"objstore:record@2={go}", VSEKIT_PAUSE_MAX_S="600")
+    try:
+        _wait(lambda: Path(f"{go}.reached").exists(), 120, "the task to write its second block's chunks")
+        [block] = _task_leases(url, 0)
+        assert block not in _records_per_block(s3) and s3.keys(f"x.zarr/features/{NAME}/data/c/{block}/")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        go.touch()
+        assert proc.wait(60) == 143
+    finally:
+        _stop_all([proc])
+    out = (tmp_path / "t0.log").read_text()
+    assert f"committed block {block} " in out and "terminated (SIGTERM) after committing 2 block(s)" in out, out
+    fs = FeatureStore.open(url).features(NAME)
+    records = _records_per_block(s3)
+    assert len(records) == 2 and records[block] == 1 and set(records.values()) == {1}
+    assert fs.block_done(fs.blocks()[block]) and fs.counts()["done"] == 8    # record and status: whole
+    assert job_arrays.place(FeatureStore.open(url), NAME).leases().state(block).free
+    before = objcommit.records(fs)
+    objects = Objects(url)
+    _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 30, "the array's lease to expire")
+    sub = extract(url, cluster="slurm-array:1", device="cpu", **OPTS)       # the same command
+    assert sub.pending_blocks == 4
+    again = _task(url, 0, tmp_path / "again.log")
+    try:
+        assert again.wait(240) == 0, (tmp_path / "again.log").read_text()
+    finally:
+        _stop_all([again])
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert all(objcommit.records(fs)[i] == before[i] for i in before)
