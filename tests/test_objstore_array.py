@@ -9,7 +9,8 @@ S3 server (the ``s3`` fixture).
   ``--storage-option`` secret is in no job script, log, spec or object, another extract is refused
   while the array holds the set, and tasks killed between their chunks and their records are made
   good by the rerun with nothing committed twice; a task cancelled and one past its time limit
-  release their blocks and the rerun completes the set;
+  release their blocks and the rerun completes the set; a Grid Engine task deleted while it holds
+  a block leaves it to its sibling;
 * slow, the tasks started here as the scheduler starts them (stand-in sbatch / squeue): a task
   SIGKILLed with a half block written, whose expired lease a sibling takes over; one SIGTERMed
   mid-block; requeued tasks that had written chunks and a record (nothing written twice, compared
@@ -766,3 +767,59 @@ def test_on_s3_a_sigterm_while_a_task_commits_lets_that_commit_finish_then_stops
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
     assert all(objcommit.records(fs)[i] == before[i] for i in before)
+
+
+def _sge_task_listed(env, job: str, task: str) -> bool:
+    """Whether ``qstat`` lists task ``task`` of array job ``job`` (its last column, ja-task-ID)."""
+    import subprocess
+
+    import sge_local
+
+    out = subprocess.run([sge_local.which("qstat"), "-u", "*"], env=env, capture_output=True, text=True).stdout
+    return any(ln.split()[:1] == [job] and ln.split()[-1] == task for ln in out.splitlines())
+
+
+@pytest.mark.slow
+def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
+        sge, s3, demo_dir, reference, tmp_path, monkeypatch):
+    """``sge-array:2`` on the local Grid Engine: task 2 commits a block and holds its next one when it
+    is deleted (``qdel -t 2``: killed outright, no SIGTERM); task 1, held at its start until then,
+    takes over the expired lease and completes the set: one record per block, the bits of disk."""
+    import subprocess
+
+    import sge_local
+
+    from vsekit.extract import extract
+    from vsekit.storage import integrity
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    for key in ("SGE_ROOT", "SGE_CELL"):
+        monkeypatch.setenv(key, sge[key])
+    jobs = _on_cluster(s3, monkeypatch, tmp_path, {"memory_resource": "h_rss", "queue": sge_local.QUEUE})
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
+    hold, go = tmp_path / "never", tmp_path / "go"
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-1:claimed@2={hold},array-task-0:start={go}")
+    monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
+    try:
+        sub = extract(url, cluster="sge-array:2", device="cpu", **OPTS)
+        job = sub.job_id
+        _wait(lambda: Path(f"{hold}.reached").exists(), 240, "task 2 to commit a block and hold its next")
+        [first] = _records_per_block(s3)
+        [held] = _task_leases(url, 2)                      # Grid Engine numbers the tasks from 1
+        assert held != first and held not in _records_per_block(s3)
+        assert _sge_task_listed(sge, job, "2")
+        subprocess.run([sge_local.which("qdel"), job, "-t", "2"], env=sge, check=True, capture_output=True)
+        _wait(lambda: not _sge_task_listed(sge, job, "2"), 60, "task 2 to leave the queue")
+        go.touch()
+        _wait(lambda: job not in sge_local.jobs(sge), 300, f"array {job} to end")
+    finally:
+        sge_local.delete_all(sge)
+    logs = "".join(p.read_text() for p in jobs.rglob("*") if p.is_file() and p.suffix != ".sh")
+    assert f"block {held}: took over the expired lease of job {job} task 2" in logs, logs
+    assert logs.count("committed block") == 6, logs       # task 2's one and task 1's five: each once
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert integrity.verify(fs).ok
