@@ -13,8 +13,8 @@ S3 server (the ``s3`` fixture).
   a block leaves it to its sibling;
 * slow, the tasks started here as the scheduler starts them (stand-in sbatch / squeue): a task
   SIGKILLed with a half block written, whose expired lease a sibling takes over; one SIGTERMed
-  mid-block; requeued tasks that had written chunks and a record (nothing written twice, compared
-  object by object); an array whose tasks all died (``vsekit info``, ``vsekit split`` refused while
+  mid-block or while it commits; requeued tasks that had written chunks and a record (nothing written
+  twice, compared object by object); a task suspended past its lease (it writes nothing on resuming); an array whose tasks all died (``vsekit info``, ``vsekit split`` refused while
   the job is listed, the rerun submits the pending blocks only).
 """
 
@@ -823,3 +823,53 @@ def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
     assert integrity.verify(fs).ok
+
+
+@pytest.mark.slow
+def test_on_s3_a_task_suspended_past_its_lease_writes_nothing_when_it_resumes(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """Preemption by suspension (SLURM's ``PreemptMode=SUSPEND``: SIGSTOP, later SIGCONT): task 0 is
+    stopped while it holds a block; its sibling takes the expired lease over and completes the set.
+    Resumed, task 0 extracts the block, finds its lease lost and writes nothing: no record, and every
+    chunk object keeps the bytes and the time of writing its sibling gave it."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    hold, go = tmp_path / "hold", tmp_path / "go"
+    procs = [_task(url, 0, tmp_path / "t0.log", VSEKIT_PAUSE=f"array-task-0:claimed={hold}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 1, tmp_path / "t1.log", VSEKIT_PAUSE=f"array-task-1:start={go}", VSEKIT_PAUSE_MAX_S="600")]
+    try:
+        _wait(lambda: Path(f"{hold}.reached").exists(), 120, "task 0 to hold a block")
+        [held] = _task_leases(url, 0)
+        procs[0].send_signal(signal.SIGSTOP)
+        go.touch()
+        assert procs[1].wait(240) == 0, (tmp_path / "t1.log").read_text()
+        fs = FeatureStore.open(url).features(NAME)
+        assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+        records = objcommit.records(fs)
+        chunks = _chunk_objects(s3, range(6))
+        assert len(records) == 6 and len(chunks) == 6
+        time.sleep(1.1)   # S3 times have whole seconds: a rewrite would show
+        hold.touch()
+        procs[0].send_signal(signal.SIGCONT)
+        assert procs[0].wait(120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        _stop_all(procs)
+    out = [(tmp_path / f"t{k}.log").read_text() for k in range(2)]
+    assert f"block {held}: took over the expired lease of job 4242 task 0" in out[1], out[1]
+    assert f"block {held} not committed: its lease was lost (expired and taken over)" in out[0], out[0]
+    assert "committed block" not in out[0]
+    fs = FeatureStore.open(url).features(NAME)
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert objcommit.records(fs) == records and _chunk_objects(s3, range(6)) == chunks   # nothing rewritten
