@@ -14,7 +14,8 @@ S3 server (the ``s3`` fixture).
 * slow, the tasks started here as the scheduler starts them (stand-in sbatch / squeue): a task
   SIGKILLed with a half block written, whose expired lease a sibling takes over; one SIGTERMed
   mid-block or while it commits; requeued tasks that had written chunks and a record (nothing written
-  twice, compared object by object); a task suspended past its lease (it writes nothing on resuming); an array whose tasks all died (``vsekit info``, ``vsekit split`` refused while
+  twice, compared object by object); a task suspended past its lease (it writes nothing on
+  resuming); an array whose tasks all died (``vsekit info``, ``vsekit split`` refused while
   the job is listed, the rerun submits the pending blocks only).
 """
 
@@ -498,7 +499,8 @@ def test_on_s3_a_task_sigkilled_with_a_half_block_and_one_sigtermed_mid_block_le
         [termed] = _task_leases(url, 1)
         procs[1].send_signal(signal.SIGTERM)
         assert procs[1].wait(60) == 143
-        assert job_arrays.place(FeatureStore.open(url), NAME).leases().state(termed).free   # released, not left to expire
+        leases = job_arrays.place(FeatureStore.open(url), NAME).leases()
+        assert leases.state(termed).free                      # released at once, not left to expire
         assert termed not in _records_per_block(s3)
         assert half in _task_leases(url, 0)                   # the killed task's lease: left to expire
         assert FeatureStore.open(url).features(NAME).counts()["done"] == 4
