@@ -8,13 +8,22 @@ S3 server (the ``s3`` fixture).
   arrays' results equal the in-process run on disk bit for bit with one commit record per block, the
   ``--storage-option`` secret is in no job script, log, spec or object, another extract is refused
   while the array holds the set, and tasks killed between their chunks and their records are made
-  good by the rerun with nothing committed twice.
+  good by the rerun with nothing committed twice; a task cancelled and one past its time limit
+  release their blocks and the rerun completes the set; a Grid Engine task deleted while it holds
+  a block leaves it to its sibling;
+* slow, the tasks started here as the scheduler starts them (stand-in sbatch / squeue): a task
+  SIGKILLed with a half block written, whose expired lease a sibling takes over; one SIGTERMed
+  mid-block or while it commits; requeued tasks that had written chunks and a record (nothing written
+  twice, compared object by object); a task suspended past its lease (it writes nothing on
+  resuming); an array whose tasks all died (``vsekit info``, ``vsekit split`` refused while
+  the job is listed, the rerun submits the pending blocks only).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -413,3 +422,456 @@ def test_a_task_killed_between_its_record_and_its_status_loses_nothing_and_commi
     assert np.array_equal(fs.data[:], reference)
     assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
     assert objcommit.read_record(fs, block) == record                  # kept: the block was not redone
+
+
+# --- a researcher's faults, the tasks run as the scheduler starts them (stand-in sbatch / squeue) --
+# Each task is ``python -m vsekit.extract.array URL NAME`` in a process of its own, with the array's
+# SLURM variables; what reached the server is counted there (records per block, chunk objects and
+# their bytes and times), not taken from what the tool reports.
+def _task(url: str, k: int, log: Path, **extra: str):
+    import subprocess
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_ID=str(k), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]), **extra)
+    return subprocess.Popen([sys.executable, "-m", "vsekit.extract.array", url, NAME], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
+def _task_leases(url: str, task: int) -> list[int]:
+    """The blocks whose lease object names array task ``task`` (live or expired, not free)."""
+    from vsekit.storage import job_arrays
+    from vsekit.storage.store import FeatureStore
+
+    return [s.key for s in job_arrays.place(FeatureStore.open(url), NAME).leases().states()
+            if str(s.owner.get("task")) == str(task)]
+
+
+def _chunk_objects(s3, blocks) -> dict[str, tuple[bytes, object]]:
+    """Every data chunk object of ``blocks``: its bytes and its time of writing, as the server has them."""
+    out = {}
+    for i in blocks:
+        for key in s3.keys(f"x.zarr/features/{NAME}/data/c/{i}/"):
+            got = s3.client.get_object(Bucket=s3.bucket, Key=key)
+            out[key] = (got["Body"].read(), got["LastModified"])
+    return out
+
+
+def _stop_all(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.slow
+def test_on_s3_a_task_sigkilled_with_a_half_block_and_one_sigtermed_mid_block_leave_their_blocks_to_a_sibling(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """Three tasks of one array. Task 0 commits a block, writes the chunks of its second and is killed
+    with SIGKILL before that block's record (a node crash, OOM); task 1 gets SIGTERM (scancel, the time
+    limit) while it holds its first block; task 2, started once both are gone, takes over task 0's
+    expired lease, extracts both blocks and completes the set: one record per block, the bits of disk."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import integrity, job_arrays, objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    assert extract(url, cluster="slurm-array:3", device="cpu", **OPTS).pending_blocks == 6
+    logs = [tmp_path / f"task{k}.log" for k in range(3)]
+    hold = {k: tmp_path / f"never{k}" for k in range(2)}
+    go = tmp_path / "go"
+    procs = [_task(url, 0, logs[0], VSEKIT_PAUSE=f"objstore:record@2={hold[0]}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 1, logs[1], VSEKIT_PAUSE=f"array-task-1:claimed={hold[1]}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 2, logs[2], VSEKIT_PAUSE=f"array-task-2:start={go}", VSEKIT_PAUSE_MAX_S="600")]
+    try:
+        _wait(lambda: Path(f"{hold[0]}.reached").exists(), 120, "task 0 to write its second block's chunks")
+        [half] = _task_leases(url, 0)                        # the block task 0 holds, chunks written
+        assert half not in _records_per_block(s3)
+        assert s3.keys(f"x.zarr/features/{NAME}/data/c/{half}/")   # its chunks are on the server
+        [first] = _records_per_block(s3)                     # task 0's committed block
+        procs[0].send_signal(signal.SIGKILL)
+        assert procs[0].wait(30) == -signal.SIGKILL
+        _wait(lambda: Path(f"{hold[1]}.reached").exists(), 120, "task 1 to hold a block")
+        [termed] = _task_leases(url, 1)
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(60) == 143
+        leases = job_arrays.place(FeatureStore.open(url), NAME).leases()
+        assert leases.state(termed).free                      # released at once, not left to expire
+        assert termed not in _records_per_block(s3)
+        assert half in _task_leases(url, 0)                   # the killed task's lease: left to expire
+        assert FeatureStore.open(url).features(NAME).counts()["done"] == 4
+        go.touch()
+        assert procs[2].wait(240) == 0, logs[2].read_text()
+    finally:
+        _stop_all(procs)
+    out = [p.read_text() for p in logs]
+    assert "terminated (SIGTERM) after committing 0 block(s); the block in progress stays pending" in out[1]
+    assert f"block {half}: took over the expired lease of job 4242 task 0" in out[2], out[2]
+    assert f"committed block {half} " in out[2] and f"committed block {termed} " in out[2]
+    assert out[2].count("committed block") == 5               # every block but task 0's first
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)              # bit for bit as on disk
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}   # each block committed once
+    records = objcommit.records(fs)
+    assert set(records) == set(range(6)) and first in records
+    assert integrity.verify(fs).ok
+    assert not _task_leases(url, 0) and not _task_leases(url, 2)
+
+
+@pytest.mark.slow
+def test_on_s3_requeued_tasks_that_had_written_chunks_and_a_record_write_nothing_twice(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """Task 0 commits a block and is killed (SIGKILL) with its second block's chunks written and no
+    record; task 1 commits a block and dies between its second block's record and status. Both are
+    requeued (the same job and task ids run again): every block ends with one record and the bits of
+    disk, and the blocks that had a record keep it and keep every chunk object byte for byte, unwritten."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import integrity, objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    assert extract(url, cluster="slurm-array:2", device="cpu", **OPTS).pending_blocks == 6
+    hold = tmp_path / "never"
+    procs = [_task(url, 0, tmp_path / "t0.log", VSEKIT_PAUSE=f"objstore:record@2={hold}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 1, tmp_path / "t1.log", VSEKIT_FAULT="write_block:status@2")]
+    try:
+        assert procs[1].wait(240) == 137, (tmp_path / "t1.log").read_text()
+        _wait(lambda: Path(f"{hold}.reached").exists(), 120, "task 0 to write its second block's chunks")
+        [half] = _task_leases(url, 0)
+        procs[0].send_signal(signal.SIGKILL)
+        assert procs[0].wait(30) == -signal.SIGKILL
+    finally:
+        _stop_all(procs)
+    fs = FeatureStore.open(url).features(NAME)
+    recorded = sorted(_records_per_block(s3))
+    assert len(recorded) == 3 and half not in recorded        # task 0's first, task 1's two
+    assert s3.keys(f"x.zarr/features/{NAME}/data/c/{half}/")   # a half block: chunks, no record
+    assert fs.counts()["done"] == 8                            # task 1's second block: record, no status
+    before_records = objcommit.records(fs)
+    before_chunks = _chunk_objects(s3, recorded)
+    assert len(before_chunks) == len(recorded)
+    time.sleep(1.1)   # S3 times have whole seconds: a rewrite would show
+
+    requeued = [_task(url, k, tmp_path / f"t{k}.again.log") for k in range(2)]
+    try:
+        codes = [p.wait(240) for p in requeued]
+    finally:
+        _stop_all(requeued)
+    out = "".join((tmp_path / f"t{k}.again.log").read_text() for k in range(2))
+    assert codes == [0, 0], out
+    assert out.count("status restored from its commit record") == 1, out
+    assert out.count("committed block") == 3, out             # the half block and the two never started
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}   # nothing committed twice
+    after = objcommit.records(fs)
+    assert {i: after[i] for i in recorded} == {i: before_records[i] for i in recorded}
+    assert _chunk_objects(s3, recorded) == before_chunks      # same bytes, same time: not rewritten
+    assert integrity.verify(fs).ok
+
+
+@pytest.mark.slow
+def test_on_s3_an_array_whose_tasks_all_died_shows_in_info_holds_the_set_then_a_rerun_submits_the_rest(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """While the array's job is queued or running, `vsekit split` (the store's lease) and another
+    extract are refused; every task dies with blocks left; `vsekit info` shows the array ended and the
+    blocks done and pending; once the set's lease expired, the same command submits a new array for
+    the pending blocks only, which completes the set with the first array's records kept."""
+    from click.testing import CliRunner
+
+    from vsekit.cli import main
+    from vsekit.extract import extract
+    from vsekit.storage import objcommit
+    from vsekit.storage.objstore import LeaseHeld, Objects, holder_live, lease_key
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    split_before = FeatureStore.open(url).root["images/split"][:]
+    sub = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    assert sub.job_id == "4242" and sub.pending_blocks == 6
+    _squeue(fake_slurm, running=True)
+    runner = CliRunner()
+    r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])
+    assert r.exit_code == 1 and r.output.startswith("Error: "), r.output
+    assert f"is being written by SLURM job array 4242" in r.output and len(r.output.strip().splitlines()) == 1
+    assert np.array_equal(FeatureStore.open(url).root["images/split"][:], split_before)   # nothing changed
+    assert not s3.keys("x.zarr/.vsekit/leases/.store")                                    # no store lease left
+
+    procs = [_task(url, k, tmp_path / f"t{k}.log", VSEKIT_FAULT="objstore:record@2") for k in range(2)]
+    try:
+        assert [p.wait(240) for p in procs] == [137, 137]    # each died with its second block's chunks
+    finally:
+        _stop_all(procs)
+    first = _records_per_block(s3)
+    assert set(first.values()) == {1} and len(first) == 2
+    r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])   # still listed by squeue
+    assert r.exit_code == 1 and "SLURM job array 4242" in r.output, r.output
+    with pytest.raises(LeaseHeld, match="SLURM job array 4242 .*scancel 4242"):
+        extract(url, **OPTS)
+    _squeue(fake_slurm, running=False)                       # the job has left the queue
+    r = runner.invoke(main, ["info", url, NAME])
+    assert r.exit_code == 0, r.output
+    assert "SLURM job array 4242 (2 tasks): ended" in r.output, r.output
+    assert "blocks: 2 done, 4 pending of 6" in r.output and "done 8 / failed 0 / pending 16" in r.output, r.output
+    assert "the array has ended with blocks left: rerun the same extract command" in r.output
+    live, expired = map(int, re.search(r"leases: (\d+) live, (\d+) expired", r.output).groups())
+    assert live + expired == 2                               # the half blocks of the dead tasks
+    for k in range(2):
+        [half] = _task_leases(url, k)
+        assert half not in first and f"block {half}: job 4242 task {k} " in r.output, r.output
+    objects = Objects(url)
+    _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 30, "the array's lease to expire")
+    before = objcommit.records(FeatureStore.open(url).features(NAME))
+    (fake_slurm / "bin" / "sbatch").write_text(f'#!/bin/bash\ncp "${{@: -1}}" {fake_slurm}/again.sh\necho 4343\n')
+    again = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    assert (again.job_id, again.pending_blocks, again.done) == ("4343", 4, 8)   # the pending blocks only
+    assert "#SBATCH --array=0-1" in (fake_slurm / "again.sh").read_text()
+    _squeue(fake_slurm, running=True)
+    r = runner.invoke(main, ["split", "--store", url, "--val", "4", "--test", "4"])
+    assert r.exit_code == 1 and "SLURM job array 4343" in r.output, r.output
+    r = runner.invoke(main, ["info", url, NAME])
+    assert "SLURM job array 4343 (2 tasks): queued or running" in r.output, r.output
+    task = _task(url, 0, tmp_path / "again.log")
+    try:
+        assert task.wait(240) == 0, (tmp_path / "again.log").read_text()
+    finally:
+        _stop_all([task])
+    assert (tmp_path / "again.log").read_text().count("committed block") == 4
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    after = objcommit.records(fs)
+    assert all(after[i] == before[i] for i in first)
+
+
+@pytest.mark.slow
+def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_and_the_rerun_completes(
+        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+    """On the local SLURM: task 0 commits a block and holds its next one when it is cancelled
+    (``scancel``); task 1 holds its first block past its one-minute time limit. SLURM sends each
+    SIGTERM: each releases its block's lease (no record, no chunk of the block) and exits 143. The same
+    command, once the array's lease expired, submits the blocks still pending and completes the set."""
+    import slurm_local
+    import subprocess
+
+    from vsekit.extract import extract
+    from vsekit.storage import job_arrays, objcommit
+    from vsekit.storage.objstore import Objects, holder_live, lease_key
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    jobs = _on_cluster(s3, monkeypatch, tmp_path, {"queue": "vsekit", "walltime": "00:01:00"})
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
+    hold = {k: tmp_path / f"never{k}" for k in range(2)}
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-0:claimed@2={hold[0]},array-task-1:claimed={hold[1]}")
+    monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
+    sub = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    job = sub.job_id
+    assert job and sub.pending_blocks == 6
+    leases = job_arrays.place(FeatureStore.open(url), NAME).leases()
+    _wait(lambda: Path(f"{hold[0]}.reached").exists() and Path(f"{hold[1]}.reached").exists(), 240,
+          "task 0 to commit a block and hold another, task 1 to hold its first")
+    [first] = _records_per_block(s3)
+    held = {k: _task_leases(url, k) for k in range(2)}
+    assert len(held[0]) == 1 and len(held[1]) == 1, held
+    subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=slurm, check=True)
+    _wait(lambda: _slurm_array_ended(slurm, job), 240, f"array {job} to end (task 1 at its time limit)")
+    out = {k: (jobs / f"vsekit-{NAME}-{job}_{k}.out").read_text() for k in range(2)}
+    assert "CANCELLED AT" in out[0] and "TIME LIMIT" not in out[0], out[0]
+    assert "DUE TO TIME LIMIT" in out[1], out[1]
+    for k in range(2):
+        assert "terminated (SIGTERM)" in out[k] and "the block in progress stays pending" in out[k], out[k]
+        assert leases.state(held[k][0]).free                     # released, not left to expire
+        assert held[k][0] not in _records_per_block(s3)
+        assert not s3.keys(f"x.zarr/features/{NAME}/data/c/{held[k][0]}/")   # no chunk of a block in progress
+    assert _records_per_block(s3) == {first: 1}
+    assert FeatureStore.open(url).features(NAME).counts() == {"pending": 20, "done": 4, "failed": 0}
+    before = objcommit.records(FeatureStore.open(url).features(NAME))
+    chunks = _chunk_objects(s3, [first])
+    objects = Objects(url)
+    _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 60, "the array's lease to expire")
+
+    monkeypatch.delenv("VSEKIT_PAUSE")
+    config = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps(dict(config, walltime="00:20:00")))
+    again = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    assert again.job_id and again.pending_blocks == 5
+    _wait(lambda: _slurm_array_ended(slurm, again.job_id), 400, f"array {again.job_id} to end")
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert objcommit.records(fs)[first] == before[first] and _chunk_objects(s3, [first]) == chunks
+
+
+@pytest.mark.slow
+def test_on_s3_a_sigterm_while_a_task_commits_lets_that_commit_finish_then_stops_it(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """SIGTERM reaches a task after its block's chunks are on the server and before the block's record:
+    the commit finishes (record, then status), the lease is released, the task exits 143; no block is
+    left half written, and the rerun's task extracts the rest, with each block committed once."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import job_arrays, objcommit
+    from vsekit.storage.objstore import Objects, holder_live, lease_key
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    extract(url, cluster="slurm-array:1", device="cpu", **OPTS)
+    go = tmp_path / "go"
+    proc = _task(url, 0, tmp_path / "t0.log", VSEKIT_PAUSE=f"objstore:record@2={go}", VSEKIT_PAUSE_MAX_S="600")
+    try:
+        _wait(lambda: Path(f"{go}.reached").exists(), 120, "the task to write its second block's chunks")
+        [block] = _task_leases(url, 0)
+        assert block not in _records_per_block(s3) and s3.keys(f"x.zarr/features/{NAME}/data/c/{block}/")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        go.touch()
+        assert proc.wait(60) == 143
+    finally:
+        _stop_all([proc])
+    out = (tmp_path / "t0.log").read_text()
+    assert f"committed block {block} " in out and "terminated (SIGTERM) after committing 2 block(s)" in out, out
+    fs = FeatureStore.open(url).features(NAME)
+    records = _records_per_block(s3)
+    assert len(records) == 2 and records[block] == 1 and set(records.values()) == {1}
+    assert fs.block_done(fs.blocks()[block]) and fs.counts()["done"] == 8    # record and status: whole
+    assert job_arrays.place(FeatureStore.open(url), NAME).leases().state(block).free
+    before = objcommit.records(fs)
+    objects = Objects(url)
+    _wait(lambda: holder_live(objects.get_json(lease_key(NAME))[0]) is None, 30, "the array's lease to expire")
+    sub = extract(url, cluster="slurm-array:1", device="cpu", **OPTS)       # the same command
+    assert sub.pending_blocks == 4
+    again = _task(url, 0, tmp_path / "again.log")
+    try:
+        assert again.wait(240) == 0, (tmp_path / "again.log").read_text()
+    finally:
+        _stop_all([again])
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert all(objcommit.records(fs)[i] == before[i] for i in before)
+
+
+def _sge_task_listed(env, job: str, task: str) -> bool:
+    """Whether ``qstat`` lists task ``task`` of array job ``job`` (its last column, ja-task-ID)."""
+    import subprocess
+
+    import sge_local
+
+    out = subprocess.run([sge_local.which("qstat"), "-u", "*"], env=env, capture_output=True, text=True).stdout
+    return any(ln.split()[:1] == [job] and ln.split()[-1] == task for ln in out.splitlines())
+
+
+@pytest.mark.slow
+def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
+        sge, s3, demo_dir, reference, tmp_path, monkeypatch):
+    """``sge-array:2`` on the local Grid Engine: task 2 commits a block and holds its next one when it
+    is deleted (``qdel -t 2``: killed outright, no SIGTERM); task 1, held at its start until then,
+    takes over the expired lease and completes the set: one record per block, the bits of disk."""
+    import subprocess
+
+    import sge_local
+
+    from vsekit.extract import extract
+    from vsekit.storage import integrity
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    for key in ("SGE_ROOT", "SGE_CELL"):
+        monkeypatch.setenv(key, sge[key])
+    jobs = _on_cluster(s3, monkeypatch, tmp_path, {"memory_resource": "h_rss", "queue": sge_local.QUEUE})
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
+    hold, go = tmp_path / "never", tmp_path / "go"
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-1:claimed@2={hold},array-task-0:start={go}")
+    monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
+    try:
+        sub = extract(url, cluster="sge-array:2", device="cpu", **OPTS)
+        job = sub.job_id
+        _wait(lambda: Path(f"{hold}.reached").exists(), 240, "task 2 to commit a block and hold its next")
+        [first] = _records_per_block(s3)
+        [held] = _task_leases(url, 2)                      # Grid Engine numbers the tasks from 1
+        assert held != first and held not in _records_per_block(s3)
+        assert _sge_task_listed(sge, job, "2")
+        subprocess.run([sge_local.which("qdel"), job, "-t", "2"], env=sge, check=True, capture_output=True)
+        _wait(lambda: not _sge_task_listed(sge, job, "2"), 60, "task 2 to leave the queue")
+        go.touch()
+        _wait(lambda: job not in sge_local.jobs(sge), 300, f"array {job} to end")
+    finally:
+        sge_local.delete_all(sge)
+    logs = "".join(p.read_text() for p in jobs.rglob("*") if p.is_file() and p.suffix != ".sh")
+    assert f"block {held}: took over the expired lease of job {job} task 2" in logs, logs
+    assert logs.count("committed block") == 6, logs       # task 2's one and task 1's five: each once
+    fs = FeatureStore.open(url).features(NAME)
+    assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert integrity.verify(fs).ok
+
+
+@pytest.mark.slow
+def test_on_s3_a_task_suspended_past_its_lease_writes_nothing_when_it_resumes(
+        s3, demo_dir, reference, fake_slurm, tmp_path, monkeypatch):
+    """Preemption by suspension (SLURM's ``PreemptMode=SUSPEND``: SIGSTOP, later SIGCONT): task 0 is
+    stopped while it holds a block; its sibling takes the expired lease over and completes the set.
+    Resumed, task 0 extracts the block, finds its lease lost and writes nothing: no record, and every
+    chunk object keeps the bytes and the time of writing its sibling gave it."""
+    import signal
+
+    from vsekit.extract import extract
+    from vsekit.storage import objcommit
+    from vsekit.storage.store import FeatureStore
+
+    url = _ingest(s3, demo_dir)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "3")
+    extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
+    hold, go = tmp_path / "hold", tmp_path / "go"
+    procs = [_task(url, 0, tmp_path / "t0.log", VSEKIT_PAUSE=f"array-task-0:claimed={hold}", VSEKIT_PAUSE_MAX_S="600"),
+             _task(url, 1, tmp_path / "t1.log", VSEKIT_PAUSE=f"array-task-1:start={go}", VSEKIT_PAUSE_MAX_S="600")]
+    try:
+        _wait(lambda: Path(f"{hold}.reached").exists(), 120, "task 0 to hold a block")
+        [held] = _task_leases(url, 0)
+        procs[0].send_signal(signal.SIGSTOP)
+        go.touch()
+        assert procs[1].wait(240) == 0, (tmp_path / "t1.log").read_text()
+        fs = FeatureStore.open(url).features(NAME)
+        assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
+        records = objcommit.records(fs)
+        chunks = _chunk_objects(s3, range(6))
+        assert len(records) == 6 and len(chunks) == 6
+        time.sleep(1.1)   # S3 times have whole seconds: a rewrite would show
+        hold.touch()
+        procs[0].send_signal(signal.SIGCONT)
+        assert procs[0].wait(120) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        _stop_all(procs)
+    out = [(tmp_path / f"t{k}.log").read_text() for k in range(2)]
+    assert f"block {held}: took over the expired lease of job 4242 task 0" in out[1], out[1]
+    assert f"block {held} not committed: its lease was lost (expired and taken over)" in out[0], out[0]
+    assert "committed block" not in out[0]
+    fs = FeatureStore.open(url).features(NAME)
+    assert np.array_equal(fs.data[:], reference)
+    assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
+    assert objcommit.records(fs) == records and _chunk_objects(s3, range(6)) == chunks   # nothing rewritten
