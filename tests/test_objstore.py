@@ -102,9 +102,9 @@ def test_each_block_has_one_record_and_a_second_commit_is_refused(s3):
     with st.writer("f", stage="test"):
         fs = st.create_features("f", (3,), "float32", attrs={"kind": "global"}, block_rows=2)
         data = np.arange(6, dtype=np.float32).reshape(2, 3)
-        fs.write_block(0, data)
+        assert fs.write_block(0, data) is True
         fs.status[0:2] = 0                                    # as if killed between record and status
-        fs.write_block(0, data + 1)                           # a second writer of block 0
+        assert fs.write_block(0, data + 1) is False           # a second writer of block 0 is told so
         assert fs.counts()["done"] == 0                       # it left the block alone: no status
         again = st.create_features("f", (3,), "float32", attrs={"kind": "global"}, block_rows=2)
         assert again.counts()["done"] == 2                    # the status restored from the record

@@ -451,10 +451,10 @@ class LeaseGuard:
             return "another task committed it first"
         return None
 
-    def write(self, fs: FeatureSet, buf) -> None:
+    def write(self, fs: FeatureSet, buf) -> bool:
         if buf.errors:   # a file of their own: one task at a time merges them into the attrs
             arrays.place(fs.store, fs.name).write_errors(buf.block.index, {str(k): v for k, v in buf.errors.items()})
-        buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
+        return buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
 
 
 def merge_errors(fs: FeatureSet) -> int:

@@ -233,8 +233,8 @@ class LockGuard:
                              f"not writing it")
         return None
 
-    def write(self, fs: FeatureSet, buf: BlockBuffer) -> None:
-        buf.write(fs, record_errors=self.record_errors)
+    def write(self, fs: FeatureSet, buf: BlockBuffer) -> bool:
+        return buf.write(fs, record_errors=self.record_errors)
 
 
 def commit(fs: FeatureSet, buf: BlockBuffer, guard) -> str | None:
@@ -242,8 +242,8 @@ def commit(fs: FeatureSet, buf: BlockBuffer, guard) -> str | None:
     ``guard`` still entitles this process to; else the reason it did not (the block stays as it is).
     A guard raises when the whole run has lost the set (no later block may be written either)."""
     why = guard.refuses(fs, buf.block)
-    if why is None:
-        guard.write(fs, buf)
+    if why is None and guard.write(fs, buf) is False:   # object storage: its record was there already
+        why = "another writer committed it first (its commit record was there already)"
     return why
 
 

@@ -59,12 +59,13 @@ class BlockBuffer:
     def full(self) -> bool:
         return self.filled == len(self.block)
 
-    def write(self, fs: FeatureSet, record_errors: bool = True) -> None:
+    def write(self, fs: FeatureSet, record_errors: bool = True) -> bool:
         """The failure reasons go first: a kill between them and the block leaves the block pending
-        (its reasons are rewritten on the rerun), never failed rows without a reason."""
+        (its reasons are rewritten on the rerun), never failed rows without a reason. False when
+        another writer committed the block first (object storage: nothing of this one was written)."""
         if record_errors:
             fs.record_errors(self.errors)
-        fs.write_block(self.block, self.data, self.status, **self.extra)
+        return fs.write_block(self.block, self.data, self.status, **self.extra)
 
 
 class BlockWriter:

@@ -197,11 +197,12 @@ class FeatureSet:
 
     @names_set_path
     def write_block(self, block: Block | int, data: np.ndarray | None = None,
-                    status: np.ndarray | None = None, **arrays: np.ndarray) -> None:
+                    status: np.ndarray | None = None, **arrays: np.ndarray) -> bool:
         """Write one row block: its data and auxiliary arrays first, then its status.
 
         ``status`` defaults to all done. The status is written last so that a block interrupted
-        half-way is still pending on the next run.
+        half-way is still pending on the next run. False (nothing written) on object storage when
+        another writer committed the block first; True otherwise.
         """
         if isinstance(block, int):
             block = self.blocks()[block]
@@ -209,7 +210,7 @@ class FeatureSet:
             from . import objcommit
 
             if objcommit.committed(self, block):   # committed already: its chunks are never written again
-                return
+                return False
         for name, values in arrays.items():
             point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
@@ -222,12 +223,13 @@ class FeatureSet:
             from . import objcommit
 
             if not objcommit.write_record(self, block, status):
-                return   # committed already by another writer: its status is restored from its record
+                return False   # committed already by another writer: its status is restored from its record
         else:
             point("write_block:sums")
             integrity.record(self, block)
         point("write_block:status")
         self.status[block.start:block.stop] = np.asarray(status, dtype=np.uint8)
+        return True
 
     def counts(self) -> dict[str, int]:
         status = self.status_values()
