@@ -214,7 +214,9 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *
         parts[i], status[blocks[i].start:blocks[i].stop], blocks[i], path, shared,
         tuple(i in o.pending for o in outputs), check, pin) for i in todo]
     results = _compute(client, *tasks)
-    if src.store.remote:   # a task killed between a block's record and its status: the record says done
+    if src.store.remote and client is not None:   # a task (another process) killed between a block's
+        # record and its status: the record says done (in-process, that failure stops the run, and the
+        # next run's pending_indices restores it)
         from .derived import reconcile
 
         for o in outputs:

@@ -106,11 +106,20 @@ def reconcile(fs: "FeatureSet") -> int:
     """Restore the status of blocks whose record exists but whose status chunk was not written (a
     writer killed between the two); returns how many. Run under the set's lease."""
     status = np.asarray(fs.status[:])
+    blocks = fs.blocks()
+    objects, gen = _objects(fs), generation(fs)
     fixed = 0
-    for index, rec in records(fs).items():
-        b = fs.blocks()[index]
-        want = np.asarray(rec.get("status", []), dtype=np.uint8)
-        if len(want) == len(b) and np.any(status[b.start:b.stop] == PENDING):
+    # one listing; a record is read only for a block whose status is still pending (the rare case)
+    for key in objects.keys(f".vsekit/commits/{fs.name}/{gen}/"):
+        stem = key.rsplit("/", 1)[-1][:-len(".json")]
+        if not stem.isdigit() or int(stem) >= len(blocks):
+            continue
+        b = blocks[int(stem)]
+        if not np.any(status[b.start:b.stop] == PENDING):
+            continue
+        got = objects.get_json(key)
+        want = np.asarray((got or ({}, None))[0].get("status", []), dtype=np.uint8)
+        if len(want) == len(b):
             fs.status[b.start:b.stop] = want
             fixed += 1
     return fixed
