@@ -179,6 +179,15 @@ def test_extraction_on_s3_equals_one_on_disk_bit_for_bit(s3, demo_dir, tmp_path)
     raw = S3Store(s3.bucket, prefix="x.zarr", endpoint=s3.endpoint, region="us-east-1", client_options={"allow_http": True})
     arr = zarr.open_group(ObjectStore(raw, read_only=True), mode="r")[f"features/{res.name}/data"]
     assert np.array_equal(da.from_zarr(arr).compute(), want)
+    # and without vsekit or obstore: plain zarr and dask on the URL, through fsspec (s3fs), as on disk
+    pytest.importorskip("s3fs")
+    opts = {"endpoint_url": s3.endpoint, "key": "vsekit-test-key", "secret": s3.env["AWS_SECRET_ACCESS_KEY"]}
+    root = zarr.open_group(s3.url(), mode="r", storage_options=opts)
+    assert root.attrs["vsekit_format"] == disk.root.attrs["vsekit_format"]
+    assert np.array_equal(root[f"features/{res.name}/data"][:], want)
+    assert np.array_equal(np.asarray(root["images/id"][:]), np.asarray(disk.root["images/id"][:]))
+    got = da.from_zarr(s3.url(), component=f"features/{res.name}/data", storage_options=opts)
+    assert np.array_equal(got.compute(), want)
 
 
 def test_a_store_made_by_a_killed_ingest_is_refused_with_how_out(s3):
