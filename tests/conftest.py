@@ -129,3 +129,44 @@ def s3(moto_endpoint, monkeypatch):
 
     return types.SimpleNamespace(endpoint=moto_endpoint, bucket=bucket, client=client, env=env, keys=keys,
                                  url=lambda name="x.zarr": f"s3://{bucket}/{name}")
+
+
+# --- batch schedulers on this machine (tests/slurm_local.py, tests/sge_local.py) -------------------
+@pytest.fixture(scope="module")
+def local_slurm(tmp_path_factory):
+    """A running one-node SLURM on 127.0.0.1 for a module's tests: ``{"env": its clients' environment,
+    "dir": its folder}``; skipped with the reason where it cannot run (no slurm-wlm, not root)."""
+    import slurm_local
+
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("slurm")
+    with slurm_local.local_slurm(folder) as env:
+        yield {"env": env, "dir": folder}
+
+
+@pytest.fixture(scope="module")
+def local_sge():
+    """A running one-node Grid Engine for a module's tests: ``{"env": its clients' environment}``."""
+    import sge_local
+
+    why = sge_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with sge_local.local_sge() as env:
+        yield {"env": env}
+
+
+def wait_until(cond, timeout: float, what: str, every: float = 0.1):
+    """``cond()``'s first true value, polled every ``every`` s; an AssertionError naming ``what`` after
+    ``timeout`` s."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

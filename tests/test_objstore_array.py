@@ -37,6 +37,7 @@ pytest.importorskip("moto")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_objstore_slow import NAME, OPTS, _ingest, _records_per_block, reference  # noqa: E402,F401
 from test_slurm_array import fake_slurm  # noqa: E402,F401
+from conftest import wait_until as _wait  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -247,28 +248,6 @@ def _leaks_nothing(s3, folders) -> None:
         assert OPTION_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    import slurm_local
-
-    why = slurm_local.unavailable()
-    if why:
-        pytest.skip(why)
-    folder = tmp_path_factory.mktemp("slurm")
-    with slurm_local.local_slurm(folder) as env:
-        yield env
-
-
 def _slurm_array_ended(env, job: str) -> bool:
     import slurm_local
 
@@ -277,7 +256,7 @@ def _slurm_array_ended(env, job: str) -> bool:
 
 @pytest.mark.slow
 def test_a_slurm_array_into_s3_equals_disk_holds_the_set_and_leaks_no_storage_option(
-        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
     from vsekit.extract import extract
     from vsekit.storage import integrity
     from vsekit.storage.info import describe
@@ -285,7 +264,7 @@ def test_a_slurm_array_into_s3_equals_disk_holds_the_set_and_leaks_no_storage_op
     from vsekit.storage.store import FeatureStore
 
     url = _ingest(s3, demo_dir)
-    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
     jobs = _on_cluster(s3, monkeypatch, tmp_path, {"queue": "vsekit"})
     go = tmp_path / "go"                      # both tasks wait at their start until the checks below are done
     monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-0:start={go},array-task-1:start={go}")
@@ -296,7 +275,7 @@ def test_a_slurm_array_into_s3_equals_disk_holds_the_set_and_leaks_no_storage_op
         extract(url, **OPTS)
     assert f"SLURM job array {sub.job_id} (2 tasks): queued or running" in describe(FeatureStore.open(url), NAME)
     go.touch()
-    _wait(lambda: _slurm_array_ended(slurm, sub.job_id), 400, f"array {sub.job_id} to end")
+    _wait(lambda: _slurm_array_ended(local_slurm["env"], sub.job_id), 400, f"array {sub.job_id} to end")
     fs = FeatureStore.open(url).features(NAME)
     logs = "".join(p.read_text() for p in jobs.glob("*.out"))
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}, logs
@@ -311,19 +290,19 @@ def test_a_slurm_array_into_s3_equals_disk_holds_the_set_and_leaks_no_storage_op
 
 @pytest.mark.slow
 def test_slurm_array_tasks_killed_between_chunks_and_record_then_the_rerun_commit_every_block_once(
-        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
     from vsekit.extract import extract
     from vsekit.storage import objcommit
     from vsekit.storage.objstore import Objects, holder_live, lease_key
     from vsekit.storage.store import FeatureStore
 
     url = _ingest(s3, demo_dir)
-    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
     jobs = _on_cluster(s3, monkeypatch, tmp_path, {"queue": "vsekit"})
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "8")
     monkeypatch.setenv("VSEKIT_FAULT", "objstore:record@2")   # every task dies at its second record
     sub = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
-    _wait(lambda: _slurm_array_ended(slurm, sub.job_id), 400, f"array {sub.job_id} to end")
+    _wait(lambda: _slurm_array_ended(local_slurm["env"], sub.job_id), 400, f"array {sub.job_id} to end")
     fs = FeatureStore.open(url).features(NAME)
     first = _records_per_block(s3)
     logs = "".join(p.read_text() for p in jobs.glob("*.out"))
@@ -341,7 +320,7 @@ def test_slurm_array_tasks_killed_between_chunks_and_record_then_the_rerun_commi
     monkeypatch.delenv("VSEKIT_FAULT")
     again = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
     assert again.job_id and again.pending_blocks == 6 - len(first)
-    _wait(lambda: _slurm_array_ended(slurm, again.job_id), 400, f"array {again.job_id} to end")
+    _wait(lambda: _slurm_array_ended(local_slurm["env"], again.job_id), 400, f"array {again.job_id} to end")
     fs = FeatureStore.open(url).features(NAME)
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
     assert np.array_equal(fs.data[:], reference)
@@ -352,20 +331,9 @@ def test_slurm_array_tasks_killed_between_chunks_and_record_then_the_rerun_commi
         assert s3.client.head_object(Bucket=s3.bucket, Key=f"x.zarr/features/{NAME}/data/c/{i}/0")["LastModified"] == stamps[i]
 
 
-@pytest.fixture(scope="module")
-def sge():
-    import sge_local
-
-    why = sge_local.unavailable()
-    if why:
-        pytest.skip(why)
-    with sge_local.local_sge() as env:
-        yield env
-
-
 @pytest.mark.slow
 def test_a_grid_engine_array_into_s3_equals_disk_and_leaks_no_storage_option(
-        sge, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_sge, s3, demo_dir, reference, tmp_path, monkeypatch):
     import sge_local
 
     from vsekit.extract import extract
@@ -373,14 +341,14 @@ def test_a_grid_engine_array_into_s3_equals_disk_and_leaks_no_storage_option(
 
     url = _ingest(s3, demo_dir)
     for key in ("SGE_ROOT", "SGE_CELL"):
-        monkeypatch.setenv(key, sge[key])
+        monkeypatch.setenv(key, local_sge["env"][key])
     jobs = _on_cluster(s3, monkeypatch, tmp_path, {"memory_resource": "h_rss", "queue": sge_local.QUEUE})
     try:
         sub = extract(url, cluster="sge-array:2", device="cpu", **OPTS)
         assert sub.job_id and "Grid Engine job array" in sub.summary()
-        _wait(lambda: sub.job_id not in sge_local.jobs(sge), 400, f"array {sub.job_id} to end")
+        _wait(lambda: sub.job_id not in sge_local.jobs(local_sge["env"]), 400, f"array {sub.job_id} to end")
     finally:
-        sge_local.delete_all(sge)
+        sge_local.delete_all(local_sge["env"])
     fs = FeatureStore.open(url).features(NAME)
     logs = "".join(p.read_text() for p in jobs.rglob("*") if p.is_file() and p.suffix != ".sh")
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}, logs
@@ -659,7 +627,7 @@ def test_on_s3_an_array_whose_tasks_all_died_shows_in_info_holds_the_set_then_a_
 
 @pytest.mark.slow
 def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_and_the_rerun_completes(
-        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
     """On the local SLURM: task 0 commits a block and holds its next one when it is cancelled
     (``scancel``); task 1 holds its first block past its one-minute time limit. SLURM sends each
     SIGTERM: each releases its block's lease (no record, no chunk of the block) and exits 143. The same
@@ -673,7 +641,7 @@ def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_
     from vsekit.storage.store import FeatureStore
 
     url = _ingest(s3, demo_dir)
-    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
     jobs = _on_cluster(s3, monkeypatch, tmp_path, {"queue": "vsekit", "walltime": "00:01:00"})
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
     hold = {k: tmp_path / f"never{k}" for k in range(2)}
@@ -688,8 +656,8 @@ def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_
     [first] = _records_per_block(s3)
     held = {k: _task_leases(url, k) for k in range(2)}
     assert len(held[0]) == 1 and len(held[1]) == 1, held
-    subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=slurm, check=True)
-    _wait(lambda: _slurm_array_ended(slurm, job), 240, f"array {job} to end (task 1 at its time limit)")
+    subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=local_slurm["env"], check=True)
+    _wait(lambda: _slurm_array_ended(local_slurm["env"], job), 240, f"array {job} to end (task 1 at its time limit)")
     out = {k: (jobs / f"vsekit-{NAME}-{job}_{k}.out").read_text() for k in range(2)}
     assert "CANCELLED AT" in out[0] and "TIME LIMIT" not in out[0], out[0]
     assert "DUE TO TIME LIMIT" in out[1], out[1]
@@ -710,7 +678,7 @@ def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps(dict(config, walltime="00:20:00")))
     again = extract(url, cluster="slurm-array:2", device="cpu", **OPTS)
     assert again.job_id and again.pending_blocks == 5
-    _wait(lambda: _slurm_array_ended(slurm, again.job_id), 400, f"array {again.job_id} to end")
+    _wait(lambda: _slurm_array_ended(local_slurm["env"], again.job_id), 400, f"array {again.job_id} to end")
     fs = FeatureStore.open(url).features(NAME)
     assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
     assert np.array_equal(fs.data[:], reference)
@@ -783,7 +751,7 @@ def _sge_task_listed(env, job: str, task: str) -> bool:
 
 @pytest.mark.slow
 def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
-        sge, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_sge, s3, demo_dir, reference, tmp_path, monkeypatch):
     """``sge-array:2`` on the local Grid Engine: task 2 commits a block and holds its next one when it
     is deleted (``qdel -t 2``: killed outright, no SIGTERM); task 1, held at its start until then,
     takes over the expired lease and completes the set: one record per block, the bits of disk."""
@@ -797,7 +765,7 @@ def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
 
     url = _ingest(s3, demo_dir)
     for key in ("SGE_ROOT", "SGE_CELL"):
-        monkeypatch.setenv(key, sge[key])
+        monkeypatch.setenv(key, local_sge["env"][key])
     jobs = _on_cluster(s3, monkeypatch, tmp_path, {"memory_resource": "h_rss", "queue": sge_local.QUEUE})
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
     hold, go = tmp_path / "never", tmp_path / "go"
@@ -810,13 +778,13 @@ def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
         [first] = _records_per_block(s3)
         [held] = _task_leases(url, 2)                      # Grid Engine numbers the tasks from 1
         assert held != first and held not in _records_per_block(s3)
-        assert _sge_task_listed(sge, job, "2")
-        subprocess.run([sge_local.which("qdel"), job, "-t", "2"], env=sge, check=True, capture_output=True)
-        _wait(lambda: not _sge_task_listed(sge, job, "2"), 60, "task 2 to leave the queue")
+        assert _sge_task_listed(local_sge["env"], job, "2")
+        subprocess.run([sge_local.which("qdel"), job, "-t", "2"], env=local_sge["env"], check=True, capture_output=True)
+        _wait(lambda: not _sge_task_listed(local_sge["env"], job, "2"), 60, "task 2 to leave the queue")
         go.touch()
-        _wait(lambda: job not in sge_local.jobs(sge), 300, f"array {job} to end")
+        _wait(lambda: job not in sge_local.jobs(local_sge["env"]), 300, f"array {job} to end")
     finally:
-        sge_local.delete_all(sge)
+        sge_local.delete_all(local_sge["env"])
     logs = "".join(p.read_text() for p in jobs.rglob("*") if p.is_file() and p.suffix != ".sh")
     assert f"block {held}: took over the expired lease of job {job} task 2" in logs, logs
     assert logs.count("committed block") == 6, logs       # task 2's one and task 1's five: each once

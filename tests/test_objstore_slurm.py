@@ -19,21 +19,12 @@ pytest.importorskip("dask_jobqueue")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import slurm_local  # noqa: E402  (tests/slurm_local.py)
+from conftest import wait_until  # noqa: E402
 from test_objstore_slow import OPTS, _ingest, _records_per_block, reference  # noqa: E402,F401
 
 pytestmark = pytest.mark.slow
 
 OPTION_SECRET = "vsekit-option-secret-not-in-any-file"
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    why = slurm_local.unavailable()
-    if why:
-        pytest.skip(why)
-    folder = tmp_path_factory.mktemp("slurm")
-    with slurm_local.local_slurm(folder) as env:
-        yield {"env": env, "dir": folder}
 
 
 def _options_only_with_the_tasks(s3, monkeypatch, cluster_config: dict) -> None:
@@ -73,41 +64,35 @@ def _extract_equals_disk_and_leaks_nothing(s3, url, cluster, reference, written_
 
 
 def test_slurm_jobs_get_the_storage_options_with_their_tasks_and_write_what_disk_has(
-        slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
     url = _ingest(s3, demo_dir)
-    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
     _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
                                                    "log_directory": str(tmp_path / "jobs")})
     # the secret is in no file the run or SLURM wrote (job logs, SLURM's state and spool) and no object
-    _extract_equals_disk_and_leaks_nothing(s3, url, "slurm:2", reference, [tmp_path / "jobs", slurm["dir"]])
-    assert not slurm_local.jobs(slurm["env"])                             # the jobs ended with the run
+    _extract_equals_disk_and_leaks_nothing(s3, url, "slurm:2", reference, [tmp_path / "jobs", local_slurm["dir"]])
+    assert not slurm_local.jobs(local_slurm["env"])                       # the jobs ended with the run
     assert any((tmp_path / "jobs").rglob("*.err")) or any((tmp_path / "jobs").rglob("*.out"))
 
 
-@pytest.fixture(scope="module")
-def sge():
-    import sge_local
-
-    why = sge_local.unavailable()
-    if why:
-        pytest.skip(why)
-    with sge_local.local_sge() as env:
-        yield {"env": env}
-
-
 def test_grid_engine_jobs_get_the_storage_options_with_their_tasks_and_write_what_disk_has(
-        sge, s3, demo_dir, reference, tmp_path, monkeypatch):
+        local_sge, s3, demo_dir, reference, tmp_path, monkeypatch):
     """`sge:N` is the same dask-jobqueue path (its jobs see the submitting environment through
     ``qsub -V``): the same bits, one record per block, the option's secret in no job log or object."""
     import sge_local
 
     url = _ingest(s3, demo_dir)
     for key in ("SGE_ROOT", "SGE_CELL"):
-        monkeypatch.setenv(key, sge["env"][key])
+        monkeypatch.setenv(key, local_sge["env"][key])
     (tmp_path / "jobs").mkdir()
     _options_only_with_the_tasks(s3, monkeypatch, {"memory_resource": "h_rss", "queue": sge_local.QUEUE,
                                                    "python": sys.executable, "log_directory": str(tmp_path / "jobs")})
     _extract_equals_disk_and_leaks_nothing(s3, url, "sge:2", reference, [tmp_path / "jobs"])
+    # the jobs ended with the run (qdel is asynchronous: they leave the queue within seconds), and their
+    # logs are where log_directory put them
+    wait_until(lambda: not sge_local.jobs(local_sge["env"]), 60, "the run's Grid Engine jobs to leave the queue")
+    assert not sge_local.jobs(local_sge["env"])
+    assert any(p.is_file() and p.stat().st_size for p in (tmp_path / "jobs").rglob("*"))
 
 
 def test_a_cluster_that_does_not_serve_object_storage_is_refused_in_one_line(s3, demo_dir):
@@ -129,7 +114,7 @@ def test_a_cluster_that_does_not_serve_object_storage_is_refused_in_one_line(s3,
 
 
 def test_fne_on_slurm_jobs_into_s3_equals_disk_with_the_options_only_in_the_tasks(
-        slurm, s3, demo_dir, tmp_path, monkeypatch):
+        local_slurm, s3, demo_dir, tmp_path, monkeypatch):
     """`fne --cluster slurm:2` into S3: its tasks get the URL's options as extraction's do (a handle in
     memory: tests/test_objstore_cluster.py); both sets equal `fne` in-process on disk, one commit record
     per block, the option's secret in no job log or object."""
@@ -143,7 +128,7 @@ def test_fne_on_slurm_jobs_into_s3_equals_disk_with_the_options_only_in_the_task
     fne(disk, name)
     url = _ingest(s3, demo_dir)
     extract(url, workers=0, **OPTS)                            # in-process: the cluster runs fne only
-    monkeypatch.setenv("SLURM_CONF", slurm["env"]["SLURM_CONF"])
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
     _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
                                                    "log_directory": str(tmp_path / "jobs")})
     z, q = fne(url, name, cluster="slurm:2")
@@ -154,7 +139,7 @@ def test_fne_on_slurm_jobs_into_s3_equals_disk_with_the_options_only_in_the_task
             assert np.array_equal(a.features(name + suffix).group[arr][:], disk.features(name + suffix).group[arr][:])
         records = [k for k in s3.keys() if f"/.vsekit/commits/{name}{suffix}/" in k]
         assert len(records) == 6                                 # one per block
-    assert not slurm_local.jobs(slurm["env"])
+    assert not slurm_local.jobs(local_slurm["env"])
     logs = [p for p in (tmp_path / "jobs").rglob("*") if p.is_file()]
     assert logs
     for p in logs:

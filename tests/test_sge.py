@@ -27,6 +27,7 @@ pytest.importorskip("dask_jobqueue", reason="dask-jobqueue not installed (pip in
 torch = pytest.importorskip("torch")
 
 import sge_local  # noqa: E402  (tests/sge_local.py)
+from conftest import wait_until as _wait  # noqa: E402
 from test_slurm import CLI, INSTRUMENT, OPTS, commits  # noqa: E402  (the same counting as on SLURM)
 
 pytestmark = pytest.mark.slow
@@ -311,16 +312,6 @@ def test_jobs_that_never_start_end_in_an_error_with_their_qstat_state(on_sge, de
 
 
 # --- sge-array:N: a qsub -t job array, no driver ------------------------------------------------------
-def _wait(cond, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def test_sge_array_with_a_deleted_task_then_the_rerun_complete_every_block_once(
         on_sge, commit_log, demo_store, reference, monkeypatch):
     """sge-array:2: one ``qsub -t 1-2`` array whose tasks claim blocks by lease. Task 1 is deleted
