@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -165,3 +165,39 @@ def repair(fs: "FeatureSet", report) -> int:
         b = blocks[i]
         fs.status[b.start:b.stop] = np.zeros(len(b), dtype=np.uint8)
     return len(report.damaged)
+
+
+def swap_in(objects: Objects, moves: Sequence[tuple[str, str]], meta: bytes, *, step: Callable[[str], None],
+            check: Callable[[], None], keep: Sequence[str] = (), skip: Sequence[str] = ()) -> bool:
+    """Replace what is under each ``dst`` by what is under its ``src`` on object storage, which has no
+    rename: the one swap of a feature set, a whole store and the tokens (docs/store.md, "Replacing a
+    set or a store on object storage"). ``moves[0]`` is the group published by its ``zarr.json``
+    (written last, by create-if-absent, with ``meta``); the other pairs move along with it (a set's
+    commit records). Before each step ``step(name)`` is called (the caller's fault point:
+    ``unpublish``, ``delete``, ``copy``, ``publish``) and then ``check()`` (the caller's lease: a run
+    that lost it stops before the next destructive request). The old group's ``zarr.json`` goes
+    first, so no reader lists it until the new one is whole; keys starting with one of ``keep`` are
+    not deleted, source keys whose rest starts with one of ``skip`` not copied. Every step can be
+    done again, so a run killed anywhere leaves its caller's swap mark and the next run calls this
+    again. False: the ``zarr.json`` was created meanwhile by another run."""
+    group = moves[0][1]
+    step("unpublish")
+    check()
+    objects.delete(group + "zarr.json")
+    step("delete")
+    check()
+    for _, dst in moves:
+        for key in objects.keys(dst):
+            if not key.startswith(tuple(keep)):
+                objects.delete(key)
+    step("copy")
+    check()
+    for src, dst in moves:
+        for key in objects.keys(src):
+            rest = key[len(src):]
+            if (src, dst) == moves[0] and rest == "zarr.json" or rest.startswith(tuple(skip)):
+                continue
+            objects.copy(key, dst + rest)
+    step("publish")
+    check()
+    return objects.create(group + "zarr.json", meta) is not None

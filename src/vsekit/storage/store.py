@@ -603,7 +603,7 @@ class FeatureStore:
             point("ingest:complete")
             store.root.attrs["complete"] = True
         except BaseException:
-            _delete_keys(store.objects, "", keep=())
+            _delete_keys(store.objects, "")
             raise
 
     @classmethod
@@ -630,7 +630,7 @@ class FeatureStore:
                 refuse_dropping_features(objects.url, objects)
             for child in objects.children(".vsekit/"):   # nested stores killed ingests left
                 if child.startswith("next-"):
-                    _delete_keys(objects, f".vsekit/{child}/", keep=())
+                    _delete_keys(objects, f".vsekit/{child}/")
             staging = f".vsekit/next-{uuid.uuid4().hex[:8]}"
             store = cls.create(f"{objects.url}/{staging}", **create_kw)
             try:
@@ -641,7 +641,7 @@ class FeatureStore:
                 point("ingest:complete")
                 store.root.attrs["complete"] = True
             except BaseException:
-                _delete_keys(objects, f"{staging}/", keep=())
+                _delete_keys(objects, f"{staging}/")
                 raise
             holder.check_lease(STORE_LEASE)
             point("ingest:replace:mark")
@@ -1007,7 +1007,7 @@ class FeatureStore:
         commit record of NAME (the old generation's included), then the staged objects and records are
         copied under NAME on the provider, the set is published by one create-if-absent of its
         ``zarr.json``, and only then are the mark and the staged set deleted."""
-        from .objcommit import group_meta
+        from .objcommit import group_meta, swap_in
 
         objects = self.objects
         mark = objects.get_json(replace_mark(name))
@@ -1023,23 +1023,9 @@ class FeatureStore:
                 raise StoreError(f"{self.path}: {replace_mark(name)} says {staging!r} replaces feature set "
                                  f"{name!r}, but {staging!r} has no zarr.json; delete that mark and run the "
                                  f"command that makes {name!r} again with --overwrite")
-            point("replace:unpublish")
-            self.check_lease(name)   # before each destructive step: a holder paused past its lease stops
-            objects.delete(dst + "zarr.json")   # from here no reader lists NAME until the new one is whole
-            point("replace:delete")
-            self.check_lease(name)
-            for key in objects.keys(dst) + objects.keys(rdst):
-                objects.delete(key)
-            point("replace:copy")
-            self.check_lease(name)
-            for key in objects.keys(src):
-                if key != src + "zarr.json":
-                    objects.copy(key, dst + key[len(src):])
-            for key in objects.keys(rsrc):
-                objects.copy(key, rdst + key[len(rsrc):])
-            point("replace:publish")
-            self.check_lease(name)
-            if objects.create(dst + "zarr.json", group_meta(meta[0].get("attributes") or {})) is None:
+            swapped = swap_in(objects, [(src, dst), (rsrc, rdst)], group_meta(meta[0].get("attributes") or {}),
+                              step=lambda at: point(f"replace:{at}"), check=lambda: self.check_lease(name))
+            if not swapped:
                 raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
         point("replace:cleanup")
         objects.delete(replace_mark(name))
@@ -1138,11 +1124,10 @@ def replace_mark(name: str) -> str:
 STORE_SWAP = ".vsekit/swaps/store.json"   # an `ingest --overwrite` swapping a new store in (object storage)
 
 
-def _delete_keys(objects: Any, prefix: str, keep: Sequence[str]) -> None:
-    """Delete every object under ``prefix`` but those whose key starts with one of ``keep``; a root
-    ``zarr.json`` (prefix "") last, so a store is listed until nothing else of it is left."""
-    keys = [k for k in objects.keys(prefix) if not k.startswith(tuple(keep))]
-    for key in sorted(keys, key=lambda k: k == f"{prefix}zarr.json"):
+def _delete_keys(objects: Any, prefix: str) -> None:
+    """Delete every object under ``prefix``; its ``zarr.json`` last, so a store is listed until nothing
+    else of it is left."""
+    for key in sorted(objects.keys(prefix), key=lambda k: k == f"{prefix}zarr.json"):
         objects.delete(key)
 
 
@@ -1172,25 +1157,17 @@ def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
     if not staging.startswith(".vsekit/next-") or meta is None:
         raise StoreError(f"{objects.url}: {STORE_SWAP} names a new store {staging!r} that is not there; "
                          f"delete {STORE_SWAP} and ingest again with --overwrite")
-    point("ingest:replace:unpublish")
-    holder.check_lease(STORE_LEASE)   # before each destructive step: a holder paused past its lease stops
-    objects.delete("zarr.json")
-    point("ingest:replace:delete")
-    holder.check_lease(STORE_LEASE)
-    _delete_keys(objects, "", keep=(src, STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"))
-    point("ingest:replace:copy")
-    holder.check_lease(STORE_LEASE)
-    for key in objects.keys(src):
-        rest = key[len(src):]
-        if rest != "zarr.json" and not rest.startswith(".vsekit/leases/"):
-            objects.copy(key, rest)
-    point("ingest:replace:publish")
-    holder.check_lease(STORE_LEASE)
-    if objects.create("zarr.json", meta[0]) is None:
+    from . import objcommit
+
+    # the old store's objects go, but the nested store, the mark and the lease this run holds
+    swapped = objcommit.swap_in(objects, [(src, "")], meta[0], step=lambda at: point(f"ingest:replace:{at}"),
+                                check=lambda: holder.check_lease(STORE_LEASE),
+                                keep=(src, STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"), skip=(".vsekit/leases/",))
+    if not swapped:
         raise StoreError(f"{objects.url}: another run created a store there meanwhile")
     point("ingest:replace:cleanup")
     objects.delete(STORE_SWAP)
-    _delete_keys(objects, src, keep=())
+    _delete_keys(objects, src)
     return True
 
 

@@ -374,7 +374,7 @@ def _finish_remote_swap(store: FeatureStore) -> None:
     a run killed anywhere here leaves the mark, and the next tokenize finishes this swap first; the
     mark is deleted before the staged objects, so it never outlives them
     (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
-    from ..storage.objcommit import group_meta
+    from ..storage.objcommit import group_meta, swap_in
 
     objects = store.objects
     staged = objects.keys(f"{STAGING}/")
@@ -382,15 +382,8 @@ def _finish_remote_swap(store: FeatureStore) -> None:
     if meta is None:
         raise StoreError(f"{store.path}: {SWAP_MARK} says staged tokens replace tokens/, but {STAGING}/ has no "
                          f"zarr.json; delete {SWAP_MARK} and {STAGING}/ and tokenize again")
-    objects.delete("tokens/zarr.json")          # from here no reader sees tokens until the new ones
-    for key in objects.keys("tokens/"):
-        objects.delete(key)
-    for key in staged:
-        if key != f"{STAGING}/zarr.json":
-            objects.copy(key, "tokens/" + key[len(STAGING) + 1:])
-    point("tokenize:publish")
-    store.check_lease("tokens")
-    if objects.create("tokens/zarr.json", group_meta(meta[0].get("attributes") or {})) is None:
+    if not swap_in(objects, [(f"{STAGING}/", "tokens/")], group_meta(meta[0].get("attributes") or {}),
+                   step=lambda at: point(f"tokenize:{at}"), check=lambda: store.check_lease("tokens")):
         raise StoreError(f"{store.path}: another run published tokens meanwhile")
     objects.delete(SWAP_MARK)
     for key in staged:
