@@ -22,12 +22,17 @@ def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lower[f] for f in found]
 
 
-def unknown_model(word: str, choices: Iterable[str], *, more: str = "", pool: Iterable[str] | None = None) -> str:
+def unknown_model(word: str, choices: Iterable[str], *, more: str = "", pool: Iterable[str] | None = None,
+                  other: tuple[str, Iterable[str]] | None = None) -> str:
     """The one message of a ``--model`` that names nothing (train and extract alike): the closest names
     from ``pool`` (default ``choices``; extract passes timm's names too), then the valid choices.
-    ``more`` ends the list (``"or any timm model name"``)."""
+    ``more`` ends the list (``"or any timm model name"``); ``other`` is (what they are, names) of another
+    command's models, suggested when none of ``choices`` is close (train: extract's backbones)."""
     choices = list(choices)
     hint = did_you_mean(word, choices if pool is None else pool)
+    if not hint and other is not None:
+        found = close_matches(word, other[1], n=1)
+        hint = f"did you mean {found[0]!r}, {other[0]}?" if found else ""
     listed = ", ".join(choices) + (f" {more}" if more else "")
     return f"--model {word!r}: unknown model; {hint + ' ' if hint else ''}(valid choices: {listed})"
 

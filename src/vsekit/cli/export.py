@@ -123,6 +123,7 @@ def vocab(store_path, out, overwrite):
         Path(out).write_bytes(vsepp_vocab_pickle(Vocabulary.from_store(store_path).itos))
         click.echo(f"wrote {out}")
         return
+    from ..storage.base import no_tokens
     from ..storage.store import FeatureStore
 
     try:
@@ -132,7 +133,7 @@ def vocab(store_path, out, overwrite):
 
     store = FeatureStore.open(store_path)
     if not store.has_tokens:
-        raise ValueError(f"{store_path} has no tokens yet; run `vsekit tokenize --store {store_path}` first")
+        raise ValueError(no_tokens(store_path))
     export_vocab_json(store, out)
     click.echo(f"wrote {out}")
 

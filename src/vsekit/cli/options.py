@@ -39,14 +39,15 @@ class StorePath(click.Path):
     """``--store``: a store's path, or with ``url_ok`` an object-store URL (``s3://``, ``gs://``,
     ``az://``, ``memory://``) as is. A URL the command cannot serve is refused in one line first,
     naming the commands that do, rather than reported as a missing folder or created as a folder
-    named ``s3:`` (``tests/test_objstore_cli.py``)."""
+    named ``s3:`` (``tests/test_objstore_cli.py``). With ``exists``, a path with nothing there gets the
+    store's own one line (``storage.base.not_a_store``), as from every command (``tests/test_one_message.py``)."""
 
     def __init__(self, exists: bool = False, url_ok: bool = False):
         super().__init__(exists=exists, file_okay=False)
         self.url_ok = url_ok
 
     def convert(self, value, param, ctx):
-        from ..storage.base import StoreError
+        from ..storage.base import StoreError, not_a_store
         from ..storage.objstore import is_object_url, public_url
         from ..storage.store import URL_COMMANDS, local_path
 
@@ -61,6 +62,8 @@ class StorePath(click.Path):
             value = str(local_path(value)) if isinstance(value, str) else value
         except StoreError as exc:
             self.fail(str(exc).split(": ", 1)[1], param, ctx)
+        if self.exists and not os.path.exists(value):
+            raise click.ClickException(not_a_store(value))
         return super().convert(value, param, ctx)
 
 

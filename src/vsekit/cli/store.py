@@ -62,11 +62,13 @@ def split(store, ratios, split_file, val, test, seed, dry_run):
 @click.option("--images", default=400, show_default=True, help="Number of images.")
 @click.option("--seed", default=0, show_default=True, help="Random seed; output is deterministic per seed.")
 @click.option("--size", default=128, show_default=True, help="Image side in pixels.")
-def demo_data(out_dir: str, images: int, seed: int, size: int) -> None:
+@click.option("--val", type=int, default=None, help="Images in the val split [default: 12.5%].")
+@click.option("--test", type=int, default=None, help="Images in the test split [default: 12.5%].")
+def demo_data(out_dir: str, images: int, seed: int, size: int, val: int | None, test: int | None) -> None:
     """Write a synthetic captioned dataset (JPEGs, Karpathy JSON, boxes.json) to OUT_DIR."""
     from ..storage.demo import make_demo_data
 
-    path = make_demo_data(out_dir, images=images, seed=seed, size=size)
+    path = make_demo_data(out_dir, images=images, seed=seed, size=size, val=val, test=test)
     click.echo(f"wrote {images} images and {path}")
 
 

@@ -32,7 +32,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Run folder to write.")
 @click.option("--preset", "presets", multiple=True,
               help="Paper settings (docs/train.md): sh mh soe moe ph poe (f30k-*, f8k-*, *-bl) vse++ order++ order0 "
-                   "seam-e seam-c seam-g sman saf-coco sgr-coco saf-f30k sgr-f30k *-temde-f30k demo "
+                   "seam-e seam-c seam-g sman saf-coco sgr-coco saf-f30k sgr-f30k *-temde-f30k demo sman-demo sgraf-demo "
                    "(repeatable; later ones win, options win over presets).")
 @click.option("--epochs", type=int, default=None, help="Training epochs [default: 30, or the preset's].")
 @click.option("--batch-size", type=int, default=None, help="Images per training batch [default: 128, or the preset's].")
@@ -87,6 +87,13 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
 def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, overwrite, progress, lr_milestones,
               global_module, nproc_per_node, max_restarts, collective_timeout, **opts):
     """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
+    if model and not resume:   # before torch is imported: a misspelt name is refused at once
+        from ..model_names import BACKBONES, RETRIEVAL_MODELS
+        from ..suggest import unknown_model
+
+        if model not in RETRIEVAL_MODELS:   # one `Error:` line, as extract's (no usage block)
+            raise ValueError(unknown_model(model, RETRIEVAL_MODELS,
+                                           other=("a backbone of `vsekit extract --model`", BACKBONES)))
     import os
     from pathlib import Path
 
@@ -114,12 +121,6 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
         name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
         if name:
             check_model_args(name, list(margs))
-    if model and not resume:
-        from ..models import model_names
-        from ..suggest import unknown_model
-
-        if model not in model_names():   # one `Error:` line, as extract's (no usage block)
-            raise ValueError(unknown_model(model, model_names()))
     if not resume:
         _check_feature_shape(store, features, model, presets)
     if nproc_per_node and env is None:

@@ -141,9 +141,10 @@ def work_lines(steps: Sequence[Any], demo_counts: dict[str, int] | None = None) 
     for k, step in enumerate(steps, start=1):
         st = step.stage
         if st.spec.command == "demo-data" and st.values.get("images"):   # the ingest after it reads these
-            n = int(st.values["images"])
-            val = test = max(1, int(round(n * 0.125)))   # make_demo_data's default fractions
-            demo_counts = {"train": n - val - test, "val": val, "test": test}
+            from ..storage.demo import demo_splits
+
+            given = [st.values.get(k) for k in ("val", "test")]
+            demo_counts = demo_splits(int(st.values["images"]), *(None if v is None else int(v) for v in given))
         store = st.values.get("store")
         store = str(store) if store else None
         counts = known.get(store) if store else None

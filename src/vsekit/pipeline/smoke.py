@@ -53,9 +53,9 @@ class Smoke:
 
     def split_counts(self) -> dict[str, int]:
         """The demo data's splits (make_demo_data's fractions), for --dry-run's work estimates."""
-        val = max(1, int(round(self.images * 0.125)))
-        test = max(1, int(round(self.images * 0.125)))
-        return {"train": self.images - val - test, "val": val, "test": test}
+        from ..storage.demo import demo_splits
+
+        return demo_splits(self.images)
 
 
 def _input_size(model: str, kind: str) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..storage.base import no_tokens
 from ..storage.store import DONE, FeatureStore, StoreError
 from .runs import RunInfo
 
@@ -141,7 +142,7 @@ def read_tokens(store: FeatureStore, caption_rows: np.ndarray, offsets: np.ndarr
     import torch
 
     if not store.has_tokens:
-        raise StoreError(f"{store.path} has no tokens; run `vsekit tokenize --store {store.path}`")
+        raise StoreError(no_tokens(store.path))
     rows = np.asarray(caption_rows, dtype=np.int64)
     if offsets is None:
         offsets = np.asarray(store.root["tokens/offsets"][:], dtype=np.int64)

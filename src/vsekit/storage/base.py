@@ -57,3 +57,29 @@ def read_generation(store_path: str | os.PathLike, name: str) -> str | None:
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         return "absent"
     return (meta.get("attributes") or {}).get("generation")
+
+
+# One message per mistake: every command words a missing store, a missing feature set and a stage run
+# before the one it needs with these, naming the command that fixes it (tests/test_one_message.py).
+
+def not_a_store(where: object) -> str:
+    """A store path with no store there (a typo, or no ingest yet)."""
+    return f"{where} is not a vsekit store (no zarr.json there); create one with `vsekit ingest ...`"
+
+
+def no_tokens(where: object) -> str:
+    """A stage that reads captions' tokens, run before ``vsekit tokenize``."""
+    return f"{where} has no tokens; run `vsekit tokenize --store {where}` first"
+
+
+def no_feature_set(name: str, where: object, have: list[str]) -> str:
+    """A feature set the store lacks: the sets it has (a typo gets its "did you mean" from
+    ``suggest.improve_message``) and the stage that makes this one (``X.z`` standardize, ``X.fne``
+    discretize, anything else extract)."""
+    if name.endswith(".z"):
+        fix = f"vsekit standardize --store {where} --features {name[:-2]}"
+    elif name.endswith(".fne"):
+        fix = f"vsekit discretize --store {where} --features {name[:-4]}"
+    else:
+        fix = f"vsekit extract --store {where} --name {name} ..."
+    return f"no feature set {name!r} in {where}; it has: {', '.join(have) or 'none'} (made by `{fix}`)"

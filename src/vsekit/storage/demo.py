@@ -89,20 +89,27 @@ def _draw(draw: ImageDraw.ImageDraw, spec: ShapeSpec, side: int, rng: np.random.
     return [round(x1, 2), round(y1, 2), round(x2, 2), round(y2, 2)]
 
 
-def make_demo_data(out_dir: str | Path, images: int = 400, seed: int = 0, size: int = 128,
-                   val_fraction: float = 0.125, test_fraction: float = 0.125) -> Path:
-    """Write ``out_dir/images/*.jpg``, ``dataset_demo.json`` (Karpathy format) and ``boxes.json``.
+def demo_splits(images: int, val: int | None = None, test: int | None = None, *,
+                val_fraction: float = 0.125, test_fraction: float = 0.125) -> dict[str, int]:
+    """Images per split of the demo data: ``val`` / ``test`` as given, else their fractions (at least 1)."""
+    n_val = max(1, int(round(images * val_fraction))) if val is None else val
+    n_test = max(1, int(round(images * test_fraction))) if test is None else test
+    if images < 3 or min(n_val, n_test) < 1 or n_val + n_test >= images:
+        raise ValueError(f"--images {images} cannot hold a train split and --val {n_val} / --test {n_test} "
+                         f"(--images must be at least 3, one per split)")
+    return {"train": images - n_val - n_test, "val": n_val, "test": n_test}
 
-    Returns the path of the JSON file.
-    """
-    if images < 3:
-        raise ValueError("--images must be at least 3 (one per split)")
+
+def make_demo_data(out_dir: str | Path, images: int = 400, seed: int = 0, size: int = 128,
+                   val_fraction: float = 0.125, test_fraction: float = 0.125,
+                   val: int | None = None, test: int | None = None) -> Path:
+    """Write ``out_dir/images/*.jpg``, ``dataset_demo.json`` (Karpathy format) and ``boxes.json``;
+    ``val`` / ``test`` images (else their fractions) per split. Returns the JSON file's path."""
+    counts = demo_splits(images, val, test, val_fraction=val_fraction, test_fraction=test_fraction)
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    n_val = max(1, int(round(images * val_fraction)))
-    n_test = max(1, int(round(images * test_fraction)))
-    n_train = images - n_val - n_test
+    n_train, n_val, n_test = counts["train"], counts["val"], counts["test"]
     splits = ["train"] * n_train + ["val"] * n_val + ["test"] * n_test
     records, boxes = [], {}
     positions = list(POSITIONS)

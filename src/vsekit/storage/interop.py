@@ -26,6 +26,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .integrity import SUMS
+from .base import no_tokens
 from .store import FAILED, SPLITS, FeatureStore, StoreError, write_array, write_strings
 
 SPLIT_PREFIX = {"train": "train", "val": "dev", "test": "test", "restval": "restval"}
@@ -300,7 +301,7 @@ def export_vocab(store: FeatureStore | str | Path, out: str | Path, name: str) -
 def stored_vocabulary(store: FeatureStore) -> list[str]:
     """The words of the vocabulary ``vsekit tokenize`` stored (``tokens`` attrs), id order."""
     if "tokens" not in store.root or "vocabulary" not in store.root["tokens"].attrs:
-        raise StoreError(f"{store.path} has no vocabulary; run `vsekit tokenize --store {store.path}` first")
+        raise StoreError(no_tokens(store.path))
     return [str(w) for w in store.root["tokens"].attrs["vocabulary"]]
 
 

@@ -35,7 +35,7 @@ import zarr.storage
 from ..version import __version__
 from . import integrity
 from .base import (DONE, FAILED, PENDING, STAGED, STATUS_NAMES, Block, FormatVersionError,  # noqa: F401
-                   ProvenanceError, StoreError, read_generation)
+                   ProvenanceError, StoreError, no_feature_set, not_a_store, read_generation)
 from .faults import point
 from .fserrors import names_set_path, names_store_path
 from .objstore import URL_COMMANDS  # noqa: F401 (what serves a URL; the refusals name it)
@@ -493,8 +493,7 @@ class FeatureStore:
         if got is None:   # a store's objects are deleted only after its zarr.json (finish_store_replace)
             refuse_if_store_replaced(objects)
         if got is None:
-            raise StoreError(f"{objects.url} is not a vsekit store (no zarr.json there); "
-                             f"create one with `vsekit ingest ...`")
+            raise StoreError(not_a_store(objects.url))
         attrs = got[0].get("attributes") or {}
         if attrs.get("vsekit_format") is None:
             raise StoreError(f"{objects.url} is a Zarr group but not a vsekit store (no vsekit_format attribute)")
@@ -516,8 +515,7 @@ class FeatureStore:
             return cls._open_remote(os.fspath(path), mode, storage_options)
         path = local_path(path)
         if not (path / "zarr.json").exists():
-            raise StoreError(f"{path} is not a vsekit store (no zarr.json there); "
-                             f"create one with `vsekit ingest ...`")
+            raise StoreError(not_a_store(path))
         try:
             root = zarr.open_group(str(path), mode=mode, zarr_format=3)
         except Exception as exc:  # corrupt metadata
@@ -757,8 +755,7 @@ class FeatureStore:
         else:
             staged = STAGED in name and (self.path / "features" / name / "zarr.json").exists()
         if not self.has_features(name) and not staged:   # a staged set is opened by its writers only
-            have = ", ".join(self.feature_names()) or "none"
-            raise StoreError(f"no feature set {name!r} in {self.path}; it has: {have}")
+            raise StoreError(no_feature_set(name, self.path, self.feature_names()))
         return FeatureSet(self, name).check(expect, complete=complete)
 
     @names_store_path

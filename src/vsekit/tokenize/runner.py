@@ -31,6 +31,7 @@ import zarr
 from ..storage.faults import point
 from ..storage.ref import StoreRef
 from ..storage.objstore import TOKENS_SWAP as SWAP_MARK   # on object storage: a swap to finish (`info` says so)
+from ..storage.base import no_tokens
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
 from .text import tokenize_caption
@@ -402,7 +403,7 @@ def caption_tokens(store: FeatureStore | str | os.PathLike, rows: Iterable[int])
     if not isinstance(store, FeatureStore):
         store = FeatureStore.open(store)
     if not store.has_tokens:
-        raise StoreError(f"{store.path} has no tokens; run `vsekit tokenize --store {store.path}` first")
+        raise StoreError(no_tokens(store.path))
     ids, offsets = store.root["tokens/ids"], store.root["tokens/offsets"]
     n = offsets.shape[0] - 1
     out = []

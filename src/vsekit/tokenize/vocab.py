@@ -72,12 +72,13 @@ class Vocabulary:
     @classmethod
     def from_store(cls, store: "FeatureStore | str | os.PathLike") -> "Vocabulary":
         """The vocabulary ``vsekit tokenize`` stored in ``store`` (a FeatureStore or a path)."""
+        from ..storage.base import no_tokens
         from ..storage.store import FeatureStore, StoreError
 
         if not isinstance(store, FeatureStore):
             store = FeatureStore.open(store)
         if "tokens" not in store.root or "vocabulary" not in store.root["tokens"].attrs:
-            raise StoreError(f"{store.path} has no vocabulary; run `vsekit tokenize --store {store.path}` first")
+            raise StoreError(no_tokens(store.path))
         a = store.root["tokens"].attrs
         return cls(a["vocabulary"], lowercase=a.get("lowercase", True), strip_punct=a.get("strip_punct", False),
                    bos_eos=a.get("bos_eos", True), max_len=a.get("max_len"))

@@ -22,6 +22,7 @@ import torch
 
 from ..storage.chunks import ChunkReader
 from ..storage.splits import refuse_stale
+from ..storage.base import no_tokens
 from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
 
 CAPTION_MODES = ("one", "all")
@@ -41,7 +42,7 @@ class Tokens:
     @classmethod
     def from_store(cls, store: FeatureStore) -> "Tokens":
         if not store.has_tokens:
-            raise StoreError(f"{store.path} has no tokens; run `vsekit tokenize --store {store.path}` first")
+            raise StoreError(no_tokens(store.path))
         g = store.root["tokens"]
         ids = np.asarray(g["ids"][:], dtype=np.int64)
         offsets = np.asarray(g["offsets"][:], dtype=np.int64)
