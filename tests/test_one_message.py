@@ -113,7 +113,7 @@ except Exception as exc:
 
 def test_the_names_read_without_torch_are_the_registries():
     from vsekit.extract.backbones import registered_backbones
-    from vsekit.model_names import BACKBONES, RETRIEVAL_MODELS
+    from vsekit.suggest import BACKBONES, RETRIEVAL_MODELS
     from vsekit.models import model_names
 
     assert list(RETRIEVAL_MODELS) == model_names()

@@ -14,6 +14,16 @@ from typing import Iterable
 #: lists longer than this are shortened to their first names and a count when a suggestion is given
 LONG_LIST = 12
 
+# The built-in models' names, readable without torch, so ``vsekit train --model`` refuses a misspelt one
+# before torch or any model is imported; the registries (``vsekit.models``, ``vsekit.extract.backbones``)
+# hold exactly these (tests/test_one_message.py).
+#: ``vsekit train --model``: the retrieval models of ``vsekit.models``
+RETRIEVAL_MODELS = ("order", "saf", "seam-c", "seam-e", "seam-g", "sgr", "sman", "sman-im", "sman-im-loc",
+                    "sman-inter", "sman-sim", "vse")
+
+#: ``vsekit extract --model``: the registered backbones (any timm model name is taken too)
+BACKBONES = ("inception_resnet_v2", "resnet152", "vgg16", "vgg19")
+
 
 def close_matches(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
     choices = [str(c) for c in choices]

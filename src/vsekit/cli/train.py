@@ -88,8 +88,7 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
               global_module, nproc_per_node, max_restarts, collective_timeout, **opts):
     """Train a retrieval model on a store's feature set; writes checkpoints, metrics.jsonl, curves.png."""
     if model and not resume:   # before torch is imported: a misspelt name is refused at once
-        from ..model_names import BACKBONES, RETRIEVAL_MODELS
-        from ..suggest import unknown_model
+        from ..suggest import BACKBONES, RETRIEVAL_MODELS, unknown_model
 
         if model not in RETRIEVAL_MODELS:   # one `Error:` line, as extract's (no usage block)
             raise ValueError(unknown_model(model, RETRIEVAL_MODELS,
