@@ -146,6 +146,7 @@ def _demo_store(root: Path) -> Path:
     makes."""
     if (root / "demo.zarr").exists():
         return root
+    root.mkdir(parents=True, exist_ok=True)
     _shell("vsekit demo-data data --images 300 --size 64 --val 100 --test 50 > /dev/null\n"
            "vsekit ingest karpathy data/dataset_demo.json --store demo.zarr > /dev/null\n"
            "vsekit tokenize --store demo.zarr --min-count 1 > /dev/null\n"

@@ -107,8 +107,8 @@ def plan_smoke(pipeline: PipelineSpec, cli: click.Group, *, images: int = SMOKE_
         elif cmd == "ingest butd":
             smoke.butd = True
             changes = {"tsv": [str(data / "butd.tsv")]}
-        elif cmd == "demo-data":
-            changes = {"images": images}
+        elif cmd == "demo-data":   # a recipe's own val / test counts would not fit: the smoke's splits
+            changes = {"images": images, **{k: n for k, n in smoke.split_counts().items() if v.get(k) is not None}}
         elif cmd == "extract":
             resize, size = _input_size(str(v.get("model") or ""), str(v.get("kind") or "global"))
             changes = {"weights": "none", "input_size": size, "workers": 0, "batch_size": 20,
