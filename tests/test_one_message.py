@@ -112,12 +112,13 @@ except Exception as exc:
 
 
 def test_the_names_read_without_torch_are_the_registries():
-    from vsekit.extract.backbones import registered_backbones
+    from vsekit.extract.backbones import _REGISTRY
+    from vsekit.models import _MODELS
     from vsekit.suggest import BACKBONES, RETRIEVAL_MODELS
-    from vsekit.models import model_names
 
-    assert list(RETRIEVAL_MODELS) == model_names()
-    assert list(BACKBONES) == registered_backbones()
+    # vsekit's own (other test modules register models of their own)
+    assert sorted(n for n, f in _MODELS.items() if f.__module__.startswith("vsekit.")) == list(RETRIEVAL_MODELS)
+    assert sorted(n for n, s in _REGISTRY.items() if s.build.__module__.startswith("vsekit.")) == list(BACKBONES)
 
 
 def test_train_help_lists_every_preset():
@@ -147,3 +148,15 @@ def test_the_demo_recipe_validates_on_enough_images_to_raise_no_warning():
     images = int(demo.variables["DEMO_IMAGES"].value)
     counts = demo_splits(images, int(values["val"]), int(values["test"]))
     assert counts["val"] >= SMALL_VAL and counts["train"] >= 250, counts
+
+
+def test_a_missing_run_is_one_message_from_every_command(tmp_path):
+    """Evaluating, embedding or reporting before training: the run folder's one line, naming `vsekit train`."""
+    from vsekit.storage.base import not_a_run
+
+    for run in (tmp_path / "runs" / "frist", tmp_path):   # a typo, and a folder that holds no run
+        want = f"Error: {not_a_run(run)}"
+        assert f"`vsekit train ... --out {run}`" in want
+        for args in (["evaluate", str(run)], ["embed", str(run), "--out", str(tmp_path / "e")],
+                     ["report", str(run), "--out", str(tmp_path / "r")]):
+            assert _error(args) == want, args

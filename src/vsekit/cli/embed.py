@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from .options import STORAGE_OPTION, StorePath
+from .options import STORAGE_OPTION, RunPath, StorePath
 
 
 @click.command("embed")
-@click.argument("run", type=click.Path(exists=True, file_okay=False))
+@click.argument("run", type=RunPath())
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),
               help="Split to embed.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),

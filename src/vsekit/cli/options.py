@@ -67,6 +67,21 @@ class StorePath(click.Path):
         return super().convert(value, param, ctx)
 
 
+class RunPath(click.Path):
+    """A training run folder (``evaluate``, ``embed``, ``report``): one with no run in it gets the one line
+    of every command (``storage.base.not_a_run``, ``tests/test_one_message.py``)."""
+
+    def __init__(self):
+        super().__init__(file_okay=False)
+
+    def convert(self, value, param, ctx):
+        from ..storage.base import not_a_run
+
+        if not os.path.isfile(os.path.join(os.fspath(value), "config.json")):
+            raise click.ClickException(not_a_run(value))
+        return super().convert(value, param, ctx)
+
+
 def _storage_options(ctx, param, values):
     from ..storage.objstore import DEFAULT_OPTIONS, parse_options
 

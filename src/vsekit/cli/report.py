@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from .options import STORAGE_OPTION, StorePath
+from .options import STORAGE_OPTION, RunPath, StorePath
 
 
 @click.command("report")
-@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("runs", nargs=-1, required=True, type=RunPath())
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Folder to write index.html (and report.json) into.")
 @click.option("--split", default="test", show_default=True, type=click.Choice(["train", "val", "test", "restval"]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import STORAGE_OPTION, StorePath
+from .options import STORAGE_OPTION, RunPath, StorePath
 
 
 def _model_args(pairs: tuple[str, ...]) -> dict:
@@ -273,7 +273,7 @@ def _check_feature_shape(store: str, features: str, model: str | None, presets) 
 
 
 @click.command("evaluate")
-@click.argument("runs", nargs=-1, type=click.Path(exists=True, file_okay=False))
+@click.argument("runs", nargs=-1, type=RunPath())
 @click.option("--sims", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Score this (images x captions) .npy of --split made elsewhere, instead of RUNS (needs --store).")
 @click.option("--protocol", "protocols", multiple=True, type=click.Choice(["coco-1k", "coco-5k", "1k", "all"]),

@@ -206,13 +206,12 @@ def _read_json(path: Path) -> Any:
 
 def load_run(path: str | Path) -> RunInfo:
     """Read a run folder; only ``config.json`` is required."""
+    from ..storage.base import not_a_run
+
     path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"run folder {path} does not exist")
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
-        raise ValueError(f"{path} is not a training run folder (no config.json); "
-                         f"make one with `vsekit train ... --out {path}`")
+        raise ValueError(not_a_run(path))
     config = _read_json(cfg_path)
     if not isinstance(config, dict):
         raise ValueError(f"{cfg_path} must hold a JSON object")

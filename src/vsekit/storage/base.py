@@ -67,6 +67,11 @@ def not_a_store(where: object) -> str:
     return f"{where} is not a vsekit store (no zarr.json there); create one with `vsekit ingest ...`"
 
 
+def not_a_run(where: object) -> str:
+    """A run folder with no run in it (a typo, or no training yet): evaluate, embed, report, resume."""
+    return f"{where} is not a training run folder (no config.json); make one with `vsekit train ... --out {where}`"
+
+
 def no_tokens(where: object) -> str:
     """A stage that reads captions' tokens, run before ``vsekit tokenize``."""
     return f"{where} has no tokens; run `vsekit tokenize --store {where}` first"

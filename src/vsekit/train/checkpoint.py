@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..storage.base import not_a_run
 from ..storage.store import StoreError
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def load_model(run: str | Path, device: str = "cpu", checkpoint: str = "best") -
 
     run = Path(run)
     if not (run / "config.json").is_file():
-        raise StoreError(f"{run} is not a training run folder (no config.json); create one with `vsekit train`")
+        raise StoreError(not_a_run(run))
     config = json.loads((run / "config.json").read_text())
     path = run_checkpoint(run, checkpoint) or run / LAST
     exact_float32()   # scored in IEEE float32 on CUDA too (TF32 off), as trained

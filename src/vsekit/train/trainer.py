@@ -33,6 +33,7 @@ import torch
 
 from ..devices import exact_float32
 from ..interrupts import Interrupted, active as active_handling
+from ..storage.base import not_a_run
 from ..storage.objstore import store_ref
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
@@ -236,7 +237,7 @@ def _start_folder(out: Path, resume: bool, overwrite: bool) -> None:
         if not (out / "checkpoint_last.pt").is_file():
             raise StoreError(f"--resume: {out} has no checkpoint_last.pt to resume from")
         if not (out / "config.json").is_file():
-            raise StoreError(f"--resume: {out} has no config.json; it is not a vsekit run folder")
+            raise StoreError(f"--resume: {not_a_run(out)}")
     elif holds_trained_run(out) and not overwrite:
         raise StoreError(f"{out} already holds a training run; pass --resume to continue it or "
                          f"--overwrite to start again")
