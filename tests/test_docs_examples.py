@@ -141,13 +141,12 @@ def _run(block: Block, cwd: Path, shown: str | None) -> None:
 
 
 def _demo_store(root: Path) -> Path:
-    """The small store of `<!-- docs-test: demo-store -->` pages: 200 demo images (100 val, 25 test)
-    ingested, tokenized and with VGG-19 global features at 32x32 (random weights), as the tutorial
-    makes."""
+    """The small store of `<!-- docs-test: demo-store -->` pages, made once: 160 demo images (40 val,
+    20 test) ingested, tokenized and with VGG-19 global features at 32x32 (random weights)."""
     if (root / "demo.zarr").exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
-    _shell("vsekit demo-data data --images 300 --size 64 --val 100 --test 50 > /dev/null\n"
+    _shell("vsekit demo-data data --images 160 --size 32 --val 40 --test 20 > /dev/null\n"
            "vsekit ingest karpathy data/dataset_demo.json --store demo.zarr > /dev/null\n"
            "vsekit tokenize --store demo.zarr --min-count 1 > /dev/null\n"
            "vsekit extract --store demo.zarr --model vgg19 --kind global --weights none --resize 32 --input-size 32 "
