@@ -137,7 +137,7 @@ def test_export_vocab(demo_store, tmp_path):
         pytest.skip("vsekit.tokenize.export_vocab_json / tokenize not available yet")
     r = CliRunner().invoke(main, ["export", "vocab", "--store", str(demo_store.path), "--out",
                                   str(tmp_path / "v.json")])
-    assert r.exit_code == 1 and "no tokens yet" in r.output
+    assert r.exit_code == 1 and "has no tokens; run `vsekit tokenize --store" in r.output
     tok.tokenize(demo_store.path)
     r = CliRunner().invoke(main, ["export", "vocab", "--store", str(demo_store.path), "--out",
                                   str(tmp_path / "v.json")])

@@ -265,7 +265,7 @@ def test_export_vocab_json(hand_store, tmp_path):
 
 def test_no_tokens_or_captions_errors(tmp_path):
     store = FeatureStore.create(tmp_path / "empty.zarr", dataset="x")
-    with pytest.raises(StoreError, match="no vocabulary"):
+    with pytest.raises(StoreError, match="has no tokens; run `vsekit tokenize --store"):
         Vocabulary.from_store(store)
     with pytest.raises(StoreError, match="no captions"):
         tokenize(store)
