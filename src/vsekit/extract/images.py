@@ -7,22 +7,26 @@ scaled to 8 bits, CMYK and palette converted, alpha composited over white. Crops
 crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
 
 Decoders (``DECODERS``; the decoding workers call :func:`decode_crops`, which returns the crops NHWC
-so that no transpose is paid on the host):
+so that no transpose is paid on the host). Every one but ``turbo`` decodes the whole image:
 
 - ``"pil"`` (sets made before issue 37, whose settings record no decoder): PIL's pixels, bit for
-  bit. A baseline JPEG in RGB or L mode is decoded
-  by libjpeg-turbo through ``torchvision.io.decode_jpeg`` (the same library PIL uses, the same
-  integer IDCT and upsampling: identical pixels, ~30% less CPU); any other file, and any JPEG that
-  ``decode_jpeg`` refuses, is decoded by PIL as before, so every error message is PIL's. The
-  resize is PIL's (``T.Resize`` on a PIL image).
-- ``"turbo"`` (the default of a new set, :data:`DEFAULT_DECODER`): the same decode, then torch's
-  uint8 antialiased resize (what ``transforms.v2``
-  does on uint8 tensors; 3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels,
-  ``tests/test_extract_decode.py``), and ``Image.draft`` (libjpeg's DCT scaling by 1/2, 1/4, 1/8)
-  for a JPEG at least twice the resize in both sides. It changes pixels, so it is part of a
-  feature set's settings (:func:`decoder_attrs`). Without torchvision's ``decode_jpeg`` (no
-  torchvision, or its compiled ops do not load) both decoders decode with PIL: the same pixels,
-  more CPU; the set's ``decoding`` attrs say so.
+  bit. A baseline JPEG in RGB or L mode is decoded by libjpeg-turbo through
+  ``torchvision.io.decode_jpeg`` (the library PIL uses, the same integer IDCT and upsampling:
+  identical pixels, ~30% less CPU); any other file, and any JPEG that ``decode_jpeg`` refuses, is
+  decoded by PIL as before, so every error message is PIL's. The resize is PIL's (``T.Resize`` on a
+  PIL image).
+- ``"torchvision"`` (the default of a new set, :data:`DEFAULT_DECODER`, issue 47): the same full-size
+  decode, then torch's uint8 antialiased resize (what ``transforms.v2`` does on decoded tensors;
+  3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels). Its features are within
+  1e-3 relative of ``pil``'s (``tests/test_extract_reference.py``).
+- ``"turbo"`` (the default of new sets from issue 37 to 47; now an option): ``torchvision`` plus
+  libjpeg's DCT scaling (``Image.draft``: decoding at 1/2, 1/4, 1/8) for a JPEG at least twice the
+  resize in both sides, which averages DCT blocks instead of filtering the full image: up to ~8e-2
+  relative on the features of such a JPEG (docs/extract.md).
+
+A decoder other than ``pil`` changes pixels, so it is part of a feature set's settings
+(:func:`hash_settings`). Without torchvision's ``decode_jpeg`` (no torchvision, or its compiled ops
+do not load) JPEGs are decoded with PIL: the same pixels, more CPU; the set's ``decoding`` attrs say so.
 """
 
 from __future__ import annotations
@@ -246,9 +250,12 @@ def make_crops(img: Image.Image, resize_to: int, crop: int, n_crops: int, resize
 
 
 # --- decoders --------------------------------------------------------------------------------------------
-DECODERS = ("pil", "turbo")
-#: the decoder of a new feature set made without ``--decoder`` (issue 37: the cheaper worker)
-DEFAULT_DECODER = "turbo"
+DECODERS = ("pil", "torchvision", "turbo")
+#: the decoder of a new feature set made without ``--decoder``: a full-size decode (issue 47: turbo's
+#: DCT scaling moved features by up to 8e-2 on large JPEGs)
+DEFAULT_DECODER = "torchvision"
+#: the decoders that resize with torch (``pil`` resizes with PIL)
+TORCH_DECODERS = ("torchvision", "turbo", "nvjpeg")
 #: the decoder of a set whose settings name none: every set made before ``turbo`` became the default
 #: (``hash_settings("pil")`` is empty, so such sets keep their settings hash), and every regions set
 UNRECORDED_DECODER = "pil"
@@ -274,9 +281,10 @@ def decoder_attrs(name: str) -> dict:
     import PIL
 
     tv = _torchvision_io()
+    cpu = "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; other files: PIL"
     attrs = {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
-             "decode": "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; "
-                       "other files: PIL" if tv is not None else
+             "decode": ("JPEG (RGB/L): nvjpeg via torchvision.io.decode_jpeg(device='cuda'), batched; "
+                        "other files: as torchvision") if name == "nvjpeg" else cpu if tv is not None else
                        "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
              "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
                        "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
@@ -370,7 +378,7 @@ def _resized_hwc(img, size: int, mode: str, interpolation: str, decoder: str, fu
                          f"budget ({budget} pixels, --max-resized-pixels); not resized")
     if new == _size(img):
         return np.asarray(img, dtype=np.uint8)
-    if decoder == "turbo" and interpolation in TORCH_RESIZE:
+    if decoder in TORCH_DECODERS and interpolation in TORCH_RESIZE:
         import torch
 
         a = np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
