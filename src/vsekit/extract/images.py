@@ -23,6 +23,8 @@ so that no transpose is paid on the host). Every one but ``turbo`` decodes the w
   libjpeg's DCT scaling (``Image.draft``: decoding at 1/2, 1/4, 1/8) for a JPEG at least twice the
   resize in both sides, which averages DCT blocks instead of filtering the full image: up to ~8e-2
   relative on the features of such a JPEG (docs/extract.md).
+- ``"nvjpeg"``: RGB and grayscale JPEGs decoded on the GPU in batches by the driving process
+  (:mod:`vsekit.extract.gpu_decode`); here, every other file as ``torchvision``.
 
 A decoder other than ``pil`` changes pixels, so it is part of a feature set's settings
 (:func:`hash_settings`). Without torchvision's ``decode_jpeg`` (no torchvision, or its compiled ops
@@ -209,19 +211,24 @@ def resized_size(width: int, height: int, size: int, mode: str = "shorter") -> t
     return max(1, int(size * width / height)), size
 
 
+def budgeted_size(w: int, h: int, size: int, mode: str = "shorter", max_resized: int | None = None) -> tuple[int, int]:
+    """:func:`resized_size`, or ImageError where it is over the resized pixel budget (nothing resized)."""
+    new = resized_size(w, h, size, mode)
+    budget = pixel_budgets(max_resized=max_resized)[1]
+    if new[0] * new[1] > budget:
+        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
+                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
+    return new
+
+
 def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear",
            max_resized: int | None = None) -> Image.Image:
     """Resize as torchvision's ``T.Resize`` on a PIL image (same size, same PIL filter).
 
     Raises ImageError, before resizing, if the result would exceed the resized pixel budget.
     """
-    w, h = img.size
-    new = resized_size(w, h, size, mode)
-    budget = pixel_budgets(max_resized=max_resized)[1]
-    if new[0] * new[1] > budget:
-        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
-                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
-    if new == (w, h):
+    new = budgeted_size(*img.size, size, mode, max_resized)
+    if new == img.size:
         return img
     return img.resize(new, INTERPOLATIONS[interpolation])
 
@@ -250,7 +257,7 @@ def make_crops(img: Image.Image, resize_to: int, crop: int, n_crops: int, resize
 
 
 # --- decoders --------------------------------------------------------------------------------------------
-DECODERS = ("pil", "torchvision", "turbo")
+DECODERS = ("pil", "torchvision", "turbo", "nvjpeg")
 #: the decoder of a new feature set made without ``--decoder``: a full-size decode (issue 47: turbo's
 #: DCT scaling moved features by up to 8e-2 on large JPEGs)
 DEFAULT_DECODER = "torchvision"
@@ -370,31 +377,34 @@ def _resized_hwc(img, size: int, mode: str, interpolation: str, decoder: str, fu
                  max_resized: int | None = None):
     """HWC uint8 (numpy) of ``img`` (PIL image or HWC array) resized as ``resize`` says; ``full``:
     the image's size before DCT scaling, for the budget and the target size."""
-    w, h = full or _size(img)
-    new = resized_size(w, h, size, mode)
-    budget = pixel_budgets(max_resized=max_resized)[1]
-    if new[0] * new[1] > budget:
-        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
-                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
+    new = budgeted_size(*(full or _size(img)), size, mode, max_resized)
     if new == _size(img):
         return np.asarray(img, dtype=np.uint8)
     if decoder in TORCH_DECODERS and interpolation in TORCH_RESIZE:
         import torch
 
-        a = np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
         with warnings.catch_warnings():   # PIL's arrays are read-only; interpolate only reads them
             warnings.simplefilter("ignore", UserWarning)
-            # (1, H, W, 3) permuted: channels-last NCHW whose batch stride is the numel, so that
-            # interpolate's output stays channels-last (HWC again, no copy); a [None] after the
-            # permute would give a batch stride of 3 and a planar output
-            t = torch.from_numpy(a)[None].permute(0, 3, 1, 2)
-        with torch.no_grad():
-            out = torch.nn.functional.interpolate(t, size=(new[1], new[0]), mode=TORCH_RESIZE[interpolation],
-                                                  antialias=True, align_corners=False)
-        return out[0].permute(1, 2, 0).numpy()
+            hwc = torch.from_numpy(np.ascontiguousarray(np.asarray(img, dtype=np.uint8)))
+        return torch_resize(hwc, new, interpolation).numpy()
     if not isinstance(img, Image.Image):
         img = Image.fromarray(np.ascontiguousarray(img), "RGB")
     return np.asarray(img.resize(new, INTERPOLATIONS[interpolation]), dtype=np.uint8)
+
+
+def torch_resize(hwc, new: tuple[int, int], interpolation: str):
+    """HWC uint8 tensor (CPU or GPU) → HWC uint8 tensor of size ``new`` (w, h): torch's antialiased
+    uint8 interpolate, what ``transforms.v2`` does on decoded tensors."""
+    import torch
+
+    # (1, H, W, 3) permuted: channels-last NCHW whose batch stride is the numel, so that interpolate's
+    # output stays channels-last (HWC again, no copy); a [None] after the permute would give a batch
+    # stride of 3 and a planar output
+    t = hwc.contiguous()[None].permute(0, 3, 1, 2)
+    with torch.no_grad():
+        out = torch.nn.functional.interpolate(t, size=(new[1], new[0]), mode=TORCH_RESIZE[interpolation],
+                                              antialias=True, align_corners=False)
+    return out[0].permute(1, 2, 0)
 
 
 def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:

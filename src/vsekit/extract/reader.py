@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -34,6 +34,7 @@ class Item:
     boxes: np.ndarray | None = None  # regions: boxes in input pixels (K, 4)
     scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
     decoder: str = ""                # the process:thread that decoded it (how parallel decoding was)
+    encoded: Any = None              # --decoder nvjpeg: the JPEG, decoded by the driving process (gpu_decode)
 
 
 class RowDataset:
@@ -66,6 +67,10 @@ class RowDataset:
         self._check_inside_root(path)
         point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
         if p.kind != "regions":
+            if p.decoder == "nvjpeg":
+                enc = gpu_jpeg(path, p)
+                if enc is not None:
+                    return Item(row, None, encoded=enc)
             return Item(row, decode(path, p))   # NHWC: no transpose here, the model reads channels-last
         img = decode(path, p)
         if p.detector == "butd-r101":  # the detector scales the original image itself (butd.preprocess)
@@ -114,6 +119,15 @@ def decode(path: str, plan: Plan | None = None):
     crops = decode_ref_crops if ref else decode_crops
     return crops(path, *args, decoder=plan.decoder, max_decoded=decoded_max,
                  max_resized=plan.setting("max_resized_pixels"))
+
+
+def gpu_jpeg(path: str, plan: Plan):
+    """The JPEG at ``path`` (a file or an image inside a shard) for the driving process to decode on
+    the GPU (:func:`vsekit.extract.gpu_decode.encoded`), or None: this worker decodes it."""
+    from ..storage.sources import shards
+    from .gpu_decode import encoded
+
+    return encoded(path, plan, shards.read_bytes(path) if shards.is_ref(path) else None)
 
 
 class Batch(list):

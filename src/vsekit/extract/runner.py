@@ -183,6 +183,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
         check_object_storage(cluster, store.path, "extraction", arrays=True)
     with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
+        if plan.decoder == "nvjpeg" and device != "auto":
+            from . import gpu_decode
+
+            gpu_decode.check_device(device)
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
