@@ -165,8 +165,8 @@ def test_pil_and_the_default_decoder_give_the_reference_pipelines_features(store
 
 
 def test_at_the_papers_sizes_the_default_is_within_1e_3_of_pil_and_turbo_is_not(tmp_path):
-    """Photo-like JPEGs of COCO's size (640x480) and the issue's 512x600 (shorter side twice the
-    resize), resize 256, 10 crops of 224, VGG-19 (random weights) fc7: the default decoder's features
+    """Photo-like JPEGs of COCO's size (640x480), the issue's 512x600 (shorter side twice the resize)
+    and 800x600, resize 256, 10 crops of 224, VGG-19 (random weights) fc7: the default decoder's features
     are within 1e-3 relative per image of ``pil``'s; ``turbo``, which decodes the 512x600 JPEG at half
     size by DCT scaling, is off by more on that one. The same float32 model on each decoder's crops,
     so only the pixels differ."""
@@ -175,7 +175,7 @@ def test_at_the_papers_sizes_the_default_is_within_1e_3_of_pil_and_turbo_is_not(
     from vsekit.extract.plan import make_plan
 
     paths = []
-    for i, (w, h) in enumerate(((640, 480), (512, 600))):
+    for i, (w, h) in enumerate(((640, 480), (512, 600), (800, 600))):
         paths.append(tmp_path / f"{w}x{h}.jpg")
         Image.fromarray(photo(w, h, 10 + i)).save(paths[-1], quality=90)
     ex = Extractor(make_plan("vgg19", "global", weights="none", crops=10, resize=256, input_size=224))
@@ -187,5 +187,6 @@ def test_at_the_papers_sizes_the_default_is_within_1e_3_of_pil_and_turbo_is_not(
     pil = feats("pil")
     default = relative(feats(DEFAULT_DECODER), pil)
     turbo = relative(feats("turbo"), pil)
-    assert default.max() < DEFAULT_BOUND, default
-    assert turbo[0] < DEFAULT_BOUND < turbo[1], turbo   # 640x480 is under twice 341x256: no DCT scaling
+    assert default.max() < DEFAULT_BOUND, default   # measured 4.7e-4, 0 (an exact halving), -
+    # 640x480 is under twice 341x256: no DCT scaling; the others are decoded at half size (measured 5.1e-2)
+    assert turbo[0] < DEFAULT_BOUND < min(turbo[1:]), turbo

@@ -17,6 +17,7 @@ per image (checked by ``scripts/gpu_check.py``).
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .images import (ImageError, TORCH_RESIZE, budgeted_size, crop_boxes, decode_crops, decode_ref_crops,
-                     decoded_cost, pixel_budgets)
+from .images import ImageError, TORCH_RESIZE, budgeted_size, crop_boxes, decode_crops, decoded_cost, pixel_budgets
 
 #: nvjpeg's features against the CPU decoders', relative per image (what gpu_check verifies on a GPU)
 TOLERANCE = 1e-2
@@ -49,17 +49,20 @@ class Encoded:
     size: tuple[int, int]   # (w, h) after orientation
 
 
-def encoded(path: str, plan, data: bytes | None = None) -> Encoded | None:
-    """The file at ``path`` (or its ``data``, an image inside a shard) as an :class:`Encoded`, if it is
-    an RGB or grayscale JPEG within the pixel budgets; None for any other file (the worker decodes it).
-    An image over a budget raises ImageError with the CPU decoders' message."""
+def encoded(path: str, plan) -> Encoded | None:
+    """The file at ``path`` (or an image inside a shard) as an :class:`Encoded`, if it is an RGB or
+    grayscale JPEG within the decoded pixel budget; None for any other file (the worker decodes it).
+    An image over the resized budget raises ImageError with the CPU decoders' message."""
+    from ..storage.sources import shards
+
     if plan.interpolation not in TORCH_RESIZE:
         return None   # nearest / lanczos: PIL's resize, in the worker
-    if data is None:
-        p = Path(path)
-        if not p.exists() or p.stat().st_size == 0:
-            return None   # the CPU path says what is missing
-        data = p.read_bytes()
+    if shards.is_ref(path):
+        data = shards.read_bytes(path)
+    elif os.path.isfile(path):
+        data = Path(path).read_bytes()
+    else:
+        return None   # the CPU path says what is missing
     if not data:
         return None
     try:
@@ -142,8 +145,6 @@ def batch_crops(items, ok: list, plan, device):
     there. Returns (tensor or None, the items it holds, [(item, reason)] of those that failed)."""
     import torch
 
-    from ..storage.sources import shards
-
     device = torch.device(device)
     gpu = [it for it in ok if it.encoded is not None]
     decoded = dict(zip(map(id, gpu), _decode_all(gpu, device))) if gpu else {}
@@ -155,11 +156,10 @@ def batch_crops(items, ok: list, plan, device):
             if it.encoded is None:
                 crops.append(next(cpu).to(device))
             elif decoded[id(it)] is None:   # refused: decoded alone on the CPU, where PIL names the fault
-                again = decode_ref_crops if shards.is_ref(it.encoded.path) else decode_crops
-                crops.append(torch.from_numpy(again(it.encoded.path, plan.resize, plan.crop_size, plan.crops,
-                                                    plan.resize_mode, plan.interpolation, decoder="torchvision",
-                                                    max_decoded=plan.setting("max_decoded_pixels"),
-                                                    max_resized=plan.setting("max_resized_pixels"))).to(device))
+                again = decode_crops(it.encoded.path, plan.resize, plan.crop_size, plan.crops, plan.resize_mode,
+                                     plan.interpolation, "torchvision", plan.setting("max_decoded_pixels"),
+                                     plan.setting("max_resized_pixels"))
+                crops.append(torch.from_numpy(again).to(device))
             else:
                 hwc = _oriented(decoded[id(it)], it.encoded.orientation).permute(1, 2, 0)
                 new = budgeted_size(*it.encoded.size, plan.resize, plan.resize_mode, plan.setting("max_resized_pixels"))

@@ -438,32 +438,25 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
 def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
                  interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                  max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
-    """The decoding worker's whole job for one image file: decode → resize → crops.
+    """The decoding worker's whole job for one image file, or one image inside a shard
+    (``shard.tar::key.jpg``, a parquet row; :mod:`vsekit.storage.sources.shards`): decode → resize → crops.
 
     Returns uint8 ``(n_crops, crop, crop, 3)`` (NHWC), crops [0:5] as in crop_boxes and [5:10] their
     mirrors; with ``decoder="pil"`` equal to ``make_crops(load_image(path), ...)`` transposed to NHWC.
-    Raises ImageError / ValueError with load_image's and resize's messages.
+    Raises ImageError / ValueError with load_image's and resize's messages. An image inside a shard is
+    decoded as the same file unpacked (so a set's pixels do not depend on it); one that does not decode
+    is decoded again by :func:`load_ref_image`, whose messages name the shard.
     """
-    if n_crops not in CROP_CHOICES:
-        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
-
-
-def decode_ref_crops(ref: str, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                     interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
-                     max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
-    """:func:`decode_crops` of an image inside a shard (``shard.tar::key.jpg``, a parquet row;
-    :mod:`vsekit.storage.sources.shards`): the same decode as a file's (libjpeg-turbo, and DCT scaling
-    under ``turbo``), so a set's pixels do not depend on whether its images were unpacked. An image
-    that does not decode is decoded again by :func:`load_ref_image`, whose messages name the shard."""
     from ..storage.sources import shards
 
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    data = shards.read_bytes(ref)
+    ref = shards.is_ref(str(path))
+    args = (Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
     try:
-        img, full = _decode(Path(ref), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
+        img, full = _decode(*args, data=shards.read_bytes(str(path)) if ref else None)
     except ImageError:
-        img, full = load_ref_image(ref, max_decoded), None   # raises with the shard's wording
+        if not ref:
+            raise
+        img, full = load_ref_image(str(path), max_decoded), None   # raises with the shard's wording
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
