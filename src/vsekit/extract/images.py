@@ -138,31 +138,10 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
 def load_ref_image(path: str | Path, max_decoded: int | None = None):
     """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
     :mod:`vsekit.storage.sources.shards`) to 8-bit RGB, EXIF-rotated, raising ImageError on bad input
-    (and on an image over the decoded pixel budget, as :func:`load_image`)."""
-    import io
-
+    (and on an image over the decoded pixel budget), as :func:`load_image`."""
     from ..storage.sources import shards
 
-    data = shards.read_bytes(path)
-    if not data:
-        raise ImageError(f"empty (zero-byte) image {path}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                budget = pixel_budgets(max_decoded)[0]
-                if decoded_cost(img.size, img.mode) > budget:   # from the header, before any pixel is decoded
-                    raise ImageError(f"image {img.size[0]}x{img.size[1]} is over the decoded pixel budget ({budget} "
-                                     f"pixels of 8 bits, PIL's decompression-bomb limit or --max-decoded-pixels): {path}")
-                img.load()
-                img = ImageOps.exif_transpose(img)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(f"image over PIL's decompression-bomb limit: {path} ({exc})") from None
-    except Image.UnidentifiedImageError:
-        raise ImageError(f"not an image PIL can read: {path}") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"cannot decode {path}: {exc}") from None
-    return to_rgb(img)
+    return _decode(Path(path), None, None, "shorter", False, max_decoded, data=shards.read_bytes(str(path)))[0]
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -444,19 +423,12 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
     Returns uint8 ``(n_crops, crop, crop, 3)`` (NHWC), crops [0:5] as in crop_boxes and [5:10] their
     mirrors; with ``decoder="pil"`` equal to ``make_crops(load_image(path), ...)`` transposed to NHWC.
     Raises ImageError / ValueError with load_image's and resize's messages. An image inside a shard is
-    decoded as the same file unpacked (so a set's pixels do not depend on it); one that does not decode
-    is decoded again by :func:`load_ref_image`, whose messages name the shard.
+    decoded as the same file unpacked (so a set's pixels do not depend on it).
     """
     from ..storage.sources import shards
 
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    ref = shards.is_ref(str(path))
-    args = (Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
-    try:
-        img, full = _decode(*args, data=shards.read_bytes(str(path)) if ref else None)
-    except ImageError:
-        if not ref:
-            raise
-        img, full = load_ref_image(str(path), max_decoded), None   # raises with the shard's wording
+    data = shards.read_bytes(str(path)) if shards.is_ref(str(path)) else None
+    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
