@@ -50,8 +50,8 @@ def beyond(res: dict, name: str, plain: str, key: str) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--crops", type=int, nargs="+", default=[10, 1], choices=[1, 10])
-    ap.add_argument("--decoder", default="turbo", choices=["pil", "turbo"],
-                    help="the vsekit legs' --decoder [default: turbo, a new set's default]")
+    ap.add_argument("--decoder", default="torchvision", choices=["pil", "torchvision", "turbo"],
+                    help="the vsekit legs' --decoder [default: torchvision, a new set's default]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline-src", default=None,
                     help="also run vsekit's legs with this src folder (e.g. a worktree of an older commit)")

@@ -13,6 +13,10 @@ length and ``repeat``-ed once per image, ``SCAN_attention`` with its ``bmm``s, t
 caption; ``ContrastiveLoss`` with its in-place ``masked_fill_`` (max violation, margin 0.2),
 ``clip_grad_norm_`` 2 and Adam 2e-4.
 
+``reference-vse`` is VSE++'s reference (fartashf/vsepp, ``model.py``) the same way: its
+``EncoderImagePrecomp``, ``EncoderText`` (GRU over packed captions, the last word's output),
+``ContrastiveLoss`` with max violation and ``VSE.train_emb``'s clip 2 and Adam 2e-4.
+
 ``saf``, ``sgr``, ``sgr-temde`` (SGR with the T-EMDE global module), ``sman`` and ``vse`` are
 vsekit's models trained as ``vsekit train`` trains them (the trainer's step: encode, ``score``,
 ``HingeLoss``, the model's extra loss, clip, the preset's optimiser), with the allocator tuned as
@@ -54,7 +58,7 @@ from torch import nn
 
 HERE = Path(__file__).resolve().parent
 K, GRID, IMG_DIM, EMBED, WORD, SIM, VOCAB, MARGIN = 36, 7, 2048, 1024, 300, 256, 10000, 0.2
-MODELS = ("reference-saf", "saf", "reference-sgr", "sgr", "sgr-temde", "sman", "vse")
+MODELS = ("reference-saf", "saf", "reference-sgr", "sgr", "sgr-temde", "sman", "reference-vse", "vse")
 
 
 # -- the reference's training step, written again from its formulation --------------------------
@@ -223,6 +227,35 @@ class ReferenceSGRAF(nn.Module):
         self.sim_enc = RefEncoderSimilarity(mode, d, s, steps)
 
 
+class ReferenceVSE(nn.Module):
+    """VSE++'s reference (fartashf/vsepp, ``model.py``), written again from its formulation:
+    ``EncoderImagePrecomp`` (one Linear, Xavier-uniform as its ``init_weights``, ``l2norm``) and
+    ``EncoderText`` (an Embedding drawn from U(-0.1, 0.1), a one-layer GRU over the packed captions, the
+    output at each caption's last word gathered, ``l2norm``); its loss is the same ContrastiveLoss
+    (:func:`ref_loss`) on ``im @ s.t()``, its step ``VSE.train_emb``: clip 2, Adam 2e-4."""
+
+    def __init__(self, vocab=VOCAB, img_dim=IMG_DIM, d=EMBED, word=WORD):
+        super().__init__()
+        self.fc = nn.Linear(img_dim, d)
+        r = (6.0 ** 0.5) / ((img_dim + d) ** 0.5)
+        self.fc.weight.data.uniform_(-r, r)
+        self.fc.bias.data.fill_(0)
+        self.embed = nn.Embedding(vocab, word)
+        self.embed.weight.data.uniform_(-0.1, 0.1)
+        self.rnn = nn.GRU(word, d, 1, batch_first=True)
+        self.d = d
+
+    def images(self, x):
+        return ref_l2norm(self.fc(x), 1)
+
+    def captions(self, tokens, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(tokens), lengths, batch_first=True)
+        out, _ = self.rnn(packed)
+        padded = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0]
+        last = (torch.tensor(lengths, device=tokens.device).view(-1, 1, 1).expand(tokens.size(0), 1, self.d) - 1)
+        return ref_l2norm(torch.gather(padded, 1, last).squeeze(1), 1)
+
+
 def ref_loss(scores, margin=MARGIN):
     """ContrastiveLoss(max_violation=True): its expand_as, ``eye > .5`` mask and in-place fills."""
     diagonal = scores.diag().view(scores.size(0), 1)
@@ -241,7 +274,7 @@ def inputs(name: str, batch: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     if name == "sman":
         feats = torch.randn(batch, GRID, GRID, IMG_DIM, generator=g)
-    elif name == "vse":
+    elif name in ("vse", "reference-vse"):
         feats = torch.randn(batch, IMG_DIM, generator=g)
     else:
         feats = torch.randn(batch, K, IMG_DIM, generator=g)
@@ -267,6 +300,24 @@ def build_vsekit(name: str):
 def make_step(name: str, batch: int, device: str = "cpu"):
     """A no-argument function running one training step of ``name`` on a fixed batch."""
     feats, counts, tokens, lengths = inputs(name, batch)
+    if name == "reference-vse":
+        torch.manual_seed(0)
+        model = ReferenceVSE().to(device).train()
+        params = list(model.parameters())
+        optim = torch.optim.Adam(params, lr=2e-4)
+        order = torch.argsort(lengths, descending=True, stable=True)     # its collate_fn sorts too
+        tokens, cap_lens = tokens[order].to(device), lengths[order].tolist()
+        feats = feats[order].to(device)
+
+        def vse_step():   # VSE.train_emb
+            img, cap = model.images(feats), model.captions(tokens, cap_lens)
+            optim.zero_grad()
+            loss = ref_loss(img.mm(cap.t()))
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, 2.0)
+            optim.step()
+            return loss
+        return vse_step, model
     if name.startswith("reference-"):
         torch.manual_seed(0)
         model = ReferenceSGRAF(name.split("-")[1]).to(device).train()

@@ -11,10 +11,14 @@ a check that fails records its error and the next one runs. Exit status 1 if any
 Checks (``--only`` / ``--skip`` take their names): probe (driver, torch/CUDA, torchvision ops on the
 device, libjpeg-turbo vs PIL pixels), install (``--wheels``), demo (extraction on the device vs the
 CPU: float32 within 1e-4 relative, stored float16 within 2e-3; the trainer's first-epoch loss),
-throughput (10-crop VGG-19: model-only floor vs end to end in fp32/bf16/fp16, peak device and host
-memory), detectors (coco-frcnn and butd-r101 on the device vs the CPU), sgraf (SAF scoring on the
+throughput (10-crop VGG-19 from 640x480 JPEGs: model-only floor vs end to end in fp32/bf16/fp16, its
+warm-up and steady state apart, with the CPU decoder and ``--decoder nvjpeg``, whose features are held
+to ``gpu_decode.TOLERANCE`` of the CPU decoder's; peak device and host memory), detectors (coco-frcnn and butd-r101 on the device vs the CPU), sgraf (SAF scoring on the
 device vs the CPU), cluster (``extract --cluster local:2 --device cuda`` vs in-process), train_step
-(helper hook: ``bench/train_step.py``'s ``gpu_check(device, small)`` if it exists), ddp (one epoch of
+(helper hook: ``bench/train_step.py``'s ``gpu_check(device, small)`` if it exists), train_compare
+(SAF / SGR / VSE++ training steps against the references' own formulation on the same device:
+speed-up, peak memory, share of the matmul floor, fp32 and bf16), train_precision (``vsekit train
+--precision bf16`` against fp32: speed-up, loss within 3%), ddp (one epoch of
 ``vsekit train --nproc-per-node 1`` on the device: a one-rank NCCL group, every collective of the
 data-parallel step run; its loss and weights against the same epoch in one process; gloo in ``--cpu``).
 
@@ -39,7 +43,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = ("install", "probe", "demo", "throughput", "detectors", "sgraf", "cluster", "train_step", "ddp")
+CHECKS = ("install", "probe", "demo", "throughput", "detectors", "sgraf", "cluster", "train_step", "train_compare",
+          "train_precision", "ddp")
 
 
 class Results:
@@ -254,24 +259,77 @@ def photo_store(ctx: Ctx, n: int) -> Path:
         from procs import make_photos
     finally:
         sys.path.pop(0)
+    from concurrent.futures import ThreadPoolExecutor
+
     d = ctx.work / f"photos{n}"
     vsekit("demo-data", str(d / "data"), "--images", str(n), "--size", "16")
     imgs = sorted((d / "data" / "images").glob("*.jpg"))
-    tmp = d / "gen"
-    tmp.mkdir()
-    for src, dst in zip(make_photos(tmp, len(imgs)), imgs):
+    parts = max(1, min(os.cpu_count() or 1, len(imgs) // 64))   # 4,500 JPEGs: a minute on one core
+    # threads: numpy's noise and PIL's encoder release the GIL for most of an image
+    cut = [len(imgs) * k // parts for k in range(parts + 1)]
+    with ThreadPoolExecutor(parts) as pool:
+        made = pool.map(make_photos, [d / f"gen{k}" for k in range(parts)],
+                        [cut[k + 1] - cut[k] for k in range(parts)], [640] * parts, [480] * parts, range(parts))
+        srcs = [p for chunk in made for p in chunk]
+    for src, dst in zip(srcs, imgs):
         src.replace(dst)
     vsekit("ingest", "karpathy", str(d / "data" / "dataset_demo.json"), "--image-root", str(d / "data"),
            "--store", str(d / "s.zarr"))
     return d / "s.zarr"
 
 
+class BatchClock:
+    """When each batch's features were back in the driving process (``Extractor.features`` returns
+    them on the host, so on CUDA the time is after the device finished): warm-up and steady state
+    apart, from one run."""
+
+    def __init__(self):
+        from vsekit.extract.extractor import Extractor
+
+        self.cls, self.real, self.marks = Extractor, Extractor.features, []
+
+    def __enter__(self):
+        clock, real = self, self.real
+
+        def timed(ex, crops):
+            out = real(ex, crops)
+            clock.marks.append((time.perf_counter(), int(crops.shape[0])))
+            return out
+
+        self.t0 = time.perf_counter()
+        self.cls.features = timed
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.features = self.real
+
+    def split(self, warm: int) -> dict:
+        """Warm-up: from the call to the batch that completes ``warm`` images; steady state: the images
+        after it over the time after it."""
+        done, k = 0, 0
+        while k < len(self.marks) and done < warm:
+            done += self.marks[k][1]
+            k += 1
+        t_warm = self.marks[k - 1][0] if k else self.t0
+        rest = sum(n for _, n in self.marks[k:])
+        span = self.marks[-1][0] - t_warm if rest else 0.0
+        return {"warmup_images": done, "warmup_s": round(t_warm - self.t0, 3), "steady_images": rest,
+                "steady_s": round(span, 3), "steady_img_s": round(rest / span, 2) if span > 0 else None}
+
+
 def check_throughput(ctx: Ctx):
+    """10-crop VGG-19 from 640x480 JPEGs: the model-only floor, then end-to-end extraction with its
+    warm-up and steady state apart (``--images`` in all, ``--warmup`` of them warm-up), for each
+    precision, with the CPU decoder (the default) and with ``--decoder nvjpeg`` (whose features are
+    held to ``gpu_decode.TOLERANCE`` of the CPU decoder's per image; in ``--cpu`` mode the batched
+    path runs on the CPU and must equal it)."""
+    import numpy as np
     import torch
 
-    from vsekit.extract import build_model, extract
+    from vsekit.extract import build_model, extract, gpu_decode
 
     n = 8 if ctx.small else ctx.args.images
+    warm = 4 if ctx.small else ctx.args.warmup
     size = 32 if ctx.small else 224
     resize = 36 if ctx.small else 256
     batch = 4 if ctx.small else 32
@@ -281,6 +339,8 @@ def check_throughput(ctx: Ctx):
     out, ok = {"images": n, "crops": 10, "input": size, "batch_images": batch}, True
     from vsekit.devices import exact_float32
 
+    if dev.type != "cuda":   # CPU mode: nvjpeg's batched path on the CPU (refused there otherwise)
+        gpu_decode.check_device = lambda device: None
     # the floor under extraction's own float32 (IEEE, no TF32): left to torch's defaults, cuDNN ran the
     # fp32 convolutions in TF32 whenever no earlier check had turned it off (97.6 vs 441 img/s on an H100)
     exact_float32()
@@ -288,7 +348,7 @@ def check_throughput(ctx: Ctx):
     x = torch.randint(0, 256, (batch * 10, 3, size, size), dtype=torch.uint8, device=dev)
     for prec in precisions:
         dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
-        steps = max(1, n // batch)
+        steps = max(1, min(n, 640) // batch)
 
         def fwd():
             with torch.inference_mode(), torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
@@ -303,25 +363,36 @@ def check_throughput(ctx: Ctx):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         floor = steps * batch / (time.perf_counter() - t0)
-        if dev.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(dev)
         workers = 0 if ctx.small else min(8, os.cpu_count() or 1)
-        with PeakRSS() as rss:
-            t0 = time.perf_counter()
-            r = extract(store, ctx.model, "global", weights="none", crops=10, resize=resize, input_size=size,
-                        batch_size=batch, workers=workers, device=ctx.device, precision=prec, name=f"tp_{prec}",
-                        progress=False)
-            wall = time.perf_counter() - t0
-        e2e = r.done / wall
-        rec = {"precision": prec, "floor_img_s": round(floor, 2), "e2e_img_s": round(e2e, 2),
-               "e2e_over_floor": round(e2e / floor, 3), "decoding_workers": workers,
-               "peak_host_rss_mib": round(rss.peak / 2**20)}
-        if dev.type == "cuda":
-            rec["peak_device_mib"] = round(torch.cuda.max_memory_allocated(dev) / 2**20)
-        ctx.res.add(f"throughput.{prec}", r.failed == 0 and r.done == n, **rec)
-        ok &= r.failed == 0
-        out[prec] = rec
-    return ok, {"summary": {p: out[p]["e2e_over_floor"] for p in precisions}}
+        for decoder in ("torchvision", "nvjpeg") if prec != "fp16" else ("torchvision",):
+            if dev.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(dev)
+            name = f"tp_{prec}_{decoder}"
+            with PeakRSS() as rss, BatchClock() as clock:
+                t0 = time.perf_counter()
+                r = extract(store, ctx.model, "global", weights="none", crops=10, resize=resize, input_size=size,
+                            batch_size=batch, workers=workers, device=ctx.device, precision=prec, name=name,
+                            decoder=decoder, progress=False)
+                wall = time.perf_counter() - t0
+            e2e = r.done / wall
+            phases = clock.split(warm)
+            steady = phases["steady_img_s"]
+            rec = {"precision": prec, "decoder": decoder, "floor_img_s": round(floor, 2), "e2e_img_s": round(e2e, 2),
+                   "e2e_over_floor": round(e2e / floor, 3), **phases,
+                   "steady_over_floor": round(steady / floor, 3) if steady else None,
+                   "decoding_workers": workers, "peak_host_rss_mib": round(rss.peak / 2**20)}
+            if dev.type == "cuda":
+                rec["peak_device_mib"] = round(torch.cuda.max_memory_allocated(dev) / 2**20)
+            good = r.failed == 0 and r.done == n
+            if decoder == "nvjpeg":   # against the CPU decoder's features of the same precision, per image
+                a, b = (features(store, f"tp_{prec}_{d}").astype(np.float64) for d in ("torchvision", "nvjpeg"))
+                rel = np.linalg.norm(b - a, axis=1) / np.maximum(np.linalg.norm(a, axis=1), 1e-30)
+                rec["nvjpeg_rel_max"] = float(rel.max())
+                good &= bool(rel.max() <= (gpu_decode.TOLERANCE if dev.type == "cuda" else 0.0))
+            ctx.res.add(f"throughput.{prec}.{decoder}", good, **rec)
+            ok &= good
+            out[f"{prec}.{decoder}"] = rec
+    return ok, {"summary": {k: v["steady_over_floor"] for k, v in out.items() if isinstance(v, dict)}}
 
 
 def check_detectors(ctx: Ctx):
@@ -396,6 +467,139 @@ def check_train_step(ctx: Ctx):
     return bool(got.get("ok", True)), {k: v for k, v in got.items() if k != "ok"}
 
 
+def _train_step_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_step", ROOT / "bench" / "train_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def matmul_rate(dev, dtype, n: int) -> float:
+    """The device's matmul rate (FLOP/s) in ``dtype``: an n x n x n matmul, timed after a warm-up."""
+    import torch
+
+    a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
+    reps = 3 if dev.type == "cpu" else 20
+    a @ b
+    sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(dev)
+    return 2.0 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+def sync(dev) -> None:
+    import torch
+
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm")
+
+
+def matmul_flops(step) -> float:
+    """The matmul FLOPs of one call of ``step`` (forward and backward), as torch's profiler counts them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts, with_flops=True) as prof:
+        step()
+    return float(sum(e.flops or 0 for e in prof.events() if e.name in MATMUL_OPS))
+
+
+def check_train_compare(ctx: Ctx):
+    """Training steps on the device against the references' own formulation on the same device
+    (``bench/train_step.py``: SAF and SGR against the SGRAF reference, VSE++ against vsepp's), batch
+    128 at the papers' sizes (``--small``: batch 4, one step, bf16 through VSE++ only): seconds per step (synchronised, median
+    after a warm-up), peak device memory, speed-up over the reference, and each step's share of the
+    device's matmul floor (profiler-counted matmul FLOPs over the measured matmul rate), in fp32 and
+    bf16 (autocast). Targets (issue 47) on a GPU: >= 1.5x for SAF/SGR, >= 1.0x for VSE++, at no more
+    peak memory; the CPU mode only checks that every leg runs."""
+    import statistics
+
+    import torch
+
+    mod = _train_step_module()
+    dev = torch.device(ctx.device)
+    cuda = dev.type == "cuda"
+    batch, steps = (4, 1) if ctx.small else (128, 10)
+    out, ok = {"batch": batch, "steps": steps}, True
+    targets = {"saf": 1.5, "sgr": 1.5, "vse": 1.0}
+    for prec in ("fp32", "bf16"):
+        dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+        rate = matmul_rate(dev, dtype, 8192 if cuda else 256)
+        out[f"matmul_rate_tflops_{prec}"] = round(rate / 1e12, 3)
+        for ours, target in targets.items():
+            if ctx.small and prec == "bf16" and ours != "vse":
+                continue   # --small: bf16 through VSE++ only (SAF/SGR steps take seconds on a loaded CPU)
+            rec = {}
+            for name in (f"reference-{ours}", ours):
+                step, _ = mod.make_step(name, batch, str(dev))
+
+                def run(step=step):
+                    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=prec == "bf16"):
+                        return step()
+
+                flops = matmul_flops(run)   # also the warm-up step
+                sync(dev)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(dev)
+                times = []
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    loss = run()
+                    sync(dev)
+                    times.append(time.perf_counter() - t0)
+                sec = statistics.median(times)
+                rec[name] = {"s_per_step": round(sec, 5), "matmul_gflop": round(flops / 1e9, 2),
+                             "matmul_floor_share": round(flops / sec / rate, 3),
+                             "loss": float(loss.detach())}
+                if cuda:
+                    rec[name]["peak_device_mib"] = round(torch.cuda.max_memory_allocated(dev) / 2**20)
+                del step
+            ref, mine = rec[f"reference-{ours}"], rec[ours]
+            rec["speedup"] = round(ref["s_per_step"] / mine["s_per_step"], 3)
+            good = all(v["loss"] == v["loss"] for v in (ref, mine))   # no NaN
+            if cuda:
+                rec["target"] = target
+                good &= rec["speedup"] >= target and mine["peak_device_mib"] <= ref["peak_device_mib"]
+            ctx.res.add(f"train_compare.{ours}.{prec}", good, **rec)
+            ok &= good
+            out[f"{ours}.{prec}"] = rec["speedup"]
+    return ok, out
+
+
+def check_train_precision(ctx: Ctx):
+    """``vsekit train --precision bf16`` against fp32 on a short run (SAF on the demo's regions): the
+    speed-up of the epoch and the epoch loss within 3% (docs/train.md, "Precision and host syncs")."""
+    store = ctx.demo_store()
+    from vsekit.storage import FeatureStore
+
+    if "tp_regions" not in FeatureStore.open(store).feature_names():
+        vsekit("extract", "--store", str(store), "--model", ctx.model, "--kind", "regions", "--boxes",
+               str(store.parent / "data" / "boxes.json"), "--max-regions", "3", "--min-regions", "1",
+               "--input-size", "64", "--weights", "none", "--workers", "0", "--no-progress", "--name", "tp_regions",
+               "--device", ctx.device)
+    got = {}
+    for prec in ("fp32", "bf16"):
+        run = ctx.work / f"prec-{prec}"
+        t0 = time.perf_counter()
+        vsekit("train", "--store", str(store), "--features", "tp_regions", "--model", "saf", "--preset", "saf-coco",
+               "--preset", "sgraf-demo", "--epochs", "1" if ctx.small else "3", "--out", str(run), "--device",
+               ctx.device, "--precision", prec, "--no-progress", "--seed", "0")
+        hist = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        losses = [h["loss"] for h in hist if h.get("loss") is not None]
+        got[prec] = {"seconds": round(time.perf_counter() - t0, 2), "loss": losses[-1]}
+    rel = abs(got["bf16"]["loss"] - got["fp32"]["loss"]) / max(abs(got["fp32"]["loss"]), 1e-12)
+    return bool(rel < 0.03), {"fp32": got["fp32"], "bf16": got["bf16"], "loss_rel_diff": round(rel, 5),
+                             "speedup": round(got["fp32"]["seconds"] / got["bf16"]["seconds"], 3)}
+
+
 def check_ddp(ctx: Ctx):
     """One epoch through ``--nproc-per-node 1`` (NCCL on CUDA, gloo on the CPU) vs one process."""
     import torch
@@ -428,7 +632,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="Every check on the CPU (CPU-vs-CPU sanity; CI).")
     ap.add_argument("--small", action="store_true", help="Tiny sizes (seconds per check).")
     ap.add_argument("--device", default="cuda", help="The device under test [default: cuda].")
-    ap.add_argument("--images", type=int, default=1500, help="640x480 images of the throughput check.")
+    ap.add_argument("--images", type=int, default=4500, help="640x480 images of the throughput check.")
+    ap.add_argument("--warmup", type=int, default=500,
+                    help="the first images of each throughput run counted as warm-up, the rest as steady state.")
     ap.add_argument("--wheels", help="Folder of wheels (scripts/build_wheels.sh) to install first.")
     ap.add_argument("--out", help="Results file (JSON lines) [default: bench/results/gpu_check-<UTC>.jsonl].")
     ap.add_argument("--only", default="", help=f"Comma-separated checks: {','.join(CHECKS)}.")

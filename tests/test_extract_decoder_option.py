@@ -1,7 +1,8 @@
 """``extract --decoder``: the decoder is a setting of the set (issue 30). New sets default to
-``turbo`` (issue 37); a set keeps the decoder its settings record (``pil`` where they record none)
-when it is resumed, rerun, overwritten or remade without ``--decoder``; ``pil`` makes the features
-the old decode path made (PIL decode and resize, crops cut in numpy, CHW)."""
+``torchvision`` (issue 47; ``turbo``, with DCT scaling, from issue 37 to 47); a set keeps the decoder
+its settings record (``pil`` where they record none, ``turbo`` where they say so) when it is resumed,
+rerun, overwritten or remade without ``--decoder``; ``pil`` makes the features the old decode path
+made (PIL decode and resize, crops cut in numpy, CHW)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def pil_crops(path, resize: int, crop: int) -> np.ndarray:
 
 
 def torchvision_crops(path, resize: int, crop: int) -> np.ndarray:
-    """Independent turbo reference: torchvision's decode_jpeg → transforms.v2 resize (antialiased,
+    """Independent reference of the default decoder: torchvision's decode_jpeg → transforms.v2 resize (antialiased,
     bilinear, shorter side) → crops."""
     import warnings
 
@@ -80,14 +81,15 @@ def test_pil_gives_the_old_paths_features_and_keeps_the_hash(demo_store):
     np.testing.assert_array_equal(np.asarray(fs.data[:]), want)
 
 
-def test_a_new_set_without_decoder_is_turbo_with_torchvisions_pixels(demo_store):
+def test_a_new_set_without_decoder_has_torchvisions_pixels(demo_store):
     """Reference: torchvision's decode_jpeg + transforms.v2 resize, numpy crops, the plan's model."""
     res = extract(demo_store, "test_resnet", "global", name="new", **KW)
     assert res.failed == 0
     fs = demo_store.features("new")
-    assert fs.attrs["decoder"] == "turbo" and fs.attrs["decoding"]["decoder"] == "turbo"
+    assert fs.attrs["decoder"] == "torchvision" and fs.attrs["decoding"]["decoder"] == "torchvision"
+    assert fs.attrs["decoding"]["draft"] is False
     plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=40, crops=10)
-    assert plan.decoder == "turbo" and plan.attrs()["decoder"] == "turbo"
+    assert plan.decoder == "torchvision" and plan.attrs()["decoder"] == "torchvision"
     want = features_of(demo_store, plan, lambda p: torchvision_crops(p, 40, 32))
     np.testing.assert_array_equal(np.asarray(fs.data[:]), want)
     # and they are not PIL's pixels (the demo images are resized: a difference shows)
@@ -142,20 +144,43 @@ def test_a_pil_set_keeps_pil_pixels_resumed_overwritten_or_remade_without_decode
 
 def test_a_decoder_other_than_the_sets_is_refused_or_replaces_it_with_overwrite(demo_store):
     extract(demo_store, "test_resnet", "global", name="p", decoder="pil", **KW)
-    extract(demo_store, "test_resnet", "global", name="t", **KW)   # turbo, the default
-    with pytest.raises(ProvenanceError, match=r"decoder \(none\) → turbo"):
-        extract(demo_store, "test_resnet", "global", name="p", decoder="turbo", **KW)
+    extract(demo_store, "test_resnet", "global", name="t", **KW)   # torchvision, the default
+    with pytest.raises(ProvenanceError, match=r"decoder \(none\) → torchvision"):
+        extract(demo_store, "test_resnet", "global", name="p", decoder="torchvision", **KW)
     # the other way the settings lose a key, which the store's diff does not name (storage/store.py)
     with pytest.raises(ProvenanceError, match=r"feature set 't' already exists .* with different settings"):
         extract(demo_store, "test_resnet", "global", name="t", decoder="pil", **KW)
     r = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), *CLI, "--name", "p",
-                                  "--decoder", "turbo"])
-    assert r.exit_code == 1 and r.output.count("Error:") == 1 and "decoder (none) → turbo" in r.output, r.output
+                                  "--decoder", "torchvision"])
+    assert r.exit_code == 1 and r.output.count("Error:") == 1 and "decoder (none) → torchvision" in r.output, r.output
     assert "decoder" not in FeatureStore.open(demo_store.path).features("p").attrs   # nothing changed
-    extract(demo_store, "test_resnet", "global", name="p", decoder="turbo", overwrite=True, **KW)
+    extract(demo_store, "test_resnet", "global", name="p", decoder="torchvision", overwrite=True, **KW)
     a, b = (FeatureStore.open(demo_store.path).features(n) for n in ("p", "t"))
-    assert a.attrs["decoder"] == "turbo" and a.attrs["config_hash"] == b.attrs["config_hash"]
+    assert a.attrs["decoder"] == "torchvision" and a.attrs["config_hash"] == b.attrs["config_hash"]
     np.testing.assert_array_equal(np.asarray(a.data[:]), np.asarray(b.data[:]))
+
+
+def test_a_turbo_set_keeps_dct_scaling_when_resumed_without_decoder(demo_store):
+    """A set made while turbo was the default (DCT scaling) is resumed with turbo, not the new default:
+    its resumed rows are turbo's (reference: decode_crops with turbo, which differ from a full decode
+    here: the 64-px demo images are over twice the resize of 24)."""
+    kw = dict(KW, resize=24, input_size=20)
+    extract(demo_store, "test_resnet", "global", name="old", decoder="turbo", **kw)
+    fs = FeatureStore.open(demo_store.path, mode="r+").features("old")
+    want, hash0 = np.asarray(fs.data[:]), fs.attrs["config_hash"]
+    plan = make_plan("test_resnet", "global", weights="none", input_size=20, resize=24, crops=10, decoder="turbo")
+    from vsekit.extract.images import decode_crops
+
+    turbo = features_of(demo_store, plan, lambda p: decode_crops(p, 24, 20, 10, decoder="turbo"))
+    full = features_of(demo_store, plan, lambda p: decode_crops(p, 24, 20, 10, decoder="torchvision"))
+    np.testing.assert_array_equal(want, turbo)
+    assert not np.array_equal(turbo, full)
+    fs.data[8:16] = np.zeros((8, fs.data.shape[1]), np.float32)
+    fs.status[8:16] = np.zeros(8, np.uint8)
+    assert extract(demo_store, "test_resnet", "global", name="old", **kw).blocks_run == 1   # no --decoder
+    fs = FeatureStore.open(demo_store.path).features("old")
+    assert fs.attrs["decoder"] == "turbo" and fs.attrs["config_hash"] == hash0
+    np.testing.assert_array_equal(np.asarray(fs.data[:]), turbo)
 
 
 def test_turbo_is_another_setting_close_to_pil(demo_store):
@@ -194,9 +219,9 @@ def test_decoder_other_than_pil_is_refused_for_regions(demo_store, demo_dir):
                 weights="none", progress=False)
 
 
-def test_vsekit_run_keeps_a_pil_sets_decoder_and_makes_new_sets_turbo(demo_store, tmp_path):
+def test_vsekit_run_keeps_a_pil_sets_decoder_and_makes_new_sets_torchvision(demo_store, tmp_path):
     """A pipeline's extract stage (no decoder in the recipe) over a set made with pil: the stage
-    (run, or rerun after a changed option) keeps pil's pixels; a new set of the same recipe is turbo."""
+    (run, or rerun after a changed option) keeps pil's pixels; a new set of the same recipe is torchvision."""
     import textwrap
 
     extract(demo_store, "test_resnet", "global", name="old", decoder="pil", **KW)
@@ -231,7 +256,7 @@ def test_vsekit_run_keeps_a_pil_sets_decoder_and_makes_new_sets_turbo(demo_store
         assert "decoder" not in fs.attrs and fs.attrs["decoding"]["decoder"] == "pil"
         np.testing.assert_allclose(np.asarray(fs.data[:], np.float64), want.astype(np.float64), rtol=1e-5, atol=1e-6)
     fs, _ = recipe("new", 4)
-    assert fs.attrs["decoder"] == "turbo"
+    assert fs.attrs["decoder"] == "torchvision"
     plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=40, crops=10)
     np.testing.assert_array_equal(np.asarray(fs.data[:]), features_of(demo_store, plan,
                                                                       lambda p: torchvision_crops(p, 40, 32)))

@@ -151,14 +151,14 @@ def test_thin_image_is_marked_failed_without_resizing(tmp_path, monkeypatch):
 
     real_interpolate = torch.nn.functional.interpolate
 
-    def torch_spy(x, size=None, **k):   # turbo's resize: (H, W)
+    def torch_spy(x, size=None, **k):   # torchvision's and turbo's resize: (H, W)
         asked.append((size[1], size[0]))
         assert size[0] * size[1] <= 16_000_000, f"resize to {size} attempted"
         return real_interpolate(x, size=size, **k)
 
     monkeypatch.setattr(Image.Image, "resize", spy)
     monkeypatch.setattr(torch.nn.functional, "interpolate", torch_spy)
-    for decoder in ("pil", "turbo"):
+    for decoder in ("pil", "torchvision", "turbo"):
         asked.clear()
         res = extract(store, "test_resnet", "global", weights="none", input_size=32, resize=256, workers=0,
                       progress=False, decoder=decoder, name=decoder)

@@ -57,7 +57,7 @@ def test_a_budget_must_be_positive(demo_store):
 def test_the_remake_command_follows_from_the_recorded_attrs(tmp_path):
     """A flag is quoted when its attr is recorded and applies: no rule copies the attrs' own
     conditions (a grid set has no --boxes, a regions set no --decoder); a set whose attrs record no
-    decoder was made with pil, and its command says so (new sets default to turbo)."""
+    decoder was made with pil, and its command says so (new sets default to torchvision)."""
     import json
 
     from vsekit.extract.job import extract_args
@@ -66,7 +66,7 @@ def test_the_remake_command_follows_from_the_recorded_attrs(tmp_path):
     common = dict(weights="none", input_size=32, resize=36)
     grid = extract_args("S", "g", make_plan("test_resnet", "grid", grid=1, **common).attrs())
     assert "--grid" in grid and "--boxes" not in grid and "--crops" not in grid
-    assert grid[grid.index("--decoder") + 1] == "turbo"
+    assert grid[grid.index("--decoder") + 1] == "torchvision"
     old = extract_args("S", "o", make_plan("test_resnet", "grid", grid=1, decoder="pil", **common).attrs())
     assert "decoder" not in make_plan("test_resnet", "grid", grid=1, decoder="pil", **common).attrs()
     assert old[old.index("--decoder") + 1] == "pil"

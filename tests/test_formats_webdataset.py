@@ -143,7 +143,7 @@ def test_an_image_in_a_shard_is_decoded_as_the_same_file_unpacked(tmp_path):
             files[f"k{i}"].write_bytes(buf.getvalue())
             sink.write({"__key__": f"k{i}", fmt: buf.getvalue(), "txt": b"a caption"})
     store, _ = ingest_webdataset([tmp_path / "s.tar"], tmp_path / "s.zarr", split="train")
-    for decoder in ("turbo", "pil"):
+    for decoder in ("turbo", "torchvision", "pil"):
         plan = make_plan("test_resnet", "global", weights="none", input_size=32, resize=40, crops=10,
                          decoder=decoder)
         for row, key in enumerate(store.image_ids()):

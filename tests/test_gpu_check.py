@@ -1,5 +1,6 @@
-"""`make gpu-check` in its CPU mode (issue 30): every check runs with device=cpu on tiny sizes, so the
-script that a GPU machine runs once cannot rot. The CUDA-vs-CPU comparisons become CPU-vs-CPU."""
+"""`make gpu-check` in its CPU mode (issues 30, 47): every check runs with device=cpu on tiny sizes, so
+the script that a GPU machine runs once cannot rot. The CUDA-vs-CPU comparisons become CPU-vs-CPU,
+and ``--decoder nvjpeg``'s batched decode runs on the CPU, where it must equal the CPU decoder."""
 
 from __future__ import annotations
 
@@ -36,9 +37,21 @@ def test_cpu_mode_runs_every_fast_check_and_records_each_figure(tmp_path):
     assert demo["ok"] and demo["global_float32_rel_err"] == 0.0 and demo["fne_float16_rel_err"] == 0.0
     assert demo["train_loss_rel_diff"] == 0.0
     for prec in ("fp32", "bf16"):
-        t = recs[f"throughput.{prec}"]
-        assert t["ok"] and t["floor_img_s"] > 0 and t["e2e_img_s"] > 0 and t["peak_host_rss_mib"] > 0
-    assert "throughput.fp16" not in recs          # CUDA only
+        for dec in ("torchvision", "nvjpeg"):   # warm-up and steady state apart: 4 images each of the 8
+            t = recs[f"throughput.{prec}.{dec}"]
+            assert t["ok"] and t["floor_img_s"] > 0 and t["e2e_img_s"] > 0 and t["peak_host_rss_mib"] > 0, t
+            assert t["warmup_images"] == 4 and t["steady_images"] == 4 and t["steady_img_s"] > 0, t
+        # nvjpeg's batched path, on the CPU here: the CPU decoder's features exactly
+        assert recs[f"throughput.{prec}.nvjpeg"]["nvjpeg_rel_max"] == 0.0
+    assert not any(k.startswith("throughput.fp16") for k in recs)   # CUDA only
+    for leg in ("saf.fp32", "sgr.fp32", "vse.fp32", "vse.bf16"):   # against the references' formulation
+        tc = recs[f"train_compare.{leg}"]
+        ref, ours = tc[f"reference-{leg.split('.')[0]}"], tc[leg.split(".")[0]]
+        assert tc["ok"] and tc["speedup"] > 0 and 0 < ours["matmul_floor_share"] and ours["loss"] > 0, tc
+        if leg.startswith("vse"):   # the same products in both formulations (fc, GRU, scores), as the profiler counts
+            assert abs(ref["matmul_gflop"] - ours["matmul_gflop"]) <= 0.01 * ref["matmul_gflop"], tc
+    tp = recs["train_precision"]   # vsekit train --precision bf16 against fp32: loss within 3%
+    assert tp["ok"] and tp["loss_rel_diff"] < 0.03 and tp["speedup"] > 0
     assert recs["detectors"]["ok"] is None        # minutes on a CPU: skipped in this mode, with the reason
     assert recs["sgraf"]["ok"] and recs["sgraf"]["sims_rel_err"] == 0.0
     assert recs["train_step"]["ok"] in (None, True)

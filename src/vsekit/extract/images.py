@@ -7,22 +7,28 @@ scaled to 8 bits, CMYK and palette converted, alpha composited over white. Crops
 crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
 
 Decoders (``DECODERS``; the decoding workers call :func:`decode_crops`, which returns the crops NHWC
-so that no transpose is paid on the host):
+so that no transpose is paid on the host). Every one but ``turbo`` decodes the whole image:
 
 - ``"pil"`` (sets made before issue 37, whose settings record no decoder): PIL's pixels, bit for
-  bit. A baseline JPEG in RGB or L mode is decoded
-  by libjpeg-turbo through ``torchvision.io.decode_jpeg`` (the same library PIL uses, the same
-  integer IDCT and upsampling: identical pixels, ~30% less CPU); any other file, and any JPEG that
-  ``decode_jpeg`` refuses, is decoded by PIL as before, so every error message is PIL's. The
-  resize is PIL's (``T.Resize`` on a PIL image).
-- ``"turbo"`` (the default of a new set, :data:`DEFAULT_DECODER`): the same decode, then torch's
-  uint8 antialiased resize (what ``transforms.v2``
-  does on uint8 tensors; 3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels,
-  ``tests/test_extract_decode.py``), and ``Image.draft`` (libjpeg's DCT scaling by 1/2, 1/4, 1/8)
-  for a JPEG at least twice the resize in both sides. It changes pixels, so it is part of a
-  feature set's settings (:func:`decoder_attrs`). Without torchvision's ``decode_jpeg`` (no
-  torchvision, or its compiled ops do not load) both decoders decode with PIL: the same pixels,
-  more CPU; the set's ``decoding`` attrs say so.
+  bit. A baseline JPEG in RGB or L mode is decoded by libjpeg-turbo through
+  ``torchvision.io.decode_jpeg`` (the library PIL uses, the same integer IDCT and upsampling:
+  identical pixels, ~30% less CPU); any other file, and any JPEG that ``decode_jpeg`` refuses, is
+  decoded by PIL as before, so every error message is PIL's. The resize is PIL's (``T.Resize`` on a
+  PIL image).
+- ``"torchvision"`` (the default of a new set, :data:`DEFAULT_DECODER`, issue 47): the same full-size
+  decode, then torch's uint8 antialiased resize (what ``transforms.v2`` does on decoded tensors;
+  3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels). Its features are within
+  1e-3 relative of ``pil``'s (``tests/test_extract_reference.py``).
+- ``"turbo"`` (the default of new sets from issue 37 to 47; now an option): ``torchvision`` plus
+  libjpeg's DCT scaling (``Image.draft``: decoding at 1/2, 1/4, 1/8) for a JPEG at least twice the
+  resize in both sides, which averages DCT blocks instead of filtering the full image: up to ~8e-2
+  relative on the features of such a JPEG (docs/extract.md).
+- ``"nvjpeg"``: RGB and grayscale JPEGs decoded on the GPU in batches by the driving process
+  (:mod:`vsekit.extract.gpu_decode`); here, every other file as ``torchvision``.
+
+A decoder other than ``pil`` changes pixels, so it is part of a feature set's settings
+(:func:`hash_settings`). Without torchvision's ``decode_jpeg`` (no torchvision, or its compiled ops
+do not load) JPEGs are decoded with PIL: the same pixels, more CPU; the set's ``decoding`` attrs say so.
 """
 
 from __future__ import annotations
@@ -132,31 +138,10 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
 def load_ref_image(path: str | Path, max_decoded: int | None = None):
     """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
     :mod:`vsekit.storage.sources.shards`) to 8-bit RGB, EXIF-rotated, raising ImageError on bad input
-    (and on an image over the decoded pixel budget, as :func:`load_image`)."""
-    import io
-
+    (and on an image over the decoded pixel budget), as :func:`load_image`."""
     from ..storage.sources import shards
 
-    data = shards.read_bytes(path)
-    if not data:
-        raise ImageError(f"empty (zero-byte) image {path}")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as img:
-                budget = pixel_budgets(max_decoded)[0]
-                if decoded_cost(img.size, img.mode) > budget:   # from the header, before any pixel is decoded
-                    raise ImageError(f"image {img.size[0]}x{img.size[1]} is over the decoded pixel budget ({budget} "
-                                     f"pixels of 8 bits, PIL's decompression-bomb limit or --max-decoded-pixels): {path}")
-                img.load()
-                img = ImageOps.exif_transpose(img)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(f"image over PIL's decompression-bomb limit: {path} ({exc})") from None
-    except Image.UnidentifiedImageError:
-        raise ImageError(f"not an image PIL can read: {path}") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"cannot decode {path}: {exc}") from None
-    return to_rgb(img)
+    return _decode(Path(path), None, None, "shorter", False, max_decoded, data=shards.read_bytes(str(path)))[0]
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -205,19 +190,24 @@ def resized_size(width: int, height: int, size: int, mode: str = "shorter") -> t
     return max(1, int(size * width / height)), size
 
 
+def budgeted_size(w: int, h: int, size: int, mode: str = "shorter", max_resized: int | None = None) -> tuple[int, int]:
+    """:func:`resized_size`, or ImageError where it is over the resized pixel budget (nothing resized)."""
+    new = resized_size(w, h, size, mode)
+    budget = pixel_budgets(max_resized=max_resized)[1]
+    if new[0] * new[1] > budget:
+        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
+                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
+    return new
+
+
 def resize(img: Image.Image, size: int, mode: str = "shorter", interpolation: str = "bilinear",
            max_resized: int | None = None) -> Image.Image:
     """Resize as torchvision's ``T.Resize`` on a PIL image (same size, same PIL filter).
 
     Raises ImageError, before resizing, if the result would exceed the resized pixel budget.
     """
-    w, h = img.size
-    new = resized_size(w, h, size, mode)
-    budget = pixel_budgets(max_resized=max_resized)[1]
-    if new[0] * new[1] > budget:
-        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
-                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
-    if new == (w, h):
+    new = budgeted_size(*img.size, size, mode, max_resized)
+    if new == img.size:
         return img
     return img.resize(new, INTERPOLATIONS[interpolation])
 
@@ -246,9 +236,12 @@ def make_crops(img: Image.Image, resize_to: int, crop: int, n_crops: int, resize
 
 
 # --- decoders --------------------------------------------------------------------------------------------
-DECODERS = ("pil", "turbo")
-#: the decoder of a new feature set made without ``--decoder`` (issue 37: the cheaper worker)
-DEFAULT_DECODER = "turbo"
+DECODERS = ("pil", "torchvision", "turbo", "nvjpeg")
+#: the decoder of a new feature set made without ``--decoder``: a full-size decode (issue 47: turbo's
+#: DCT scaling moved features by up to 8e-2 on large JPEGs)
+DEFAULT_DECODER = "torchvision"
+#: the decoders that resize with torch (``pil`` resizes with PIL)
+TORCH_DECODERS = ("torchvision", "turbo", "nvjpeg")
 #: the decoder of a set whose settings name none: every set made before ``turbo`` became the default
 #: (``hash_settings("pil")`` is empty, so such sets keep their settings hash), and every regions set
 UNRECORDED_DECODER = "pil"
@@ -274,9 +267,10 @@ def decoder_attrs(name: str) -> dict:
     import PIL
 
     tv = _torchvision_io()
+    cpu = "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; other files: PIL"
     attrs = {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
-             "decode": "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; "
-                       "other files: PIL" if tv is not None else
+             "decode": ("JPEG (RGB/L): nvjpeg via torchvision.io.decode_jpeg(device='cuda'), batched; "
+                        "other files: as torchvision") if name == "nvjpeg" else cpu if tv is not None else
                        "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
              "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
                        "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
@@ -362,31 +356,34 @@ def _resized_hwc(img, size: int, mode: str, interpolation: str, decoder: str, fu
                  max_resized: int | None = None):
     """HWC uint8 (numpy) of ``img`` (PIL image or HWC array) resized as ``resize`` says; ``full``:
     the image's size before DCT scaling, for the budget and the target size."""
-    w, h = full or _size(img)
-    new = resized_size(w, h, size, mode)
-    budget = pixel_budgets(max_resized=max_resized)[1]
-    if new[0] * new[1] > budget:
-        raise ImageError(f"image {w}x{h} resized to {new[0]}x{new[1]} would be over the resized pixel "
-                         f"budget ({budget} pixels, --max-resized-pixels); not resized")
+    new = budgeted_size(*(full or _size(img)), size, mode, max_resized)
     if new == _size(img):
         return np.asarray(img, dtype=np.uint8)
-    if decoder == "turbo" and interpolation in TORCH_RESIZE:
+    if decoder in TORCH_DECODERS and interpolation in TORCH_RESIZE:
         import torch
 
-        a = np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
         with warnings.catch_warnings():   # PIL's arrays are read-only; interpolate only reads them
             warnings.simplefilter("ignore", UserWarning)
-            # (1, H, W, 3) permuted: channels-last NCHW whose batch stride is the numel, so that
-            # interpolate's output stays channels-last (HWC again, no copy); a [None] after the
-            # permute would give a batch stride of 3 and a planar output
-            t = torch.from_numpy(a)[None].permute(0, 3, 1, 2)
-        with torch.no_grad():
-            out = torch.nn.functional.interpolate(t, size=(new[1], new[0]), mode=TORCH_RESIZE[interpolation],
-                                                  antialias=True, align_corners=False)
-        return out[0].permute(1, 2, 0).numpy()
+            hwc = torch.from_numpy(np.ascontiguousarray(np.asarray(img, dtype=np.uint8)))
+        return torch_resize(hwc, new, interpolation).numpy()
     if not isinstance(img, Image.Image):
         img = Image.fromarray(np.ascontiguousarray(img), "RGB")
     return np.asarray(img.resize(new, INTERPOLATIONS[interpolation]), dtype=np.uint8)
+
+
+def torch_resize(hwc, new: tuple[int, int], interpolation: str):
+    """HWC uint8 tensor (CPU or GPU) → HWC uint8 tensor of size ``new`` (w, h): torch's antialiased
+    uint8 interpolate, what ``transforms.v2`` does on decoded tensors."""
+    import torch
+
+    # (1, H, W, 3) permuted: channels-last NCHW whose batch stride is the numel, so that interpolate's
+    # output stays channels-last (HWC again, no copy); a [None] after the permute would give a batch
+    # stride of 3 and a planar output
+    t = hwc.contiguous()[None].permute(0, 3, 1, 2)
+    with torch.no_grad():
+        out = torch.nn.functional.interpolate(t, size=(new[1], new[0]), mode=TORCH_RESIZE[interpolation],
+                                              antialias=True, align_corners=False)
+    return out[0].permute(1, 2, 0)
 
 
 def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:
@@ -420,32 +417,18 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
 def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
                  interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                  max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
-    """The decoding worker's whole job for one image file: decode → resize → crops.
+    """The decoding worker's whole job for one image file, or one image inside a shard
+    (``shard.tar::key.jpg``, a parquet row; :mod:`vsekit.storage.sources.shards`): decode → resize → crops.
 
     Returns uint8 ``(n_crops, crop, crop, 3)`` (NHWC), crops [0:5] as in crop_boxes and [5:10] their
     mirrors; with ``decoder="pil"`` equal to ``make_crops(load_image(path), ...)`` transposed to NHWC.
-    Raises ImageError / ValueError with load_image's and resize's messages.
+    Raises ImageError / ValueError with load_image's and resize's messages. An image inside a shard is
+    decoded as the same file unpacked (so a set's pixels do not depend on it).
     """
-    if n_crops not in CROP_CHOICES:
-        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
-
-
-def decode_ref_crops(ref: str, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
-                     interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
-                     max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
-    """:func:`decode_crops` of an image inside a shard (``shard.tar::key.jpg``, a parquet row;
-    :mod:`vsekit.storage.sources.shards`): the same decode as a file's (libjpeg-turbo, and DCT scaling
-    under ``turbo``), so a set's pixels do not depend on whether its images were unpacked. An image
-    that does not decode is decoded again by :func:`load_ref_image`, whose messages name the shard."""
     from ..storage.sources import shards
 
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    data = shards.read_bytes(ref)
-    try:
-        img, full = _decode(Path(ref), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
-    except ImageError:
-        img, full = load_ref_image(ref, max_decoded), None   # raises with the shard's wording
+    data = shards.read_bytes(str(path)) if shards.is_ref(str(path)) else None
+    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)

@@ -68,10 +68,12 @@ class ExtractOptions:
                                        attr="interpolation", when=lambda a: not _own_preprocessing(a))
     precision: str = option("fp32", "--precision", "Numeric precision of the forward pass (bf16/fp16: autocast; "
                             "see docs/gpus_clusters.md).", choices=PRECISIONS, attr="precision")
-    decoder: str | None = option(None, "--decoder", "How images are decoded and resized: turbo (libjpeg-turbo "
-                                 "with DCT scaling and torch's resize) | pil (PIL's pixels; slower, pixels differ "
-                                 "by a few levels; docs/extract.md) [default: the set's own when it exists, "
-                                 "else turbo; regions: pil].", choices=DECODERS, attr="decoder",
+    decoder: str | None = option(None, "--decoder", "How images are decoded and resized: torchvision (full-size "
+                                 "libjpeg-turbo decode, torch's resize; within 1e-3 of pil's features) | pil "
+                                 "(PIL's pixels, exact; slower) | turbo (torchvision plus DCT scaling of JPEGs twice "
+                                 "the resize: faster, features up to ~8e-2 off; docs/extract.md) | nvjpeg (JPEGs decoded "
+                                 "on the GPU, batched; --device cuda) [default: the set's own when it exists, "
+                                 "else torchvision; regions: pil].", choices=DECODERS, attr="decoder",
                                  when=lambda a: a.get("kind") != "regions",
                                  unrecorded=UNRECORDED_DECODER, show_default=False)
     dtype: str | None = option(None, "--dtype", "Stored dtype [default: float32 global/fne, float16 grid/regions].",

@@ -16,12 +16,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from ..storage.faults import point
-from .images import ImageError, decode_crops, decode_ref_crops, load_image, load_ref_image, resize
+from .images import ImageError, decode_crops, load_image, load_ref_image, resize
 from .plan import Plan
 from .regions import check_boxes
 
@@ -34,6 +34,7 @@ class Item:
     boxes: np.ndarray | None = None  # regions: boxes in input pixels (K, 4)
     scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
     decoder: str = ""                # the process:thread that decoded it (how parallel decoding was)
+    encoded: Any = None              # --decoder nvjpeg: the JPEG, decoded by the driving process (gpu_decode)
 
 
 class RowDataset:
@@ -66,6 +67,12 @@ class RowDataset:
         self._check_inside_root(path)
         point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
         if p.kind != "regions":
+            if p.decoder == "nvjpeg":   # a JPEG: its bytes, for the driving process to decode on the GPU
+                from .gpu_decode import encoded
+
+                enc = encoded(path, p)
+                if enc is not None:
+                    return Item(row, None, encoded=enc)
             return Item(row, decode(path, p))   # NHWC: no transpose here, the model reads channels-last
         img = decode(path, p)
         if p.detector == "butd-r101":  # the detector scales the original image itself (butd.preprocess)
@@ -100,20 +107,17 @@ class RowDataset:
 
 
 def decode(path: str, plan: Plan | None = None):
-    """One image file: with the ``plan`` of a crop kind (global, fne, grid), its uint8 NHWC crops
-    (n_crops, H, W, 3), decoded with ``plan.decoder`` (:func:`vsekit.extract.images.decode_crops`, or
-    ``decode_ref_crops`` for an image inside a shard: the same pixels as the file unpacked); without,
-    or for regions, the 8-bit RGB PIL image. The plan's pixel budgets apply. Tests wrap it (a decoder that crashes its process)."""
+    """One image file (or an image inside a shard): with the ``plan`` of a crop kind (global, fne,
+    grid), its uint8 NHWC crops (n_crops, H, W, 3), decoded with ``plan.decoder``
+    (:func:`vsekit.extract.images.decode_crops`); without, or for regions, the 8-bit RGB PIL image.
+    The plan's pixel budgets apply. Tests wrap it (a decoder that crashes its process)."""
     from ..storage.sources import shards
 
-    ref = shards.is_ref(path)   # an image inside a tar shard or parquet file (shard.tar::key.jpg@...)
     decoded_max = plan.setting("max_decoded_pixels") if plan is not None else None
     if plan is None or plan.kind == "regions":
-        return load_ref_image(path, decoded_max) if ref else load_image(path, decoded_max)
-    args = (plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation)
-    crops = decode_ref_crops if ref else decode_crops
-    return crops(path, *args, decoder=plan.decoder, max_decoded=decoded_max,
-                 max_resized=plan.setting("max_resized_pixels"))
+        return load_ref_image(path, decoded_max) if shards.is_ref(path) else load_image(path, decoded_max)
+    return decode_crops(path, plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation,
+                        decoder=plan.decoder, max_decoded=decoded_max, max_resized=plan.setting("max_resized_pixels"))
 
 
 class Batch(list):

@@ -99,7 +99,18 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
                 it.crops = crops.numpy()
         extractor.put_items(ok, buf)
         return _check_intact(items)   # the buffer is dropped unwritten if not
-    x = stack(items)   # the ok items' crops (collated where they were decoded)
+    if any(it.encoded is not None for it in ok):   # --decoder nvjpeg: the JPEGs decoded here, batched
+        from .gpu_decode import batch_crops
+
+        x, ok, failed = batch_crops(items, ok, plan, extractor.device)
+        for it, why in failed:
+            if strict:
+                raise StoreError(f"row {it.row}: {why} (--strict stops at the first bad image)")
+            buf.put(it.row, None, why)
+        if x is None:
+            return
+    else:
+        x = stack(items)   # the ok items' crops (collated where they were decoded)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
         feats = extractor.regions(x, boxes)

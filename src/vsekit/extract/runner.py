@@ -183,6 +183,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
         check_object_storage(cluster, store.path, "extraction", arrays=True)
     with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
+        if plan.decoder == "nvjpeg" and device != "auto":
+            from . import gpu_decode
+
+            gpu_decode.check_device(device)
         existed = store.has_features(name) and not run.overwrite
         # --overwrite of an existing set builds the new one beside it (fs.staged) and swaps on success;
         # a job array has no driver left to swap, so there the old set is replaced when the new one is made
@@ -234,9 +238,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
 def own_decoder(store: FeatureStore, name: str, opts: ExtractOptions, plan, overwrite: bool = False):
     """``plan`` with the decoder of the existing set ``name`` where ``--decoder`` is not given.
 
-    New sets default to ``turbo``; a set keeps the decoder its settings record (``pil`` where they
-    record none: every set made before turbo became the default), so resuming, rerunning, remaking
-    or overwriting it without ``--decoder`` never changes its pixels. An explicit ``--decoder`` is
+    New sets default to ``torchvision`` (``images.DEFAULT_DECODER``); a set keeps the decoder its
+    settings record (``pil`` where they record none, as every set made before issue 37; ``turbo``, DCT
+    scaling, for a set made while that was the default, until issue 47), so resuming, rerunning,
+    remaking or overwriting it without ``--decoder`` never changes its pixels. An explicit ``--decoder`` is
     used as given (one that differs from the set's is refused by the settings hash, or replaces the
     set with ``--overwrite``)."""
     if opts.decoder is not None or plan.kind == "regions" or not store.has_features(name):

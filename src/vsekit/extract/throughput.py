@@ -49,7 +49,10 @@ def pin_memory(spec: str | bool | None, device: str) -> bool:
 
 
 def to_device(x, device, pinned: bool):
-    """Copy a host tensor to ``device``: through page-locked memory and asynchronously when ``pinned``."""
+    """Copy a host tensor to ``device``: through page-locked memory and asynchronously when ``pinned``
+    (a tensor on a GPU already, as ``--decoder nvjpeg`` gives, is moved as it is)."""
+    if x.device.type != "cpu":
+        return x.to(device)
     if pinned and str(device).startswith("cuda") and not x.is_pinned():
         x = x.pin_memory()
     return x.to(device, non_blocking=pinned)
