@@ -96,11 +96,11 @@ def jobqueue_kwargs(kind: str, settings: Mapping[str, Any], device: str,
         res.pop("GPU", None)
     if res:
         extra += ["--resources", ",".join(f"{k}={v:g}" for k, v in res.items())]
-    if s.get("walltime") and not sched.has_walltime:
+    if s.get("walltime") and not sched.walltime:
         raise ValueError(f"cluster setting walltime: {sched.label} jobs take no walltime here; use lifetime (seconds)")
     # the walltime the job will have: the setting, else dask-jobqueue's configuration (its default
     # 00:30:00 for SLURM, Grid Engine, PBS, LSF): the workers retire before it either way
-    walltime = s.get("walltime") or (_configured_walltime(kind) if sched.has_walltime else None)
+    walltime = s.get("walltime") or (_configured_walltime(kind) if sched.walltime else None)
     extra += lifetime_args(walltime, s.pop("lifetime", None), kind)
     kw["worker_extra_args"] = extra
     s.pop("start_timeout", None)

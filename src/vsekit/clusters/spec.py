@@ -19,7 +19,7 @@ ENV_SETTINGS = "VSEKIT_CLUSTER_CONFIG"
 # the keys of a `cluster:` section (pipelines.yaml) and of `settings`, with what they mean
 CLUSTER_KEYS = {
     "queue": "SLURM partition (-p), Grid Engine / PBS / LSF queue (-q)",
-    "account": "SLURM / PBS account (-A)",
+    **{k: what for s in SCHEDULERS.values() for k, what in s.keys.items()},   # each scheduler's own
     "walltime": "job time limit, HH:MM:SS (SLURM -t, Grid Engine -l h_rt, PBS -l walltime; LSF -W [HH:]MM only)",
     "cores": "CPU cores per job (and decoding threads of its worker)",
     "memory": "memory per job, e.g. 16GB",
@@ -34,11 +34,6 @@ CLUSTER_KEYS = {
     "local_directory": "fast node-local scratch folder for the workers",
     "job_extra": "extra #SBATCH lines, a list (e.g. ['--constraint=a100'])",
     "prologue": "shell lines run before the worker, a list (e.g. ['module load cuda'])",
-    "project": "Grid Engine / LSF project (-P)",
-    "pe": "Grid Engine parallel environment for jobs of more than one core (-pe PE cores)",
-    "memory_resource": "Grid Engine resource that requests memory per job (default: none is requested; e.g. h_vmem)",
-    "gpu_resource": "Grid Engine resource that requests GPUs (default gpu: -l gpu=G)",
-    "disk": "HTCondor disk per job (default 1GB)",
 }
 #: driverless job arrays: ``NAME-array`` for each scheduler that runs them
 ARRAY_KINDS = {f"{k}-array": k for k, s in SCHEDULERS.items() if s.array_flags is not None}

@@ -1,12 +1,5 @@
-"""The one interface every batch scheduler module fills in (:mod:`vsekit.schedulers`).
-
-A :class:`Scheduler` says everything vsekit knows about one scheduler: its words for messages, the
-dask-jobqueue class that starts ``--cluster KIND:N`` jobs and the requests only it writes, its
-walltime syntax, the early check of a job script, the state of a job (for a job array's lock and
-lease), the queue and cancel commands, and, where vsekit runs job arrays on it, the array's script,
-how the job id comes back and how a task is numbered. What every scheduler shares is written here
-once; a module overrides only what differs.
-"""
+"""The one interface every batch scheduler module fills in (:mod:`vsekit.schedulers`): what all
+schedulers share is written here once, and a module overrides only what differs."""
 
 from __future__ import annotations
 
@@ -60,25 +53,19 @@ def last_error(text: str) -> str:
 
 
 class Scheduler:
-    """One batch scheduler. Class attributes say what it is; methods do what differs.
+    """One batch scheduler: ``name`` (``--cluster NAME:N``, and the name locks and leases record),
+    ``label`` (for messages), ``cluster`` (the dask-jobqueue class), its commands, ``check`` (the
+    ``submit`` arguments that verify a job script without running it; None: no early refusal),
+    ``tested`` (on the real scheduler here), ``keys`` (the settings only it takes, with what they
+    mean), ``walltime`` (whether its jobs take one). Job arrays, where ``array_flags`` (``submit``
+    prints the job id only) is not None: the environment a task finds its number, job and cores in,
+    and the number of the first task."""
 
-    ``name``: the ``--cluster NAME:N`` prefix and the name recorded in locks and leases; ``label``:
-    its name in messages; ``cluster``: the dask-jobqueue class; ``submit`` / ``cancel`` / ``status``:
-    its commands; ``check``: the ``submit`` arguments that verify a job script without running it
-    (None: no early refusal, the start timeout reports); ``tested``: run on the real scheduler by the
-    tests here; ``keys``: the cluster settings only it takes. Job arrays (``NAME-array:N``, where
-    ``array_flags`` is not None): ``array_flags`` make ``submit`` print the job id only;
-    ``task_env`` / ``job_env`` / ``cpus_env``: the environment a task finds its number, its job and
-    its cores in; ``first_task``: the number of the first task.
-    """
-
-    name = ""
-    label = ""
-    cluster = ""
-    submit = cancel = status = ""
+    name = label = cluster = submit = cancel = status = ""
     check: tuple[str, ...] | None = None
     tested = False
-    keys: tuple[str, ...] = ()
+    keys: dict[str, str] = {}
+    walltime = True
     alive_states = frozenset({"RUNNING"})
     array_flags: tuple[str, ...] | None = None
     task_env: str | None = None
@@ -86,20 +73,14 @@ class Scheduler:
     cpus_env: str | None = None
     first_task = 0
 
-    # --- walltime and the jobs dask-jobqueue submits ---------------------------------------------
     def seconds(self, walltime: str) -> int | None:
         """``walltime`` in this scheduler's syntax as seconds; None if it cannot be read."""
         return None if "-" in walltime else clock(walltime, 1)
-
-    @property
-    def has_walltime(self) -> bool:
-        return True
 
     def requests(self, kw: dict[str, Any], s: dict[str, Any], cores: int, gpus: int, memory: str) -> None:
         """Write into dask-jobqueue's keyword arguments ``kw`` what only this scheduler asks for a job
         of ``cores``, ``gpus`` and ``memory`` (its own settings popped from ``s``)."""
 
-    # --- commands -------------------------------------------------------------------------------
     def tool(self, command: str | None = None, what: str | None = None) -> str:
         """The path of ``command`` (default: ``submit``), or one ValueError that says where to run."""
         command = command or self.submit
@@ -142,7 +123,6 @@ class Scheduler:
         """The command that shows ``job`` in the queue, for messages (``squeue -j 48``)."""
         return f"{self.status} -j {job}"
 
-    # --- what the scheduler says of jobs --------------------------------------------------------
     def pending_args(self, ids: list[str]) -> list[str]:
         """``status``'s arguments that list ``ids`` with their state."""
         return []
@@ -194,7 +174,6 @@ class Scheduler:
         except (OSError, subprocess.TimeoutExpired):
             return None
 
-    # --- job arrays -----------------------------------------------------------------------------
     def array_header(self, name: str, tasks: int, settings: Mapping[str, Any], gpus: int,
                      log_dir: Path) -> tuple[list[str], str]:
         """The first lines of an array job script of ``tasks`` tasks and its directive prefix."""

@@ -11,14 +11,8 @@ from .base import Scheduler
 class HTCondor(Scheduler):
     name, label, cluster = "htcondor", "HTCondor", "HTCondorCluster"
     submit, cancel, status = "condor_submit", "condor_rm", "condor_q"
-    keys = ("disk",)
-
-    def seconds(self, walltime: str) -> int | None:
-        return None
-
-    @property
-    def has_walltime(self) -> bool:
-        return False
+    keys = {"disk": "HTCondor disk per job (default 1GB)"}
+    walltime = False
 
     def requests(self, kw, s, cores, gpus, memory) -> None:
         kw["job_extra_directives"] = {"request_gpus": str(gpus)} if gpus else {}

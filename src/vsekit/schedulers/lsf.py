@@ -10,7 +10,7 @@ from .base import Scheduler, clock
 class Lsf(Scheduler):
     name, label, cluster = "lsf", "LSF", "LSFCluster"
     submit, cancel, status = "bsub", "bkill", "bjobs"
-    keys = ("project",)
+    keys = {"project": "Grid Engine / LSF project (-P)"}
     state_column = 2   # bjobs -w: JOBID USER STAT QUEUE FROM_HOST EXEC_HOST JOB_NAME SUBMIT_TIME
 
     def seconds(self, walltime: str) -> int | None:

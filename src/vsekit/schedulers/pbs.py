@@ -10,7 +10,7 @@ from .base import Scheduler
 class Pbs(Scheduler):
     name, label, cluster = "pbs", "PBS", "PBSCluster"
     submit, cancel, status = "qsub", "qdel", "qstat"
-    keys = ("account",)
+    keys = {"account": "SLURM / PBS account (-A)"}
 
     def requests(self, kw, s, cores, gpus, memory) -> None:
         if gpus:

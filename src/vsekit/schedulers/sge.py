@@ -28,7 +28,10 @@ class GridEngine(Scheduler):
     submit, cancel, status = "qsub", "qdel", "qstat"
     check = ("-w", "v")
     tested = True
-    keys = ("project", "pe", "memory_resource", "gpu_resource")
+    keys = {"project": "Grid Engine / LSF project (-P)",
+            "pe": "Grid Engine parallel environment for jobs of more than one core (-pe PE cores)",
+            "memory_resource": "Grid Engine resource that requests memory per job (default: none; e.g. h_vmem)",
+            "gpu_resource": "Grid Engine resource that requests GPUs (default gpu: -l gpu=G)"}
     array_flags = ("-terse", "-w", "e")
     task_env, job_env, cpus_env = "SGE_TASK_ID", ("JOB_ID",), "NSLOTS"   # NSLOTS: the task's slots
     first_task = 1

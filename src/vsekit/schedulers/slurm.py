@@ -30,7 +30,7 @@ class Slurm(Scheduler):
     submit, cancel, status = "sbatch", "scancel", "squeue"
     check = ("--test-only",)
     tested = True
-    keys = ("account",)
+    keys = {"account": "SLURM / PBS account (-A)"}
     alive_states = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
                               "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
     array_flags = ("--parsable",)
