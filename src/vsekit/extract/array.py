@@ -40,7 +40,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -49,7 +48,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .fserrors import naming
-from .base import StoreError
-from .base import DEFAULT_STALE_S, STALE_ENV  # noqa: F401 (the lock's staleness; objstore uses it too)
+from .base import DEFAULT_STALE_S, STALE_ENV, StoreError
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
