@@ -320,6 +320,14 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     assert upward_imports({"vsekit.schedulers.slurm": {"vsekit.clusters.jobqueue"}}) == []
 
 
+def test_storage_asks_schedulers_by_name_and_imports_none_of_their_modules():
+    """Storage asks ``vsekit.schedulers.get(recorded_name)``; what one scheduler is lives in its module."""
+    graph = import_graph()
+    used = {t for m, targets in graph.items() if m.startswith("vsekit.storage") for t in targets
+            if t.startswith("vsekit.schedulers")}
+    assert used == {"vsekit.schedulers"}
+
+
 def test_the_architecture_page_names_every_layer():
     text = (ROOT.parents[1] / "docs" / "architecture.md").read_text()
     layers = text[text.index("## Layers"):text.index("## Extraction")]

@@ -136,3 +136,18 @@ def test_sge_array_script_is_one_qsub_t_array_of_the_settings(tmp_path):
         pytest.importorskip("distributed")
         with cluster_client(spec):
             pass
+
+
+def test_a_scheduler_is_found_by_name_and_an_unknown_name_lists_the_valid_ones():
+    from vsekit import schedulers
+
+    assert schedulers.names() == ["slurm", "sge", "pbs", "lsf", "htcondor"]
+    assert [schedulers.get(n).name for n in schedulers.names()] == schedulers.names()
+    with pytest.raises(ValueError, match="unknown batch scheduler 'torque'; valid: slurm, sge, pbs, lsf, htcondor"):
+        schedulers.get("torque")
+    assert schedulers.get(None) is schedulers.get("slurm")   # a lock written before locks named theirs
+    # the task numbers each scheduler gives its array tasks, and the job a process runs in
+    assert schedulers.this_task({"JOB_ID": "48", "SGE_TASK_ID": "2"}) == ("48", "2")
+    assert schedulers.this_task({"SLURM_ARRAY_JOB_ID": "48", "SLURM_ARRAY_TASK_ID": "0"}) == ("48", "0")
+    assert schedulers.this_task({"JOB_ID": "48", "SGE_TASK_ID": "undefined"}) == ("48", None)
+    assert schedulers.this_task({}) == (None, None)
