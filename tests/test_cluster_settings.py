@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from vsekit.cli import main
-from vsekit.cluster import ClusterSpec, parse_cluster, slurm_kwargs
+from vsekit.clusters import ClusterSpec, parse_cluster
+from vsekit.clusters.jobqueue import slurm_kwargs
 from vsekit.cluster_pin import gpu_for
 
 FORMS = ("local:N", "slurm:N", "slurm-array:N", "tcp://HOST:PORT")
@@ -142,7 +143,7 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_and_works_off_the_main_thread():
 
     pytest.importorskip("dask_jobqueue")
     code = ("import signal, threading\n"
-            "from vsekit.cluster import import_jobqueue\n"
+            "from vsekit.clusters.jobqueue import import_jobqueue\n"
             "out = {}\n"
             "def go():\n"
             "    try:\n"
@@ -158,7 +159,7 @@ def test_importing_dask_jobqueue_keeps_ctrl_c_and_works_off_the_main_thread():
 
 def _count_parses(monkeypatch) -> list[str]:
     """Every text ``parse_cluster`` is asked to parse (a ClusterSpec passed on is not a parse)."""
-    import vsekit.cluster as cluster
+    import vsekit.clusters as cluster
 
     real, texts = cluster.parse_cluster, []
 

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 torch = pytest.importorskip("torch")
 
 from vsekit.cli import main  # noqa: E402
-from vsekit.cluster import local_worker_env, local_worker_specs  # noqa: E402
+from vsekit.clusters.local import local_worker_env, local_worker_specs  # noqa: E402
 from vsekit.devices import DeviceError, gpu_assignment, resolve_device  # noqa: E402
 
 
@@ -125,8 +125,9 @@ def test_local_cluster_pins_each_worker_to_its_own_gpu(monkeypatch):
     pytest.importorskip("distributed")
     import os
 
-    from vsekit import cluster, devices
-    from vsekit.cluster import cluster_client
+    from vsekit import devices
+    from vsekit.clusters import local as cluster
+    from vsekit.clusters import cluster_client
 
     monkeypatch.setattr(devices, "cuda_count", lambda: 2)
     monkeypatch.setattr(cluster, "_has_dask_cuda", lambda: False)
@@ -161,7 +162,7 @@ def test_run_device_sets_every_stage(gpus):
 def test_pipeline_cluster_section(tmp_path, monkeypatch):
     from vsekit.cli.pipeline import cluster_settings_of
     from vsekit.cli import main
-    from vsekit.cluster import parse_cluster
+    from vsekit.clusters import parse_cluster
     from vsekit.pipeline import load_file, resolve_pipeline
     from vsekit.pipeline.spec import PipelineError
 

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vsekit.cluster import ClusterSpec, parse_cluster  # noqa: E402
+from vsekit.clusters import ClusterSpec, parse_cluster  # noqa: E402
 from vsekit.extract import extract  # noqa: E402
 from vsekit.storage import FeatureStore  # noqa: E402
 
@@ -190,7 +190,7 @@ def test_local_cluster_run_decodes_with_threads(demo_store, capfd):
 
 def _job_script(settings, device):
     jq = pytest.importorskip("dask_jobqueue")
-    from vsekit.cluster import slurm_kwargs
+    from vsekit.clusters.jobqueue import slurm_kwargs
 
     with jq.SLURMCluster(**slurm_kwargs(settings, device, None)) as cluster:
         return cluster.job_script()
@@ -210,14 +210,15 @@ def test_gpu_slurm_jobs_get_6_cores_16gb_per_gpu_and_never_pause():
 
 def test_local_workers_never_pause():
     pytest.importorskip("distributed")
-    from vsekit.cluster import local_worker_specs
+    from vsekit.clusters.local import local_worker_specs
 
     specs = local_worker_specs(2, "cpu")
     assert all(s["options"]["env"]["DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE"] == "False" for s in specs.values())
 
 
 def test_gpu_array_tasks_get_6_cores_and_16gb(tmp_path):
-    from vsekit.extract.array import job_script, mem_mb
+    from vsekit.extract.array import job_script
+    from vsekit.schedulers.slurm import mem_mb
 
     s = job_script(tmp_path / "spec.json", "x", 4, {}, "cuda", tmp_path)
     assert "#SBATCH --cpus-per-task=6" in s and f"#SBATCH --mem={mem_mb('16GB')}M" in s and "--gres=gpu:1" in s

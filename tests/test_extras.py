@@ -44,7 +44,7 @@ def test_order_similarity_without_numba_matches_numpy():
 
 def test_slurm_without_dask_jobqueue_names_the_extra():
     code = (
-        "from vsekit.cluster import cluster_client\n"
+        "from vsekit.clusters import cluster_client\n"
         "try:\n"
         "    with cluster_client('slurm:1'):\n"
         "        pass\n"
@@ -57,7 +57,8 @@ def test_slurm_without_dask_jobqueue_names_the_extra():
 
 def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     pytest.importorskip("dask_jobqueue")
-    from vsekit.cluster import cluster_client, cluster_settings, parse_cluster, slurm_kwargs
+    from vsekit.clusters import cluster_client, cluster_settings, parse_cluster
+    from vsekit.clusters.jobqueue import slurm_kwargs
 
     assert (parse_cluster("slurm:3", {}).kind, parse_cluster("slurm:3", {}).n) == ("slurm", 3)
     with pytest.raises(ValueError, match="slurm:N with N >= 1"):

@@ -197,9 +197,9 @@ def test_cycle_finder_sees_a_hand_made_circle():
 
 def test_graph_reads_lazy_and_relative_imports():
     graph = import_graph()
-    # runner imports the store at the top and the cluster module inside a function
+    # runner imports the store at the top and the clusters package inside a function
     assert "vsekit.storage.store" in graph["vsekit.extract.runner"]
-    assert "vsekit.cluster" in graph["vsekit.extract.runner"]
+    assert "vsekit.clusters" in graph["vsekit.extract.runner"]
 
 
 def test_graph_follows_importlib_calls(tmp_path):
@@ -263,7 +263,8 @@ def test_image_error_lives_in_storage(tmp_path):
 #: package itself); it may import its own layer and those below, never one above
 LAYERS = (
     ("foundation", ("vsekit", "vsekit.version", "vsekit.suggest", "vsekit.words", "vsekit.digest", "vsekit.interrupts",
-                    "vsekit.allocator", "vsekit.devices", "vsekit.cluster", "vsekit.cluster_pin")),
+                    "vsekit.allocator", "vsekit.devices", "vsekit.cluster_pin")),
+    ("schedulers", ("vsekit.schedulers", "vsekit.clusters")),
     ("storage", ("vsekit.storage",)),
     ("stages", ("vsekit.extract", "vsekit.fne", "vsekit.tokenize", "vsekit.models", "vsekit.train",
                 "vsekit.report")),
@@ -315,7 +316,16 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
         "vsekit.storage.mod (storage) -> vsekit.extract.images (stages)"]
     assert upward_imports({"vsekit.extract.images": {"vsekit.storage.base"}, "vsekit.cli": {"vsekit.pipeline"},
                            "vsekit.fne.derived": {"vsekit.extract.job"}}) == []
-    assert upward_imports({"vsekit.cluster": {"vsekit.storage.store"}}) != []
+    assert upward_imports({"vsekit.clusters": {"vsekit.storage.store"}}) != []
+    assert upward_imports({"vsekit.schedulers.slurm": {"vsekit.clusters.jobqueue"}}) == []
+
+
+def test_storage_asks_schedulers_by_name_and_imports_none_of_their_modules():
+    """Storage asks ``vsekit.schedulers.get(recorded_name)``; what one scheduler is lives in its module."""
+    graph = import_graph()
+    used = {t for m, targets in graph.items() if m.startswith("vsekit.storage") for t in targets
+            if t.startswith("vsekit.schedulers")}
+    assert used == {"vsekit.schedulers"}
 
 
 def test_the_architecture_page_names_every_layer():

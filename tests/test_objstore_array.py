@@ -769,7 +769,7 @@ def test_on_grid_engine_into_s3_a_deleted_task_leaves_its_block_to_its_sibling(
     jobs = _on_cluster(s3, monkeypatch, tmp_path, {"memory_resource": "h_rss", "queue": sge_local.QUEUE})
     monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "4")
     hold, go = tmp_path / "never", tmp_path / "go"
-    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-1:claimed@2={hold},array-task-0:start={go}")
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-2:claimed@2={hold},array-task-1:start={go}")
     monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
     try:
         sub = extract(url, cluster="sge-array:2", device="cpu", **OPTS)

@@ -178,7 +178,7 @@ def test_a_block_with_its_record_and_no_status_is_done_on_a_cluster_and_never_re
 
         fn = Standardize(np.asarray(fs.array("mean")[:]), np.asarray(fs.array("std")[:]))
         out = passes.Output("feat.z", fn, frozenset({3}))
-        from vsekit.cluster import cluster_client
+        from vsekit.clusters import cluster_client
 
         with cluster_client("local:1") as client:
             assert passes.write_pass(store.features("feat"), [out], client, check=False) == 1

@@ -1,4 +1,4 @@
-"""The batch schedulers as entries of one table (``vsekit.cluster.SCHEDULERS``), without a scheduler:
+"""The batch schedulers as entries of one table (``vsekit.schedulers.SCHEDULERS``, one module each), without a scheduler:
 ``--cluster sge:N`` / ``pbs:N`` / ``lsf:N`` / ``htcondor:N`` parse like ``slurm:N``, each
 scheduler's walltime syntax is read as it means it, and the job scripts dask-jobqueue would submit
 carry each request in that scheduler's words (Grid Engine: ``-l h_rt``, ``-pe``, ``-l gpu=G``,
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vsekit.cluster import SCHEDULERS, ClusterSpec, jobqueue_kwargs, lifetime_args, parse_cluster
+from vsekit.schedulers import SCHEDULERS
+from vsekit.clusters import ClusterSpec, parse_cluster
+from vsekit.clusters.jobqueue import jobqueue_kwargs, lifetime_args
 
 
 def test_every_scheduler_parses_as_jobs_resolved_on_the_workers():
@@ -64,7 +66,7 @@ def test_an_lsf_walltime_is_one_bsub_takes():
 
 
 def _sge_script(settings, device):
-    from vsekit.cluster import import_jobqueue
+    from vsekit.clusters.jobqueue import import_jobqueue
 
     with import_jobqueue("SGECluster")(**jobqueue_kwargs("sge", settings, device, None)) as cluster:
         return cluster.job_script()
@@ -99,7 +101,7 @@ def test_grid_engine_settings_are_checked_before_anything_starts():
 
 def test_untested_schedulers_get_their_own_requests():
     pytest.importorskip("dask_jobqueue")
-    from vsekit.cluster import import_jobqueue
+    from vsekit.clusters.jobqueue import import_jobqueue
 
     scripts = {}
     for kind, settings in (("pbs", {"walltime": "02:00:00", "gpus": 1}), ("lsf", {"walltime": "01:30", "gpus": 1}),
@@ -129,8 +131,23 @@ def test_sge_array_script_is_one_qsub_t_array_of_the_settings(tmp_path):
     with pytest.raises(ValueError, match="need pe"):
         job_script(tmp_path / "s.json", "x", 2, {"cores": 2}, "cpu", tmp_path, "sge")
     with pytest.raises(ValueError, match="use sge:N here"):
-        from vsekit.cluster import cluster_client
+        from vsekit.clusters import cluster_client
 
         pytest.importorskip("distributed")
         with cluster_client(spec):
             pass
+
+
+def test_a_scheduler_is_found_by_name_and_an_unknown_name_lists_the_valid_ones():
+    from vsekit import schedulers
+
+    assert schedulers.names() == ["slurm", "sge", "pbs", "lsf", "htcondor"]
+    assert [schedulers.get(n).name for n in schedulers.names()] == schedulers.names()
+    with pytest.raises(ValueError, match="unknown batch scheduler 'torque'; valid: slurm, sge, pbs, lsf, htcondor"):
+        schedulers.get("torque")
+    assert schedulers.get(None) is schedulers.get("slurm")   # a lock written before locks named theirs
+    # the task numbers each scheduler gives its array tasks, and the job a process runs in
+    assert schedulers.this_task({"JOB_ID": "48", "SGE_TASK_ID": "2"}) == ("48", "2")
+    assert schedulers.this_task({"SLURM_ARRAY_JOB_ID": "48", "SLURM_ARRAY_TASK_ID": "0"}) == ("48", "0")
+    assert schedulers.this_task({"JOB_ID": "48", "SGE_TASK_ID": "undefined"}) == ("48", None)
+    assert schedulers.this_task({}) == (None, None)

@@ -374,7 +374,7 @@ def test_a_running_sge_array_holds_the_set_against_other_writers(on_sge, demo_st
     from vsekit.storage.lock import LockHeld
 
     env = on_sge["env"]
-    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-0:start={tmp_path / 'never'}")
+    monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-1:start={tmp_path / 'never'}")
     monkeypatch.setenv("VSEKIT_PAUSE_MAX_S", "600")
     job = extract(demo_store, cluster="sge-array:1", **OPTS).job_id
     assert job in _qstat(env)

@@ -224,7 +224,8 @@ def test_a_running_array_holds_the_set_against_other_writers(demo_store, fake_sl
 
 
 def test_job_script_carries_the_slurm_settings(tmp_path):
-    from vsekit.extract.array import job_script, mem_mb
+    from vsekit.extract.array import job_script
+    from vsekit.schedulers.slurm import mem_mb
 
     s = job_script(tmp_path / "spec.json", "vgg19 fne", 8,
                    {"queue": "gpu", "account": "proj", "walltime": "04:00:00", "cores": 8,
@@ -362,7 +363,7 @@ def test_a_task_commits_nothing_once_the_array_lost_the_sets_lock(demo_store, fa
 
 
 def test_slurm_array_spec_is_parsed_and_refused_outside_extract():
-    from vsekit.cluster import cluster_client, parse_cluster
+    from vsekit.clusters import cluster_client, parse_cluster
 
     spec = parse_cluster("slurm-array:16", {})
     assert (spec.kind, spec.n, spec.is_array) == ("slurm-array", 16, True)
@@ -392,3 +393,36 @@ def test_overwrite_with_an_array_replaces_the_finished_set(demo_store, reference
     assert fs.counts()["done"] == demo_store.n_images
     np.testing.assert_array_equal(fs.data[:], reference.features(NAME).data[:])
     assert not [p.name for p in (store.path / "features").iterdir() if p.name.startswith(f".{NAME}.")]
+
+
+@pytest.mark.parametrize("scheduler, submit, env", [
+    ("sge", "qsub", {"JOB_ID": "4243", "SGE_TASK_ID": "2"}),                       # qsub -t 1-2: tasks 1, 2
+    ("slurm", "sbatch", {"SLURM_ARRAY_JOB_ID": "4243", "SLURM_ARRAY_TASK_ID": "1"}),  # --array=0-1: 0, 1
+])
+def test_an_array_task_is_named_as_its_scheduler_numbers_it(demo_store, fake_slurm, monkeypatch, capsys,
+                                                            scheduler, submit, env):
+    """The last task of a 2-task array (Grid Engine's task 2, SLURM's task 1) says that number in its
+    log and its lease records, the number ``qdel JOB -t 2`` / ``scancel JOB_1`` takes, and starts
+    halfway through the blocks as the second of two tasks (a Grid Engine task 2 once said "task 1").
+    """
+    from vsekit.extract import extract
+    from vsekit.extract.array import work
+    from vsekit.storage.job_arrays import array_dir
+    from vsekit.storage.leases import owner_record
+
+    (fake_slurm / "bin" / submit).write_text(f'#!/bin/bash\ncp "${{@: -1}}" {fake_slurm}/submitted.sh\necho 4243\n')
+    (fake_slurm / "bin" / submit).chmod(0o755)
+    sub = extract(demo_store, cluster=f"{scheduler}-array:2", **OPTS)
+    script = (fake_slurm / "submitted.sh").read_text()
+    assert ("#$ -t 1-2" if scheduler == "sge" else "#SBATCH --array=0-1") in script.splitlines()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    task = env.get("SGE_TASK_ID") or env["SLURM_ARRAY_TASK_ID"]
+    assert owner_record()["job"] == "4243" and owner_record()["task"] == task
+    capsys.readouterr()
+    assert work(array_dir(demo_store.path, NAME) / "spec.json") == 0
+    log = capsys.readouterr().err
+    assert f"vsekit array task: task {task} of job 4243 on " in log, log
+    committed = [int(ln.split("committed block ")[1].split()[0]) for ln in log.splitlines() if "committed block " in ln]
+    assert sorted(committed) == list(range(sub.blocks))
+    assert committed[0] == sub.blocks // 2   # the second of two tasks starts halfway

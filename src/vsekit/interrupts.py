@@ -1,5 +1,5 @@
 """Ctrl-C and SIGTERM, for every command that writes: the only module that installs signal handlers
-(besides :func:`vsekit.cluster.import_jobqueue`'s guard against dask-jobqueue's own).
+(besides :func:`vsekit.clusters.jobqueue.import_jobqueue`'s guard against dask-jobqueue's own).
 
 While :func:`handling` is active (the CLI wraps every command in it, ``extract()`` its run, a job
 array task its loop), SIGINT and SIGTERM raise :class:`Interrupted` in the main thread, so locks are

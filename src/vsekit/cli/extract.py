@@ -11,7 +11,7 @@ import dataclasses
 import click
 
 from ..extract.job import Execution, ExtractOptions, fields_of
-from ..cluster import SPEC_HELP
+from ..clusters import SPEC_HELP
 from .options import CLUSTER, STORAGE_OPTION, WORKERS, StorePath
 
 #: the Click types of fields whose values the CLI shares with other commands (docs/cli.md)

@@ -6,7 +6,7 @@ import click
 
 from .options import CLUSTER, SPLITS, STORAGE_OPTION, StorePath
 
-from ..cluster import SPEC_HELP as CLUSTER_HELP
+from ..clusters import SPEC_HELP as CLUSTER_HELP
 from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
 
 _store = click.option("--store", "store", required=True, type=StorePath(exists=True),

@@ -9,6 +9,14 @@ import click
 SPLIT_NAMES = ("train", "val", "test", "restval")
 
 
+#: what works on an object-store URL today; every other command refuses one, naming these
+URL_COMMANDS = ("every `ingest`, `split`, `extract`, `tokenize`, `standardize`, `discretize` and `fne` (in-process, "
+                "--cluster local:N, tcp://, slurm:N, sge:N, pbs:N, lsf:N and htcondor:N; extract also slurm-array:N "
+                "and sge-array:N; "
+                "tokenize also --workers N), `train`, `evaluate`, `embed`, `report`, `info` (with --verify and "
+                "--repair) and `export` (reading)")
+
+
 class Workers(click.ParamType):
     """``--workers``: a number of worker processes, or ``auto`` (the command picks from the cores)."""
 
@@ -49,7 +57,7 @@ class StorePath(click.Path):
     def convert(self, value, param, ctx):
         from ..storage.base import StoreError, not_a_store
         from ..storage.objstore import is_object_url, public_url
-        from ..storage.store import URL_COMMANDS, local_path
+        from ..storage.store import local_path
 
         if isinstance(value, str) and is_object_url(value):
             if self.url_ok:
@@ -135,7 +143,7 @@ SPLITS = SplitNames()
 
 
 class ClusterType(click.ParamType):
-    """``--cluster``: parsed here, once, into a :class:`vsekit.cluster.ClusterSpec` (SLURM settings from
+    """``--cluster``: parsed here, once, into a :class:`vsekit.clusters.ClusterSpec` (SLURM settings from
     ``$VSEKIT_CLUSTER_CONFIG``); a spec already parsed (``vsekit run`` parses its pipeline's with the
     pipeline's ``cluster:`` settings) passes through unchanged."""
 
@@ -145,7 +153,7 @@ class ClusterType(click.ParamType):
         self.parse = parse   # False: `vsekit run`, which parses it with its pipeline's `cluster:` settings
 
     def convert(self, value, param, ctx):
-        from ..cluster import ClusterSpec, parse_cluster
+        from ..clusters import ClusterSpec, parse_cluster
 
         if value is None or isinstance(value, ClusterSpec) or not self.parse:
             return value

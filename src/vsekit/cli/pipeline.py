@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..cluster import SPEC_HELP as CLUSTER_HELP
+from ..clusters import SPEC_HELP as CLUSTER_HELP
 from .options import CLUSTER_TEXT, STORAGE_OPTION
 
 
@@ -54,7 +54,7 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
         return
-    from ..cluster import parse_cluster
+    from ..clusters import parse_cluster
 
     sets = _parse_sets(sets)
     settings = cluster_settings_of(load_pipelines(file), pipeline)

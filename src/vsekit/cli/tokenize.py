@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..cluster import SPEC_HELP as CLUSTER_HELP
+from ..clusters import SPEC_HELP as CLUSTER_HELP
 from .options import CLUSTER, STORAGE_OPTION, WORKERS, resolve_workers, StorePath
 
 

@@ -5,7 +5,8 @@ No scheduler and no driver stay behind. The driver (:func:`submit`, called by ``
 holds the set's writer lock, after creating or reopening the set exactly as every other path does)
 writes the tasks' spec (``STORE/.vsekit/arrays/NAME/spec.json``, see :mod:`vsekit.storage.job_arrays`),
 hands the set's writer lock over to the array, submits ONE ``sbatch --array=0-(N-1)`` job (Grid
-Engine: ``qsub -t 1-N``, task ``SGE_TASK_ID - 1``) and exits with its job id. Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
+Engine: ``qsub -t 1-N``; the script is the scheduler's, :mod:`vsekit.schedulers`) and exits with its
+job id. Tasks are named as their scheduler numbers them (SLURM from 0, Grid Engine from 1). Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
 
 1. it reads the status of every row once per round, and walks the pending blocks from its own
    offset (task k of N starts k/N of the way in, so tasks rarely contend);
@@ -38,11 +39,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -50,11 +48,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..interrupts import Interrupted, handling
+from ..schedulers import get
 from ..storage import job_arrays as arrays
 from ..storage.faults import point
 from ..storage.leases import Lease, default_ttl, owner_record
@@ -63,11 +61,8 @@ from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .rows import commit, compute_block
 
 SBATCH_TIMEOUT_S = 60
-ARRAY_KEYS = ("queue", "account", "walltime", "cores", "memory", "gpus", "job_extra", "prologue",
-              "python", "log_directory", "project", "pe", "memory_resource", "gpu_resource")
-#: what differs between the schedulers of an array: label, submit command, how it says the job id
-SUBMIT = {"slurm": ("SLURM", "sbatch", ["--parsable"], "squeue -j"),
-          "sge": ("Grid Engine", "qsub", ["-terse", "-w", "e"], "qstat -j")}
+#: the settings an array's script uses, besides the scheduler's own (its ``keys``)
+ARRAY_KEYS = ("queue", "walltime", "cores", "memory", "gpus", "job_extra", "prologue", "python", "log_directory")
 
 
 @dataclass
@@ -87,32 +82,19 @@ class ArraySubmitted:
     scheduler: str = "slurm"
 
     def summary(self) -> str:
-        label, _, _, status = SUBMIT[self.scheduler]
+        sched = get(self.scheduler)
         if self.job_id is None:
             return (f"{self.name}: {self.done} done, {self.failed} failed, 0 pending of {self.n_rows} rows; "
                     f"nothing left to extract, no job submitted")
         return "\n".join([
-            f"{self.name}: submitted {label} job array {self.job_id} ({self.tasks} tasks) for "
+            f"{self.name}: submitted {sched.label} job array {self.job_id} ({self.tasks} tasks) for "
             f"{self.pending_blocks} pending of {self.blocks} blocks ({self.done} rows done already)",
-            f"  progress: vsekit info {self.store} {self.name}   (and: {status} {self.job_id})",
+            f"  progress: vsekit info {self.store} {self.name}   (and: {sched.queue_hint(self.job_id)})",
             f"  task logs: {self.log_dir}",
             "  when the array has ended, the same command fills any block left pending"])
 
 
 # --- the driver ------------------------------------------------------------------------------------
-def mem_mb(memory: Any) -> int:
-    """``16GB``, ``4000MB``, ``2GiB``, ``8G`` or a number of bytes → megabytes for ``--mem``."""
-    if isinstance(memory, (int, float)):
-        return max(1, math.ceil(memory / 2**20))
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgGtT]?)(i?)[bB]?\s*", str(memory))
-    if not m:
-        raise ValueError(f"cluster setting memory: {memory!r}: expected e.g. 16GB or 4000MB")
-    scale = {"": 1, "k": 1, "m": 2, "g": 3, "t": 4}[m.group(2).lower()]
-    base = 1024 if m.group(3) else 1000
-    n = float(m.group(1)) * base ** scale if m.group(2) else float(m.group(1))
-    return max(1, math.ceil(n / 2**20))
-
-
 def array_gpus(settings: dict, device: str) -> int:
     """GPUs per array task: ``gpus`` (default 1 with a CUDA device, 0 otherwise)."""
     from ..devices import is_cuda
@@ -122,51 +104,14 @@ def array_gpus(settings: dict, device: str) -> int:
 
 def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path,
                scheduler: str = "slurm") -> str:
-    """The sbatch (or qsub) script of the array: one task per line of work, each running :func:`work`."""
-    from ..cluster import job_cores, job_memory
-
+    """The array's job script (sbatch, qsub...): the scheduler's header for ``tasks`` tasks, then one
+    line of work, :func:`work`, for each task."""
     gpus = array_gpus(settings, device)
     if gpus > 1:
         raise ValueError(f"cluster setting gpus: {gpus}: an array task uses one GPU; use gpus: 1 and "
                          f"more tasks ({scheduler}-array:N)")
-    if scheduler == "sge":
-        return _sge_script(spec_file, name, tasks, settings, gpus, log_dir)
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}",
-             f"#SBATCH --array=0-{tasks - 1}", "#SBATCH --ntasks=1",
-             f"#SBATCH --cpus-per-task={int(settings.get('cores') or job_cores(gpus))}",
-             f"#SBATCH --mem={mem_mb(settings.get('memory') or job_memory(gpus))}M",
-             f"#SBATCH --output={log_dir}/%x-%A_%a.out"]
-    for key, flag in (("queue", "-p"), ("account", "-A"), ("walltime", "-t")):
-        if settings.get(key):
-            lines.append(f"#SBATCH {flag} {settings[key]}")
-    if gpus:
-        lines.append(f"#SBATCH --gres=gpu:{gpus}")
-    return _script_end(lines, "#SBATCH", settings, spec_file)
-
-
-def _sge_script(spec_file: Path, name: str, tasks: int, settings: dict, gpus: int, log_dir: Path) -> str:
-    """The qsub script of a Grid Engine array (``-t 1-N``), written as ``sge:N`` writes its jobs."""
-    from ..cluster import job_cores, job_memory, sge_memory
-
-    cores = int(settings.get("cores") or job_cores(gpus))
-    lines = ["#!/bin/bash", f"#$ -N vsekit-{re.sub(r'[^A-Za-z0-9._-]', '_', name)}", f"#$ -t 1-{tasks}",
-             "#$ -S /bin/bash", "#$ -V", "#$ -j y", f"#$ -o {log_dir}/"]
-    for key, flag in (("queue", "-q"), ("project", "-P"), ("walltime", "-l h_rt=")):
-        if settings.get(key):
-            lines.append(f"#$ {flag}{settings[key]}" if flag.endswith("=") else f"#$ {flag} {settings[key]}")
-    requests = []
-    if settings.get("memory_resource"):
-        requests.append(f"{settings['memory_resource']}={sge_memory(settings.get('memory') or job_memory(gpus))}")
-    if gpus:
-        requests.append(f"{settings.get('gpu_resource') or 'gpu'}={gpus}")
-    if requests:
-        lines.append(f"#$ -l {','.join(requests)}")
-    if cores > 1:
-        if not settings.get("pe"):
-            raise ValueError(f"cluster settings cores: {cores} on Grid Engine need pe: the name of the site's "
-                             f"parallel environment for one host (`qconf -spl` lists them)")
-        lines.append(f"#$ -pe {settings['pe']} {cores}")
-    return _script_end(lines, "#$", settings, spec_file)
+    lines, directive = get(scheduler).array_header(name, tasks, settings, gpus, log_dir)
+    return _script_end(lines, directive, settings, spec_file)
 
 
 def _script_end(lines: list[str], directive: str, settings: dict, spec_file: "Path | str") -> str:
@@ -214,8 +159,7 @@ def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None, sche
     """Rewrite the set's writer lock (held by this process) as the array's; returns what it held."""
     path = lock_path(store_path, name)
     before = json.loads(path.read_text())
-    held = {"slurm_array": job_id} if scheduler == "slurm" else {"array_job": job_id, "array_scheduler": scheduler}
-    arrays.write_json(path, dict(before, token=token, **held,
+    arrays.write_json(path, dict(before, token=token, array_job=job_id, array_scheduler=scheduler,
                                  stage=f"vsekit extract --cluster {scheduler}-array (job {job_id or 'being submitted'})"))
     return before
 
@@ -223,20 +167,18 @@ def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None, sche
 def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> ArraySubmitted:
     """Submit the job array for ``fs``'s pending blocks (the caller holds the set's writer lock).
 
-    ``cluster``: the ``slurm-array:N`` :class:`~vsekit.cluster.ClusterSpec` (its settings shape the
+    ``cluster``: the ``slurm-array:N`` :class:`~vsekit.clusters.ClusterSpec` (its settings shape the
     jobs); ``fresh``: the set was created by this run (what an earlier array of the same name left
     in the store is removed).
     """
-    from ..cluster import ARRAY_KINDS
-
     tasks = cluster.n
-    scheduler = ARRAY_KINDS[cluster.kind]
-    label, tool, flags, _ = SUBMIT[scheduler]
+    sched = cluster.scheduler
+    scheduler = sched.name
     device = job.run.device
     where = arrays.place(store, fs.name)
     if fresh:
         where.remove()
-    settings = {k: v for k, v in cluster.settings.items() if k in ARRAY_KEYS}
+    settings = {k: v for k, v in cluster.settings.items() if k in ARRAY_KEYS or k in sched.keys}
     if str(device) != "cpu" and array_gpus(settings, device) == 0:   # no silent CPU
         line = (f"--device {device} on --cluster {cluster}: the array tasks ask for no GPU, so they run "
                 f"on CPU (set gpus: 1 in the cluster settings, or --device cuda)")
@@ -249,10 +191,7 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
                             len(blocks), len(fs.blocks()), tasks, scheduler=scheduler)
     if not blocks:
         return result
-    sbatch = shutil.which(tool)
-    if sbatch is None:
-        raise ValueError(f"--cluster {cluster.kind}:{tasks}: `{tool}` is not on the PATH; run vsekit where "
-                         f"{label} jobs can be submitted (a login node)")
+    sbatch = sched.tool(what=f"{cluster.kind}:{tasks}")
     where.clear_leases()   # a previous array has ended: we hold the set's lock (or lease)
     # scripts and logs: in the store's folder on a disk; a local folder for a store on object storage
     adir = arrays.local_dir(fs.name) if store.remote else arrays.array_dir(store.path, fs.name)
@@ -275,14 +214,13 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     else:
         before = _hand_lock(store.path, fs.name, token, None, scheduler)
     try:
-        out = subprocess.run([sbatch, *flags, str(script)], capture_output=True, text=True,
+        out = subprocess.run([sbatch, *sched.array_flags, str(script)], capture_output=True, text=True,
                              timeout=SBATCH_TIMEOUT_S, env=env)
         if out.returncode != 0:
             why = " ".join(ln for ln in (out.stderr or out.stdout).split("\n") if ln.strip() != "Exiting.")
             why = " ".join(why.split()) or f"exit status {out.returncode}"
-            raise ValueError(f"--cluster {cluster.kind}:{tasks}: {tool} refused the job array: {why}")
-        # sbatch --parsable: ID[;CLUSTER]; qsub -terse for an array: ID.1-N:1
-        job_id = out.stdout.strip().split(";")[0].split(".")[0]
+            raise ValueError(f"--cluster {cluster.kind}:{tasks}: {sched.submit} refused the job array: {why}")
+        job_id = sched.array_job_id(out.stdout)
     except BaseException as exc:
         if store.remote:   # the lease back to this run, which releases it as usual
             with contextlib.suppress(StoreError):
@@ -292,7 +230,7 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
         where.drop_spec()
         script.unlink(missing_ok=True)
         if isinstance(exc, subprocess.TimeoutExpired):
-            raise ValueError(f"--cluster {cluster.kind}:{tasks}: {tool} did not answer in {SBATCH_TIMEOUT_S}s") from None
+            raise ValueError(f"--cluster {cluster.kind}:{tasks}: {sched.submit} did not answer in {SBATCH_TIMEOUT_S}s") from None
         raise
     spec["job_id"] = job_id
     where.write_spec(spec)
@@ -517,15 +455,13 @@ def _open_remote(url: str, name: str) -> tuple[FeatureStore, dict | None]:
 def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None = None) -> int:
     """One array task: claim, extract and commit pending blocks until none is left; the exit status.
     ``spec_file``: the spec's path; or, for a store on object storage, the store's URL and ``name``
-    the set's (the spec is an object of the store)."""
+    the set's (the spec is an object of the store). ``task``: the task's number as its scheduler
+    numbers it (default: from the environment), the number its log lines, lease records and fault
+    points (``array-task-K``) use, so that ``scancel JOB_K`` / ``qdel JOB -t K`` and the log agree."""
     from ..storage.objstore import ArrayLease, LeaseLost, is_object_url
     from .job import Job, Site
     from .plan import Plan
 
-    if task is None:   # SLURM counts tasks from 0, Grid Engine's -t 1-N from 1
-        sge = os.environ.get("SGE_TASK_ID", "")
-        task = int(os.environ["SLURM_ARRAY_TASK_ID"]) if "SLURM_ARRAY_TASK_ID" in os.environ else (
-            int(sge) - 1 if sge.isdigit() else 0)
     set_lease = None
     if is_object_url(str(spec_file)):
         store, spec = _open_remote(str(spec_file), str(name))
@@ -550,8 +486,11 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     if set_lease is None and not _holds_lock(spec):
         say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
         return 2
-    cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("NSLOTS") or "1"   # NSLOTS: Grid Engine's slots
-    resolved = task_execution(spec, int(cpus) if cpus.isdigit() else 1)
+    sched = get(spec.get("scheduler"))
+    if task is None:
+        task = sched.task_number()
+        task = sched.first_task if task is None else task
+    resolved = task_execution(spec, sched.task_cpus())
     run = resolved.run
     device, workers = run.device, run.workers
     for line in resolved.notes:
@@ -569,7 +508,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     try:
         with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
             point(f"array-task-{task}:start")
-            claimer = Claimer(fs, leases, task, spec["tasks"])
+            claimer = Claimer(fs, leases, task - sched.first_task, spec["tasks"])
             while True:
                 got = claimer.next()
                 if got is None:

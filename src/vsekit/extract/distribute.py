@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from ..cluster import ClusterSpec
+from ..clusters import ClusterSpec
 from ..storage.store import FAILED, Block, FeatureSet, FeatureStore
 from .job import Job, Site
 from .plan import Plan
@@ -163,7 +163,7 @@ def _most(a: dict, b: dict) -> dict:
 
 
 def cluster_client_for(cluster: ClusterSpec, resources, device: str):
-    from ..cluster import cluster_client
+    from ..clusters import cluster_client
 
     return cluster_client(cluster, resources=resources, device=device)
 
@@ -181,7 +181,7 @@ def report(message: str) -> None:
 
 def report_deaths(client, since: float) -> int:
     """Report each dask worker that died (left unexpectedly) since ``since``; returns how many."""
-    from ..cluster import report_worker_deaths
+    from ..clusters import report_worker_deaths
 
     return report_worker_deaths(client, since, report)
 

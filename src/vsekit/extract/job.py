@@ -27,7 +27,7 @@ class Execution:
     """How the blocks are computed, and how the run treats what the set holds already (resume,
     ``overwrite``, ``retry_failed``); nothing here changes the features beyond float rounding, so
     nothing here enters the settings hash (``block_rows`` is the set's layout, fixed at creation).
-    Where the blocks run is the :class:`~vsekit.cluster.ClusterSpec` passed beside it."""
+    Where the blocks run is the :class:`~vsekit.clusters.ClusterSpec` passed beside it."""
 
     device: str = option("auto", "--device", "auto (CUDA when available, else CPU) | cpu | cuda | cuda:N.")
     batch_size: int = option(32, "--batch-size", "Images per forward pass.", type=int)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cluster import ClusterSpec, parse_cluster
+from ..clusters import ClusterSpec, parse_cluster
 from ..storage.ref import check_object_storage
 from ..words import plural
 from ..devices import FLOAT32_RECORD

@@ -27,7 +27,7 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
         pack: bool = False, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
         allow_standardized: bool = False) -> tuple[derived.Result, derived.Result]:
     """Write ``<features>.z`` and ``<features>.z.fne``; returns both stages' results."""
-    from ..cluster import cluster_client
+    from ..clusters import cluster_client
     from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)

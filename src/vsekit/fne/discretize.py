@@ -97,7 +97,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                name: str | None = None, cluster: "ClusterSpec | str | None" = None, overwrite: bool = False,
                allow_raw: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
-    from ..cluster import cluster_client
+    from ..clusters import cluster_client
     from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)

@@ -8,7 +8,7 @@
   status, so a rerun resumes.
 
 Both are dask graphs over the store, computed in-process (threads) or on ``--cluster`` through
-:func:`vsekit.cluster.cluster_client`. Memory stays a few chunks per worker thread. On object storage
+:func:`vsekit.clusters.cluster_client`. Memory stays a few chunks per worker thread. On object storage
 a cluster's tasks read and write their blocks through a :class:`~vsekit.storage.ref.StoreRef` (the
 URL, its options in memory, the driver's lease token), and each block is committed by one
 create-if-absent record (:mod:`vsekit.storage.objcommit`).
@@ -77,7 +77,7 @@ def _compute(client: Any, *graphs: Any) -> tuple:
     import sys
     import time
 
-    from ..cluster import report_worker_deaths
+    from ..clusters import report_worker_deaths
 
     started = time.time()
     try:

@@ -229,7 +229,7 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
                 stats_from: str | None = None, name: str | None = None, cluster: "ClusterSpec | str | None" = None,
                 overwrite: bool = False, allow_standardized: bool = False) -> derived.Result:
     """Standardize feature set ``features`` into ``<features>.z`` (or ``name``); see the module docstring."""
-    from ..cluster import cluster_client
+    from ..clusters import cluster_client
     from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)

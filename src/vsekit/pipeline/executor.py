@@ -2,7 +2,7 @@
 
 Each stage that runs is its command's function called in-process with the stage's typed values
 (:func:`.commands.call_stage`): no command line is built or parsed again, and ``--cluster`` arrives
-parsed (a :class:`~vsekit.cluster.ClusterSpec` with the pipeline's ``cluster:`` settings).
+parsed (a :class:`~vsekit.clusters.ClusterSpec` with the pipeline's ``cluster:`` settings).
 
 A stage's fingerprint hashes its resolved options (less those that only say where it runs, such as
 ``--cluster``), the size and modification time of the input files it names, the fingerprint of the
@@ -48,7 +48,7 @@ from .resolve import ResolvedStage, resolve_pipeline
 from .spec import PipelineError, PipelineFile, PipelineSpec
 
 if TYPE_CHECKING:
-    from ..cluster import ClusterSpec
+    from ..clusters import ClusterSpec
 
 
 def fingerprint(stage: ResolvedStage, previous: str) -> str:

@@ -19,7 +19,7 @@ from .outputs import StageIO, stage_io
 from .spec import Located, MissingVariable, PipelineError, PipelineSpec, StageSpec, Variables
 
 if TYPE_CHECKING:
-    from ..cluster import ClusterSpec
+    from ..clusters import ClusterSpec
 
 #: options that say where or how fast a stage runs, not what it makes: not part of the fingerprint
 NOT_FINGERPRINTED = frozenset({"cluster", "workers", "device", "pin-memory", "channels-last", "prefetch", "progress",
@@ -95,8 +95,8 @@ def resolve_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[
 
     ``cluster`` (``vsekit run --cluster``, parsed once by the caller) replaces every stage's; a
     stage's own ``cluster:`` text is parsed here, once, with ``cluster_settings`` (the pipeline's
-    ``cluster:`` section), so each stage receives a :class:`~vsekit.cluster.ClusterSpec`."""
-    from ..cluster import parse_cluster
+    ``cluster:`` section), so each stage receives a :class:`~vsekit.clusters.ClusterSpec`."""
+    from ..clusters import parse_cluster
 
     cluster_settings = dict(cluster_settings) if cluster_settings else None   # none: $VSEKIT_CLUSTER_CONFIG
     if isinstance(cluster, str):

@@ -237,17 +237,17 @@ def load_file(path: str | os.PathLike) -> PipelineFile:
 
 
 def _cluster(body: dict[str, Located], file: str) -> dict[str, Any]:
-    """A `cluster:` section (SLURM settings of --cluster slurm:N), checked against vsekit.cluster's keys."""
-    from ..cluster import SLURM_KEYS
+    """A `cluster:` section (SLURM settings of --cluster slurm:N), checked against vsekit.clusters.CLUSTER_KEYS."""
+    from ..clusters import CLUSTER_KEYS
 
     loc = body.get("cluster")
     if loc is None:
         return {}
     section = _expect_mapping(loc, "cluster", file)
     for key, value in section.items():
-        if key.replace("-", "_") not in SLURM_KEYS:
+        if key.replace("-", "_") not in CLUSTER_KEYS:
             raise PipelineError(f"{file}, line {loc.key_lines.get(key, value.line)}: cluster: unknown key "
-                                f"{key!r}; valid: {', '.join(SLURM_KEYS)}")
+                                f"{key!r}; valid: {', '.join(CLUSTER_KEYS)}")
     return {k.replace("-", "_"): plain(v) for k, v in section.items()}
 
 

@@ -12,6 +12,10 @@ from pathlib import Path
 
 PENDING, DONE, FAILED = 0, 1, 2
 STATUS_NAMES = {PENDING: "pending", DONE: "done", FAILED: "failed"}
+#: a writer lock (or a job array's set lease whose scheduler cannot answer) is stale this long after
+#: its last refresh (its expiry)
+STALE_ENV = "VSEKIT_LOCK_STALE_S"
+DEFAULT_STALE_S = 3600.0
 
 
 class StoreError(Exception):

@@ -1,10 +1,10 @@
-"""What a SLURM job array writing a feature set leaves in the store, and how to read it back.
+"""What a job array writing a feature set leaves in the store, and how to read it back.
 
-``vsekit extract ... --cluster slurm-array:N`` (:mod:`vsekit.extract.array`) keeps, per feature set,
+``vsekit extract ... --cluster slurm-array:N`` / ``sge-array:N`` (:mod:`vsekit.extract.array`) keeps, per feature set,
 ``STORE/.vsekit/arrays/NAME/``:
 
 - ``spec.json``: what every array task needs (the plan, device, batch size, the lease time-to-live,
-  the set's settings hash, the token of the set's writer lock) and the array's SLURM job id;
+  the set's settings hash, the token of the set's writer lock) and the array's job id and scheduler;
 - ``leases/``: one lease file per block being written (:mod:`vsekit.storage.leases`);
 - ``errors/``: the failure reasons of each committed block's failed rows, merged into the set's
   attrs by whichever task finishes (attrs have one writer at a time);
@@ -12,7 +12,8 @@
   says otherwise.
 
 While the array runs it holds the set's writer lock (:mod:`vsekit.storage.lock`): the lock file
-names the array's job id, and it is stale once ``squeue`` no longer lists that job.
+names the array's job id, and it is stale once its scheduler no longer lists that job
+(:meth:`vsekit.schedulers.base.Scheduler.job_alive`).
 
 On object storage the same things are objects under ``.vsekit/arrays/NAME/`` in the store (the spec,
 ``leases/bNNNNNN.json`` of :mod:`vsekit.storage.objleases`, ``errors/``, ``merge/``), the set's lease
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .jobstate import ALIVE_STATES, LABELS, job_alive, job_states  # noqa: F401 (re-exported)
+from ..schedulers import get as scheduler
 from .leases import LeaseDir
 
 ARRAY_DIR = (".vsekit", "arrays")
@@ -196,15 +197,15 @@ def local_dir(name: str) -> Path:
 
 
 def lock_stale_reason(path: Path, info: dict, limit: float) -> str | None:
-    """Staleness of a writer lock held by a job array: its job has left ``squeue``; where squeue
-    cannot tell, the lock's age beyond ``limit`` seconds (the tasks refresh it)."""
+    """Staleness of a writer lock held by a job array: its job has left the scheduler's queue; where
+    the scheduler cannot tell, the lock's age beyond ``limit`` seconds (the tasks refresh it)."""
     job = info.get("array_job") or info.get("slurm_array")
-    scheduler = info.get("array_scheduler", "slurm")
-    alive = job_alive(job, scheduler)
+    sched = scheduler(info.get("array_scheduler"))
+    alive = sched.job_alive(job)
     if alive is True:
         return None
     if alive is False:
-        return f"{LABELS.get(scheduler, scheduler)} array job {job} has ended"
+        return f"{sched.label} array job {job} has ended"
     try:
         age = time.time() - path.stat().st_mtime
     except FileNotFoundError:
@@ -220,11 +221,10 @@ def progress_lines(fs, indent: str = "      ") -> list[str]:
     if spec is None:
         return []
     job = spec.get("job_id")
-    scheduler = spec.get("scheduler", "slurm")
-    alive = job_alive(job, scheduler)
-    ask = "qstat" if scheduler == "sge" else "squeue"
-    state = {True: "queued or running", False: "ended", None: f"state unknown ({ask} could not answer here)"}[alive]
-    lines = [f"{indent}{LABELS.get(scheduler, scheduler)} job array {job or '?'} ({spec.get('tasks', '?')} tasks): {state}"]
+    sched = scheduler(spec.get("scheduler"))
+    alive = sched.job_alive(job)
+    state = {True: "queued or running", False: "ended", None: f"state unknown ({sched.status} could not answer here)"}[alive]
+    lines = [f"{indent}{sched.label} job array {job or '?'} ({spec.get('tasks', '?')} tasks): {state}"]
     try:
         status = fs.status_values()
     except Exception as exc:

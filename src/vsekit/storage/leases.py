@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ..schedulers import this_task
+
 DEFAULT_TTL_S = 300.0
 TTL_ENV = "VSEKIT_LEASE_TTL_S"
 _NAME = re.compile(r"^b(\d+)\.g(\d+)\.lease$")
@@ -45,12 +47,9 @@ def default_ttl() -> float:
 
 
 def owner_record() -> dict:
-    """Who is claiming: SLURM or Grid Engine job and array task (when inside one), host and pid."""
-    env = os.environ
-    job = env.get("SLURM_ARRAY_JOB_ID") or env.get("SLURM_JOB_ID") or env.get("JOB_ID")
-    task = env.get("SLURM_ARRAY_TASK_ID") or env.get("SGE_TASK_ID")
-    return {"job": job, "task": None if task == "undefined" else task, "host": socket.gethostname(),
-            "pid": os.getpid()}
+    """Who is claiming: the batch job and array task (when inside one), host and pid."""
+    job, task = this_task()   # the task as its scheduler numbers it
+    return {"job": job, "task": task, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 @dataclass

@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .fserrors import naming
-from .base import StoreError
-from .jobstate import DEFAULT_STALE_S, STALE_ENV  # noqa: F401 (the lock's staleness; objstore uses it too)
+from .base import DEFAULT_STALE_S, STALE_ENV, StoreError
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
@@ -209,11 +208,11 @@ def _break(path: Path, seen: dict) -> None:
 def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:
     """A lock file cannot live on object storage: a writer that has no lease protocol yet is refused
     there (a library call or a `vsekit run` recipe), rather than making a local folder named ``s3:``."""
-    from .objstore import URL_COMMANDS, is_object_url, public_url
+    from .objstore import SERVED_BY, is_object_url, public_url
 
     if is_object_url(os.fspath(store_path)):
         raise StoreError(f"{public_url(os.fspath(store_path))}: {stage} does not serve stores on object storage "
-                         f"yet; they are served by {URL_COMMANDS} (issue 35)")
+                         f"yet; they are served by {SERVED_BY} (issue 35)")
 
 
 def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:

@@ -32,12 +32,10 @@ from typing import Any, Mapping
 from .base import StoreError
 
 SCHEMES = ("s3", "gs", "az", "memory")
-#: what works on an object-store URL today; every other command refuses one, naming these
-URL_COMMANDS = ("every `ingest`, `split`, `extract`, `tokenize`, `standardize`, `discretize` and `fne` (in-process, "
-                "--cluster local:N, tcp://, slurm:N, sge:N, pbs:N, lsf:N and htcondor:N; extract also slurm-array:N "
-                "and sge-array:N; "
-                "tokenize also --workers N), `train`, `evaluate`, `embed`, `report`, `info` (with --verify and "
-                "--repair) and `export` (reading)")
+#: where the refusals of storage send a user: what serves a store on object storage is the CLI's to say
+#: (``vsekit.cli.options.URL_COMMANDS``); storage knows only that its leases do
+SERVED_BY = ("every command that writes through the store's leases rather than a lock file "
+             "(docs/store.md, \"Stores on object storage\", lists them)")
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 #: storage options that go to obstore's retry settings and HTTP client, not to the provider's config
@@ -481,19 +479,19 @@ def holder_live(info: Mapping[str, Any]) -> str | None:
     its expiry."""
     left = float(info.get("expires", 0)) - time.time()
     if "array_scheduler" in info:
-        from .jobstate import DEFAULT_STALE_S, LABELS, STALE_ENV, job_alive
+        from ..schedulers import get
+        from .base import DEFAULT_STALE_S, STALE_ENV
 
-        job, scheduler = info.get("array_job"), str(info.get("array_scheduler"))
-        label = LABELS.get(scheduler, scheduler)
-        who = f"{label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
-        alive = job_alive(job, scheduler)
+        job, sched = info.get("array_job"), get(str(info.get("array_scheduler")))
+        who = f"{sched.label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
+        alive = sched.job_alive(job)
         if alive is True:
-            return f"{who}; wait for it to end, or cancel it ({'qdel' if scheduler == 'sge' else 'scancel'} {job})"
+            return f"{who}; wait for it to end, or cancel it ({sched.cancel_hint(job)})"
         if left > 0:   # even once the job has left the queue: a task still running would be renewing it
             ended = "its job has ended and " if alive is False else ""
             return f"{who}; {ended}its lease expires in {left:.0f} s: rerun then"
         if alive is None and -left < float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)):
-            return (f"{who}; {'qstat' if scheduler == 'sge' else 'squeue'} cannot answer here, so its lease is "
+            return (f"{who}; {sched.status} cannot answer here, so its lease is "
                     f"kept until {STALE_ENV}={os.environ.get(STALE_ENV, DEFAULT_STALE_S)} s past its expiry")
         return None
     if left > 0 and not _dead_here(info):

@@ -67,7 +67,7 @@ def check_object_storage(spec: Any, url: str, what: str, arrays: bool = False) -
     """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
     line, where its workers cannot reach that store; returns the parsed spec. ``arrays``: the stage
     serves ``slurm-array:N`` / ``sge-array:N`` there (extraction: extract/array.py)."""
-    from ..cluster import OBJECT_STORAGE_ARRAYS, OBJECT_STORAGE_KINDS, parse_cluster
+    from ..clusters import OBJECT_STORAGE_ARRAYS, OBJECT_STORAGE_KINDS, parse_cluster
 
     spec = parse_cluster(spec)
     if spec is None:

@@ -38,7 +38,6 @@ from .base import (DONE, FAILED, PENDING, STAGED, STATUS_NAMES, Block, FormatVer
                    ProvenanceError, StoreError, no_feature_set, not_a_store, read_generation)
 from .faults import point
 from .fserrors import names_set_path, names_store_path
-from .objstore import URL_COMMANDS  # noqa: F401 (what serves a URL; the refusals name it)
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -314,7 +313,7 @@ def local_path(path: str | os.PathLike) -> Path:
     folder named ``s3:`` in the working directory
     (``tests/test_store.py::test_a_store_url_vsekit_cannot_serve_is_refused_and_creates_nothing``).
     Object-store URLs (``s3://``, ``gs://``, ``az://``, ``memory://``) are opened by
-    :class:`FeatureStore` itself, by the commands that serve them (:data:`URL_COMMANDS`); the others
+    :class:`FeatureStore` itself, by the commands that serve them; the others
     refuse them here, naming what does.
     """
     text = os.fspath(path)
@@ -323,11 +322,11 @@ def local_path(path: str | os.PathLike) -> Path:
         return Path(text)
     if match.group(1).lower() == "file":
         return Path(text[len(match.group(0)):] or "/")
-    from .objstore import is_object_url, public_url
+    from .objstore import SERVED_BY, is_object_url, public_url
 
     if is_object_url(text):
         raise StoreError(f"--store {public_url(text)}: this command does not serve object-store stores yet; "
-                         f"{match.group(1)}:// stores are served by {URL_COMMANDS} (issue 35)")
+                         f"{match.group(1)}:// stores are served by {SERVED_BY} (issue 35)")
     raise StoreError(f"--store {text}: {match.group(1)}:// stores are not supported by this vsekit; a store is a "
                      f"local or shared-filesystem path, or s3://, gs://, az:// object storage")
 

@@ -254,7 +254,7 @@ def count_chunk(task: dict[str, Any]) -> dict[str, Any]:
 def _map_ordered(func: Callable[[Any], Any], tasks: list, workers: int, cluster: "ClusterSpec | str | None") -> Iterator[Any]:
     """``func`` over ``tasks``, results in task order: in-process, in processes, or on dask."""
     if cluster:
-        from ..cluster import cluster_client
+        from ..clusters import cluster_client
 
         with cluster_client(cluster) as client:
             futures = client.map(func, tasks, pure=False, retries=2)
