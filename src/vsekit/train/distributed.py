@@ -52,6 +52,7 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     launcher: str        # "torchrun" or "srun"
+    node: int = 0        # the node's number (torchrun's GROUP_RANK, srun's SLURM_NODEID)
 
 
 def _first_host(nodelist: str) -> str:
@@ -108,7 +109,8 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
         world = int(env["WORLD_SIZE"])
         return LaunchEnv(int(env["RANK"]), world, int(env.get("LOCAL_RANK", 0)),
                          int(env.get("LOCAL_WORLD_SIZE", world)), env.get("MASTER_ADDR", "127.0.0.1"),
-                         int(env.get("MASTER_PORT", 29500)), "torchrun")
+                         int(env.get("MASTER_PORT", 29500)), "torchrun",
+                         int(env.get("GROUP_RANK", int(env["RANK"]) - int(env.get("LOCAL_RANK", 0)))))
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     if "SLURM_PROCID" in env and step is not None and step not in ("batch", "extern"):
         world = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1)))
@@ -119,7 +121,8 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
                           .split("(")[0].split(",")[0] or world)
         port = int(env.get("MASTER_PORT") or 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000)
         return LaunchEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), local_world,
-                         env.get("MASTER_ADDR") or _node_address(_first_host(nodes)), port, "srun")
+                         env.get("MASTER_ADDR") or _node_address(_first_host(nodes)), port, "srun",
+                         int(env.get("SLURM_NODEID", int(env["SLURM_PROCID"]) - int(env.get("SLURM_LOCALID", 0)))))
     return None
 
 
@@ -133,9 +136,11 @@ class Group:
     """The ranks of a run and the collectives of a training step; world 1 is the identity (no torch.distributed)."""
 
     def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, local_world: int = 1,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None, node: int | None = None):
         self.rank, self.world = rank, world
         self.local_rank, self.local_world = local_rank, local_world
+        # the node's number, the same for its ranks and distinct between nodes (default: its first rank)
+        self.node = rank - local_rank if node is None else node
         self.timeout_s = timeout_s
         self.backend = backend
         # bytes this rank put into collectives: all-gather parts (forward), their gradients (backward),
@@ -491,7 +496,9 @@ class GradReducer:
 class NodeShare:
     """The ranks of one node sharing the training window (:meth:`PairStream.epoch_shared`).
 
-    Local rank 0 (the leader) creates the window buffers as files in ``directory`` (``/dev/shm``:
+    Local rank 0 (the leader) creates the window buffers as files in ``directory``, named by the run
+    (a token of rank 0's) and the node (two nodes' leaders writing into one shared folder never
+    truncate each other's buffers) (``/dev/shm``:
     memory, not disk), every local rank maps them, and the leader removes the names once all have
     mapped them (the memory lives until the last rank unmaps it, so a killed run leaves nothing in the
     folder). Every call is made by every rank at the same point of the stream (a collective)."""
@@ -529,7 +536,8 @@ class NodeShare:
             self.fallback = why or "another node's shared-memory folder lacks room"
             return None
         self.fallback = None
-        paths = [self.directory / f"vsekit-window-{token}-{i}" for i in range(len(specs))]
+        node = getattr(self.group, "node", self.group.rank - self.group.local_rank)
+        paths = [self.directory / f"vsekit-window-{token}-node{node}-{i}" for i in range(len(specs))]
         arrays = None
         try:
             if self.leader:
@@ -628,7 +636,7 @@ def setup(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S, environ: di
         else:
             dist.init_process_group(init_backend, init_method="env://", rank=env.rank, world_size=env.world,
                                     timeout=timeout)
-    group = Group(env.rank, env.world, env.local_rank, env.local_world, timeout_s, backend)
+    group = Group(env.rank, env.world, env.local_rank, env.local_world, timeout_s, backend, env.node)
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
