@@ -185,8 +185,7 @@ class Group:
         dead = self.dead_ranks()
         who = (f"rank {', '.join(map(str, dead))} died or stopped answering" if dead
                else "another rank died or stopped answering")
-        return (f"rank {self.rank}: {who} during {what} (collective timeout {self.timeout_s:g} s): {text}; "
-                f"resume the run with --resume from its last checkpoint")
+        return f"rank {self.rank}: {who} during {what} (collective timeout {self.timeout_s:g} s): {text}"
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose heartbeat in the group's store is missing or older than the heartbeat limit."""

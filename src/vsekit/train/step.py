@@ -10,7 +10,6 @@ import weakref
 import torch
 
 from ..models.base import RetrievalModel
-from ..models.losses import HingeLoss
 from ..models.sync import synced
 from .config import TrainConfig
 from .distributed import SINGLE, Group, RankFailure
@@ -38,7 +37,7 @@ def _loss_dtype(scores: torch.Tensor) -> torch.Tensor:
     return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
 
 
-def step_loss(net: RetrievalModel, batch, loss_fn: HingeLoss, cfg: TrainConfig, device: torch.device,
+def step_loss(net: RetrievalModel, batch, loss_fn, cfg: TrainConfig, device: torch.device,
               group: Group = SINGLE) -> torch.Tensor:
     """The global batch's loss, as one process computes it, with this rank's share of the graph.
 
@@ -120,7 +119,7 @@ def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
     return _WRAPPED[net]
 
 
-def train_step(net: RetrievalModel, batch, loss_fn: HingeLoss, optim: torch.optim.Optimizer, cfg: TrainConfig,
+def train_step(net: RetrievalModel, batch, loss_fn, optim: torch.optim.Optimizer, cfg: TrainConfig,
                device: torch.device, group: Group = SINGLE, flags: tuple[float, ...] = ()
                ) -> tuple[torch.Tensor, list[float]]:
     """One optimisation step on a global batch; returns its loss and ``flags`` summed over the ranks.
