@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from .options import STORAGE_OPTION, StorePath
@@ -270,53 +272,39 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
     finally:
         os.environ.pop(RANK_OPTIONS_ENV, None)
     lines = log.read_text(errors="replace").splitlines()
-    if code:    # the launcher was signalled, and forwarded it: the ranks saved and said where
-        click.echo(next((x for x in lines if x.startswith("interrupted")), "interrupted"), err=True)
-        raise SystemExit(code)
-    if failed is None:
+    if failed is None and not code:
         return
-    rank, failure = failed.get_first_failure()
-    code = failure.exitcode
-    if code in (130, 143):
-        click.echo(next((x for x in lines if x.startswith("interrupted")), "interrupted"), err=True)
+    if failed is not None:
+        rank, failure = failed.get_first_failure()
+        code = failure.exitcode
+    # interrupted (the launcher forwards a signal): the ranks saved and said where; else a rank's Error line
+    interrupted = failed is None or code in (130, 143)
+    said = next((x for x in lines if x.startswith("interrupted" if interrupted else "Error: ")), None)
+    if interrupted or (code in (1, 2) and said is not None):
+        click.echo(said or "interrupted", err=True)
         raise SystemExit(code)
-    if code in (1, 2):   # a rank said why, in its Error line
-        said = next((x for x in lines if x.startswith("Error: ")), None)
-        if said is not None:
-            click.echo(said, err=True)
-            raise SystemExit(code)
     what = f"died (signal {-code})" if code < 0 else f"exited with code {code}"
     restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
     raise click.ClickException(f"rank {rank} {what}{restarts}; the other ranks were stopped (their output: "
                                f"{log}); {resume_advice(out)}")
 
 
-class _stderr_to:
-    """This process's stderr (file descriptor 2, which the ranks inherit) appended to ``path`` while
-    the block runs."""
+@contextlib.contextmanager
+def _stderr_to(path):
+    """This process's stderr (file descriptor 2, which the ranks inherit) written to ``path`` meanwhile."""
+    import os
+    import sys
 
-    def __init__(self, path):
-        self.path = path
-
-    def __enter__(self):
-        import os
-        import sys
-
+    sys.stderr.flush()
+    saved, fd = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
         sys.stderr.flush()
-        self.saved = os.dup(2)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-        return self
-
-    def __exit__(self, *exc):
-        import os
-        import sys
-
-        sys.stderr.flush()
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        return False
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 #: models that read a spatial feature set (a grid or regions), not one vector per image
