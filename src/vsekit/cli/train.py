@@ -131,10 +131,9 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
     if nproc_per_node and env is None:
         from ..train.trainer import prepare
 
-        _check_batch(out, model, presets, resume, opts.get("batch_size"), nproc_per_node)
         # every refusal the ranks would make before training, made once, before any rank starts
         prepare(store, features, model, out, nproc_per_node, presets=presets, resume=resume, overwrite=overwrite,
-                **settings)
+                ranks=f"--nproc-per-node {nproc_per_node}", **settings)
         return _launch(ctx, nproc_per_node, max_restarts)
     from ..train.distributed import RankFailure
 
@@ -160,28 +159,6 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
     click.echo(f"trained {summary['model']} for {n} epoch{'' if n == 1 else 's'}: best val rsum "
                f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
                f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
-
-
-def _check_batch(out, model, presets, resume, batch_size, ranks: int) -> None:
-    """Refuse, before any rank starts, a global batch that the rank count does not divide."""
-    import json
-    from pathlib import Path
-
-    from ..train.config import resolve_config
-
-    if resume:
-        try:
-            size = json.loads((Path(out) / "config.json").read_text())["train"]["batch_size"]
-        except (OSError, ValueError, KeyError):
-            return    # the ranks report the folder's problem
-        size = batch_size or size
-    else:
-        size = resolve_config(model, presets, batch_size=batch_size).batch_size if (model or presets) else batch_size
-        if size is None:
-            return
-    if int(size) % ranks:
-        raise click.UsageError(f"--batch-size {size} is not a multiple of --nproc-per-node {ranks}: the global batch "
-                               f"is split evenly over the ranks; choose a batch size divisible by {ranks}")
 
 
 #: how ``--nproc-per-node`` hands this command's ``--storage-option`` values to its ranks: in their

@@ -473,10 +473,11 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
 
 
 def prepare(store, features, model, out: Path, world: int, *, presets=(), resume=False, overwrite=False,
-            log: Callable[[str], None] = lambda msg: None, **overrides):
+            log: Callable[[str], None] = lambda msg: None, ranks: str | None = None, **overrides):
     """Everything a run checks before it trains: the folder, the options (on resume, against the
     run's), the device, the rank count, the store, the features and the model. The ranks call it, and
-    ``vsekit train --nproc-per-node`` calls it once before any rank starts, so a refusal is one line."""
+    ``vsekit train --nproc-per-node`` calls it once before any rank starts, so a refusal is one line
+    (``ranks`` names the rank count's option in it)."""
     out = Path(out)
     overrides.pop("tensorboard", None)
     _start_folder(out, resume, overwrite)
@@ -494,9 +495,9 @@ def prepare(store, features, model, out: Path, world: int, *, presets=(), resume
         raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
                          f"{'resume' if resume else 'train'} with --device cpu")
     if cfg.batch_size % world:
-        exc = ValueError(f"--batch-size {cfg.batch_size} is not a multiple of the {world} ranks: the global "
-                         f"batch is split evenly over the ranks; choose a batch size divisible by {world} "
-                         f"or another rank count")
+        exc = ValueError(f"--batch-size {cfg.batch_size} is not a multiple of {ranks or f'the {world} ranks'}: "
+                         f"the global batch is split evenly over the ranks; choose a batch size divisible by "
+                         f"{world} or another rank count")
         exc.same_on_every_rank = True   # rank 0 says it; the others exit quietly
         raise exc
     fstore = FeatureStore.open(store)
