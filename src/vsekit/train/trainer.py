@@ -457,9 +457,7 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     (see ``checkpoint``). Started by a launcher (torchrun, srun, ``--nproc-per-node``) the run is
     data-parallel (:mod:`.distributed`); ``collective_timeout`` (s) bounds a wait on a dead rank.
     """
-    from .distributed import DEFAULT_TIMEOUT_S, setup
-
-    from .distributed import RankFailure
+    from .distributed import DEFAULT_TIMEOUT_S, RankFailure, setup
 
     group = setup(overrides.get("device") or "cpu", collective_timeout or DEFAULT_TIMEOUT_S)
     try:
