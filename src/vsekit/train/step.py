@@ -112,10 +112,11 @@ def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
         # softmax), and keep none, as in one process; the buckets are all-reduced from the first
         # step in one order (static_graph would hold all gradients in one bucket for two steps).
         # forward_sync_buffers off: batch-norm statistics are already the global batch's
-        # (models/sync.py) and every rank holds the same buffers.
+        # (models/sync.py) and every rank holds the same buffers. gradient_as_bucket_view: the
+        # gradients are views of the all-reduced buckets (no copy back, no second copy in memory).
         _WRAPPED[net] = group.check("the data-parallel wrapper's start", DistributedDataParallel, StepLoss(net),
                                     find_unused_parameters=True, forward_sync_buffers=False,
-                                    bucket_cap_mb=BUCKET_MB)
+                                    gradient_as_bucket_view=True, bucket_cap_mb=BUCKET_MB)
     return _WRAPPED[net]
 
 
