@@ -2,7 +2,7 @@
 
 At the papers' sizes (SAF / SGR: 36 x 2048 regions; VSE++: 2048-d vectors; joint 1024, words 300,
 similarity 256, batch 128, captions of 8-16 tokens from 10,000 words, random inputs), each model's
-training step (the trainer's own ``train_step``: encode, gathers, score, hinge loss, gradient sum,
+training step (the trainer's own ``train_step``: encode, gathers, score, hinge loss, DDP's gradient average,
 clip, Adam) runs
 
 - in one process with 1 thread (the baseline), and
@@ -18,7 +18,7 @@ B; the pairwise models' score work is B x B / R on a rank, not (B / R)^2, so the
 for VSE++ also R such processes side by side with no group at all (what this machine gives R
 processes that share its caches and memory but never communicate: the bound that counts),
 the bytes each rank puts into collectives per step
-(encodings gathered forward and their gradients backward, batch-norm sums, the gradient bucket) and
+(encodings gathered forward and their gradients backward, batch-norm sums, DDP's gradients) and
 the bytes on the wire per rank of ring algorithms, and the peak RSS of each rank.
 
 ``--device cuda`` times one process on the GPU (the per-GPU step time the on-paper expectation for 8

@@ -88,18 +88,26 @@ def run_case(name: str, group) -> dict:
         out[f"grads{step}"] = {k: (None if p.grad is None else p.grad.detach().clone())
                                for k, p in net.named_parameters()}
         out[f"state{step}"] = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    reducer = group.grad_reducer(net)
-    out["buckets"] = 0 if reducer is None else len(reducer.buckets)   # gradients summed during backward
+    out["buckets"] = buckets(net, group)   # gradients averaged by DDP during backward
     return out
+
+
+def buckets(net, group) -> int:
+    """How many gradient buckets DDP all-reduces for ``net`` (0 in one process)."""
+    from vsekit.train.step import data_parallel
+
+    if not group.distributed:
+        return 0
+    return len(data_parallel(net, group).reducer._get_zeros_like_grad_buckets())
 
 
 def worker(rank: int, world: int, port: int, out_dir: str, names: list[str], bucket_mb: float | None = None) -> None:
     """One rank of a spawned gloo group: every case of ``names``, saved to ``out_dir/rank<r>.pt``;
     ``bucket_mb``: the gradient buckets' size (tiny: a bucket per parameter)."""
     if bucket_mb is not None:
-        from vsekit.train.distributed import GradReducer
+        from vsekit.train import step
 
-        GradReducer.BUCKET_MB = bucket_mb
+        step.BUCKET_MB = bucket_mb
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)

@@ -37,3 +37,14 @@ def test_srun_task_joins_and_a_batch_script_does_not():
                                              ("c[7,9]", "c7"), ("solo", "solo")])
 def test_first_node_of_a_nodelist(nodelist, first):
     assert first_in_nodelist(nodelist) == first
+
+
+def test_the_node_number_comes_from_the_launcher():
+    """The node's number names its shared window buffers apart from another node's
+    (``NodeShare``): torchrun's ``GROUP_RANK``, srun's ``SLURM_NODEID``, else the node's first rank."""
+    run = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    assert launch_env({**run, "GROUP_RANK": "1"}).node == 1
+    assert launch_env(run).node == 4
+    step = {"SLURM_PROCID": "6", "SLURM_LOCALID": "2", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "8",
+            "SLURM_NODEID": "3", "MASTER_ADDR": "10.0.0.7"}
+    assert launch_env(step).node == 3

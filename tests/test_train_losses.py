@@ -137,3 +137,30 @@ def test_attention_penalty_matches_numpy():
         ref = np.sum((A @ A.T - np.eye(3)) ** 2)            # ||A A^T - I||_F^2
         assert penalty[b].item() == pytest.approx(ref, rel=1e-10)
         np.testing.assert_allclose(m[b].detach().numpy(), (A @ H).ravel(), rtol=1e-10)
+
+
+def test_losses_and_similarities_are_registered_by_name(monkeypatch):
+    """A new loss is one ``@register_loss`` in models/losses.py: the config accepts its name and the
+    trainer builds it with ``create_loss``; an unknown name lists the valid ones; a name is taken once."""
+    from vsekit.models import losses
+    from vsekit.train.config import resolve_config
+
+    S = torch.tensor([[0.9, 0.5], [0.1, 0.3]], dtype=torch.float64)
+    built = losses.create_loss("hinge", margin=0.2, max_violation=True)
+    assert isinstance(built, HingeLoss) and built(S).item() == HingeLoss(0.2, True)(S).item()
+    assert losses.similarity("order") is order_sim and "order-norm" in losses.SIMILARITIES
+    with pytest.raises(ValueError, match="unknown loss 'nope'; valid choices: hinge"):
+        losses.create_loss("nope")
+    with pytest.raises(ValueError, match="valid choices: hinge"):
+        resolve_config("vse", loss="nope")
+    with pytest.raises(ValueError, match="registered twice"):
+        losses.register_loss("hinge")(HingeLoss)
+
+    monkeypatch.setattr(losses, "_LOSSES", dict(losses._LOSSES))
+
+    @losses.register_loss("diagonal")
+    def diagonal(margin, max_violation):   # noqa: ARG001 (the keywords every loss is built with)
+        return lambda scores, images=None: -scores.diagonal().sum()
+
+    assert resolve_config("vse", loss="diagonal").loss == "diagonal"
+    assert losses.create_loss("diagonal", margin=0.2, max_violation=False)(S).item() == pytest.approx(-1.2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from .options import STORAGE_OPTION, RunPath, StorePath
@@ -122,49 +124,41 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
             check_model_args(name, list(margs))
     if not resume:
         _check_feature_shape(store, features, model, presets)
+    if max_restarts and not (nproc_per_node and env is None):
+        raise click.ClickException("--max-restarts restarts the ranks that --nproc-per-node starts; give "
+                               "--nproc-per-node N, or drop --max-restarts")
+    settings = dict(model_args=margs or None, lr_milestones=list(lr_milestones) or None, **opts)
     if nproc_per_node and env is None:
-        _check_batch(out, model, presets, resume, opts.get("batch_size"), nproc_per_node)
+        from ..train.trainer import prepare
+
+        # every refusal the ranks would make before training, made once, before any rank starts
+        prepare(store, features, model, out, nproc_per_node, presets=presets, resume=resume, overwrite=overwrite,
+                ranks=f"--nproc-per-node {nproc_per_node}", **settings)
         return _launch(ctx, nproc_per_node, max_restarts)
     from ..train.distributed import RankFailure
 
     try:
         summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
-                        progress=progress, log=click.echo, model_args=margs or None,
-                        lr_milestones=list(lr_milestones) or None, collective_timeout=collective_timeout, **opts)
+                        progress=progress, log=click.echo, collective_timeout=collective_timeout, **settings)
     except RankFailure as exc:
         raise click.ClickException(str(exc)) from None
-    except ValueError as exc:
-        if env is not None and env.rank > 0 and getattr(exc, "same_on_every_rank", False):
+    except Exception as exc:
+        if env is None:
+            raise
+        if env.rank > 0 and getattr(exc, "same_on_every_rank", False):
             raise SystemExit(1) from None   # rank 0 says it once
-        raise
+        from ..storage.fserrors import user_error
+
+        message = user_error(exc, store)
+        if message is None:
+            raise
+        raise click.ClickException(f"rank {env.rank}: {message}") from None
     if env is not None and env.rank > 0:
         return
     n = summary["epochs"]
     click.echo(f"trained {summary['model']} for {n} epoch{'' if n == 1 else 's'}: best val rsum "
                f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
                f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
-
-
-def _check_batch(out, model, presets, resume, batch_size, ranks: int) -> None:
-    """Refuse, before any rank starts, a global batch that the rank count does not divide."""
-    import json
-    from pathlib import Path
-
-    from ..train.config import resolve_config
-
-    if resume:
-        try:
-            size = json.loads((Path(out) / "config.json").read_text())["train"]["batch_size"]
-        except (OSError, ValueError, KeyError):
-            return    # the ranks report the folder's problem
-        size = batch_size or size
-    else:
-        size = resolve_config(model, presets, batch_size=batch_size).batch_size if (model or presets) else batch_size
-        if size is None:
-            return
-    if int(size) % ranks:
-        raise click.UsageError(f"--batch-size {size} is not a multiple of --nproc-per-node {ranks}: the global batch "
-                               f"is split evenly over the ranks; choose a batch size divisible by {ranks}")
 
 
 #: how ``--nproc-per-node`` hands this command's ``--storage-option`` values to its ranks: in their
@@ -211,9 +205,20 @@ def _argv(ctx: click.Context, drop=("nproc_per_node", "max_restarts", "storage_o
     return args
 
 
+#: the run's log of its ranks under ``--nproc-per-node``: their stderr (torch's, gloo's and NCCL's own
+#: logging, tracebacks, each rank's Error line) and the launcher's, kept out of the terminal
+RANKS_LOG = "ranks.log"
+
+
 def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
-    """Start ``nproc`` ranks of this command through ``torch.distributed.run`` (standalone: one node);
-    a rank that fails is named in one Error line, an interrupted group exits 130 / 143."""
+    """Start ``nproc`` ranks of this command through ``torch.distributed.run`` (standalone: one node).
+
+    The ranks' stdout (rank 0's progress and log) stays on the terminal; their stderr and the
+    launcher's go to the run's :data:`RANKS_LOG`. A failure is said once, here: a rank's own Error line
+    (it names the rank), or which rank died; an interrupted group's message and exit code 130 / 143.
+    """
+    from pathlib import Path
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -222,26 +227,61 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
     import os
 
     from ..storage.objstore import DEFAULT_OPTIONS
+    from ..train.trainer import resume_advice
 
+    out = Path(ctx.params["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / RANKS_LOG
     argv = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
             "--module", "vsekit.cli", "train", *_argv(ctx)]
     if DEFAULT_OPTIONS:
         os.environ[RANK_OPTIONS_ENV] = json.dumps(DEFAULT_OPTIONS)
+    failed: ChildFailedError | None = None
+    code = 0
     try:
-        run(get_args_parser().parse_args(argv))
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        code = failure.exitcode
-        if code in (1, 2, 130, 143):
-            raise SystemExit(code) from None    # the rank said why (an Error line, or the interruption)
-        what = f"died (signal {-code})" if code < 0 else f"exited with code {code}"
-        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
-        raise click.ClickException(f"rank {rank} {what}{restarts}; the other ranks were stopped. The run's last "
-                                   f"checkpoint is in {ctx.params['out']}: continue with --resume") from None
-    except SignalException as exc:
-        raise SystemExit(128 + int(exc.sigval)) from None
+        with _stderr_to(log):
+            try:
+                run(get_args_parser().parse_args(argv))
+            except ChildFailedError as exc:
+                failed = exc
+            except SignalException as exc:
+                code = 128 + int(exc.sigval)
     finally:
         os.environ.pop(RANK_OPTIONS_ENV, None)
+    lines = log.read_text(errors="replace").splitlines()
+    if failed is None and not code:
+        return
+    if failed is not None:
+        rank, failure = failed.get_first_failure()
+        code = failure.exitcode
+    # interrupted (the launcher forwards a signal): the ranks saved and said where; else a rank's Error line
+    interrupted = failed is None or code in (130, 143)
+    said = next((x for x in lines if x.startswith("interrupted" if interrupted else "Error: ")), None)
+    if interrupted or (code in (1, 2) and said is not None):
+        click.echo(said or "interrupted", err=True)
+        raise SystemExit(code)
+    what = f"died (signal {-code})" if code < 0 else f"exited with code {code}"
+    restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+    raise click.ClickException(f"rank {rank} {what}{restarts}; the other ranks were stopped (their output: "
+                               f"{log}); {resume_advice(out)}")
+
+
+@contextlib.contextmanager
+def _stderr_to(path):
+    """This process's stderr (file descriptor 2, which the ranks inherit) written to ``path`` meanwhile."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved, fd = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 #: models that read a spatial feature set (a grid or regions), not one vector per image

@@ -11,22 +11,49 @@
   negative in the batch ("sum of hinges", SH/SOE) or only the hardest one ("max of hinges", MH/MOE).
   Pairs that share an image (several captions of one image in a batch) are not negatives.
 
-Losses are small callable objects; the trainer calls ``loss(scores, images)`` and never special-cases
-one.
+Similarities and losses are registered by name (``@register_similarity``, ``@register_loss``), as
+the models are: a new one is one function or class in this file, and ``--similarity`` / the
+``loss`` setting accept it. Losses are small callable objects; the trainer builds one with
+``create_loss(name, margin=..., max_violation=...)``, calls ``loss(scores, images)`` and never
+special-cases one.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
-SIMILARITIES = ("cosine", "order", "order-norm")
+_SIMILARITIES: dict[str, Callable] = {}
+_LOSSES: dict[str, Callable] = {}
 
 
+def _register(table: dict[str, Callable], kind: str, name: str):
+    def add(obj):
+        if name in table:
+            raise ValueError(f"{kind} {name!r} is registered twice")
+        table[name] = obj
+        return obj
+    return add
+
+
+def register_similarity(name: str):
+    """Register a similarity ``(img, cap) -> (n_img, n_cap) scores`` under ``name``."""
+    return _register(_SIMILARITIES, "similarity", name)
+
+
+def register_loss(name: str):
+    """Register a loss factory (``margin=``, ``max_violation=`` keywords; returns ``loss(scores, images)``)."""
+    return _register(_LOSSES, "loss", name)
+
+
+@register_similarity("cosine")
 def cosine_sim(img: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
     """(n_img, n_cap) dot products of already normalised vectors."""
     return img @ cap.t()
 
 
+@register_similarity("order")
 def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25) -> torch.Tensor:
     """(n_img, n_cap) ``-||max(0, c - i)||^2``, in blocks of at most ``max_elements`` temporaries.
 
@@ -58,6 +85,7 @@ def order_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25)
     return out
 
 
+@register_similarity("order-norm")
 def order_norm_sim(img: torch.Tensor, cap: torch.Tensor, max_elements: int = 1 << 25) -> torch.Tensor:
     """(n_img, n_cap) ``-||max(0, c - i)||`` (VSE++'s order score): the square root of :func:`order_sim`.
 
@@ -81,15 +109,20 @@ def _fused_ok(img: torch.Tensor, cap: torch.Tensor) -> bool:
 
 
 def similarity(name: str):
-    if name == "cosine":
-        return cosine_sim
-    if name == "order":
-        return order_sim
-    if name == "order-norm":
-        return order_norm_sim
-    raise ValueError(f"unknown similarity {name!r}; valid choices: {', '.join(SIMILARITIES)}")
+    """The registered similarity ``name``; an unknown name lists the valid ones."""
+    if name not in _SIMILARITIES:
+        raise ValueError(f"unknown similarity {name!r}; valid choices: {', '.join(_SIMILARITIES)}")
+    return _SIMILARITIES[name]
 
 
+def create_loss(name: str, **kwargs: Any):
+    """The registered loss ``name`` built with ``kwargs``; an unknown name lists the valid ones."""
+    if name not in _LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid choices: {', '.join(_LOSSES)}")
+    return _LOSSES[name](**kwargs)
+
+
+@register_loss("hinge")
 class HingeLoss:
     """Bidirectional hinge loss on a (B, B) image x caption score matrix with positives on the diagonal.
 
@@ -117,3 +150,10 @@ class HingeLoss:
 
     def __repr__(self) -> str:
         return f"HingeLoss(margin={self.margin}, max_violation={self.max_violation})"
+
+
+def loss_names() -> tuple[str, ...]:
+    return tuple(_LOSSES)
+
+
+SIMILARITIES = tuple(_SIMILARITIES)

@@ -34,6 +34,7 @@ class TrainConfig:
     grad_clip: float = 2.0
     optimizer: str = "adam"         # "adam", or "adadelta" (SMAN)
     weight_decay: float = 0.0
+    loss: str = "hinge"             # a loss registered in models/losses.py
     margin: float = 0.2
     max_violation: bool = False
     similarity: str | None = None   # None: the model's own
@@ -96,10 +97,12 @@ def resolve_config(model: str | None = None, presets: Sequence[str] = (), **over
 
 def _validate(cfg: TrainConfig) -> None:
     from .data import CAPTION_MODES
-    from ..models.losses import SIMILARITIES
+    from ..models.losses import SIMILARITIES, loss_names
 
     if cfg.captions not in CAPTION_MODES:
         raise ValueError(f"--captions {cfg.captions!r}: valid choices: {', '.join(CAPTION_MODES)}")
+    if cfg.loss not in loss_names():
+        raise ValueError(f"loss {cfg.loss!r}: valid choices: {', '.join(loss_names())}")
     if cfg.similarity is not None and cfg.similarity not in SIMILARITIES:
         raise ValueError(f"--similarity {cfg.similarity!r}: valid choices: {', '.join(SIMILARITIES)}")
     for name in ("epochs", "batch_size", "embed_dim", "word_dim"):

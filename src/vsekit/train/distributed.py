@@ -11,8 +11,8 @@ The step's exactness (``docs/train.md``, "Data-parallel training"): every rank r
 stream and takes its contiguous slice of each global batch (:meth:`Group.part`); the encodings are
 gathered with autograd (:meth:`Group.gather`), each rank scores the column block of its captions
 against every image, the blocks are gathered into the full score matrix, and every rank computes the
-whole loss divided by the rank count. Summing the gradients over the ranks (:meth:`Group.reduce_grads`)
-then gives every rank one process's gradient, so clipping and the optimizer step are identical.
+whole loss. ``DistributedDataParallel`` carries the gradients (``step.train_step``): their average over
+the ranks is one process's gradient on every rank, so clipping and the optimizer step are identical.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     launcher: str        # "torchrun" or "srun"
+    node: int = 0        # the node's number (torchrun's GROUP_RANK, srun's SLURM_NODEID)
 
 
 def _first_host(nodelist: str) -> str:
@@ -108,7 +109,8 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
         world = int(env["WORLD_SIZE"])
         return LaunchEnv(int(env["RANK"]), world, int(env.get("LOCAL_RANK", 0)),
                          int(env.get("LOCAL_WORLD_SIZE", world)), env.get("MASTER_ADDR", "127.0.0.1"),
-                         int(env.get("MASTER_PORT", 29500)), "torchrun")
+                         int(env.get("MASTER_PORT", 29500)), "torchrun",
+                         int(env.get("GROUP_RANK", int(env["RANK"]) - int(env.get("LOCAL_RANK", 0)))))
     step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     if "SLURM_PROCID" in env and step is not None and step not in ("batch", "extern"):
         world = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", 1)))
@@ -119,7 +121,8 @@ def launch_env(environ: dict[str, str] | None = None) -> LaunchEnv | None:
                           .split("(")[0].split(",")[0] or world)
         port = int(env.get("MASTER_PORT") or 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000)
         return LaunchEnv(int(env["SLURM_PROCID"]), world, int(env.get("SLURM_LOCALID", 0)), local_world,
-                         env.get("MASTER_ADDR") or _node_address(_first_host(nodes)), port, "srun")
+                         env.get("MASTER_ADDR") or _node_address(_first_host(nodes)), port, "srun",
+                         int(env.get("SLURM_NODEID", int(env["SLURM_PROCID"]) - int(env.get("SLURM_LOCALID", 0)))))
     return None
 
 
@@ -133,13 +136,15 @@ class Group:
     """The ranks of a run and the collectives of a training step; world 1 is the identity (no torch.distributed)."""
 
     def __init__(self, rank: int = 0, world: int = 1, local_rank: int = 0, local_world: int = 1,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None, node: int | None = None):
         self.rank, self.world = rank, world
         self.local_rank, self.local_world = local_rank, local_world
+        # the node's number, the same for its ranks and distinct between nodes (default: its first rank)
+        self.node = rank - local_rank if node is None else node
         self.timeout_s = timeout_s
         self.backend = backend
         # bytes this rank put into collectives: all-gather parts (forward), their gradients (backward),
-        # all-reduced tensors (batch-norm sums forward and backward, the gradient bucket)
+        # all-reduced tensors (batch-norm sums forward and backward, DDP's gradients)
         self.traffic = {"gather": 0, "gather_grad": 0, "reduce": 0}
 
     @property
@@ -163,7 +168,8 @@ class Group:
         return slice(start, start + sizes[self.rank])
 
     # -- collectives (identity in one process) -------------------------------------------------
-    def _check(self, what: str, fn, *args, **kwargs):
+    def check(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, a collective; a peer's failure becomes one :class:`RankFailure`."""
         try:
             return fn(*args, **kwargs)
         except RankFailure:
@@ -179,8 +185,7 @@ class Group:
         dead = self.dead_ranks()
         who = (f"rank {', '.join(map(str, dead))} died or stopped answering" if dead
                else "another rank died or stopped answering")
-        return (f"rank {self.rank}: {who} during {what} (collective timeout {self.timeout_s:g} s): {text}; "
-                f"resume the run with --resume from its last checkpoint")
+        return f"rank {self.rank}: {who} during {what} (collective timeout {self.timeout_s:g} s): {text}"
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose heartbeat in the group's store is missing or older than the heartbeat limit."""
@@ -196,14 +201,14 @@ class Group:
             return value
         if isinstance(value, (tuple, list)):
             return type(value)(self.gather(v, sizes, autograd=autograd) for v in value)
-        return self._check("a gather of the batch's encodings", self._gather_one, value, list(sizes), autograd)
+        return self.check("a gather of the batch's encodings", self._gather_one, value, list(sizes), autograd)
 
     def gather_dim(self, value: torch.Tensor, sizes: Sequence[int], dim: int) -> torch.Tensor:
         """As :meth:`gather` along ``dim`` (the score matrix's column blocks)."""
         if not self.distributed:
             return value
         moved = value.movedim(dim, 0)
-        return self._check("a gather of the score blocks", self._gather_one, moved, list(sizes), True).movedim(0, dim)
+        return self.check("a gather of the score blocks", self._gather_one, moved, list(sizes), True).movedim(0, dim)
 
     def _gather_one(self, t: torch.Tensor, sizes: list[int], autograd: bool) -> torch.Tensor:
         import torch.distributed as dist
@@ -246,7 +251,7 @@ class Group:
         from torch.distributed.nn.functional import all_reduce
 
         self.traffic["reduce"] += 2 * tensor.numel() * tensor.element_size()   # forward and backward
-        return self._check("a reduction of batch statistics", all_reduce, tensor)
+        return self.check("a reduction of batch statistics", all_reduce, tensor)
 
     def reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
         """The elementwise ``"sum"`` or ``"max"`` of a host array over the ranks (validation's counts)."""
@@ -255,7 +260,7 @@ class Group:
         import torch.distributed as dist
 
         t = torch.from_numpy(np.ascontiguousarray(array)).to(self._device())
-        self._check("a reduction of the validation's ranks", dist.all_reduce, t,
+        self.check("a reduction of the validation's ranks", dist.all_reduce, t,
                     op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.cpu().numpy()
 
@@ -273,57 +278,22 @@ class Group:
             sizes = [int(c) for c in counts]
             return self._gather_one(tensor.detach(), sizes, False)
 
-        return self._check("a gather of batch statistics", run)
+        return self.check("a gather of batch statistics", run)
 
-    def reduce_grads(self, params: Sequence[torch.nn.Parameter], flags: Sequence[float] = ()) -> list[float]:
-        """Sum the parameters' gradients over the ranks (one flat bucket); returns ``flags`` summed too.
-
-        A parameter without a gradient on every rank keeps none (as in one process, so the optimizer
-        skips it); one with a gradient on some rank gets the sum (zeros elsewhere). ``flags`` (a stop
-        request, a checkpoint due) ride in the same reduction, so agreeing on them costs nothing.
-        """
+    def sum_async(self, values: Sequence[float]):
+        """Start summing ``values`` over the ranks (a host tensor through gloo, beside the step's
+        backward); returns the function that waits for the sums."""
         if not self.distributed:
-            return list(flags)
+            return lambda: [float(v) for v in values]
         import torch.distributed as dist
 
-        params = list(params)
-        device = params[0].device if params else torch.device("cpu")
-        dtype = next((p.grad.dtype for p in params if p.grad is not None), params[0].dtype if params else torch.float32)
-        pieces = [(p.grad.reshape(-1).to(dtype) if p.grad is not None else torch.zeros(p.numel(), dtype=dtype, device=device))
-                  for p in params]
-        have = torch.tensor([1.0 if p.grad is not None else 0.0 for p in params], dtype=dtype, device=device)
-        extra = torch.tensor([float(f) for f in flags], dtype=dtype, device=device)
-        bucket = torch.cat([*pieces, have, extra])
-        self.traffic["reduce"] += bucket.numel() * bucket.element_size()
-        self._check("the gradient reduction", dist.all_reduce, bucket)
-        grads_len = sum(x.numel() for x in pieces)
-        have = bucket[grads_len:grads_len + len(params)].tolist()    # one host read
-        off = 0
-        for i, p in enumerate(params):
-            n = p.numel()
-            if have[i] > 0:
-                g = bucket[off:off + n].view_as(p)
-                if p.grad is None:
-                    p.grad = g.to(p.dtype, copy=True)
-                else:
-                    p.grad.copy_(g)
-            else:
-                p.grad = None
-            off += n
-        return [float(v) for v in bucket[grads_len + len(params):]]
+        t = torch.tensor([float(v) for v in values] or [0.0], dtype=torch.float64)
+        work = self.check("a stop agreement", dist.all_reduce, t, async_op=True)
 
-    def grad_reducer(self, net: torch.nn.Module) -> "GradReducer | None":
-        """The overlapped gradient reduction of ``net`` (built once per model), or None in one process
-        or where its parameters differ in dtype or device (then :meth:`reduce_grads` sums them)."""
-        if not self.distributed:
-            return None
-        import weakref
-
-        cache = self.__dict__.setdefault("_reducers", weakref.WeakKeyDictionary())
-        if net not in cache:
-            params = list(net.parameters())
-            cache[net] = GradReducer(self, params) if GradReducer.usable(params) else None
-        return cache[net]
+        def wait() -> list[float]:
+            self.check("a stop agreement", work.wait)
+            return t.tolist()[:len(values)]
+        return wait
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any (outside a step: after validation)."""
@@ -332,7 +302,7 @@ class Group:
         import torch.distributed as dist
 
         t = torch.tensor([1.0 if flag else 0.0], device=self._device())
-        self._check("a stop agreement", dist.all_reduce, t)
+        self.check("a stop agreement", dist.all_reduce, t)
         return bool(t.item() > 0)
 
     def barrier(self, what: str = "a barrier") -> None:
@@ -340,7 +310,7 @@ class Group:
             return
         import torch.distributed as dist
 
-        self._check(what, dist.barrier)
+        self.check(what, dist.barrier)
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -349,7 +319,7 @@ class Group:
         import torch.distributed as dist
 
         box = [obj]
-        self._check("a broadcast", dist.broadcast_object_list, box, 0)
+        self.check("a broadcast", dist.broadcast_object_list, box, 0)
         return box[0]
 
     def _device(self) -> torch.device:
@@ -372,126 +342,12 @@ class Group:
 SINGLE = Group()
 
 
-class GradReducer:
-    """Sums a model's gradients over the ranks while the backward pass runs.
-
-    The trainable parameters are laid out, last first (about the order in which backward produces
-    their gradients), in flat buckets of about ``bucket_mb`` MB. A parameter's gradient is copied into
-    its bucket as soon as it is accumulated (a post-accumulate-grad hook); a bucket whose gradients
-    are all there is all-reduced asynchronously, in bucket order on every rank (the collectives of all
-    ranks must come in one order), while backward goes on with the earlier layers. :meth:`finish`
-    launches the buckets left (zeros for a parameter this rank produced no gradient for), waits, and
-    reduces which parameters had a gradient on any rank, with the step's flags, in one small
-    all-reduce: a parameter without a gradient on every rank keeps none (as in one process), the others
-    get the sum, as views of the buckets. The sums are those of :meth:`Group.reduce_grads`.
-    """
-
-    BUCKET_MB = 25.0
-
-    def __init__(self, group: Group, params: Sequence[torch.nn.Parameter], bucket_mb: float | None = None):
-        bucket_mb = self.BUCKET_MB if bucket_mb is None else bucket_mb
-        self.group = group
-        self.params = [p for p in params if p.requires_grad]
-        self.dtype = self.params[0].dtype if self.params else torch.float32
-        self.device = self.params[0].device if self.params else torch.device("cpu")
-        limit = int(bucket_mb * 2**20)
-        self.buckets: list[list[int]] = []
-        cur: list[int] = []
-        size = 0
-        for i in reversed(range(len(self.params))):
-            cur.append(i)
-            size += self.params[i].numel() * self.params[i].element_size()
-            if size >= limit:
-                self.buckets.append(cur)
-                cur, size = [], 0
-        if cur:
-            self.buckets.append(cur)
-        self.where: dict[int, tuple[int, int]] = {}   # param -> (bucket, offset)
-        self.flat = []
-        for b, members in enumerate(self.buckets):
-            off = 0
-            for i in members:
-                self.where[i] = (b, off)
-                off += self.params[i].numel()
-            self.flat.append(torch.zeros(off, dtype=self.dtype, device=self.device))
-        self.armed = False
-        self.handles = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(self.params)]
-
-    @staticmethod
-    def usable(params: Sequence[torch.nn.Parameter]) -> bool:
-        """One dtype and one device: what the flat buckets need (else :meth:`Group.reduce_grads`)."""
-        ps = [p for p in params if p.requires_grad]
-        return bool(ps) and len({(p.dtype, p.device) for p in ps}) == 1 and hasattr(ps[0], "register_post_accumulate_grad_hook")
-
-    def start(self) -> None:
-        """Before backward: no gradient is in yet."""
-        self.have = [False] * len(self.params)
-        self.missing = [len(m) for m in self.buckets]
-        self.launched = 0
-        self.works: list[Any] = []
-        self.armed = True
-
-    def _hook(self, i: int):
-        def hook(p: torch.nn.Parameter) -> None:
-            if not self.armed or p.grad is None or self.have[i]:
-                return
-            b, off = self.where[i]
-            self.flat[b][off:off + p.numel()].copy_(p.grad.reshape(-1))
-            self.have[i] = True
-            self.missing[b] -= 1
-            self._launch(complete_only=True)
-        return hook
-
-    def _launch(self, complete_only: bool) -> None:
-        import torch.distributed as dist
-
-        while self.launched < len(self.buckets) and (not complete_only or self.missing[self.launched] == 0):
-            b = self.launched
-            if self.missing[b]:
-                for i in self.buckets[b]:
-                    if not self.have[i]:
-                        off = self.where[i][1]
-                        self.flat[b][off:off + self.params[i].numel()].zero_()
-            self.group.traffic["reduce"] += self.flat[b].numel() * self.flat[b].element_size()
-            self.works.append(self.group._check("the gradient reduction", dist.all_reduce, self.flat[b], async_op=True))
-            self.launched += 1
-
-    def finish(self, flags: Sequence[float] = ()) -> list[float]:
-        """After backward: every gradient summed over the ranks; returns ``flags`` summed too."""
-        import torch.distributed as dist
-
-        try:
-            self._launch(complete_only=False)
-            for w in self.works:
-                self.group._check("the gradient reduction", w.wait)
-        finally:
-            self.armed = False
-        small = torch.tensor([1.0 if h else 0.0 for h in self.have] + [float(f) for f in flags],
-                             dtype=torch.float64, device=self.group._device())
-        self.group.traffic["reduce"] += small.numel() * small.element_size()
-        self.group._check("the gradient reduction", dist.all_reduce, small)
-        small = small.tolist()   # one host read
-        for i, p in enumerate(self.params):
-            if small[i] > 0:
-                b, off = self.where[i]
-                p.grad = self.flat[b][off:off + p.numel()].view_as(p)
-            else:
-                p.grad = None
-        return [float(v) for v in small[len(self.params):]]
-
-    def abort(self) -> None:
-        """A step that failed: later backward passes are not reduced through this."""
-        self.armed = False
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
 class NodeShare:
     """The ranks of one node sharing the training window (:meth:`PairStream.epoch_shared`).
 
-    Local rank 0 (the leader) creates the window buffers as files in ``directory`` (``/dev/shm``:
+    Local rank 0 (the leader) creates the window buffers as files in ``directory``, named by the run
+    (a token of rank 0's) and the node (two nodes' leaders writing into one shared folder never
+    truncate each other's buffers) (``/dev/shm``:
     memory, not disk), every local rank maps them, and the leader removes the names once all have
     mapped them (the memory lives until the last rank unmaps it, so a killed run leaves nothing in the
     folder). Every call is made by every rank at the same point of the stream (a collective)."""
@@ -529,7 +385,8 @@ class NodeShare:
             self.fallback = why or "another node's shared-memory folder lacks room"
             return None
         self.fallback = None
-        paths = [self.directory / f"vsekit-window-{token}-{i}" for i in range(len(specs))]
+        node = getattr(self.group, "node", self.group.rank - self.group.local_rank)
+        paths = [self.directory / f"vsekit-window-{token}-node{node}-{i}" for i in range(len(specs))]
         arrays = None
         try:
             if self.leader:
@@ -628,7 +485,7 @@ def setup(device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S, environ: di
         else:
             dist.init_process_group(init_backend, init_method="env://", rank=env.rank, world_size=env.world,
                                     timeout=timeout)
-    group = Group(env.rank, env.world, env.local_rank, env.local_world, timeout_s, backend)
+    group = Group(env.rank, env.world, env.local_rank, env.local_world, timeout_s, backend, env.node)
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 

@@ -5,10 +5,11 @@ Only torch and the models are needed here (no store): ``bench/train_ddp.py`` tim
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..models.base import RetrievalModel
-from ..models.losses import HingeLoss
 from ..models.sync import synced
 from .config import TrainConfig
 from .distributed import SINGLE, Group, RankFailure
@@ -36,7 +37,7 @@ def _loss_dtype(scores: torch.Tensor) -> torch.Tensor:
     return scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
 
 
-def step_loss(net: RetrievalModel, batch, loss_fn: HingeLoss, cfg: TrainConfig, device: torch.device,
+def step_loss(net: RetrievalModel, batch, loss_fn, cfg: TrainConfig, device: torch.device,
               group: Group = SINGLE) -> torch.Tensor:
     """The global batch's loss, as one process computes it, with this rank's share of the graph.
 
@@ -44,8 +45,8 @@ def step_loss(net: RetrievalModel, batch, loss_fn: HingeLoss, cfg: TrainConfig, 
     batch) encodes and scores the batch. Data-parallel, this rank encodes its contiguous slice; the
     encodings are gathered with autograd, this rank scores every image against its captions (so
     SAF's per-caption batch norm sees every image), the column blocks are gathered into the full
-    score matrix, and the loss over the global batch is returned. The caller back-propagates it
-    divided by the rank count and sums the gradients over the ranks.
+    score matrix, and the loss over the global batch is returned. The caller back-propagates it and
+    averages the gradients over the ranks (:func:`train_step`, through DDP).
     """
     n = len(batch.images)
     images = to_device(batch.images, device)
@@ -77,33 +78,73 @@ def step_loss(net: RetrievalModel, batch, loss_fn: HingeLoss, cfg: TrainConfig, 
     return loss
 
 
-def train_step(net: RetrievalModel, batch, loss_fn: HingeLoss, optim: torch.optim.Optimizer, cfg: TrainConfig,
+class StepLoss(torch.nn.Module):
+    """The step as a module: its forward is :func:`step_loss`, the global batch's loss.
+
+    This is what ``DistributedDataParallel`` wraps: DDP carries the gradients (buckets all-reduced
+    while backward runs, parameters unused by a step found, no buffer broadcast: the models' batch
+    statistics are reduced by :mod:`vsekit.models.sync`), and the gathers inside the loss make it
+    the global batch's.
+    """
+
+    def __init__(self, net: RetrievalModel):
+        super().__init__()
+        self.net = net
+
+    def forward(self, batch, loss_fn, cfg: TrainConfig, device: torch.device, group: Group) -> torch.Tensor:
+        return step_loss(self.net, batch, loss_fn, cfg, device, group)
+
+
+#: DDP's gradient bucket size in MB (None: torch's default, 25 MB after a first bucket of 1 MB)
+BUCKET_MB: float | None = None
+_WRAPPED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
+
+
+def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
+    """``net``'s step wrapped in ``DistributedDataParallel`` (built once per model, on every rank at
+    the same step: DDP's construction is a collective), or the plain step in one process."""
+    if not group.distributed:
+        return StepLoss(net)
+    if net not in _WRAPPED:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # find_unused_parameters: some parameters get no gradient (SMAN's and SGR's biases before a
+        # softmax), and keep none, as in one process; the buckets are all-reduced from the first
+        # step in one order (static_graph would hold all gradients in one bucket for two steps).
+        # forward_sync_buffers off: batch-norm statistics are already the global batch's
+        # (models/sync.py) and every rank holds the same buffers. gradient_as_bucket_view: the
+        # gradients are views of the all-reduced buckets (no copy back, no second copy in memory).
+        _WRAPPED[net] = group.check("the data-parallel wrapper's start", DistributedDataParallel, StepLoss(net),
+                                    find_unused_parameters=True, forward_sync_buffers=False,
+                                    gradient_as_bucket_view=True, bucket_cap_mb=BUCKET_MB)
+    return _WRAPPED[net]
+
+
+def train_step(net: RetrievalModel, batch, loss_fn, optim: torch.optim.Optimizer, cfg: TrainConfig,
                device: torch.device, group: Group = SINGLE, flags: tuple[float, ...] = ()
                ) -> tuple[torch.Tensor, list[float]]:
     """One optimisation step on a global batch; returns its loss and ``flags`` summed over the ranks.
 
-    Gradients are summed over the ranks (each back-propagates the global loss / ranks), so every
-    rank clips by the global norm and steps its optimizer exactly as one process does.
+    Every rank back-propagates the global batch's loss and DDP averages the gradients over the
+    ranks, which gives every rank one process's gradient (each rank's own share of the graph holds
+    1 / ranks of it), so every rank clips by the global norm and steps its optimizer as one process
+    does. ``flags`` (a stop request, a checkpoint due) are summed while backward runs.
     """
-    reducer = group.grad_reducer(net)   # data-parallel: the gradients are summed during backward
+    step = data_parallel(net, group)
+    summed = group.sum_async(flags)
     try:
-        loss = step_loss(net, batch, loss_fn, cfg, device, group)
+        loss = step(batch, loss_fn, cfg, device, group)
         optim.zero_grad(set_to_none=True)
-        if reducer is not None:
-            reducer.start()
-        (loss / group.world if group.world > 1 else loss).backward()
+        loss.backward()
+        flags = summed()
     except RankFailure:   # already worded by the collective that failed
-        if reducer is not None:
-            reducer.abort()
         raise
     except RuntimeError as exc:
-        if reducer is not None:
-            reducer.abort()
         if group.distributed and _collective_error(exc):
             raise RankFailure(group.failure_message("a training step", exc)) from None
         raise
-    flags = (reducer.finish(flags) if reducer is not None
-             else group.reduce_grads(list(net.parameters()), flags))
+    if group.distributed:
+        group.traffic["reduce"] += sum(p.numel() * p.element_size() for p in net.parameters() if p.grad is not None)
     if cfg.grad_clip and cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
     optim.step()

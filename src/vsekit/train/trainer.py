@@ -25,6 +25,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -45,7 +46,7 @@ from .distributed import SINGLE, Group, NodeShare
 from .step import autocast, step_seed, to_device, train_step  # noqa: F401 (re-exported)
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
-from ..models.losses import HingeLoss
+from ..models.losses import create_loss
 from .scoring import EnsembleScorer, encode_set, evaluating
 from .tblog import open_curves
 
@@ -338,7 +339,7 @@ class Run:
     def epoch(self, epoch: int) -> tuple[float, float]:
         """Train one epoch (from the saved position when resuming into it); returns (mean loss, lr)."""
         cfg, state, group = self.cfg, self.state, self.group
-        loss_fn = HingeLoss(cfg.margin, max_violation=cfg.max_violation or state["phase"] == "max")
+        loss_fn = create_loss(cfg.loss, margin=cfg.margin, max_violation=cfg.max_violation or state["phase"] == "max")
         lr = _lr(cfg, state, epoch - 1)
         for g in self.optim.param_groups:
             g["lr"] = lr
@@ -367,8 +368,9 @@ class Run:
         bar = None
         if self.progress and group.main:
             from tqdm.auto import tqdm
+            # ranks: on stdout (their stderr, torch's and gloo's logging, goes to the run's log)
             batches = bar = tqdm(batches, total=len(self.stream), initial=skip, desc=f"epoch {epoch}/{cfg.epochs}",
-                                 unit="batch", leave=False)
+                                 unit="batch", leave=False, file=sys.stdout if group.distributed else None)
         handler = active_handling()
         minutes = self.every is not None and self.every[0] == "seconds"
         self.net.train()
@@ -456,26 +458,27 @@ def train(store: str | Path, features: str, model: str | None, out: str | Path, 
     (see ``checkpoint``). Started by a launcher (torchrun, srun, ``--nproc-per-node``) the run is
     data-parallel (:mod:`.distributed`); ``collective_timeout`` (s) bounds a wait on a dead rank.
     """
-    from .distributed import DEFAULT_TIMEOUT_S, setup
+    from .distributed import DEFAULT_TIMEOUT_S, RankFailure, setup
 
     group = setup(overrides.get("device") or "cpu", collective_timeout or DEFAULT_TIMEOUT_S)
     try:
         return _train(group, store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
                       progress=progress, log=log, **overrides)
+    except RankFailure as exc:
+        raise RankFailure(f"{exc}; {resume_advice(Path(out))}") from None
     finally:
         if group.distributed:
             group.close()
 
 
-def _train(group: Group, store, features, model, out, *, presets, resume, overwrite, progress, log,
-           **overrides) -> dict[str, Any]:
-    from .checkpoint import clear_run
-    from .distributed import device_of
-
-    quiet = not group.main
-    log = (lambda msg: None) if (log is None or quiet) else log
-    tensorboard = overrides.pop("tensorboard", None)  # a log folder, not a training setting
+def prepare(store, features, model, out: Path, world: int, *, presets=(), resume=False, overwrite=False,
+            log: Callable[[str], None] = lambda msg: None, ranks: str | None = None, **overrides):
+    """Everything a run checks before it trains: the folder, the options (on resume, against the
+    run's), the device, the rank count, the store, the features and the model. The ranks call it, and
+    ``vsekit train --nproc-per-node`` calls it once before any rank starts, so a refusal is one line
+    (``ranks`` names the rank count's option in it)."""
     out = Path(out)
+    overrides.pop("tensorboard", None)
     _start_folder(out, resume, overwrite)
     saved: dict[str, Any] = {}
     changed: dict[str, list] = {}
@@ -490,13 +493,12 @@ def _train(group: Group, store, features, model, out, *, presets, resume, overwr
     if str(cfg.device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {cfg.device}: CUDA is not available on this machine; "
                          f"{'resume' if resume else 'train'} with --device cpu")
-    if cfg.batch_size % group.world:
-        exc = ValueError(f"--batch-size {cfg.batch_size} is not a multiple of the {group.world} ranks: the global "
-                         f"batch is split evenly over the ranks; choose a batch size divisible by {group.world} "
-                         f"or another rank count")
+    if cfg.batch_size % world:
+        exc = ValueError(f"--batch-size {cfg.batch_size} is not a multiple of {ranks or f'the {world} ranks'}: "
+                         f"the global batch is split evenly over the ranks; choose a batch size divisible by "
+                         f"{world} or another rank count")
         exc.same_on_every_rank = True   # rank 0 says it; the others exit quietly
         raise exc
-    float32 = exact_float32()   # training is float32: IEEE float32 on CUDA too (TF32 off)
     fstore = FeatureStore.open(store)
     tokens = Tokens.from_store(fstore)
     source = open_features(fstore, features, fstore.split_rows(cfg.train_split))
@@ -507,6 +509,29 @@ def _train(group: Group, store, features, model, out, *, presets, resume, overwr
     if net.image_input != source.image_input:
         raise ValueError(f"model {cfg.model!r} reads {net.image_input!r} features but {features!r} is a "
                          f"{source.kind!r} set; choose features of kind {net.image_input!r}")
+    return cfg, saved, changed, fstore, tokens, source, train_rows, evalset, net, kw
+
+
+def resume_advice(out: Path) -> str:
+    """What to do after a run failed: resume from its checkpoint, or start again when there is none."""
+    if (out / "checkpoint_last.pt").is_file():
+        return f"{out / 'checkpoint_last.pt'} holds the run: continue with --resume"
+    return "no checkpoint was saved yet: start the run again (without --resume)"
+
+
+def _train(group: Group, store, features, model, out, *, presets, resume, overwrite, progress, log,
+           **overrides) -> dict[str, Any]:
+    from .checkpoint import clear_run
+    from .distributed import device_of
+
+    quiet = not group.main
+    log = (lambda msg: None) if (log is None or quiet) else log
+    tensorboard = overrides.pop("tensorboard", None)  # a log folder, not a training setting
+    out = Path(out)
+    start = prepare(store, features, model, out, group.world, presets=presets, resume=resume, overwrite=overwrite,
+                    log=log, **overrides)
+    cfg, saved, changed, fstore, tokens, source, train_rows, evalset, net, kw = start
+    float32 = exact_float32()   # training is float32: IEEE float32 on CUDA too (TF32 off)
     device = torch.device(device_of(group, cfg.device))
     net.to(device)
     stream = PairStream(source, tokens, train_rows, fstore.caption_images(), batch_size=cfg.batch_size,
