@@ -97,6 +97,25 @@ def test_a_missing_bucket_is_one_error_line_naming_the_url_before_any_work(s3, d
         assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
 
 
+def test_missing_credentials_are_worded_as_such_in_one_line_naming_no_internal_object(s3, demo_dir, monkeypatch):
+    """Issue 45: with no credentials at all the SDK asks the instance-metadata service for some and
+    fails there; the user gets one line saying credentials are missing (not the SDK's PUT to an
+    address they never gave, nor a key of vsekit's own bookkeeping), and nothing reaches the bucket."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")   # no metadata service answers here
+    url = s3.url()
+    for argv in (["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url,
+                  "--storage-option", "max_retries=0"], ["info", url, "--storage-option", "max_retries=0"]):
+        r = _run(argv)
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, r.output
+        assert url in errors[0] and "no credentials were found: set AWS_ACCESS_KEY_ID" in errors[0], errors
+        for internal in ("latest/api/token", "127.0.0.1:9", ".vsekit", "zarr.json", "Generic S3 error"):
+            assert internal not in r.output, (internal, r.output)
+    assert s3.keys() == []
+
+
 def test_an_unreachable_endpoint_is_one_error_line_after_bounded_retries(s3, demo_dir, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")    # nothing listens there
     url = s3.url()

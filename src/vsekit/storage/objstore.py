@@ -173,9 +173,26 @@ def _first_line(exc: BaseException) -> str:
     return text[:300]
 
 
-def _reason(exc: BaseException) -> str:
-    """Why a request failed, in words (the provider's error code when it gave one)."""
+#: where each provider's SDK looks for credentials when none are given (the cloud's instance-metadata
+#: service): a request that failed there failed for want of credentials, not for the store
+_METADATA_PROBES = ("/latest/api/token", "/latest/meta-data", "metadata.google.internal", "computeMetadata",
+                    "/metadata/identity")
+_NO_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or --storage-option access_key_id=... "
+          "--storage-option secret_access_key=...)",
+    "gs": "GOOGLE_SERVICE_ACCOUNT (or --storage-option service_account=PATH)",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or --storage-option account_key=...)"}
+
+
+def _reason(exc: BaseException, scheme: str | None = None) -> str:
+    """Why a request failed, in words (the provider's error code when it gave one). A failure of the
+    SDK's instance-metadata probe means no credentials were found, and is worded so, without the
+    SDK's text (it names an internal address the user never gave)."""
     text = str(exc)
+    if any(probe in text for probe in _METADATA_PROBES):
+        where = _NO_CREDENTIALS.get(scheme or "", "the provider's credential variables")
+        return (f"no credentials were found: set {where}, or run where the machine has its own "
+                f"(an instance role)")
     for code, words in (("NoSuchBucket", "the bucket does not exist"),
                         ("ContainerNotFound", "the container does not exist"),
                         ("AuthenticationFailed", "the provider refused the credentials (wrong account key or token)"),
@@ -207,7 +224,9 @@ class Objects:
         self.store = _open_obstore(self.url, self.options)
 
     def _fail(self, what: str, key: str, exc: BaseException) -> StoreError:
-        return StoreError(f"{self.url}: cannot {what} {key}: {_reason(exc)}")
+        """One error line naming the store's URL and the cause, never the object: ``key`` is vsekit's
+        own bookkeeping (a lease, a swap mark, a chunk), which the user never named."""
+        return StoreError(f"{self.url}: cannot {what} the store: {_reason(exc, scheme_of(self.url))}")
 
     def zarr_store(self, read_only: bool = False):
         from zarr.storage import ObjectStore
