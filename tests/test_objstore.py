@@ -38,6 +38,7 @@ def overwriting(monkeypatch):
     def create(self, key, data):
         return self.put(key, data) or "etag"
     monkeypatch.setattr(objstore.Objects, "create", create)
+    monkeypatch.setattr(objstore, "_PROBED", {})   # an earlier command's probe saw the honest server
 
 
 def test_the_probe_passes_on_s3_and_fails_on_a_provider_that_overwrites(s3, monkeypatch):
@@ -48,8 +49,13 @@ def test_the_probe_passes_on_s3_and_fails_on_a_provider_that_overwrites(s3, monk
     monkeypatch.setattr(objstore, "_PROBED", {})
     overwriting(monkeypatch)
     assert objstore.honours_conditions(objstore.Objects(s3.url())) is False
-    with pytest.raises(StoreError, match="single-writer: without --cluster"):
-        objstore.require_conditions(objstore.Objects(s3.url()), "extract with more than one writer")
+    with pytest.raises(StoreError, match=r"without --cluster \(in one process\)"):
+        objstore.require_conditions(objstore.Objects(s3.url()), "extract with more than one writer", multi=True)
+    with pytest.raises(StoreError, match="say so with --storage-option single_writer=true"):
+        objstore.require_conditions(objstore.Objects(s3.url()), "vsekit extract")   # in-process too
+    objstore.require_conditions(objstore.Objects(s3.url(), {"single_writer": "true"}), "vsekit extract")
+    with pytest.raises(StoreError, match="cannot keep two writers apart"):   # never for several processes
+        objstore.require_conditions(objstore.Objects(s3.url(), {"single_writer": "true"}), "x", multi=True)
 
 
 def test_create_and_swap_are_conditional_on_s3(s3):

@@ -154,9 +154,23 @@ def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3,
     errors = _errors(r.output)
     assert r.exit_code == 1 and len(errors) == 1, r.output
     assert "cannot keep two writers apart" in errors[0] and "without --cluster (in one process)" in errors[0]
-    # single-writer (in-process) still runs there
-    r = _run(["extract", "--store", url, *FAST])
+    # every writer, in-process too, is refused there unless the user says it is the only one (issue 44
+    # item 4: two in-process writers both "held" the lease and one's repair deleted the other's records)
+    for argv in (["extract", "--store", url, *FAST], ["tokenize", "--store", url],
+                 ["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", s3.url("new.zarr")]):
+        r = _run(argv)
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, (argv, r.output)
+        assert "cannot keep two writers apart" in errors[0] and "--storage-option single_writer=true" in errors[0]
+    assert not [k for k in s3.keys() if "/features/" in k or "/tokens" in k or k.startswith("new.zarr")]
+    # the word is one storage option, the same for every command; it never opens a multi-writer run
+    single = ["--storage-option", "single_writer=true"]
+    r = _run(["extract", "--store", url, *FAST, "--cluster", "local:2", *single])
+    assert r.exit_code == 1 and "without --cluster (in one process)" in _errors(r.output)[0], r.output
+    r = _run(["extract", "--store", url, *FAST, *single])
     assert r.exit_code == 0 and "24 done" in r.output, r.output
+    assert len(s3.keys("x.zarr/.vsekit/commits/test_resnet_fne/")) == 3      # one record per block
+    assert _run(["tokenize", "--store", url, *single]).exit_code == 0
 
 
 def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):

@@ -44,8 +44,10 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 _RETRY_KEYS = {"max_retries": int, "retry_timeout": float}
 _CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout")
 #: storage options vsekit reads itself (``read_requests``: the trainer's chunk reads in flight,
-#: ``storage/chunks.py``), not passed to obstore
-_OWN_KEYS = ("read_requests",)
+#: ``storage/chunks.py``; ``single_writer``: the user's word that no other writer uses the store,
+#: :func:`require_conditions`), not passed to obstore
+SINGLE_WRITER = "single_writer"
+_OWN_KEYS = ("read_requests", SINGLE_WRITER)
 #: option names whose values are secrets (never shown; none is ever written anywhere)
 _SECRET = re.compile(r"(secret|token|password|key|credential|sas)", re.I)
 
@@ -368,13 +370,24 @@ def honours_conditions(objects: Objects) -> bool:
     return _PROBED[objects.url]
 
 
-def require_conditions(objects: Objects, what: str) -> None:
-    """Refuse ``what`` (a multi-writer run) on a provider that ignores conditional writes."""
-    if not honours_conditions(objects):
-        raise StoreError(
-            f"{objects.url}: this object store overwrote an object that was written with create-if-absent "
-            f"(If-None-Match), so it cannot keep two writers apart; {what} is refused there. Run it "
-            f"single-writer: without --cluster (in one process), and no other vsekit writing this store")
+def single_writer(objects: Objects) -> bool:
+    """Whether the user said that this store has one writer (``--storage-option single_writer=true``)."""
+    return str(objects.options.get(SINGLE_WRITER, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def require_conditions(objects: Objects, what: str, multi: bool = False) -> None:
+    """Refuse ``what`` (any writer; ``multi``: one with several processes writing) on a provider that
+    ignores conditional writes: there no lease keeps two writers apart, so even two in-process runs
+    would both hold it and undo each other's commits. A single writer in one process runs only when
+    the user says so (``--storage-option single_writer=true``); a multi-writer run never does."""
+    if honours_conditions(objects) or (not multi and single_writer(objects)):
+        return
+    how = ("run it without --cluster (in one process) with --storage-option single_writer=true, once no other "
+           "vsekit writes this store" if multi else
+           "if no other vsekit writes this store while it runs, say so with --storage-option single_writer=true")
+    raise StoreError(
+        f"{objects.url}: this object store overwrote an object that was written with create-if-absent "
+        f"(If-None-Match), so it cannot keep two writers apart; {what} is refused there; {how}")
 
 
 # --- the set lease --------------------------------------------------------------------------------

@@ -363,7 +363,8 @@ class FeatureStore:
     @contextlib.contextmanager
     def writer(self, *names: str, stage: str, multi: bool = False) -> Iterator[None]:
         """Hold the one-writer guard of each of ``names``: the lock files on disk, the leases on object
-        storage (where a multi-writer run first needs a provider that honours conditional writes).
+        storage (on a provider that ignores conditional writes every writer is refused unless the user
+        says it is the only one: :func:`~.objstore.require_conditions`).
         A name this store holds already is held once (``fne`` holds both its sets, then writes them)."""
         if self.objects is None:
             from .lock import writer_lock
@@ -373,8 +374,7 @@ class FeatureStore:
             return
         from .objstore import SetLease, require_conditions
 
-        if multi:
-            require_conditions(self.objects, f"{stage} with more than one writer")
+        require_conditions(self.objects, f"{stage} with more than one writer" if multi else stage, multi=multi)
         taken = []
         # one token for the leases this run holds at once (its dask tasks carry it and commit any of its
         # sets); a fresh one for a run that holds none, so tasks of an earlier run never commit for it
@@ -470,8 +470,11 @@ class FeatureStore:
         from .objcommit import group_meta
         from .objstore import Objects, parse_options
 
+        from .objstore import require_conditions
+
         objects = Objects(url, parse_options(storage_options))
         refuse_if_store_replaced(objects)
+        require_conditions(objects, "vsekit ingest")   # one ingest per URL rests on create-if-absent
         if overwrite and objects.get("zarr.json") is not None:   # only ingest replaces one (building)
             raise StoreError(f"--store {objects.url}: a store on object storage is replaced by `vsekit ingest "
                              f"... --overwrite` only")
