@@ -360,3 +360,38 @@ def test_a_commands_storage_options_do_not_carry_over_to_the_next_command_in_one
     assert r1.exit_code != 0 and "refused the connection" in r1.output, r1.output
     r2 = _run(["info", url])          # the environment's endpoint again, not the last command's
     assert r2.exit_code == 0 and "images" in r2.output, r2.output
+
+
+def test_an_in_process_extract_whose_lease_was_taken_over_ends_in_one_error_line_and_writes_no_more(
+        s3, demo_dir, monkeypatch):
+    """Issue 44 item 4: the run is paused past its lease's expiry after its first block, and another run
+    takes the set over. It ended in a traceback (``DriverGone``, words for a dask task); now it is one
+    Error line saying that the lease was lost and what was kept, and nothing more reaches the store."""
+    import json
+
+    from vsekit.storage import objcommit, objstore
+
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    write_record = objcommit.write_record
+
+    def then_taken_over(fs, block, status):
+        done = write_record(fs, block, status)
+        key = objstore.lease_key("test_resnet_fne")
+        taker = dict(fs.store.objects.get_json(key)[0], token="another-run", pid=1, stage="vsekit extract (B)")
+        fs.store.objects.put(key, objstore.dumps(taker))   # what B's takeover after the expiry leaves
+        return done
+
+    monkeypatch.setattr(objcommit, "write_record", then_taken_over)
+    r = _run(["extract", "--store", url, *FAST])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert "Traceback" not in r.output and "DriverGone" not in r.output and "submitted" not in r.output
+    assert "lost the lease of feature set 'test_resnet_fne'" in errors[0] and "another run took it over" in errors[0]
+    assert "Kept: 8 done and 0 failed rows of 24" in errors[0], errors
+    records = s3.keys("x.zarr/.vsekit/commits/test_resnet_fne/")
+    assert len(records) == 1                                        # block 0 only: nothing after the loss
+    assert not [k for k in s3.keys("x.zarr/features/test_resnet_fne/data/") if "/c/1/" in k or "/c/2/" in k]
+    lease = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="x.zarr/" + objstore.lease_key(
+        "test_resnet_fne"))["Body"].read())
+    assert lease["token"] == "another-run"                          # the taker's lease is left alone

@@ -281,8 +281,11 @@ def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bo
     on object storage touches nothing: the set belongs to the run that took it over."""
     from ..storage.objstore import LeaseLost
 
-    if isinstance(exc, LeaseLost):
-        return
+    if isinstance(exc, LeaseLost):   # one line: what happened (the exception's words) and what was kept
+        c = fs.counts()
+        raise LeaseLost(f"{exc}. Kept: {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
+                        f"{name!r}, each block whole; the run that took the set over writes the rest (or rerun "
+                        f"the same command once it has stopped)") from None
     if fs.staged:   # a failed --overwrite: the old set stays as it was
         store.discard(fs)
         if isinstance(exc, KeyboardInterrupt):
