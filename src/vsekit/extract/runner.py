@@ -217,6 +217,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             else:
                 runs, builds, info = run_in_process(job, fs, blocks, store)
             _record(fs, info, requested, cluster)
+            refuse_pending(fs)
         except BaseException as exc:
             _discard_or_keep(store, fs, name, existed, exc)
             raise
@@ -229,6 +230,17 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
                          block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
                          devices=sorted(info.get("devices", ())))
+
+
+def refuse_pending(fs: FeatureSet) -> None:
+    """A run that ends with rows it was asked to compute still pending (no failure reason: their blocks
+    were never committed) has not done its job: one error line, exit 1, never a summary with exit 0."""
+    pending = fs.counts()["pending"]
+    if pending:
+        kept = ("the old set stays as it was" if fs.staged else
+                "the finished blocks are kept: rerun the same command to compute the rest")
+        raise StoreError(f"{fs.name!r} in {fs.store.path}: {pending} of {fs.n_rows} rows are still pending after "
+                         f"this run (their blocks were not committed, and no failure reason was given); {kept}")
 
 
 def own_decoder(store: FeatureStore, name: str, opts: ExtractOptions, plan, overwrite: bool = False):
