@@ -159,7 +159,9 @@ def _extract(url_or_path: str, *more: str):
 
 
 def _records(objects: Objects, name: str) -> list[str]:
-    return [k for k in objects.keys(f".vsekit/commits/{name}/") if k.endswith(".json")]
+    """The live commit records of ``name`` (a repair voids a record in place, never deletes it)."""
+    return [k for k in objects.keys(f".vsekit/commits/{name}/")
+            if k.endswith(".json") and not objects.get_json(k)[0].get("void")]
 
 
 def test_extraction_on_azure_equals_disk_in_process_and_on_local_2(az, demo_dir, tmp_path):
