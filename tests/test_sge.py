@@ -368,10 +368,10 @@ def test_sge_array_refused_by_qsub_is_one_error_line_and_leaves_nothing(on_sge, 
 
 def test_a_running_sge_array_holds_the_set_against_other_writers(on_sge, demo_store, tmp_path, monkeypatch):
     """While Grid Engine knows the array (``qstat -j``; here its one task is held at its start),
-    another extract of the same set is refused; once the array is deleted and gone, the lock is
-    stale and the next run proceeds and completes the set."""
+    another extract of the same set is refused; once the array is deleted and gone and its lock has
+    expired, the next run proceeds and completes the set."""
     from vsekit.extract import extract
-    from vsekit.storage.lock import LockHeld
+    from vsekit.storage.lock import LockHeld, lock_path
 
     env = on_sge["env"]
     monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-0:start={tmp_path / 'never'}")
@@ -383,5 +383,8 @@ def test_a_running_sge_array_holds_the_set_against_other_writers(on_sge, demo_st
     subprocess.run([sge_local.which("qdel"), job], env=env, check=True, capture_output=True)
     _wait(lambda: job not in _qstat(env), 60, f"array {job} to leave the queue")
     monkeypatch.delenv("VSEKIT_PAUSE")
+    lock = lock_path(demo_store.path, "test_resnet_fne")   # what waiting out its ttl does (the one takeover
+    old = time.time() - 7200                                # rule: gone from the queue AND expired)
+    os.utime(lock, (old, old))
     res = extract(demo_store, workers=0, **OPTS)
     assert res.done == demo_store.n_images

@@ -340,8 +340,8 @@ class LockLost(Exception):
 
 class Renewer:
     """A daemon thread that renews the lease in progress and refreshes the set's writer lock (on a
-    disk: touches ``lock_file`` every minute; on object storage: ``refresh``, the array's set lease,
-    every ``refresh_every`` seconds)."""
+    disk: touches ``lock_file``; on object storage: ``refresh``, the array's set lease) every
+    ``refresh_every`` seconds (a third of the ttl)."""
 
     def __init__(self, leases, lock_file: Path | None = None, refresh=None, refresh_every: float = 60.0):
         self.leases, self.lock_file = leases, lock_file
@@ -562,7 +562,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     if set_lease is not None:
         renewer = Renewer(leases, refresh=set_lease.renew, refresh_every=set_lease.ttl / 3)
     else:
-        renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
+        renewer = Renewer(leases, lock_path(spec["store"], spec["name"]), refresh_every=float(spec["ttl"]) / 3)
     committed, dropped = 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
         f"device {device}, {workers} decoding processes, {spec['name']!r}")

@@ -12,7 +12,9 @@
   says otherwise.
 
 While the array runs it holds the set's writer lock (:mod:`vsekit.storage.lock`): the lock file
-names the array's job id, and it is stale once ``squeue`` no longer lists that job.
+names the array's job id, and it is taken over by the one rule of every guard
+(:func:`vsekit.storage.leases.free_reason`): once the scheduler no longer lists that job and the
+lock has expired.
 
 On object storage the same things are objects under ``.vsekit/arrays/NAME/`` in the store (the spec,
 ``leases/bNNNNNN.json`` of :mod:`vsekit.storage.objleases`, ``errors/``, ``merge/``), the set's lease
@@ -193,23 +195,6 @@ def local_dir(name: str) -> Path:
     ``sbatch`` also makes the tasks' working directory; on a cluster, a shared home or project folder
     that the nodes reach, as they must reach ``log_directory``, which chooses another)."""
     return Path.cwd() / "vsekit-arrays" / re.sub(r"[^A-Za-z0-9._-]", "_", name)
-
-
-def lock_stale_reason(path: Path, info: dict, limit: float) -> str | None:
-    """Staleness of a writer lock held by a job array: its job has left ``squeue``; where squeue
-    cannot tell, the lock's age beyond ``limit`` seconds (the tasks refresh it)."""
-    job = info.get("array_job") or info.get("slurm_array")
-    scheduler = info.get("array_scheduler", "slurm")
-    alive = job_alive(job, scheduler)
-    if alive is True:
-        return None
-    if alive is False:
-        return f"{LABELS.get(scheduler, scheduler)} array job {job} has ended"
-    try:
-        age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return "released"
-    return f"not refreshed for {age:.0f}s" if age > limit else None
 
 
 # --- progress ------------------------------------------------------------------------------------

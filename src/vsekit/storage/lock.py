@@ -8,12 +8,11 @@ cluster's shared filesystem and is never seen half-written (a full disk leaves n
 file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
 lock file (damage) is stale at once.
 
-A lock is *stale*, and broken by the next writer, when
-
-* its host is this host and its process is gone (or the pid now belongs to another process): this is
-  what a ``kill -9`` or a crash leaves behind;
-* its host is another host and the holder has not refreshed it for ``VSEKIT_LOCK_STALE_S`` seconds
-  (default 3600). A holder refreshes its file's modification time every minute from a daemon thread.
+A lock is *stale*, and broken by the next writer, by the one takeover rule of every guard
+(:func:`.leases.free_reason`): its holder ran on this host and is gone (or the pid now belongs to
+another process: what a ``kill -9`` or a crash leaves behind), or it expired: its holder has not
+refreshed it for a ttl (``VSEKIT_LEASE_TTL_S``, default 60 s; the lock's expiry is its file's
+modification time plus the ttl it records). A holder refreshes it every ttl/3 from a daemon thread.
 
 ``VSEKIT_BREAK_LOCK=1`` breaks any lock (when you know the other writer is dead). The lock is
 released when the run ends, also on an exception or Ctrl-C. A process that holds a lock can take it
@@ -40,11 +39,12 @@ from typing import Iterator
 
 from .fserrors import naming
 from .base import StoreError
-from .jobstate import DEFAULT_STALE_S, STALE_ENV  # noqa: F401 (the lock's staleness; objstore uses it too)
+from .jobstate import DEFAULT_STALE_S, STALE_ENV  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
+from .leases import DEFAULT_TTL_S, default_ttl, free_reason, holder_words, proc_start
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
-HEARTBEAT_S = 60.0
+HEARTBEAT_S = DEFAULT_TTL_S / 3   # the longest wait between two refreshes (a third of the ttl, or less)
 _GROUP_JSON = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
 
 _held: dict[str, int] = {}       # lock path → depth, for this process
@@ -61,23 +61,7 @@ def lock_path(store_path: str | os.PathLike, name: str) -> Path:
     return Path(store_path).joinpath(*LOCK_DIR) / f"{safe}.lock"
 
 
-def _proc_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux), to detect a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_proc_start = proc_start
 
 
 TORN = {"torn": True}   # what _read returns for an empty or unparsable lock file
@@ -100,26 +84,15 @@ def stale_reason(path: Path, info: dict) -> str | None:
         return f"{BREAK_ENV}=1"
     if info.get("torn"):   # locks are linked into place complete, so no live writer left this
         return "the lock file is empty or torn (left by a run that failed while writing it)"
-    if info.get("array_job") or info.get("slurm_array"):   # held by a job array (extract --cluster slurm-array:N, sge-array:N)
-        from .job_arrays import lock_stale_reason
-
-        return lock_stale_reason(path, info, float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)))
-    host, pid = info.get("host"), info.get("pid")
-    if host == socket.gethostname() and isinstance(pid, int):
-        if not _alive(pid):
-            return f"process {pid} on {host} is gone"
-        start = info.get("proc_start")
-        if start is not None and _proc_start(pid) not in (None, start):
-            return f"pid {pid} on {host} now belongs to another process"
-        return None
     try:
-        age = time.time() - path.stat().st_mtime
+        return free_reason(info, _expires(path, info))
     except FileNotFoundError:
         return "released"
-    limit = float(os.environ.get(STALE_ENV, DEFAULT_STALE_S))
-    if age > limit:
-        return f"not refreshed for {age:.0f}s (more than {STALE_ENV}={limit:.0f})"
-    return None
+
+
+def _expires(path: Path, info: dict) -> float:
+    """A lock file's expiry: its last refresh (modification time) plus the ttl its holder records."""
+    return path.stat().st_mtime + float(info.get("ttl") or default_ttl())
 
 
 def describe(info: dict) -> str:
@@ -227,13 +200,15 @@ def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
 def acquire_file(path: Path, what: str, stage: str, rule: str) -> dict:
     """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
     info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-            "started": time.time(), "stage": stage, "token": uuid.uuid4().hex}
+            "started": time.time(), "stage": stage, "token": uuid.uuid4().hex, "ttl": default_ttl()}
     for _ in range(5):
         if _try_create(path, info):
             return info
         seen = _read(path)
         if seen is None:
             continue
+        if stale_reason(path, seen) is None and (seen.get("array_job") or seen.get("slurm_array")):
+            raise LockHeld(f"{what} is being written by {holder_words(seen, _expires(path, seen))}")
         if stale_reason(path, seen) is None:
             raise LockHeld(
                 f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
@@ -308,14 +283,14 @@ def _check_not_replaced(store_path: str | os.PathLike) -> None:
 
 
 def _heartbeat(path: Path, stop: threading.Event) -> None:
-    while not stop.wait(HEARTBEAT_S):
+    while not stop.wait(min(HEARTBEAT_S, default_ttl() / 3)):
         with contextlib.suppress(OSError):
             os.utime(path)
 
 
 @contextlib.contextmanager
 def _refreshed(path: Path) -> Iterator[None]:
-    """Refresh the lock file ``path`` every minute while the block runs (so other hosts keep waiting)."""
+    """Refresh the lock file ``path`` every ttl/3 while the block runs (so other runs keep waiting)."""
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(path, stop), name=f"vsekit-lock-{path.name}", daemon=True).start()
     try:

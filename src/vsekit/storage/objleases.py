@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from .base import StoreError
-from .leases import LeaseState, default_ttl, owner_record
+from .leases import LeaseState, default_ttl, free_reason, owner_record
 from .objstore import Objects, dumps
 
 
@@ -77,7 +77,7 @@ class ObjectLeaseDir:
             etag, stolen = self.objects.create(name, self._body(key, token, expires)), None
         else:
             info, seen = got
-            if not info.get("free") and time.time() <= float(info.get("expires", 0)):
+            if free_reason(info, float(info.get("expires", 0)), time.time()) is None:
                 return None
             etag = self.objects.swap(name, self._body(key, token, expires), seen) if seen else None
             stolen = None if info.get("free") else info

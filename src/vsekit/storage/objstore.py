@@ -391,12 +391,7 @@ def require_conditions(objects: Objects, what: str, multi: bool = False) -> None
 
 
 # --- the set lease --------------------------------------------------------------------------------
-DEFAULT_TTL_S = 60.0
-TTL_ENV = "VSEKIT_LEASE_TTL_S"
-
-
-def lease_ttl() -> float:
-    return float(os.environ.get(TTL_ENV, DEFAULT_TTL_S))
+from .leases import DEFAULT_TTL_S, TTL_ENV, default_ttl, holder_words  # noqa: E402,F401 (one ttl, one rule)
 
 
 def lease_key(name: str) -> str:
@@ -416,7 +411,7 @@ class SetLease:
     def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None,
                  token: str | None = None):
         self.objects, self.name, self.stage = objects, name, stage
-        self.ttl = lease_ttl() if ttl is None else float(ttl)
+        self.ttl = default_ttl() if ttl is None else float(ttl)
         self.key = lease_key(name)
         self.token = token or uuid.uuid4().hex   # one run's leases share its token (its tasks carry it)
         self.etag: str | None = None
@@ -504,34 +499,9 @@ class SetLease:
 
 
 def holder_live(info: Mapping[str, Any]) -> str | None:
-    """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it.
-
-    A run's lease: until it expires, unless its holder ran on this host and is gone. A job array's
-    (``array_job``, handed over by ``extract --cluster slurm-array:N``): until it expires AND the
-    scheduler no longer lists the job (the array may wait in the queue for hours with no task to
-    renew it); where the scheduler cannot answer, until ``VSEKIT_LOCK_STALE_S`` (default 3600) past
-    its expiry."""
-    left = float(info.get("expires", 0)) - time.time()
-    if "array_scheduler" in info:
-        from .jobstate import DEFAULT_STALE_S, LABELS, STALE_ENV, job_alive
-
-        job, scheduler = info.get("array_job"), str(info.get("array_scheduler"))
-        label = LABELS.get(scheduler, scheduler)
-        who = f"{label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
-        alive = job_alive(job, scheduler)
-        if alive is True:
-            return f"{who}; wait for it to end, or cancel it ({'qdel' if scheduler == 'sge' else 'scancel'} {job})"
-        if left > 0:   # even once the job has left the queue: a task still running would be renewing it
-            ended = "its job has ended and " if alive is False else ""
-            return f"{who}; {ended}its lease expires in {left:.0f} s: rerun then"
-        if alive is None and -left < float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)):
-            return (f"{who}; {'qstat' if scheduler == 'sge' else 'squeue'} cannot answer here, so its lease is "
-                    f"kept until {STALE_ENV}={os.environ.get(STALE_ENV, DEFAULT_STALE_S)} s past its expiry")
-        return None
-    if left > 0 and not _dead_here(info):
-        return (f"another run ({info.get('stage', 'vsekit')}, pid {info.get('pid')} on {info.get('host')}); its "
-                f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once it has stopped")
-    return None
+    """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it
+    (:func:`.leases.holder_words` over the one takeover rule)."""
+    return holder_words(dict(info), float(info.get("expires", 0)))
 
 
 class ArrayLease:
@@ -573,21 +543,6 @@ class ArrayLease:
         self.renew()
         if time.time() > self.expires - self.ttl / 2:
             raise LeaseLost(f"the lease of {self.name!r} in {self.objects.url} is about to expire; not committing")
-
-
-def _dead_here(info: Mapping[str, Any]) -> bool:
-    """A lease whose holder ran on this host and is gone (a ``kill -9``): taken over at once, as the
-    POSIX lock is, rather than after its expiry."""
-    try:
-        pid = int(info.get("pid", -1))
-        if info.get("host") != socket.gethostname() or pid <= 0:
-            return False
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (TypeError, ValueError, PermissionError):
-        return False
-    return False
 
 
 def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:

@@ -211,6 +211,8 @@ class FeatureSet:
 
             if objcommit.committed(self, block):   # committed already: its chunks are never written again
                 return False
+        else:
+            self.store.check_lease(self.target)   # a lock another run took over: nothing written
         for name, values in arrays.items():
             point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
@@ -225,6 +227,7 @@ class FeatureSet:
             if not objcommit.write_record(self, block, status):
                 return False   # committed already by another writer: its status is restored from its record
         else:
+            self.store.check_lease(self.target)   # again right before the commit (checksums, then status)
             point("write_block:sums")
             integrity.record(self, block)
         point("write_block:status")
@@ -341,6 +344,7 @@ class FeatureStore:
         self.objects = objects   # an objstore.Objects for an object-store URL, else None
         self.path = Path(path) if objects is None else objects.url
         self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
+        self.locks: dict[str, str] = {}    # set name → the token of the lock file this process holds (disk)
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
         self._new_store_leases: Any = None   # while an ingest builds this store on object storage
         self.finished_swaps: dict[str, dict] = {}   # set name → the mark of a killed run's swap this one finished
@@ -351,9 +355,23 @@ class FeatureStore:
         return self.objects is not None
 
     def check_lease(self, name: str) -> None:
-        """Raise unless this process may still commit blocks of ``name`` (object storage only)."""
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``:
+        the one check of every guard before a block is written. On a disk: the lock file still holds
+        this run's token (a lock another run took over after it expired does not); a process that holds
+        no lock and carries no run's token (a library call writing outside any writer) is not checked."""
         from .objstore import LeaseLost, lease_valid
 
+        if self.objects is None:
+            token = self.locks.get(name) or self.lease_token
+            if token is None:
+                return
+            from .lock import holder
+
+            info = holder(self.path, name)
+            if not info or info.get("token") != token:
+                raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
+                                f"it over (this run was paused or cut off past its expiry); not writing")
+            return
         if name in self.leases:
             self.leases[name].check()
         elif not lease_valid(self.objects, name, self.lease_token, margin=None):
@@ -367,10 +385,17 @@ class FeatureStore:
         says it is the only one: :func:`~.objstore.require_conditions`).
         A name this store holds already is held once (``fne`` holds both its sets, then writes them)."""
         if self.objects is None:
-            from .lock import writer_lock
+            from .lock import holder, writer_lock
 
             with writer_lock(self.path, *names, stage=stage):
-                yield
+                taken = [n for n in set(names) if n not in self.locks]
+                for n in taken:
+                    self.locks[n] = (holder(self.path, n) or {}).get("token")
+                try:
+                    yield
+                finally:
+                    for n in taken:
+                        self.locks.pop(n, None)
             return
         from .objstore import SetLease, require_conditions
 
@@ -401,15 +426,14 @@ class FeatureStore:
     def _check_not_resplit(self) -> None:
         """Refuse to write while `vsekit split` holds this store's lease (object storage; on disk the
         store lock file does this: :func:`vsekit.storage.lock.writer_lock`)."""
-        import time as _time
-
-        from .objstore import LeaseHeld, _dead_here, lease_key
+        from .leases import free_reason
+        from .objstore import LeaseHeld, lease_key
 
         got = self.objects.get_json(lease_key(STORE_LEASE))
         if got is None:
             return
         info = got[0]
-        if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
+        if free_reason(info, float(info.get("expires", 0))) is None:
             stage = str(info.get("stage", "vsekit split"))
             doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
             raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
