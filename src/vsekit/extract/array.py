@@ -27,7 +27,7 @@ blocks still pending, or reports the set done.
 On object storage (``--store s3://...``) the spec, the block leases (:mod:`vsekit.storage.objleases`),
 the failure reasons and the merge lease are objects of the store (:func:`vsekit.storage.job_arrays.place`),
 the set's lease object is handed to the array instead of the lock file (:func:`_hand_set_lease`; the
-tasks renew it together, :class:`~vsekit.storage.objstore.ArrayLease`), each task runs
+tasks renew it together, :meth:`~vsekit.storage.objstore.SetLease.joint`), each task runs
 ``python -m vsekit.extract.array URL NAME``, and the ``--storage-option`` values reach it in the
 environment of the sbatch / qsub process only (:data:`OPTIONS_ENV`). Job scripts and logs stay in a
 local folder (:func:`vsekit.storage.job_arrays.local_dir`). docs/store.md, "Job arrays on object storage".
@@ -429,7 +429,7 @@ def _restored(fs: FeatureSet, block: Block) -> bool:
 class LeaseGuard:
     """An array task may write a block while it holds the block's lease, the block is still pending,
     and the array still holds the set's writer lock (the spec's token; on object storage the set's
-    lease, :class:`~vsekit.storage.objstore.ArrayLease`, checked again before the commit record)."""
+    lease held jointly, :meth:`~vsekit.storage.objstore.SetLease.joint`, checked again before the commit record)."""
 
     def __init__(self, leases, lease, spec: dict | None = None, set_lease=None):
         self.leases, self.lease, self.spec, self.set_lease = leases, lease, spec, set_lease
@@ -518,7 +518,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     """One array task: claim, extract and commit pending blocks until none is left; the exit status.
     ``spec_file``: the spec's path; or, for a store on object storage, the store's URL and ``name``
     the set's (the spec is an object of the store)."""
-    from ..storage.objstore import ArrayLease, LeaseLost, is_object_url
+    from ..storage.objstore import LeaseLost, SetLease, is_object_url
     from .job import Job, Site
     from .plan import Plan
 
@@ -532,7 +532,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
         if spec is None:
             say(f"no job array spec for {name!r} in {store.path}; stopping")
             return 2
-        set_lease = ArrayLease(store.objects, spec["name"], spec["lock_token"])
+        set_lease = SetLease.joint(store.objects, spec["name"], spec["lock_token"])
         try:
             set_lease.renew()
         except LeaseLost as exc:
