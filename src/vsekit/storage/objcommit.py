@@ -200,6 +200,24 @@ def repair(fs: "FeatureSet", report) -> int:
     return marked
 
 
+def swap_dir(staging, final, *, trash=None, step: Callable[[], None] = lambda: None) -> None:
+    """The POSIX twin of :func:`swap_in`: rename the complete folder ``staging`` to ``final``, an old
+    ``final`` moved aside first (to ``trash``, default ``.FINAL.old-*`` beside it) and removed after.
+    ``step()`` runs between the two renames (the caller's fault point). A kill leaves the old or the new
+    folder in place and at most a hidden leftover, which the next writer removes."""
+    import shutil
+    import uuid
+
+    old = None
+    if final.exists():
+        old = trash or final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+    step()
+    staging.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def swap_in(objects: Objects, moves: Sequence[tuple[str, str]], meta: bytes, *, step: Callable[[str], None],
             check: Callable[[], None], keep: Sequence[str] = (), skip: Sequence[str] = ()) -> bool:
     """Replace what is under each ``dst`` by what is under its ``src`` on object storage, which has no

@@ -441,9 +441,15 @@ class FeatureStore:
 
     @contextlib.contextmanager
     def store_writer(self, stage: str, what: str = "re-split") -> Iterator[None]:
-        """Hold the whole store (object storage): its lease ``.store``, refused while any set's lease is
-        live; set writers check it after taking theirs (:meth:`writer`), so of two that start at once
-        at least one sees the other, as with the lock files on disk."""
+        """Hold the whole store: its guard ``.store`` (a lock file on disk, a lease on object storage),
+        refused while any set's guard is live; set writers check it after taking theirs (:meth:`writer`),
+        so of two that start at once at least one sees the other."""
+        if self.objects is None:
+            from .lock import replacing_store
+
+            with replacing_store(self.path, stage=stage):
+                yield
+            return
         from .objstore import LeaseHeld, holder_live
 
         with self.writer(STORE_LEASE, stage=stage):
@@ -593,13 +599,9 @@ class FeatureStore:
                 point("ingest:complete")
                 store.root.attrs["complete"] = True
                 point("ingest:rename")
-                if path.exists():
-                    trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-                    path.rename(trash)
-                    staging.rename(path)
-                    shutil.rmtree(trash, ignore_errors=True)
-                else:
-                    staging.rename(path)
+                from .objcommit import swap_dir
+
+                swap_dir(staging, path)
                 store.path = path
                 store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
                 lock.release(path, INGEST_LOCK, held)
@@ -1094,15 +1096,10 @@ class FeatureStore:
 
     def _replace(self, name: str, staging: str) -> None:
         """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
+        from .objcommit import swap_dir
+
         base = self.path / "features"
-        old = None
-        if (base / name).exists():
-            old = base / f".{name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(base / name, old)
-        point("create_features:swap")
-        os.rename(base / staging, base / name)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_dir(base / staging, base / name, step=lambda: point("create_features:swap"))
 
     def remove_leftovers(self, name: str) -> list[str]:
         """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` / ``.next-*`` folders a killed run left.
