@@ -314,6 +314,10 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     assert "0" in sum(done_first.values(), []) and held[0] not in [b for b, t in done_first.items() if "0" in t]
 
     monkeypatch.delenv("VSEKIT_PAUSE")
+    from vsekit.storage.lock import holder
+
+    # the one takeover rule: the ended array's lock is kept until it expires (one ttl after the last refresh)
+    wait_for(lambda: holder(demo_store.path, NAME) is None, 60, "the ended array's lock to expire")
     t1 = time.time()
     again = extract(demo_store, cluster="slurm-array:3", **OPTS)       # the same command fills the gap
     if again.job_id is not None:
@@ -324,6 +328,7 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     assert np.array_equal(fs.data[:], reference.features(NAME).data[:])   # bit for bit
     done = commits(counted)
     assert sorted(done) == list(range(12)) and all(len(t) == 1 for t in done.values())  # each once
+    wait_for(lambda: holder(demo_store.path, NAME) is None, 60, "the ended array's lock to expire")
     final = extract(demo_store, cluster="slurm-array:3", **OPTS)
     assert final.job_id is None                                          # a finished set reports done
     print(f"\nfirst array {first_array_s:.0f}s (gap left: {12 - len(done_first)} blocks), "
