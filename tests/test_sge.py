@@ -334,6 +334,9 @@ def test_sge_array_with_a_deleted_task_then_the_rerun_complete_every_block_once(
     _wait(lambda: any(j == f"{job}.1" for _, _, j in commits(commit_log)), 240, "task 1 to commit a block")
     subprocess.run([sge_local.which("qdel"), job, "-t", "1"], env=env, check=True, capture_output=True)
     _wait(lambda: job not in _qstat(env), 300, f"array {job} to end")
+    from vsekit.storage.lock import holder   # the one takeover rule: an ended array's lock until it expires
+
+    _wait(lambda: holder(demo_store.path, name) is None, 120, "the ended array's lock to expire")
     again = extract(demo_store, cluster="sge-array:2", **OPTS)   # the same command fills any gap
     if again.job_id is not None:
         _wait(lambda: again.job_id not in _qstat(env), 300, f"array {again.job_id} to end")
@@ -343,6 +346,7 @@ def test_sge_array_with_a_deleted_task_then_the_rerun_complete_every_block_once(
     assert _per_block(commit_log) == {b: 1 for b in range(len(fs.blocks()))}   # each block once
     tasks = {j for _, _, j in commits(commit_log)}
     assert f"{job}.1" in tasks and tasks <= {f"{job}.1", f"{job}.2", f"{again.job_id}.1", f"{again.job_id}.2"}
+    _wait(lambda: holder(demo_store.path, name) is None, 120, "the ended array's lock to expire")
     assert extract(demo_store, cluster="sge-array:2", **OPTS).job_id is None   # a finished set says so
 
 
