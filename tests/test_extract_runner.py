@@ -259,3 +259,27 @@ def test_the_progress_bar_moves_per_batch_and_says_what_a_single_batch_does(tmp_
     extract(store, "test_resnet", "global", weights="none", input_size=16, resize=20, workers=0, batch_size=2,
             block_rows=4, name="two", progress=True)
     assert [e for e in _Bar.seen if e[0] == "update"] == [("update", 2), ("update", 1)]
+
+
+def test_a_run_that_leaves_rows_pending_exits_1_in_one_line_and_keeps_its_finished_blocks(demo_store, monkeypatch):
+    """Issue 44 item 4: a run whose blocks were not all committed (here block 1 is refused, as when
+    another writer's record was found) used to print "... 4 pending of 24 rows" and exit 0. It exits 1
+    with one Error line; what it committed stays, and the rerun computes the rest."""
+    from vsekit.extract import runner
+
+    real = runner.commit
+
+    def refuse_block_1(fs, buf, guard):
+        return "another writer committed it first" if buf.block.index == 1 else real(fs, buf, guard)
+
+    monkeypatch.setattr(runner, "commit", refuse_block_1)
+    r = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), *FAST, "--workers", "0"])
+    errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    n = demo_store.n_images
+    assert f"4 of {n} rows are still pending after this run" in errors[0] and "rerun the same command" in errors[0]
+    status = FeatureStore.open(demo_store.path).features("test_resnet_global").status[:]
+    assert np.all(status[4:8] == 0) and np.all(status[:4] != 0) and np.all(status[8:] != 0)   # on disk
+    monkeypatch.setattr(runner, "commit", real)
+    r = CliRunner().invoke(main, ["extract", "--store", str(demo_store.path), *FAST, "--workers", "0"])
+    assert r.exit_code == 0 and f"0 pending of {n} rows" in r.output and "ran 1 block" in r.output, r.output

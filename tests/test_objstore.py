@@ -38,6 +38,7 @@ def overwriting(monkeypatch):
     def create(self, key, data):
         return self.put(key, data) or "etag"
     monkeypatch.setattr(objstore.Objects, "create", create)
+    monkeypatch.setattr(objstore, "_PROBED", {})   # an earlier command's probe saw the honest server
 
 
 def test_the_probe_passes_on_s3_and_fails_on_a_provider_that_overwrites(s3, monkeypatch):
@@ -48,8 +49,13 @@ def test_the_probe_passes_on_s3_and_fails_on_a_provider_that_overwrites(s3, monk
     monkeypatch.setattr(objstore, "_PROBED", {})
     overwriting(monkeypatch)
     assert objstore.honours_conditions(objstore.Objects(s3.url())) is False
-    with pytest.raises(StoreError, match="single-writer: without --cluster"):
-        objstore.require_conditions(objstore.Objects(s3.url()), "extract with more than one writer")
+    with pytest.raises(StoreError, match=r"without --cluster \(in one process\)"):
+        objstore.require_conditions(objstore.Objects(s3.url()), "extract with more than one writer", multi=True)
+    with pytest.raises(StoreError, match="say so with --storage-option single_writer=true"):
+        objstore.require_conditions(objstore.Objects(s3.url()), "vsekit extract")   # in-process too
+    objstore.require_conditions(objstore.Objects(s3.url(), {"single_writer": "true"}), "vsekit extract")
+    with pytest.raises(StoreError, match="cannot keep two writers apart"):   # never for several processes
+        objstore.require_conditions(objstore.Objects(s3.url(), {"single_writer": "true"}), "x", multi=True)
 
 
 def test_create_and_swap_are_conditional_on_s3(s3):
@@ -122,6 +128,22 @@ def test_each_block_has_one_record_and_a_second_commit_is_refused(s3):
     assert integrity.verify(fs, quick=True).ok                 # same size: only the full check sees it
     integrity.repair(fs, report)
     assert fs.counts()["pending"] == 5 and objcommit.records(fs) == {}
+    # issue 44 item 4: no record is ever deleted; the repair voided it in place, keeping what it said
+    assert [k for k in s3.keys() if "/.vsekit/commits/" in k] == keys
+    void = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=keys[0])["Body"].read())
+    assert void["void"] is True and void["record"] == rec and "CRC-32" in void["reason"]
+    with st.writer("f", stage="test"):   # the rerun's commit replaces the void record: one record again
+        again = st.features("f")
+        assert again.write_block(0, data) is True and objcommit.read_record(again, 0)["status"] == [1, 1]
+    assert [k for k in s3.keys() if "/.vsekit/commits/" in k] == keys
+    # a record written after the check (another writer's) is never voided by a repair of the old view
+    s3.client.put_object(Bucket=s3.bucket, Key="x.zarr/features/f/data/c/0/0", Body=chunk[:-4] + b"\0\0\0\0")
+    stale = integrity.verify(fs)
+    assert list(stale.damaged) == [0]
+    other = dict(json.loads(s3.client.get_object(Bucket=s3.bucket, Key=keys[0])["Body"].read()), token="other")
+    s3.client.put_object(Bucket=s3.bucket, Key=keys[0], Body=json.dumps(other).encode())   # written since
+    assert integrity.repair(fs, stale) == 0 and objcommit.read_record(fs, 0) is not None
+    assert fs.counts()["done"] == 2
 
 
 def test_a_set_is_invisible_until_published_and_a_changed_setting_is_refused(s3, monkeypatch):

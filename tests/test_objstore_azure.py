@@ -32,7 +32,7 @@ pytest.importorskip("obstore")
 from click.testing import CliRunner  # noqa: E402
 
 from vsekit.cli import main  # noqa: E402
-from vsekit.storage import objstore  # noqa: E402
+from vsekit.storage import leases, objstore  # noqa: E402
 from vsekit.storage.objstore import LeaseHeld, LeaseLost, Objects, SetLease, honours_conditions  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -146,7 +146,7 @@ def test_the_set_lease_on_azure_refuses_a_second_writer_and_a_paused_holder(az, 
     with pytest.raises(LeaseHeld):
         SetLease(objects, "s", "other", ttl=0.6).acquire()
     time.sleep(0.8)                                   # expired: another run takes it over
-    monkeypatch.setattr(objstore, "_dead_here", lambda info: False)
+    monkeypatch.setattr(leases, "gone_here", lambda info: None)
     other = SetLease(objects, "s", "other", ttl=30).acquire()
     with pytest.raises(LeaseLost):                    # the paused holder wakes: it may not commit
         held.check()
@@ -159,7 +159,9 @@ def _extract(url_or_path: str, *more: str):
 
 
 def _records(objects: Objects, name: str) -> list[str]:
-    return [k for k in objects.keys(f".vsekit/commits/{name}/") if k.endswith(".json")]
+    """The live commit records of ``name`` (a repair voids a record in place, never deletes it)."""
+    return [k for k in objects.keys(f".vsekit/commits/{name}/")
+            if k.endswith(".json") and not objects.get_json(k)[0].get("void")]
 
 
 def test_extraction_on_azure_equals_disk_in_process_and_on_local_2(az, demo_dir, tmp_path):

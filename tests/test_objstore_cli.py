@@ -97,6 +97,25 @@ def test_a_missing_bucket_is_one_error_line_naming_the_url_before_any_work(s3, d
         assert r.exit_code == 1 and len(errors) == 1 and url in errors[0], r.output
 
 
+def test_missing_credentials_are_worded_as_such_in_one_line_naming_no_internal_object(s3, demo_dir, monkeypatch):
+    """Issue 45: with no credentials at all the SDK asks the instance-metadata service for some and
+    fails there; the user gets one line saying credentials are missing (not the SDK's PUT to an
+    address they never gave, nor a key of vsekit's own bookkeeping), and nothing reaches the bucket."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")   # no metadata service answers here
+    url = s3.url()
+    for argv in (["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url,
+                  "--storage-option", "max_retries=0"], ["info", url, "--storage-option", "max_retries=0"]):
+        r = _run(argv)
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, r.output
+        assert url in errors[0] and "no credentials were found: set AWS_ACCESS_KEY_ID" in errors[0], errors
+        for internal in ("latest/api/token", "127.0.0.1:9", ".vsekit", "zarr.json", "Generic S3 error"):
+            assert internal not in r.output, (internal, r.output)
+    assert s3.keys() == []
+
+
 def test_an_unreachable_endpoint_is_one_error_line_after_bounded_retries(s3, demo_dir, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")    # nothing listens there
     url = s3.url()
@@ -135,9 +154,23 @@ def test_multi_writer_runs_are_refused_on_a_provider_that_ignores_conditions(s3,
     errors = _errors(r.output)
     assert r.exit_code == 1 and len(errors) == 1, r.output
     assert "cannot keep two writers apart" in errors[0] and "without --cluster (in one process)" in errors[0]
-    # single-writer (in-process) still runs there
-    r = _run(["extract", "--store", url, *FAST])
+    # every writer, in-process too, is refused there unless the user says it is the only one (issue 44
+    # item 4: two in-process writers both "held" the lease and one's repair deleted the other's records)
+    for argv in (["extract", "--store", url, *FAST], ["tokenize", "--store", url],
+                 ["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", s3.url("new.zarr")]):
+        r = _run(argv)
+        errors = _errors(r.output)
+        assert r.exit_code == 1 and len(errors) == 1, (argv, r.output)
+        assert "cannot keep two writers apart" in errors[0] and "--storage-option single_writer=true" in errors[0]
+    assert not [k for k in s3.keys() if "/features/" in k or "/tokens" in k or k.startswith("new.zarr")]
+    # the word is one storage option, the same for every command; it never opens a multi-writer run
+    single = ["--storage-option", "single_writer=true"]
+    r = _run(["extract", "--store", url, *FAST, "--cluster", "local:2", *single])
+    assert r.exit_code == 1 and "without --cluster (in one process)" in _errors(r.output)[0], r.output
+    r = _run(["extract", "--store", url, *FAST, *single])
     assert r.exit_code == 0 and "24 done" in r.output, r.output
+    assert len(s3.keys("x.zarr/.vsekit/commits/test_resnet_fne/")) == 3      # one record per block
+    assert _run(["tokenize", "--store", url, *single]).exit_code == 0
 
 
 def test_executors_that_do_not_serve_object_storage_refuse_it(s3, demo_dir):
@@ -327,3 +360,38 @@ def test_a_commands_storage_options_do_not_carry_over_to_the_next_command_in_one
     assert r1.exit_code != 0 and "refused the connection" in r1.output, r1.output
     r2 = _run(["info", url])          # the environment's endpoint again, not the last command's
     assert r2.exit_code == 0 and "images" in r2.output, r2.output
+
+
+def test_an_in_process_extract_whose_lease_was_taken_over_ends_in_one_error_line_and_writes_no_more(
+        s3, demo_dir, monkeypatch):
+    """Issue 44 item 4: the run is paused past its lease's expiry after its first block, and another run
+    takes the set over. It ended in a traceback (``DriverGone``, words for a dask task); now it is one
+    Error line saying that the lease was lost and what was kept, and nothing more reaches the store."""
+    import json
+
+    from vsekit.storage import objcommit, objstore
+
+    url = s3.url()
+    assert _run(["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--store", url]).exit_code == 0
+    write_record = objcommit.write_record
+
+    def then_taken_over(fs, block, status):
+        done = write_record(fs, block, status)
+        key = objstore.lease_key("test_resnet_fne")
+        taker = dict(fs.store.objects.get_json(key)[0], token="another-run", pid=1, stage="vsekit extract (B)")
+        fs.store.objects.put(key, objstore.dumps(taker))   # what B's takeover after the expiry leaves
+        return done
+
+    monkeypatch.setattr(objcommit, "write_record", then_taken_over)
+    r = _run(["extract", "--store", url, *FAST])
+    errors = _errors(r.output)
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert "Traceback" not in r.output and "DriverGone" not in r.output and "submitted" not in r.output
+    assert "lost the lease of feature set 'test_resnet_fne'" in errors[0] and "another run took it over" in errors[0]
+    assert "Kept: 8 done and 0 failed rows of 24" in errors[0], errors
+    records = s3.keys("x.zarr/.vsekit/commits/test_resnet_fne/")
+    assert len(records) == 1                                        # block 0 only: nothing after the loss
+    assert not [k for k in s3.keys("x.zarr/features/test_resnet_fne/data/") if "/c/1/" in k or "/c/2/" in k]
+    lease = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="x.zarr/" + objstore.lease_key(
+        "test_resnet_fne"))["Body"].read())
+    assert lease["token"] == "another-run"                          # the taker's lease is left alone

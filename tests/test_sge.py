@@ -334,6 +334,9 @@ def test_sge_array_with_a_deleted_task_then_the_rerun_complete_every_block_once(
     _wait(lambda: any(j == f"{job}.1" for _, _, j in commits(commit_log)), 240, "task 1 to commit a block")
     subprocess.run([sge_local.which("qdel"), job, "-t", "1"], env=env, check=True, capture_output=True)
     _wait(lambda: job not in _qstat(env), 300, f"array {job} to end")
+    from vsekit.storage.lock import holder   # the one takeover rule: an ended array's lock until it expires
+
+    _wait(lambda: holder(demo_store.path, name) is None, 120, "the ended array's lock to expire")
     again = extract(demo_store, cluster="sge-array:2", **OPTS)   # the same command fills any gap
     if again.job_id is not None:
         _wait(lambda: again.job_id not in _qstat(env), 300, f"array {again.job_id} to end")
@@ -343,6 +346,7 @@ def test_sge_array_with_a_deleted_task_then_the_rerun_complete_every_block_once(
     assert _per_block(commit_log) == {b: 1 for b in range(len(fs.blocks()))}   # each block once
     tasks = {j for _, _, j in commits(commit_log)}
     assert f"{job}.1" in tasks and tasks <= {f"{job}.1", f"{job}.2", f"{again.job_id}.1", f"{again.job_id}.2"}
+    _wait(lambda: holder(demo_store.path, name) is None, 120, "the ended array's lock to expire")
     assert extract(demo_store, cluster="sge-array:2", **OPTS).job_id is None   # a finished set says so
 
 
@@ -368,10 +372,10 @@ def test_sge_array_refused_by_qsub_is_one_error_line_and_leaves_nothing(on_sge, 
 
 def test_a_running_sge_array_holds_the_set_against_other_writers(on_sge, demo_store, tmp_path, monkeypatch):
     """While Grid Engine knows the array (``qstat -j``; here its one task is held at its start),
-    another extract of the same set is refused; once the array is deleted and gone, the lock is
-    stale and the next run proceeds and completes the set."""
+    another extract of the same set is refused; once the array is deleted and gone and its lock has
+    expired, the next run proceeds and completes the set."""
     from vsekit.extract import extract
-    from vsekit.storage.lock import LockHeld
+    from vsekit.storage.lock import LockHeld, lock_path
 
     env = on_sge["env"]
     monkeypatch.setenv("VSEKIT_PAUSE", f"array-task-1:start={tmp_path / 'never'}")
@@ -383,5 +387,8 @@ def test_a_running_sge_array_holds_the_set_against_other_writers(on_sge, demo_st
     subprocess.run([sge_local.which("qdel"), job], env=env, check=True, capture_output=True)
     _wait(lambda: job not in _qstat(env), 60, f"array {job} to leave the queue")
     monkeypatch.delenv("VSEKIT_PAUSE")
+    lock = lock_path(demo_store.path, "test_resnet_fne")   # what waiting out its ttl does (the one takeover
+    old = time.time() - 7200                                # rule: gone from the queue AND expired)
+    os.utime(lock, (old, old))
     res = extract(demo_store, workers=0, **OPTS)
     assert res.done == demo_store.n_images

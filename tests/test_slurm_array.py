@@ -210,15 +210,25 @@ def test_a_refused_sbatch_is_one_error_line_and_leaves_nothing(demo_store, fake_
 
 def test_a_running_array_holds_the_set_against_other_writers(demo_store, fake_slurm, monkeypatch):
     """While squeue lists the array, another extract of the same set is refused; once it has
-    left the queue, the lock is stale and the next run proceeds."""
+    left the queue and the lock has expired (the one takeover rule of every guard, as the set's lease
+    on object storage: a task still ending would renew it), the next run proceeds."""
     from vsekit.extract import extract
-    from vsekit.storage.lock import LockHeld
+    from vsekit.storage.lock import LockHeld, lock_path
 
     extract(demo_store, cluster="slurm-array:2", **OPTS)
     (fake_slurm / "bin" / "squeue").write_text("#!/bin/bash\necho RUNNING\n")
     with pytest.raises(LockHeld, match="slurm-array"):
         extract(demo_store, workers=0, **OPTS)
+    lock = lock_path(demo_store.path, NAME)
+    old = time.time() - 7200
+    os.utime(lock, (old, old))                        # expired, but squeue lists the job: still the array's
+    with pytest.raises(LockHeld, match="SLURM job array 4242 .*scancel 4242"):
+        extract(demo_store, workers=0, **OPTS)
     (fake_slurm / "bin" / "squeue").write_text("#!/bin/bash\necho 'Invalid job id specified' >&2\nexit 1\n")
+    os.utime(lock)                                    # the job has left the queue, its lock is fresh
+    with pytest.raises(LockHeld, match="its job has ended and its lease expires in"):
+        extract(demo_store, workers=0, **OPTS)
+    os.utime(lock, (old, old))                        # ... and now expired: the next run takes the set
     res = extract(demo_store, workers=0, **OPTS)
     assert res.done == demo_store.n_images
 
@@ -305,6 +315,10 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     assert "0" in sum(done_first.values(), []) and held[0] not in [b for b, t in done_first.items() if "0" in t]
 
     monkeypatch.delenv("VSEKIT_PAUSE")
+    from vsekit.storage.lock import holder
+
+    # the one takeover rule: the ended array's lock is kept until it expires (one ttl after the last refresh)
+    wait_for(lambda: holder(demo_store.path, NAME) is None, 60, "the ended array's lock to expire")
     t1 = time.time()
     again = extract(demo_store, cluster="slurm-array:3", **OPTS)       # the same command fills the gap
     if again.job_id is not None:
@@ -315,6 +329,7 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     assert np.array_equal(fs.data[:], reference.features(NAME).data[:])   # bit for bit
     done = commits(counted)
     assert sorted(done) == list(range(12)) and all(len(t) == 1 for t in done.values())  # each once
+    wait_for(lambda: holder(demo_store.path, NAME) is None, 60, "the ended array's lock to expire")
     final = extract(demo_store, cluster="slurm-array:3", **OPTS)
     assert final.job_id is None                                          # a finished set reports done
     print(f"\nfirst array {first_array_s:.0f}s (gap left: {12 - len(done_first)} blocks), "

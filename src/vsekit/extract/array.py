@@ -28,7 +28,7 @@ blocks still pending, or reports the set done.
 On object storage (``--store s3://...``) the spec, the block leases (:mod:`vsekit.storage.objleases`),
 the failure reasons and the merge lease are objects of the store (:func:`vsekit.storage.job_arrays.place`),
 the set's lease object is handed to the array instead of the lock file (:func:`_hand_set_lease`; the
-tasks renew it together, :class:`~vsekit.storage.objstore.ArrayLease`), each task runs
+tasks renew it together, :meth:`~vsekit.storage.objstore.SetLease.joint`), each task runs
 ``python -m vsekit.extract.array URL NAME``, and the ``--storage-option`` values reach it in the
 environment of the sbatch / qsub process only (:data:`OPTIONS_ENV`). Job scripts and logs stay in a
 local folder (:func:`vsekit.storage.job_arrays.local_dir`). docs/store.md, "Job arrays on object storage".
@@ -278,8 +278,8 @@ class LockLost(Exception):
 
 class Renewer:
     """A daemon thread that renews the lease in progress and refreshes the set's writer lock (on a
-    disk: touches ``lock_file`` every minute; on object storage: ``refresh``, the array's set lease,
-    every ``refresh_every`` seconds)."""
+    disk: touches ``lock_file``; on object storage: ``refresh``, the array's set lease) every
+    ``refresh_every`` seconds (a third of the ttl)."""
 
     def __init__(self, leases, lock_file: Path | None = None, refresh=None, refresh_every: float = 60.0):
         self.leases, self.lock_file = leases, lock_file
@@ -367,7 +367,7 @@ def _restored(fs: FeatureSet, block: Block) -> bool:
 class LeaseGuard:
     """An array task may write a block while it holds the block's lease, the block is still pending,
     and the array still holds the set's writer lock (the spec's token; on object storage the set's
-    lease, :class:`~vsekit.storage.objstore.ArrayLease`, checked again before the commit record)."""
+    lease held jointly, :meth:`~vsekit.storage.objstore.SetLease.joint`, checked again before the commit record)."""
 
     def __init__(self, leases, lease, spec: dict | None = None, set_lease=None):
         self.leases, self.lease, self.spec, self.set_lease = leases, lease, spec, set_lease
@@ -458,7 +458,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     the set's (the spec is an object of the store). ``task``: the task's number as its scheduler
     numbers it (default: from the environment), the number its log lines, lease records and fault
     points (``array-task-K``) use, so that ``scancel JOB_K`` / ``qdel JOB -t K`` and the log agree."""
-    from ..storage.objstore import ArrayLease, LeaseLost, is_object_url
+    from ..storage.objstore import LeaseLost, SetLease, is_object_url
     from .job import Job, Site
     from .plan import Plan
 
@@ -468,7 +468,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
         if spec is None:
             say(f"no job array spec for {name!r} in {store.path}; stopping")
             return 2
-        set_lease = ArrayLease(store.objects, spec["name"], spec["lock_token"])
+        set_lease = SetLease.joint(store.objects, spec["name"], spec["lock_token"])
         try:
             set_lease.renew()
         except LeaseLost as exc:
@@ -501,7 +501,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     if set_lease is not None:
         renewer = Renewer(leases, refresh=set_lease.renew, refresh_every=set_lease.ttl / 3)
     else:
-        renewer = Renewer(leases, lock_path(spec["store"], spec["name"]))
+        renewer = Renewer(leases, lock_path(spec["store"], spec["name"]), refresh_every=float(spec["ttl"]) / 3)
     committed, dropped = 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
         f"device {device}, {workers} decoding processes, {spec['name']!r}")

@@ -239,6 +239,13 @@ class LockGuard:
             held = lease_valid(fs.store.objects, self.job.lock_name or self.job.name, self.job.lock_token)
         else:
             held = lock_held(self.job.store, self.job.lock_name or self.job.name, self.job.lock_token)
+        if not held and self.record_errors:   # this process is the run: it lost the set itself
+            from ..storage.objstore import LeaseLost
+
+            guard = "lease" if fs.store.remote else "writer lock"
+            raise LeaseLost(f"lost the {guard} of feature set {self.job.name!r} in {fs.store.path}: another run "
+                            f"took it over (this run was paused or cut off past its expiry); block "
+                            f"{block.index} was not written")
         if not held:
             raise DriverGone(f"the run that submitted block {block.index} of {self.job.name!r} is gone; "
                              f"not writing it")

@@ -221,6 +221,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             else:
                 runs, builds, info = run_in_process(job, fs, blocks, store)
             _record(fs, info, requested, cluster)
+            refuse_pending(fs)
         except BaseException as exc:
             _discard_or_keep(store, fs, name, existed, exc)
             raise
@@ -233,6 +234,17 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
                          block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
                          devices=sorted(info.get("devices", ())))
+
+
+def refuse_pending(fs: FeatureSet) -> None:
+    """A run that ends with rows it was asked to compute still pending (no failure reason: their blocks
+    were never committed) has not done its job: one error line, exit 1, never a summary with exit 0."""
+    pending = fs.counts()["pending"]
+    if pending:
+        kept = ("the old set stays as it was" if fs.staged else
+                "the finished blocks are kept: rerun the same command to compute the rest")
+        raise StoreError(f"{fs.name!r} in {fs.store.path}: {pending} of {fs.n_rows} rows are still pending after "
+                         f"this run (their blocks were not committed, and no failure reason was given); {kept}")
 
 
 def own_decoder(store: FeatureStore, name: str, opts: ExtractOptions, plan, overwrite: bool = False):
@@ -286,8 +298,11 @@ def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bo
     on object storage touches nothing: the set belongs to the run that took it over."""
     from ..storage.objstore import LeaseLost
 
-    if isinstance(exc, LeaseLost):
-        return
+    if isinstance(exc, LeaseLost):   # one line: what happened (the exception's words) and what was kept
+        c = fs.counts()
+        raise LeaseLost(f"{exc}. Kept: {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
+                        f"{name!r}, each block whole; the run that took the set over writes the rest (or rerun "
+                        f"the same command once it has stopped)") from None
     if fs.staged:   # a failed --overwrite: the old set stays as it was
         store.discard(fs)
         if isinstance(exc, KeyboardInterrupt):

@@ -85,6 +85,7 @@ class Report:
     blocks: int
     damaged: dict[int, str] = field(default_factory=dict)
     full: bool = True
+    etags: dict[int, str | None] = field(default_factory=dict)   # object storage: the records as checked
 
     @property
     def ok(self) -> bool:

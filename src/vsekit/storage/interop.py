@@ -154,13 +154,9 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
-        final.rename(old)
-        out.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        out.rename(final)
+    from .objcommit import swap_dir
+
+    swap_dir(out, final)
     summary["out"] = str(final)
     summary["vocab"] = [str(final / Path(p).name) for p in summary.get("vocab", [])]
     if not summary["vocab"]:

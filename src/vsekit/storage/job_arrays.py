@@ -12,14 +12,15 @@
   says otherwise.
 
 While the array runs it holds the set's writer lock (:mod:`vsekit.storage.lock`): the lock file
-names the array's job id, and it is stale once its scheduler no longer lists that job
-(:meth:`vsekit.schedulers.base.Scheduler.job_alive`).
+names the array's job id, and it is taken over by the one rule of every guard
+(:func:`vsekit.storage.leases.free_reason`): once the scheduler no longer lists that job and the
+lock has expired.
 
 On object storage the same things are objects under ``.vsekit/arrays/NAME/`` in the store (the spec,
 ``leases/bNNNNNN.json`` of :mod:`vsekit.storage.objleases`, ``errors/``, ``merge/``), the set's lease
 object (:class:`vsekit.storage.objstore.SetLease`) is handed to the array, and the job scripts and
 logs stay in a local folder (:func:`local_dir`). :func:`place` gives either kind of store through
-one interface (:class:`DiskArray`, :class:`ObjectArray`), so the tasks' code is the same.
+one interface (:class:`ArrayState`), so the tasks' code is the same.
 """
 
 from __future__ import annotations
@@ -71,121 +72,88 @@ def remove(store_path: str | os.PathLike, name: str) -> None:
 
 
 # --- where an array keeps its state: a folder, or objects -----------------------------------------
-class DiskArray:
-    """An array's state in ``STORE/.vsekit/arrays/NAME/`` on a POSIX disk."""
+class ArrayState:
+    """An array's state under ``.vsekit/arrays/NAME/`` of its store, through one interface whatever the
+    store: files on a POSIX disk (written whole: temporary file, rename), objects on object storage
+    (one put each). Its leases are the one lease's backend for that store (:class:`.leases.LeaseDir`,
+    :class:`.objleases.ObjectLeaseDir`)."""
 
-    remote = False
+    def __init__(self, store, name: str):
+        self.name, self.objects = name, getattr(store, "objects", None)
+        self.remote = self.objects is not None
+        self.dir = None if self.remote else array_dir(store.path, name)
+        self.prefix = "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])
 
-    def __init__(self, store_path: str | os.PathLike, name: str):
-        self.store_path, self.name = store_path, name
-        self.dir = array_dir(store_path, name)
+    def _read(self, handle) -> dict | None:
+        if self.remote:
+            got = self.objects.get_json(handle)
+            return None if got is None else got[0]
+        try:
+            return json.loads(Path(handle).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _write(self, rel: str, value: Any) -> None:
+        if self.remote:
+            self.objects.put(f"{self.prefix}/{rel}", json.dumps(value, indent=1, default=str).encode())
+        else:
+            write_json(self.dir / rel, value)
+
+    def _list(self, rel: str) -> list:
+        """The handles (object keys or paths) of the ``b*.json`` files under ``rel``."""
+        if self.remote:
+            return self.objects.keys(f"{self.prefix}/{rel}/")
+        return sorted((self.dir / rel).glob("b*.json")) if (self.dir / rel).is_dir() else []
+
+    def _drop(self, handles) -> None:
+        for h in handles:
+            self.objects.delete(h) if self.remote else Path(h).unlink(missing_ok=True)
 
     def read_spec(self) -> dict | None:
-        return read_spec(self.store_path, self.name)
+        return self._read(f"{self.prefix}/spec.json" if self.remote else self.dir / "spec.json")
 
     def write_spec(self, spec: dict) -> None:
-        write_json(self.dir / "spec.json", spec)
+        self._write("spec.json", spec)
 
     def drop_spec(self) -> None:
-        (self.dir / "spec.json").unlink(missing_ok=True)
+        self._drop([f"{self.prefix}/spec.json" if self.remote else self.dir / "spec.json"])
 
     def remove(self) -> None:
-        remove(self.store_path, self.name)
+        self._drop(self.objects.keys(f"{self.prefix}/")) if self.remote else shutil.rmtree(self.dir, ignore_errors=True)
 
     def clear_leases(self) -> None:
-        shutil.rmtree(self.dir / "leases", ignore_errors=True)
+        if self.remote:
+            self._drop(self.objects.keys(f"{self.prefix}/leases/"))
+        else:
+            shutil.rmtree(self.dir / "leases", ignore_errors=True)
 
-    def leases(self, ttl: float | None = None, owner: dict | None = None) -> LeaseDir:
-        return lease_dir(self.store_path, self.name, ttl=ttl, owner=owner)
+    def leases(self, ttl: float | None = None, owner: dict | None = None, rel: str = "leases"):
+        if self.remote:
+            from .objleases import ObjectLeaseDir
 
-    def merge_leases(self) -> LeaseDir:
-        return LeaseDir(self.dir / "merge", ttl=120)
+            return ObjectLeaseDir(self.objects, f"{self.prefix}/{rel}", ttl=ttl, owner=owner)
+        return LeaseDir(self.dir / rel, ttl=ttl, owner=owner)
+
+    def merge_leases(self):
+        return self.leases(ttl=120, rel="merge")
 
     def write_errors(self, index: int, errors: dict) -> None:
-        write_json(self.dir / "errors" / f"b{int(index):06d}.json", errors)
+        self._write(f"errors/b{int(index):06d}.json", errors)
 
     def error_files(self) -> list[tuple[Any, dict]]:
         """(handle, reasons) of each block's failure-reasons file not yet merged."""
-        edir = self.dir / "errors"
-        out = []
-        for f in sorted(edir.glob("b*.json")) if edir.is_dir() else []:
-            try:
-                out.append((f, json.loads(f.read_text())))
-            except (OSError, ValueError):
-                out.append((f, {}))
-        return out
+        return [(h, self._read(h) or {}) for h in self._list("errors")]
 
     def drop_errors(self, handles) -> None:
-        for f in handles:
-            f.unlink(missing_ok=True)
+        self._drop(handles)
 
     def count_errors(self) -> int:
-        return len(list((self.dir / "errors").glob("b*.json")))
+        return len(self._list("errors"))
 
 
-class ObjectArray:
-    """An array's state as objects under ``.vsekit/arrays/NAME/`` in a store on object storage."""
-
-    remote = True
-
-    def __init__(self, objects, name: str):
-        self.objects, self.name = objects, name
-        self.prefix = "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])
-
-    def read_spec(self) -> dict | None:
-        got = self.objects.get_json(f"{self.prefix}/spec.json")
-        return None if got is None else got[0]
-
-    def write_spec(self, spec: dict) -> None:
-        self.objects.put(f"{self.prefix}/spec.json", json.dumps(spec, indent=1, default=str).encode())
-
-    def drop_spec(self) -> None:
-        self.objects.delete(f"{self.prefix}/spec.json")
-
-    def _drop(self, prefix: str) -> None:
-        for key in self.objects.keys(prefix):
-            self.objects.delete(key)
-
-    def remove(self) -> None:
-        self._drop(f"{self.prefix}/")
-
-    def clear_leases(self) -> None:
-        self._drop(f"{self.prefix}/leases/")
-
-    def leases(self, ttl: float | None = None, owner: dict | None = None):
-        from .objleases import ObjectLeaseDir
-
-        return ObjectLeaseDir(self.objects, f"{self.prefix}/leases", ttl=ttl, owner=owner)
-
-    def merge_leases(self):
-        from .objleases import ObjectLeaseDir
-
-        return ObjectLeaseDir(self.objects, f"{self.prefix}/merge", ttl=120)
-
-    def write_errors(self, index: int, errors: dict) -> None:
-        self.objects.put(f"{self.prefix}/errors/b{int(index):06d}.json", json.dumps(errors).encode())
-
-    def error_files(self) -> list[tuple[Any, dict]]:
-        out = []
-        for key in self.objects.keys(f"{self.prefix}/errors/"):
-            got = self.objects.get_json(key)
-            if got is not None:
-                out.append((key, got[0]))
-        return out
-
-    def drop_errors(self, handles) -> None:
-        for key in handles:
-            self.objects.delete(key)
-
-    def count_errors(self) -> int:
-        return len(self.objects.keys(f"{self.prefix}/errors/"))
-
-
-def place(store, name: str) -> DiskArray | ObjectArray:
+def place(store, name: str) -> ArrayState:
     """Where the array writing ``name`` of ``store`` (a :class:`~.store.FeatureStore`) keeps its state."""
-    if getattr(store, "objects", None) is not None:
-        return ObjectArray(store.objects, name)
-    return DiskArray(store.path, name)
+    return ArrayState(store, name)
 
 
 def local_dir(name: str) -> Path:
@@ -194,23 +162,6 @@ def local_dir(name: str) -> Path:
     ``sbatch`` also makes the tasks' working directory; on a cluster, a shared home or project folder
     that the nodes reach, as they must reach ``log_directory``, which chooses another)."""
     return Path.cwd() / "vsekit-arrays" / re.sub(r"[^A-Za-z0-9._-]", "_", name)
-
-
-def lock_stale_reason(path: Path, info: dict, limit: float) -> str | None:
-    """Staleness of a writer lock held by a job array: its job has left the scheduler's queue; where
-    the scheduler cannot tell, the lock's age beyond ``limit`` seconds (the tasks refresh it)."""
-    job = info.get("array_job") or info.get("slurm_array")
-    sched = scheduler(info.get("array_scheduler"))
-    alive = sched.job_alive(job)
-    if alive is True:
-        return None
-    if alive is False:
-        return f"{sched.label} array job {job} has ended"
-    try:
-        age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return "released"
-    return f"not refreshed for {age:.0f}s" if age > limit else None
 
 
 # --- progress ------------------------------------------------------------------------------------

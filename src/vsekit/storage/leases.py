@@ -1,4 +1,10 @@
-"""Block leases: which task of a SLURM job array is writing which row block, and until when.
+"""The one ttl and the one takeover rule of every write guard, and block leases (which task of a job
+array is writing which row block, and until when) on a POSIX disk.
+
+Every guard (a set's writer lock or lease, the store's, a block's lease, a job array's hold of a set)
+expires ``ttl`` seconds (:data:`DEFAULT_TTL_S`, ``VSEKIT_LEASE_TTL_S``) after its holder last renewed
+it; holders renew every ttl/3. :func:`free_reason` is the one rule by which another run may take a
+guard over (docs/store.md, "Write guards: states and transitions").
 
 The lease of block K is a sequence of small files ``DIR/b000042.g0.lease``, ``...g1.lease``, ...;
 the *current* lease is the highest generation present. Each file is a JSON record: the owner's job,
@@ -35,9 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..schedulers import this_task
+from ..schedulers import get as get_scheduler, this_task
+from .base import DEFAULT_STALE_S, STALE_ENV
 
-DEFAULT_TTL_S = 300.0
+DEFAULT_TTL_S = 60.0
 TTL_ENV = "VSEKIT_LEASE_TTL_S"
 _NAME = re.compile(r"^b(\d+)\.g(\d+)\.lease$")
 
@@ -46,10 +53,86 @@ def default_ttl() -> float:
     return float(os.environ.get(TTL_ENV, DEFAULT_TTL_S))
 
 
+def proc_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), to detect a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def gone_here(info: dict) -> str | None:
+    """Why the holder ``info`` is known to be gone: it ran on this host and its pid is gone or now
+    belongs to another process (what a ``kill -9`` leaves); None when it may still run."""
+    host, pid = info.get("host"), info.get("pid")
+    if host != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"process {pid} on {host} is gone"
+    except PermissionError:
+        return None
+    start = info.get("proc_start")
+    if start is not None and proc_start(pid) not in (None, start):
+        return f"pid {pid} on {host} now belongs to another process"
+    return None
+
+
+def free_reason(info: dict, expires: float, now: float | None = None) -> str | None:
+    """THE takeover rule of every guard: why ``info`` (expiring at ``expires``, its holder's clock) may
+    be taken over at ``now`` (default: this host's clock), or None while its holder keeps it.
+
+    Free: released; its holder ran on this host and is gone (at once); it expired (not renewed for a
+    ttl). A job array's guard (``array_job``/``array_scheduler``) is kept while the scheduler lists
+    the job, and until it expires even once the job has left (a task still ending would renew it);
+    where the scheduler cannot answer, until ``VSEKIT_LOCK_STALE_S`` past its expiry."""
+    if info.get("free"):
+        return "released"
+    left = float(expires) - (time.time() if now is None else now)
+    job = info.get("array_job") or info.get("slurm_array")
+    if job or "array_scheduler" in info:
+        sched = get_scheduler(info.get("array_scheduler"))
+        alive = sched.job_alive(job)
+        grace = float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)) if alive is None else 0.0
+        if alive is True or left + grace > 0:
+            return None
+        return f"{sched.label} job array {job} has ended and its lease expired"
+    gone = gone_here(info)
+    if gone is not None:
+        return gone
+    if left <= 0:
+        return f"not renewed for {float(info.get('ttl') or default_ttl()) - left:.0f}s (it expired)"
+    return None
+
+
 def owner_record() -> dict:
     """Who is claiming: the batch job and array task (when inside one), host and pid."""
     job, task = this_task()   # the task as its scheduler numbers it
     return {"job": job, "task": task, "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def holder_words(info: dict, expires: float) -> str | None:
+    """Who holds the guard ``info`` and when it may be taken (words for an Error line), or None when
+    it may be taken now (:func:`free_reason`)."""
+    if free_reason(info, expires) is not None:
+        return None
+    left = float(expires) - time.time()
+    job = info.get("array_job") or info.get("slurm_array")
+    if job or "array_scheduler" in info:
+        sched = get_scheduler(info.get("array_scheduler"))
+        who = f"{sched.label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
+        alive = sched.job_alive(job)
+        if alive is True:
+            return f"{who}; wait for it to end, or cancel it ({sched.cancel_hint(job)})"
+        if left > 0:   # even once the job has left the queue: a task still ending would renew it
+            ended = "its job has ended and " if alive is False else ""
+            return f"{who}; {ended}its lease expires in {left:.0f} s: rerun then"
+        return (f"{who}; {sched.status} cannot answer here, so its lease is "
+                f"kept until {STALE_ENV}={os.environ.get(STALE_ENV, DEFAULT_STALE_S)} s past its expiry")
+    return (f"another run ({info.get('stage', 'vsekit')}, pid {info.get('pid')} on {info.get('host')}); its "
+            f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once it has stopped")
 
 
 @dataclass
@@ -128,7 +211,7 @@ class LeaseDir:
         won it at the same moment)."""
         gen = self.current(key)
         before = self.state(key, gen) if gen >= 0 else None
-        if before is not None and not before.free and not before.expired:
+        if before is not None and free_reason(before.owner, before.expires) is None:
             return None
         token = uuid.uuid4().hex
         tmp, fd = self._record(key, dict(self.owner, token=token, ttl=self.ttl, block=int(key),
@@ -205,4 +288,5 @@ class LeaseDir:
                 yield s
 
 
-__all__ = ["DEFAULT_TTL_S", "Lease", "LeaseDir", "LeaseState", "TTL_ENV", "default_ttl", "owner_record"]
+__all__ = ["DEFAULT_TTL_S", "Lease", "LeaseDir", "LeaseState", "TTL_ENV", "default_ttl", "free_reason", "gone_here",
+           "owner_record"]

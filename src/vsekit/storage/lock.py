@@ -8,12 +8,14 @@ cluster's shared filesystem and is never seen half-written (a full disk leaves n
 file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
 lock file (damage) is stale at once.
 
-A lock is *stale*, and broken by the next writer, when
-
-* its host is this host and its process is gone (or the pid now belongs to another process): this is
-  what a ``kill -9`` or a crash leaves behind;
-* its host is another host and the holder has not refreshed it for ``VSEKIT_LOCK_STALE_S`` seconds
-  (default 3600). A holder refreshes its file's modification time every minute from a daemon thread.
+A lock is *stale*, and broken by the next writer, by the one takeover rule of every guard
+(:func:`.leases.free_reason`): its holder ran on this host and is gone (or the pid now belongs to
+another process: what a ``kill -9`` or a crash leaves behind), or it expired: its holder has not
+refreshed it for a ttl (``VSEKIT_LEASE_TTL_S``, default 60 s; the lock's expiry is its file's
+modification time plus the ttl it records). A holder refreshes it every ttl/3 from a daemon thread.
+One exception, on a disk only: a holder that runs on this host now keeps its lock past its expiry (a
+stopped or suspended process, Ctrl-Z), since ``tokenize``, ``split`` and ``info --repair`` write without
+checking their guard before each block (``tests/test_lock.py::test_a_live_holder_on_this_host_keeps_its_lock_past_its_expiry``).
 
 ``VSEKIT_BREAK_LOCK=1`` breaks any lock (when you know the other writer is dead). The lock is
 released when the run ends, also on an exception or Ctrl-C. A process that holds a lock can take it
@@ -39,11 +41,12 @@ from pathlib import Path
 from typing import Iterator
 
 from .fserrors import naming
-from .base import DEFAULT_STALE_S, STALE_ENV, StoreError
+from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
+from .leases import DEFAULT_TTL_S, default_ttl, free_reason, gone_here, holder_words, proc_start
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
-HEARTBEAT_S = 60.0
+HEARTBEAT_S = DEFAULT_TTL_S / 3   # the longest wait between two refreshes (a third of the ttl, or less)
 _GROUP_JSON = b'{"zarr_format": 3, "node_type": "group", "attributes": {}}'
 
 _held: dict[str, int] = {}       # lock path → depth, for this process
@@ -60,23 +63,7 @@ def lock_path(store_path: str | os.PathLike, name: str) -> Path:
     return Path(store_path).joinpath(*LOCK_DIR) / f"{safe}.lock"
 
 
-def _proc_start(pid: int) -> str | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux), to detect a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+_proc_start = proc_start
 
 
 TORN = {"torn": True}   # what _read returns for an empty or unparsable lock file
@@ -99,26 +86,23 @@ def stale_reason(path: Path, info: dict) -> str | None:
         return f"{BREAK_ENV}=1"
     if info.get("torn"):   # locks are linked into place complete, so no live writer left this
         return "the lock file is empty or torn (left by a run that failed while writing it)"
-    if info.get("array_job") or info.get("slurm_array"):   # held by a job array (extract --cluster slurm-array:N, sge-array:N)
-        from .job_arrays import lock_stale_reason
-
-        return lock_stale_reason(path, info, float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)))
-    host, pid = info.get("host"), info.get("pid")
-    if host == socket.gethostname() and isinstance(pid, int):
-        if not _alive(pid):
-            return f"process {pid} on {host} is gone"
-        start = info.get("proc_start")
-        if start is not None and _proc_start(pid) not in (None, start):
-            return f"pid {pid} on {host} now belongs to another process"
-        return None
+    if _alive_here(info):   # on a disk, a live holder on this host keeps its lock, expired or not:
+        return None         # tokenize, split and info --repair write without a check per block
     try:
-        age = time.time() - path.stat().st_mtime
+        return free_reason(info, _expires(path, info))
     except FileNotFoundError:
         return "released"
-    limit = float(os.environ.get(STALE_ENV, DEFAULT_STALE_S))
-    if age > limit:
-        return f"not refreshed for {age:.0f}s (more than {STALE_ENV}={limit:.0f})"
-    return None
+
+
+def _alive_here(info: dict) -> bool:
+    """A lock (not a job array's) whose holder runs on this host now: not gone by the one rule."""
+    return (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
+            and not (info.get("array_job") or info.get("slurm_array")) and gone_here(info) is None)
+
+
+def _expires(path: Path, info: dict) -> float:
+    """A lock file's expiry: its last refresh (modification time) plus the ttl its holder records."""
+    return path.stat().st_mtime + float(info.get("ttl") or default_ttl())
 
 
 def describe(info: dict) -> str:
@@ -226,13 +210,15 @@ def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
 def acquire_file(path: Path, what: str, stage: str, rule: str) -> dict:
     """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
     info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-            "started": time.time(), "stage": stage, "token": uuid.uuid4().hex}
+            "started": time.time(), "stage": stage, "token": uuid.uuid4().hex, "ttl": default_ttl()}
     for _ in range(5):
         if _try_create(path, info):
             return info
         seen = _read(path)
         if seen is None:
             continue
+        if stale_reason(path, seen) is None and (seen.get("array_job") or seen.get("slurm_array")):
+            raise LockHeld(f"{what} is being written by {holder_words(seen, _expires(path, seen))}")
         if stale_reason(path, seen) is None:
             raise LockHeld(
                 f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
@@ -307,14 +293,14 @@ def _check_not_replaced(store_path: str | os.PathLike) -> None:
 
 
 def _heartbeat(path: Path, stop: threading.Event) -> None:
-    while not stop.wait(HEARTBEAT_S):
+    while not stop.wait(min(HEARTBEAT_S, default_ttl() / 3)):
         with contextlib.suppress(OSError):
             os.utime(path)
 
 
 @contextlib.contextmanager
 def _refreshed(path: Path) -> Iterator[None]:
-    """Refresh the lock file ``path`` every minute while the block runs (so other hosts keep waiting)."""
+    """Refresh the lock file ``path`` every ttl/3 while the block runs (so other runs keep waiting)."""
     stop = threading.Event()
     threading.Thread(target=_heartbeat, args=(path, stop), name=f"vsekit-lock-{path.name}", daemon=True).start()
     try:

@@ -70,30 +70,49 @@ def generation(fs: "FeatureSet") -> str:
     return str(gen)
 
 
+def _live(body: dict | None) -> bool:
+    """A record that commits its block: not one a repair voided (:func:`repair`)."""
+    return body is not None and "block" in body and not body.get("void")
+
+
 def write_record(fs: "FeatureSet", block: "Block", status: np.ndarray) -> bool:
-    """Commit ``block`` (its chunks are written): check the lease, then create its record. False when
-    the block had a record already (another writer committed it: this one leaves it alone)."""
+    """Commit ``block`` (its chunks are written): check the lease, then create its record, or replace a
+    record a repair voided (compare-and-swap from the ETag just read). False when the block had a live
+    record already (another writer committed it: this one leaves it alone)."""
     point("objstore:record")     # a kill here leaves the chunks written and the block uncommitted
     fs.store.check_lease(fs.target)
-    body = {"block": block.index, "start": block.start, "stop": block.stop,
-            "status": np.asarray(status, dtype=np.uint8).tolist(), "sums": _sums(fs, block),
-            "token": fs.store.lease_token, "time": time.time()}
-    return _objects(fs).create(record_key(fs.name, generation(fs), block.index), dumps(body)) is not None
+    body = dumps({"block": block.index, "start": block.start, "stop": block.stop,
+                  "status": np.asarray(status, dtype=np.uint8).tolist(), "sums": _sums(fs, block),
+                  "token": fs.store.lease_token, "time": time.time()})
+    key = record_key(fs.name, generation(fs), block.index)
+    if _objects(fs).create(key, body) is not None:
+        return True
+    got = _objects(fs).get_json(key)
+    if got is None or _live(got[0]) or not got[1]:
+        return False
+    return _objects(fs).swap(key, body, got[1]) is not None
+
+
+def _read(fs: "FeatureSet", index: int) -> tuple[dict, str | None] | None:
+    return _objects(fs).get_json(record_key(fs.name, generation(fs), index))
 
 
 def read_record(fs: "FeatureSet", index: int) -> dict | None:
-    got = _objects(fs).get_json(record_key(fs.name, generation(fs), index))
-    return None if got is None else got[0]
+    got = _read(fs, index)
+    return got[0] if got is not None and _live(got[0]) else None
 
 
-def records(fs: "FeatureSet") -> dict[int, dict]:
-    """Every commit record of ``fs``'s generation, by block index."""
+def records(fs: "FeatureSet", etags: dict[int, str | None] | None = None) -> dict[int, dict]:
+    """Every live commit record of ``fs``'s generation, by block index (``etags``: filled with each
+    one's ETag, for a repair that must not void a record written after it looked)."""
     objects, gen = _objects(fs), generation(fs)
     out = {}
     for key in objects.keys(f".vsekit/commits/{fs.name}/{gen}/"):
         got = objects.get_json(key)
-        if got is not None and "block" in got[0]:
+        if got is not None and _live(got[0]):
             out[int(got[0]["block"])] = got[0]
+            if etags is not None:
+                etags[int(got[0]["block"])] = got[1]
     return out
 
 
@@ -118,7 +137,9 @@ def reconcile(fs: "FeatureSet") -> int:
         if not np.any(status[b.start:b.stop] == PENDING):
             continue
         got = objects.get_json(key)
-        want = np.asarray((got or ({}, None))[0].get("status", []), dtype=np.uint8)
+        if got is None or not _live(got[0]):
+            continue
+        want = np.asarray(got[0].get("status", []), dtype=np.uint8)
         if len(want) == len(b):
             fs.status[b.start:b.stop] = want
             fixed += 1
@@ -130,7 +151,7 @@ def verify(fs: "FeatureSet", report, status_block, *, quick: bool = False):
     ``integrity.Report``; ``status_block(fs, block)`` reads a block's status or says why it cannot):
     what :func:`vsekit.storage.integrity.verify` returns for a set on object storage."""
     blocks = fs.blocks()
-    recs = records(fs)
+    recs = records(fs, report.etags)   # with the ETags this check saw: a repair voids only those records
     for b in blocks:
         rows = f" (rows {b.start}-{b.stop - 1})"
         status = status_block(fs, b)
@@ -158,13 +179,43 @@ def verify(fs: "FeatureSet", report, status_block, *, quick: bool = False):
 
 
 def repair(fs: "FeatureSet", report) -> int:
-    """Mark damaged blocks pending and drop their records, so a rerun commits them again."""
+    """Mark damaged blocks pending, so a rerun commits them again. A record is never deleted: the repair
+    voids it by compare-and-swap from the ETag :func:`verify` saw, keeping its body (the rerun's record
+    replaces the void one the same way). A record that changed since the check (another writer's) is
+    left as it is, and so is its block. Its callers hold the set's lease; returns the blocks marked pending."""
     blocks = fs.blocks()
+    etags = report.etags
+    marked = 0
     for i in sorted(report.damaged):
-        _objects(fs).delete(record_key(fs.name, generation(fs), i))
+        key = record_key(fs.name, generation(fs), i)
+        if i in etags:
+            got = _objects(fs).get_json(key)
+            void = dumps({"void": True, "record": got[0] if got else None, "reason": report.damaged[i],
+                          "by": fs.store.lease_token, "time": time.time()})
+            if got is None or got[1] != etags[i] or _objects(fs).swap(key, void, etags[i]) is None:
+                continue
         b = blocks[i]
         fs.status[b.start:b.stop] = np.zeros(len(b), dtype=np.uint8)
-    return len(report.damaged)
+        marked += 1
+    return marked
+
+
+def swap_dir(staging, final, *, trash=None, step: Callable[[], None] = lambda: None) -> None:
+    """The POSIX twin of :func:`swap_in`: rename the complete folder ``staging`` to ``final``, an old
+    ``final`` moved aside first (to ``trash``, default ``.FINAL.old-*`` beside it) and removed after.
+    ``step()`` runs between the two renames (the caller's fault point). A kill leaves the old or the new
+    folder in place and at most a hidden leftover, which the next writer removes."""
+    import shutil
+    import uuid
+
+    old = None
+    if final.exists():
+        old = trash or final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:8]}")
+        final.rename(old)
+    step()
+    staging.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def swap_in(objects: Objects, moves: Sequence[tuple[str, str]], meta: bytes, *, step: Callable[[str], None],

@@ -1,4 +1,5 @@
-"""Block leases of a job array on object storage: the counterpart of :class:`.leases.LeaseDir`.
+"""Block leases of a job array on object storage: the counterpart of :class:`.leases.LeaseDir`, one
+:class:`~.objstore.ObjectLease` (the object backend of the one lease) per block.
 
 The lease of block K is ONE object, ``PREFIX/b000042.json``: a JSON record of the owner's job, array
 task, host, pid, a random token, the time-to-live and ``expires`` (the holder's clock, as the POSIX
@@ -25,32 +26,17 @@ between its check and its commit record (``tests/test_objstore_array.py``).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Iterator
 
 from .base import StoreError
 from .leases import LeaseState, default_ttl, owner_record
-from .objstore import Objects, dumps
-
-
-@dataclass
-class ObjectLease:
-    """A lease this process holds on object storage: its block, token, last ETag and expiry."""
-
-    key: int
-    token: str
-    etag: str | None
-    expires: float
-    ttl: float
-    stolen_from: dict | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+from .objstore import ObjectLease, Objects
 
 
 class ObjectLeaseDir:
-    """The leases of one feature set's blocks: objects under ``prefix`` in ``objects``' store."""
+    """The leases of one feature set's blocks: one :class:`~.objstore.ObjectLease` per block under
+    ``prefix`` in ``objects``' store (the interface of :class:`.leases.LeaseDir`)."""
 
     def __init__(self, objects: Objects, prefix: str, ttl: float | None = None, owner: dict | None = None):
         self.objects = objects
@@ -61,29 +47,16 @@ class ObjectLeaseDir:
     def object_key(self, key: int) -> str:
         return f"{self.prefix}/b{int(key):06d}.json"
 
-    def _body(self, key: int, token: str, expires: float) -> bytes:
-        return dumps(dict(self.owner, token=token, ttl=self.ttl, block=int(key), taken=time.time(),
-                          expires=expires))
-
     # --- taking --------------------------------------------------------------------------------
     def claim(self, key: int) -> ObjectLease | None:
         """Take the lease of ``key`` if it is free or expired; None if another task holds it (or
         won it at the same moment)."""
-        name = self.object_key(key)
-        got = self.objects.get_json(name)
-        token = uuid.uuid4().hex
-        expires = time.time() + self.ttl
-        if got is None:
-            etag, stolen = self.objects.create(name, self._body(key, token, expires)), None
-        else:
-            info, seen = got
-            if not info.get("free") and time.time() <= float(info.get("expires", 0)):
-                return None
-            etag = self.objects.swap(name, self._body(key, token, expires), seen) if seen else None
-            stolen = None if info.get("free") else info
-        if etag is None:
+        now = time.time()
+        lease = ObjectLease(self.objects, self.object_key(key), dict(self.owner, block=int(key), taken=now), self.ttl)
+        if lease.take(now) is not None:
             return None
-        return ObjectLease(int(key), token, etag, expires, self.ttl, stolen_from=stolen)
+        lease.key = int(key)   # the block, as a POSIX lease names it
+        return lease
 
     # --- holding -------------------------------------------------------------------------------
     def renew(self, lease: ObjectLease) -> None:
@@ -91,16 +64,11 @@ class ObjectLeaseDir:
         with lease.lock:
             if lease.etag is None:
                 return
-            expires = time.time() + lease.ttl
+            etag = lease.etag
             try:
-                etag = self.objects.swap(self.object_key(lease.key), self._body(lease.key, lease.token, expires),
-                                         lease.etag)
+                lease.swap_body(time.time())
             except StoreError:   # the server did not answer: the lease runs out unless a later renewal works
-                return
-            if etag is None:
-                lease.etag = None       # taken over after it expired (or released): lost for good
-            else:
-                lease.etag, lease.expires = etag, expires
+                lease.etag = etag
 
     def held(self, lease: ObjectLease, margin: float | None = None) -> bool:
         """Whether ``lease`` is still this process's, with more than ``margin`` seconds left."""
@@ -111,11 +79,8 @@ class ObjectLeaseDir:
     def release(self, lease: ObjectLease) -> None:
         """Mark the block free, only if the lease is still this process's (compare-and-swap)."""
         with lease.lock:
-            if lease.etag is None:
-                return
             with contextlib.suppress(StoreError):   # unreachable: the lease simply expires
-                self.objects.swap(self.object_key(lease.key), dumps({"free": True, "released_by": lease.token}),
-                                  lease.etag)
+                lease.free()
             lease.etag = None
 
     # --- looking -------------------------------------------------------------------------------

@@ -42,8 +42,10 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 _RETRY_KEYS = {"max_retries": int, "retry_timeout": float}
 _CLIENT_KEYS = ("allow_http", "timeout", "connect_timeout")
 #: storage options vsekit reads itself (``read_requests``: the trainer's chunk reads in flight,
-#: ``storage/chunks.py``), not passed to obstore
-_OWN_KEYS = ("read_requests",)
+#: ``storage/chunks.py``; ``single_writer``: the user's word that no other writer uses the store,
+#: :func:`require_conditions`), not passed to obstore
+SINGLE_WRITER = "single_writer"
+_OWN_KEYS = ("read_requests", SINGLE_WRITER)
 #: option names whose values are secrets (never shown; none is ever written anywhere)
 _SECRET = re.compile(r"(secret|token|password|key|credential|sas)", re.I)
 
@@ -171,9 +173,26 @@ def _first_line(exc: BaseException) -> str:
     return text[:300]
 
 
-def _reason(exc: BaseException) -> str:
-    """Why a request failed, in words (the provider's error code when it gave one)."""
+#: where each provider's SDK looks for credentials when none are given (the cloud's instance-metadata
+#: service): a request that failed there failed for want of credentials, not for the store
+_METADATA_PROBES = ("/latest/api/token", "/latest/meta-data", "metadata.google.internal", "computeMetadata",
+                    "/metadata/identity")
+_NO_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or --storage-option access_key_id=... "
+          "--storage-option secret_access_key=...)",
+    "gs": "GOOGLE_SERVICE_ACCOUNT (or --storage-option service_account=PATH)",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or --storage-option account_key=...)"}
+
+
+def _reason(exc: BaseException, scheme: str | None = None) -> str:
+    """Why a request failed, in words (the provider's error code when it gave one). A failure of the
+    SDK's instance-metadata probe means no credentials were found, and is worded so, without the
+    SDK's text (it names an internal address the user never gave)."""
     text = str(exc)
+    if any(probe in text for probe in _METADATA_PROBES):
+        where = _NO_CREDENTIALS.get(scheme or "", "the provider's credential variables")
+        return (f"no credentials were found: set {where}, or run where the machine has its own "
+                f"(an instance role)")
     for code, words in (("NoSuchBucket", "the bucket does not exist"),
                         ("ContainerNotFound", "the container does not exist"),
                         ("AuthenticationFailed", "the provider refused the credentials (wrong account key or token)"),
@@ -205,7 +224,9 @@ class Objects:
         self.store = _open_obstore(self.url, self.options)
 
     def _fail(self, what: str, key: str, exc: BaseException) -> StoreError:
-        return StoreError(f"{self.url}: cannot {what} {key}: {_reason(exc)}")
+        """One error line naming the store's URL and the cause, never the object: ``key`` is vsekit's
+        own bookkeeping (a lease, a swap mark, a chunk), which the user never named."""
+        return StoreError(f"{self.url}: cannot {what} the store: {_reason(exc, scheme_of(self.url))}")
 
     def zarr_store(self, read_only: bool = False):
         from zarr.storage import ObjectStore
@@ -347,88 +368,161 @@ def honours_conditions(objects: Objects) -> bool:
     return _PROBED[objects.url]
 
 
-def require_conditions(objects: Objects, what: str) -> None:
-    """Refuse ``what`` (a multi-writer run) on a provider that ignores conditional writes."""
-    if not honours_conditions(objects):
-        raise StoreError(
-            f"{objects.url}: this object store overwrote an object that was written with create-if-absent "
-            f"(If-None-Match), so it cannot keep two writers apart; {what} is refused there. Run it "
-            f"single-writer: without --cluster (in one process), and no other vsekit writing this store")
+def single_writer(objects: Objects) -> bool:
+    """Whether the user said that this store has one writer (``--storage-option single_writer=true``)."""
+    return str(objects.options.get(SINGLE_WRITER, "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def require_conditions(objects: Objects, what: str, multi: bool = False) -> None:
+    """Refuse ``what`` (any writer; ``multi``: one with several processes writing) on a provider that
+    ignores conditional writes: there no lease keeps two writers apart, so even two in-process runs
+    would both hold it and undo each other's commits. A single writer in one process runs only when
+    the user says so (``--storage-option single_writer=true``); a multi-writer run never does."""
+    if honours_conditions(objects) or (not multi and single_writer(objects)):
+        return
+    how = ("run it without --cluster (in one process) with --storage-option single_writer=true, once no other "
+           "vsekit writes this store" if multi else
+           "if no other vsekit writes this store while it runs, say so with --storage-option single_writer=true")
+    raise StoreError(
+        f"{objects.url}: this object store overwrote an object that was written with create-if-absent "
+        f"(If-None-Match), so it cannot keep two writers apart; {what} is refused there; {how}")
 
 
 # --- the set lease --------------------------------------------------------------------------------
-DEFAULT_TTL_S = 60.0
-TTL_ENV = "VSEKIT_LEASE_TTL_S"
-
-
-def lease_ttl() -> float:
-    return float(os.environ.get(TTL_ENV, DEFAULT_TTL_S))
+from .leases import DEFAULT_TTL_S, TTL_ENV, default_ttl, free_reason, holder_words  # noqa: E402,F401 (one ttl, one rule)
 
 
 def lease_key(name: str) -> str:
     return f".vsekit/leases/{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json"
 
 
-class SetLease:
-    """One writer per feature set on object storage: a lease object taken with create-if-absent,
-    renewed and taken over with compare-and-swap (``If-Match``) once expired.
+class ObjectLease:
+    """The object-storage backend of the one lease (docs/store.md, "Write guards"): ONE object per
+    guard (a set's, the store's, a block's), holding its owner, a token, the ttl and ``expires``.
 
-    The holder renews it every ``ttl / 3`` from a daemon thread; :meth:`check` renews it at once and
-    raises :class:`LeaseLost` when the object changed (another run took it over after it expired) or
-    when less than half the ttl would be left: every commit record is written right after a
-    successful check, so a holder paused past its expiry never commits (``tests/test_objstore.py``).
-    """
+    Taken with create-if-absent, or over a free or expired one (:func:`.leases.free_reason`, the one
+    takeover rule) by compare-and-swap on the ETag just read; renewed by compare-and-swap from the
+    holder's last ETag, so once anyone else wrote it the holder knows it lost it for good; released by
+    a compare-and-swap to a free record (a delete cannot be conditional on every provider). Its POSIX
+    twin is :class:`.leases.LeaseDir` (a file linked under the next generation)."""
+
+    def __init__(self, objects: Objects, key: str, owner: Mapping[str, Any], ttl: float | None = None,
+                 token: str | None = None):
+        self.objects, self.path, self.owner = objects, key, dict(owner)
+        self.ttl = default_ttl() if ttl is None else float(ttl)
+        self.token = token or uuid.uuid4().hex
+        self.etag: str | None = None
+        self.expires = 0.0
+        self.stolen_from: dict | None = None
+        self.lock = threading.Lock()
+
+    def _body(self, now: float) -> bytes:
+        self.expires = now + self.ttl
+        return dumps({**self.owner, "token": self.token, "ttl": self.ttl, "expires": self.expires})
+
+    def take(self, now: float | None = None) -> dict | None:
+        """Take the lease: None when taken; else the record of the holder that keeps it (``{}``: another
+        taker won at the same moment). ``now``: the caller's clock (a block lease's)."""
+        now = time.time() if now is None else now
+        etag = self.objects.create(self.path, self._body(now))
+        if etag is None:
+            got = self.objects.get_json(self.path)
+            if got is None:   # released and deleted meanwhile: one more try
+                etag = self.objects.create(self.path, self._body(now))
+            else:
+                info, seen = got
+                if free_reason(info, float(info.get("expires", 0)), now) is None:
+                    return info
+                etag = self.objects.swap(self.path, self._body(now), seen) if seen else None
+                self.stolen_from = None if info.get("free") else info
+        if etag is None:
+            return {}
+        self.etag = etag
+        return None
+
+    def swap_body(self, now: float | None = None) -> bool:
+        """Renew: rewrite the body from the last ETag; False (lost for good) when anyone else wrote it."""
+        etag = self.objects.swap(self.path, self._body(time.time() if now is None else now), self.etag) \
+            if self.etag else None
+        self.etag = etag
+        return etag is not None
+
+    def free(self) -> None:
+        """Release: a free record, only while the lease is still this holder's (compare-and-swap)."""
+        if self.etag is not None:
+            self.objects.swap(self.path, dumps({"free": True, "released_by": self.token}), self.etag)
+            self.etag = None
+
+
+class SetLease(ObjectLease):
+    """One writer per feature set (and per store: ``.store``) on object storage: an :class:`ObjectLease`
+    renewed every ``ttl / 3`` from a daemon thread. :meth:`check` renews it at once and raises
+    :class:`LeaseLost` when the object changed (another run took it over after it expired) or when less
+    than half the ttl would be left: every commit record is written right after a successful check, so
+    a holder paused past its expiry never commits (``tests/test_objstore.py``).
+
+    ``joint``: the lease as the tasks of a job array hold it together, all under the array's token
+    (:meth:`joint`): each renews by reading the object and compare-and-swapping it with a later expiry
+    while it still holds that token (a sibling's renewal in between makes it read again; another run's
+    takeover changes the token, and the task stops)."""
 
     def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None,
                  token: str | None = None):
-        self.objects, self.name, self.stage = objects, name, stage
-        self.ttl = lease_ttl() if ttl is None else float(ttl)
-        self.key = lease_key(name)
-        self.token = token or uuid.uuid4().hex   # one run's leases share its token (its tasks carry it)
-        self.etag: str | None = None
-        self.expires = 0.0
-        self._lock = threading.Lock()
+        super().__init__(objects, lease_key(name), {}, ttl, token)   # one run's leases share its token
+        self.name, self.stage, self.key = name, stage, self.path
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.lost: str | None = None
         self.extra: dict[str, Any] = {}    # what a hand-over to a job array adds (:meth:`hand_over`)
-        self.handed = False
+        self.handed = self.is_joint = False
 
-    def _body(self) -> bytes:
-        self.expires = time.time() + self.ttl
-        return dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                      "stage": self.stage, "expires": self.expires, "ttl": self.ttl, **self.extra})
+    @classmethod
+    def joint(cls, objects: Objects, name: str, token: str) -> "SetLease":
+        """The set lease as an array task holds it, with its siblings, under the array's ``token``."""
+        lease = cls(objects, name, "vsekit extract array task", token=token)
+        lease.is_joint = True
+        return lease
+
+    def _body(self, now: float) -> bytes:
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "stage": self.stage, **self.extra}
+        return super()._body(now)
 
     def acquire(self) -> "SetLease":
-        etag = self.objects.create(self.key, self._body())
-        if etag is None:
-            got = self.objects.get_json(self.key)
-            if got is None:   # released meanwhile: one more try
-                etag = self.objects.create(self.key, self._body())
-            else:
-                info, seen = got
-                why = holder_live(info)
-                if why is not None:
-                    raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url} is being written by {why}")
-                etag = self.objects.swap(self.key, self._body(), seen) if seen else None
-            if etag is None:
-                raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url}: another run took its "
-                                f"lease at the same moment; rerun later")
-        self.etag = etag
-        self._thread = threading.Thread(target=self._renew_loop, name="vsekit-lease", daemon=True)
-        self._thread.start()
+        held = self.take()
+        if held:
+            raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url} is being written by "
+                            f"{holder_live(held)}")
+        if held is not None:
+            raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url}: another run took its "
+                            f"lease at the same moment; rerun later")
+        threading.Thread(target=self._renew_loop, name="vsekit-lease", daemon=True).start()
         return self
 
+    def _lose(self, why: str) -> LeaseLost:
+        self.lost = why
+        return LeaseLost(why)
+
     def renew(self) -> None:
-        with self._lock:
+        with self.lock:
             if self.lost:
                 raise LeaseLost(self.lost)
-            etag = self.objects.swap(self.key, self._body(), self.etag) if self.etag else None
-            if etag is None:
-                self.lost = (f"lost the lease of feature set {self.name!r} in {self.objects.url} (it expired "
-                             f"and another run took it over); this run stops without committing more blocks")
-                raise LeaseLost(self.lost)
-            self.etag = etag
+            if not self.is_joint:
+                if not self.swap_body():
+                    raise self._lose(f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
+                                     f"expired and another run took it over); this run stops without "
+                                     f"committing more blocks")
+                return
+            for _ in range(20):
+                got = self.objects.get_json(self.path)
+                if got is None or got[0].get("token") != self.token:
+                    raise self._lose(f"the lease of feature set {self.name!r} in {self.objects.url} is no longer "
+                                     f"this job array's (another run took it over); not committing")
+                info, etag = got
+                self.ttl = float(info.get("ttl") or DEFAULT_TTL_S)
+                expires = time.time() + self.ttl
+                if etag and self.objects.swap(self.path, dumps(dict(info, expires=expires)), etag) is not None:
+                    self.expires = expires
+                    return
+                time.sleep(0.05)   # a sibling task renewed it in between: read it again
 
     def check(self) -> None:
         """Renew now; raise :class:`LeaseLost` unless this run still holds the lease for half a ttl."""
@@ -447,113 +541,31 @@ class SetLease:
     def hand_over(self, token: str, extra: Mapping[str, Any], handed: bool = True) -> None:
         """Rewrite the lease (compare-and-swap) as a job array's: its ``token`` and ``extra`` (the job
         id and scheduler, ``pid: 0`` so that this process ending does not free it). ``handed``: this
-        process no longer releases it (the array's tasks renew it; :class:`ArrayLease`); False hands
+        process no longer releases it (the array's tasks renew it jointly: :meth:`joint`); False hands
         it back (a refused submission)."""
-        with self._lock:
-            before = (self.token, self.extra)
+        with self.lock:
+            before = (self.token, self.extra, self.etag)
             self.token, self.extra = token, dict(extra)
-            etag = self.objects.swap(self.key, self._body(), self.etag) if self.etag and not self.lost else None
-            if etag is None:
-                self.token, self.extra = before
+            if self.lost or not self.swap_body():
+                self.token, self.extra, self.etag = before
                 raise LeaseLost(self.lost or f"lost the lease of feature set {self.name!r} in {self.objects.url} "
                                              f"before handing it to the job array")
-            self.etag, self.handed = etag, handed
+            self.handed = handed
 
     def release(self) -> None:
         self._stop.set()
-        with self._lock:
+        with self.lock:
             if self.lost or self.etag is None or self.handed:
                 return
-            got = self.objects.get_json(self.key)
+            got = self.objects.get_json(self.path)
             if got is not None and got[0].get("token") == self.token:
-                self.objects.delete(self.key)
+                self.objects.delete(self.path)
 
 
 def holder_live(info: Mapping[str, Any]) -> str | None:
-    """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it.
-
-    A run's lease: until it expires, unless its holder ran on this host and is gone. A job array's
-    (``array_job``, handed over by ``extract --cluster slurm-array:N``): until it expires AND the
-    scheduler no longer lists the job (the array may wait in the queue for hours with no task to
-    renew it); where the scheduler cannot answer, until ``VSEKIT_LOCK_STALE_S`` (default 3600) past
-    its expiry."""
-    left = float(info.get("expires", 0)) - time.time()
-    if "array_scheduler" in info:
-        from ..schedulers import get
-        from .base import DEFAULT_STALE_S, STALE_ENV
-
-        job, sched = info.get("array_job"), get(str(info.get("array_scheduler")))
-        who = f"{sched.label} job array {job or '(being submitted)'} ({info.get('stage', 'vsekit extract')})"
-        alive = sched.job_alive(job)
-        if alive is True:
-            return f"{who}; wait for it to end, or cancel it ({sched.cancel_hint(job)})"
-        if left > 0:   # even once the job has left the queue: a task still running would be renewing it
-            ended = "its job has ended and " if alive is False else ""
-            return f"{who}; {ended}its lease expires in {left:.0f} s: rerun then"
-        if alive is None and -left < float(os.environ.get(STALE_ENV, DEFAULT_STALE_S)):
-            return (f"{who}; {sched.status} cannot answer here, so its lease is "
-                    f"kept until {STALE_ENV}={os.environ.get(STALE_ENV, DEFAULT_STALE_S)} s past its expiry")
-        return None
-    if left > 0 and not _dead_here(info):
-        return (f"another run ({info.get('stage', 'vsekit')}, pid {info.get('pid')} on {info.get('host')}); its "
-                f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once it has stopped")
-    return None
-
-
-class ArrayLease:
-    """The set lease as the tasks of a job array hold it together, all under the array's token.
-
-    Each task renews it by reading the object and compare-and-swapping it with a later expiry, only
-    while the object still holds the array's token (a sibling's renewal in between makes it read
-    again; another run's takeover changes the token, and the task stops: :class:`LeaseLost`). It is
-    what :meth:`~.store.FeatureStore.check_lease` consults before every commit record of a task."""
-
-    def __init__(self, objects: Objects, name: str, token: str):
-        self.objects, self.name, self.token = objects, name, token
-        self.key = lease_key(name)
-        self.ttl = DEFAULT_TTL_S
-        self.expires = 0.0
-        self.lost: str | None = None
-        self._lock = threading.Lock()
-
-    def renew(self) -> None:
-        with self._lock:
-            if self.lost:
-                raise LeaseLost(self.lost)
-            for _ in range(20):
-                got = self.objects.get_json(self.key)
-                if got is None or got[0].get("token") != self.token:
-                    self.lost = (f"the lease of feature set {self.name!r} in {self.objects.url} is no longer this "
-                                 f"job array's (another run took it over); not committing")
-                    raise LeaseLost(self.lost)
-                info, etag = got
-                self.ttl = float(info.get("ttl") or DEFAULT_TTL_S)
-                expires = time.time() + self.ttl
-                if etag and self.objects.swap(self.key, dumps(dict(info, expires=expires)), etag) is not None:
-                    self.expires = expires
-                    return
-                time.sleep(0.05)   # a sibling task renewed it in between: read it again
-
-    def check(self) -> None:
-        """Renew now; raise :class:`LeaseLost` unless the array still holds the lease for half a ttl."""
-        self.renew()
-        if time.time() > self.expires - self.ttl / 2:
-            raise LeaseLost(f"the lease of {self.name!r} in {self.objects.url} is about to expire; not committing")
-
-
-def _dead_here(info: Mapping[str, Any]) -> bool:
-    """A lease whose holder ran on this host and is gone (a ``kill -9``): taken over at once, as the
-    POSIX lock is, rather than after its expiry."""
-    try:
-        pid = int(info.get("pid", -1))
-        if info.get("host") != socket.gethostname() or pid <= 0:
-            return False
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (TypeError, ValueError, PermissionError):
-        return False
-    return False
+    """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it
+    (:func:`.leases.holder_words` over the one takeover rule)."""
+    return holder_words(dict(info), float(info.get("expires", 0)))
 
 
 def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:

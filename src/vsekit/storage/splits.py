@@ -216,7 +216,6 @@ def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[f
             split_file: str | None = None, val: int | None = None, test: int | None = None, seed: int = 0,
             dry_run: bool = False) -> ResplitReport:
     """Assign the store's images to splits anew, keeping every feature set (see the module docstring)."""
-    from . import lock
     from .remake import remake_command
     from .store import FAILED
 
@@ -242,9 +241,7 @@ def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[f
     if dry_run:
         return report
     # no writer runs meanwhile: the store lock on disk, the store's lease on object storage
-    held = (store.store_writer("vsekit split") if store.remote
-            else lock.replacing_store(store.path, stage="vsekit split"))
-    with held:
+    with store.store_writer("vsekit split"):
         if store.remote:   # no rename there: the split array's chunks are put in place (see the docs)
             store.root["images/split"][:] = new
         else:

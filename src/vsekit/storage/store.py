@@ -210,6 +210,8 @@ class FeatureSet:
 
             if objcommit.committed(self, block):   # committed already: its chunks are never written again
                 return False
+        else:
+            self.store.check_lease(self.target)   # a lock another run took over: nothing written
         for name, values in arrays.items():
             point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
@@ -224,6 +226,7 @@ class FeatureSet:
             if not objcommit.write_record(self, block, status):
                 return False   # committed already by another writer: its status is restored from its record
         else:
+            self.store.check_lease(self.target)   # again right before the commit (checksums, then status)
             point("write_block:sums")
             integrity.record(self, block)
         point("write_block:status")
@@ -340,6 +343,7 @@ class FeatureStore:
         self.objects = objects   # an objstore.Objects for an object-store URL, else None
         self.path = Path(path) if objects is None else objects.url
         self.leases: dict[str, Any] = {}   # set name → the SetLease this process holds (object storage)
+        self.locks: dict[str, str] = {}    # set name → the token of the lock file this process holds (disk)
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
         self._new_store_leases: Any = None   # while an ingest builds this store on object storage
         self.finished_swaps: dict[str, dict] = {}   # set name → the mark of a killed run's swap this one finished
@@ -350,9 +354,23 @@ class FeatureStore:
         return self.objects is not None
 
     def check_lease(self, name: str) -> None:
-        """Raise unless this process may still commit blocks of ``name`` (object storage only)."""
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``:
+        the one check of every guard before a block is written. On a disk: the lock file still holds
+        this run's token (a lock another run took over after it expired does not); a process that holds
+        no lock and carries no run's token (a library call writing outside any writer) is not checked."""
         from .objstore import LeaseLost, lease_valid
 
+        if self.objects is None:
+            token = self.locks.get(name) or self.lease_token
+            if token is None:
+                return
+            from .lock import holder
+
+            info = holder(self.path, name)
+            if not info or info.get("token") != token:
+                raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
+                                f"it over (this run was paused or cut off past its expiry); not writing")
+            return
         if name in self.leases:
             self.leases[name].check()
         elif not lease_valid(self.objects, name, self.lease_token, margin=None):
@@ -362,18 +380,25 @@ class FeatureStore:
     @contextlib.contextmanager
     def writer(self, *names: str, stage: str, multi: bool = False) -> Iterator[None]:
         """Hold the one-writer guard of each of ``names``: the lock files on disk, the leases on object
-        storage (where a multi-writer run first needs a provider that honours conditional writes).
+        storage (on a provider that ignores conditional writes every writer is refused unless the user
+        says it is the only one: :func:`~.objstore.require_conditions`).
         A name this store holds already is held once (``fne`` holds both its sets, then writes them)."""
         if self.objects is None:
-            from .lock import writer_lock
+            from .lock import holder, writer_lock
 
             with writer_lock(self.path, *names, stage=stage):
-                yield
+                taken = [n for n in set(names) if n not in self.locks]
+                for n in taken:
+                    self.locks[n] = (holder(self.path, n) or {}).get("token")
+                try:
+                    yield
+                finally:
+                    for n in taken:
+                        self.locks.pop(n, None)
             return
         from .objstore import SetLease, require_conditions
 
-        if multi:
-            require_conditions(self.objects, f"{stage} with more than one writer")
+        require_conditions(self.objects, f"{stage} with more than one writer" if multi else stage, multi=multi)
         taken = []
         # one token for the leases this run holds at once (its dask tasks carry it and commit any of its
         # sets); a fresh one for a run that holds none, so tasks of an earlier run never commit for it
@@ -400,15 +425,14 @@ class FeatureStore:
     def _check_not_resplit(self) -> None:
         """Refuse to write while `vsekit split` holds this store's lease (object storage; on disk the
         store lock file does this: :func:`vsekit.storage.lock.writer_lock`)."""
-        import time as _time
-
-        from .objstore import LeaseHeld, _dead_here, lease_key
+        from .leases import free_reason
+        from .objstore import LeaseHeld, lease_key
 
         got = self.objects.get_json(lease_key(STORE_LEASE))
         if got is None:
             return
         info = got[0]
-        if _time.time() < float(info.get("expires", 0)) and not _dead_here(info):
+        if free_reason(info, float(info.get("expires", 0))) is None:
             stage = str(info.get("stage", "vsekit split"))
             doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
             raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
@@ -416,9 +440,15 @@ class FeatureStore:
 
     @contextlib.contextmanager
     def store_writer(self, stage: str, what: str = "re-split") -> Iterator[None]:
-        """Hold the whole store (object storage): its lease ``.store``, refused while any set's lease is
-        live; set writers check it after taking theirs (:meth:`writer`), so of two that start at once
-        at least one sees the other, as with the lock files on disk."""
+        """Hold the whole store: its guard ``.store`` (a lock file on disk, a lease on object storage),
+        refused while any set's guard is live; set writers check it after taking theirs (:meth:`writer`),
+        so of two that start at once at least one sees the other."""
+        if self.objects is None:
+            from .lock import replacing_store
+
+            with replacing_store(self.path, stage=stage):
+                yield
+            return
         from .objstore import LeaseHeld, holder_live
 
         with self.writer(STORE_LEASE, stage=stage):
@@ -469,8 +499,11 @@ class FeatureStore:
         from .objcommit import group_meta
         from .objstore import Objects, parse_options
 
+        from .objstore import require_conditions
+
         objects = Objects(url, parse_options(storage_options))
         refuse_if_store_replaced(objects)
+        require_conditions(objects, "vsekit ingest")   # one ingest per URL rests on create-if-absent
         if overwrite and objects.get("zarr.json") is not None:   # only ingest replaces one (building)
             raise StoreError(f"--store {objects.url}: a store on object storage is replaced by `vsekit ingest "
                              f"... --overwrite` only")
@@ -563,13 +596,9 @@ class FeatureStore:
                 point("ingest:complete")
                 store.root.attrs["complete"] = True
                 point("ingest:rename")
-                if path.exists():
-                    trash = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-                    path.rename(trash)
-                    staging.rename(path)
-                    shutil.rmtree(trash, ignore_errors=True)
-                else:
-                    staging.rename(path)
+                from .objcommit import swap_dir
+
+                swap_dir(staging, path)
                 store.path = path
                 store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
                 lock.release(path, INGEST_LOCK, held)
@@ -1063,15 +1092,10 @@ class FeatureStore:
 
     def _replace(self, name: str, staging: str) -> None:
         """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
+        from .objcommit import swap_dir
+
         base = self.path / "features"
-        old = None
-        if (base / name).exists():
-            old = base / f".{name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(base / name, old)
-        point("create_features:swap")
-        os.rename(base / staging, base / name)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_dir(base / staging, base / name, step=lambda: point("create_features:swap"))
 
     def remove_leftovers(self, name: str) -> list[str]:
         """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` / ``.next-*`` folders a killed run left.

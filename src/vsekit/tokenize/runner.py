@@ -355,15 +355,10 @@ def _swap_into_place(store: FeatureStore) -> None:
         store.objects.put(SWAP_MARK, dumps({"staging": STAGING, "token": store.lease_token}))
         _finish_remote_swap(store)
         return
+    from ..storage.objcommit import swap_dir
+
     base = Path(store.path)
-    final, partial = base / "tokens", base / STAGING
-    if final.exists():
-        trash = base / f".tokens-old-{uuid.uuid4().hex[:8]}"
-        final.rename(trash)
-        partial.rename(final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        partial.rename(final)
+    swap_dir(base / STAGING, base / "tokens", trash=base / f".tokens-old-{uuid.uuid4().hex[:8]}")
 
 
 def _finish_remote_swap(store: FeatureStore) -> None:
