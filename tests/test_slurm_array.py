@@ -181,6 +181,9 @@ def test_array_tasks_killed_and_terminated_mid_block_complete_the_set_once_each(
     text = describe(FeatureStore.open(demo_store.path), NAME)
     assert "SLURM job array 4242 (3 tasks): ended" in text
     assert "blocks: 12 done, 0 pending of 12" in text and "leases: 0 live" in text
+    from vsekit.storage.lock import holder   # the one takeover rule: an ended array's lock until it expires
+
+    wait_for(lambda: holder(demo_store.path, NAME) is None, 60, "the ended array's lock to expire")
     again = extract(demo_store, cluster="slurm-array:3", **OPTS)   # the same command: nothing left
     assert again.job_id is None and "nothing left to extract" in again.summary()
     assert sum(len(t) for t in commits(counted).values()) == 12
