@@ -48,8 +48,8 @@ OVERWRITE = click.option("--overwrite", is_flag=True,
                          help="Replace an existing --out (whole: no file of the old one is kept).")
 
 
-def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype, testall=None,
-                 restval_into_train=False, vocab_name=None, overwrite=False, drop_failed=False):
+def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype, testall,
+                 restval_into_train, vocab_name, overwrite, drop_failed):
     from ..storage.interop import export_precomp
     from ..words import plural
 
@@ -70,22 +70,17 @@ def _run_precomp(layout, store_path, features, out, splits, captions_per_image, 
         click.echo(f"warning: {warning}", err=True)
 
 
-@export.command("vsepp")
-@_precomp_options
-def vsepp(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name,
-          overwrite, drop_failed):
-    """VSE++ precomp files: {split}_ims.npy (N, D), {split}_caps.txt, {split}_ids.txt."""
-    _run_precomp("vsepp", store_path, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name, overwrite, drop_failed)
+def _precomp_command(layout: str, doc: str) -> None:
+    """``vsekit export LAYOUT``: the precomp files of VSE++ (``vsepp``) or SCAN / SGRAF (``scan``)."""
+    @export.command(layout, help=doc)
+    @_precomp_options
+    def command(**options):
+        _run_precomp(layout, **options)
 
 
-@export.command("scan")
-@_precomp_options
-def scan(store_path, features, out, splits, captions_per_image, dtype, testall, restval_into_train, vocab_name,
-         overwrite, drop_failed):
-    """SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C), {split}_caps.txt, {split}_ids.txt."""
-    _run_precomp("scan", store_path, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name, overwrite, drop_failed)
+_precomp_command("vsepp", "VSE++ precomp files: {split}_ims.npy (N, D), {split}_caps.txt, {split}_ids.txt.")
+_precomp_command("scan", "SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C), {split}_caps.txt, "
+                         "{split}_ids.txt.")
 
 
 @export.command("hdf5")
@@ -111,30 +106,15 @@ def vocab(store_path, out, overwrite):
     """The store's tokenizer vocabulary as JSON (SCAN) or, for a .pkl --out, VSE++'s pickle."""
     from pathlib import Path
 
-    from ..storage.interop import refuse_existing
+    from ..storage.interop import refuse_existing, vsepp_vocab_pickle
+    from ..tokenize import Vocabulary, export_vocab_json
 
     refuse_existing(Path(out), overwrite)
+    vocab = Vocabulary.from_store(store_path)   # refuses a store without tokens, naming it
     if str(out).lower().endswith(".pkl"):
-        from pathlib import Path
-
-        from ..storage.interop import vsepp_vocab_pickle
-        from ..tokenize.vocab import Vocabulary
-
-        Path(out).write_bytes(vsepp_vocab_pickle(Vocabulary.from_store(store_path).itos))
-        click.echo(f"wrote {out}")
-        return
-    from ..storage.base import no_tokens
-    from ..storage.store import FeatureStore
-
-    try:
-        from ..tokenize import export_vocab_json
-    except ImportError as exc:
-        raise ValueError(f"vocabulary export needs vsekit.tokenize.export_vocab_json ({exc})") from exc
-
-    store = FeatureStore.open(store_path)
-    if not store.has_tokens:
-        raise ValueError(no_tokens(store_path))
-    export_vocab_json(store, out)
+        Path(out).write_bytes(vsepp_vocab_pickle(vocab.itos))
+    else:
+        export_vocab_json(store_path, out)
     click.echo(f"wrote {out}")
 
 

@@ -9,8 +9,6 @@ from .options import CLUSTER, SPLITS, STORAGE_OPTION, StorePath
 from ..clusters import SPEC_HELP as CLUSTER_HELP
 from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
 
-_store = click.option("--store", "store", required=True, type=StorePath(exists=True),
-                      help="The vsekit store (a .zarr folder).")
 _features = click.option("--features", required=True, help="Feature set to read.")
 _split = click.option("--split", default="train", show_default=True, type=SPLITS,
                       help="Split whose done rows give mean and std (train, val, test, restval; "
@@ -27,10 +25,14 @@ _allow_standardized = click.option("--allow-standardized", is_flag=True,
 _overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing output set made with other settings.")
 
 
+def _store(f):
+    """``--store`` (a path or an object-store URL) with its ``--storage-option``."""
+    return click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+                        help="The vsekit store (a .zarr folder, or s3://...).")(STORAGE_OPTION(f))
+
+
 @click.command("standardize")
-@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
-              help="The vsekit store (a .zarr folder, or s3://...).")
-@STORAGE_OPTION
+@_store
 @_features
 @_split
 @_stats_from
@@ -48,9 +50,7 @@ def standardize(store, features, split, stats_from, name, cluster, overwrite, al
 
 
 @click.command("discretize")
-@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
-              help="The vsekit store (a .zarr folder, or s3://...).")
-@STORAGE_OPTION
+@_store
 @_features
 @_thresholds
 @_pack
@@ -70,9 +70,7 @@ def discretize(store, features, thresholds, pack, name, cluster, overwrite, allo
 
 
 @click.command("fne")
-@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
-              help="The vsekit store (a .zarr folder, or s3://...).")
-@STORAGE_OPTION
+@_store
 @_features
 @_split
 @_stats_from

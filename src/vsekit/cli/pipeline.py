@@ -48,8 +48,8 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
     from ..pipeline import list_pipelines, load_pipelines
     from ..pipeline import run as run_pipeline
 
+    pf = load_pipelines(file)
     if list_ or not pipeline:
-        pf = load_pipelines(file)
         click.echo(list_pipelines(pf))
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
@@ -57,7 +57,7 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
     from ..clusters import parse_cluster
 
     sets = _parse_sets(sets)
-    settings = cluster_settings_of(load_pipelines(file), pipeline)
+    settings = cluster_settings_of(pf, pipeline)
     spec = parse_cluster(cluster, settings or None)   # --cluster: parsed once, with the pipeline's `cluster:`
     if device is not None:
         from ..devices import resolve_device
@@ -70,7 +70,7 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
     if smoke:   # the recipe on synthetic data: its variables and stage options set (pipeline/smoke.py)
         from ..pipeline.smoke import make_smoke_data, plan_smoke
 
-        plan = plan_smoke(load_pipelines(file).get(pipeline), cli)
+        plan = plan_smoke(pf.get(pipeline), cli)
         click.echo("\n".join(plan.notes))
         sets, stage_options, counts = {**plan.sets, **sets}, (*plan.options, *stage_options), plan.split_counts()
         if not dry_run:

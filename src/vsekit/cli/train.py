@@ -116,14 +116,13 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
     margs = _model_args(model_arg)
     if global_module is not None:
         margs["global_module"] = global_module
-    if margs and not resume:
+    if not resume:
         from ..train.config import PRESETS
 
-        name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
-        if name:
+        name = model or next((PRESETS[p]["model"] for p in reversed(presets) if PRESETS.get(p, {}).get("model")), None)
+        if margs and name:
             check_model_args(name, list(margs))
-    if not resume:
-        _check_feature_shape(store, features, model, presets)
+        _check_feature_shape(store, features, name)
     if max_restarts and not (nproc_per_node and env is None):
         raise click.ClickException("--max-restarts restarts the ranks that --nproc-per-node starts; give "
                                "--nproc-per-node N, or drop --max-restarts")
@@ -290,13 +289,10 @@ SPATIAL_MODELS = {"sman": "a grid set (`vsekit extract --kind grid`, rows G x G 
                   "sgr": "a regions or grid set (`vsekit extract --kind regions|grid`, `ingest butd`)"}
 
 
-def _check_feature_shape(store: str, features: str, model: str | None, presets) -> None:
-    """Refuse a vector feature set (global, FNE) for a model that reads a grid or regions, naming the fix."""
+def _check_feature_shape(store: str, features: str, name: str | None) -> None:
+    """Refuse a vector feature set (global, FNE) for the model ``name`` if it reads a grid or regions."""
     from ..storage.store import FeatureStore
-    from ..train.config import PRESETS
 
-    name = model or next((PRESETS[p].get("model") for p in reversed(presets) if PRESETS.get(p, {}).get("model")),
-                         None)
     if name not in SPATIAL_MODELS:
         return
     st = FeatureStore.open(store)
@@ -351,15 +347,10 @@ def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, devi
             raise click.UsageError("give RUN folders, or --sims FILE.npy with --store (not both)")
         result = evaluate_sims(sims, store, split=split, protocols=protocols or None,
                                out=out and f"{out}/metrics.json", progress=progress)
-        for warning in result["warnings"]:
-            click.echo(f"warning: {warning}", err=True)
-        click.echo(result["table"])
-        click.echo(f"wrote {result['metrics_path']}")
-        return
-
-    result = evaluate(runs, protocols=protocols or None, split=split, store=store, features=features,
-                      device=device, batch_size=batch_size, save=save_sims, out=out, progress=progress,
-                      checkpoint=checkpoint)
+    else:
+        result = evaluate(runs, protocols=protocols or None, split=split, store=store, features=features,
+                          device=device, batch_size=batch_size, save=save_sims, out=out, progress=progress,
+                          checkpoint=checkpoint)
     for warning in result.get("warnings", ()):
         click.echo(f"warning: {warning}", err=True)
     click.echo(result["table"])

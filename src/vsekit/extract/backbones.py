@@ -30,10 +30,6 @@ class Preprocess:
     std: tuple[float, float, float]
     interpolation: str  # "bilinear" | "bicubic" | "nearest"
 
-    def as_attrs(self) -> dict[str, Any]:
-        return {"crop_size": self.crop_size, "resize": self.resize, "mean": list(self.mean),
-                "std": list(self.std), "interpolation": self.interpolation}
-
 
 @dataclass(frozen=True)
 class BackboneSpec:
@@ -62,9 +58,12 @@ def registered_backbones() -> list[str]:
 
 
 # --- torchvision ---------------------------------------------------------------------------------
-def _tv_preprocess(weights_enum) -> Callable[[Any], Preprocess]:
+def _tv_preprocess(weights_name: str) -> Callable[[Any], Preprocess]:
+    """The transforms of torchvision's ``WEIGHTS_NAME.IMAGENET1K_V1`` (torchvision imported when asked)."""
     def resolve(model) -> Preprocess:
-        t = weights_enum.transforms()
+        import torchvision.models as tvm
+
+        t = getattr(tvm, weights_name).IMAGENET1K_V1.transforms()
         return Preprocess(crop_size=int(t.crop_size[0]), resize=int(t.resize_size[0]),
                           mean=tuple(float(v) for v in t.mean), std=tuple(float(v) for v in t.std),
                           interpolation=str(t.interpolation.value))
@@ -97,20 +96,6 @@ def _tv_build(fn_name: str, weights_name: str) -> Callable[[bool], Any]:
     return build
 
 
-def _build_resnet152(pretrained: bool):
-    from torchvision.models import ResNet152_Weights, resnet152
-    return resnet152(weights=ResNet152_Weights.IMAGENET1K_V1 if pretrained else None)
-
-
-def _lazy_enum(name: str):
-    class _Lazy:
-        def transforms(self):
-            import torchvision.models as tvm
-            enum_name, member = name.split(".")
-            return getattr(getattr(tvm, enum_name), member).transforms()
-    return _Lazy()
-
-
 _BLOCK_RE = re.compile(r"(Block|Bottleneck|Mixed|Reduction|Stage)", re.I)
 
 
@@ -131,12 +116,12 @@ def block_outputs(model) -> list[str]:
 for _depth in (16, 19):  # VGG-16 is the FNE paper's network, VGG-19 its global fc7 baseline's
     register_backbone(BackboneSpec(
         name=f"vgg{_depth}", build=_tv_build(f"vgg{_depth}", f"VGG{_depth}_Weights"),
-        preprocess=_tv_preprocess(_lazy_enum(f"VGG{_depth}_Weights.IMAGENET1K_V1")),
+        preprocess=_tv_preprocess(f"VGG{_depth}_Weights"),
         global_tap=lambda m: "classifier.4", conv_tap=lambda m: f"features.{len(m.features) - 2}",
         fne_taps=vgg_fne_taps, source="torchvision"))
 register_backbone(BackboneSpec(
-    name="resnet152", build=_build_resnet152,
-    preprocess=_tv_preprocess(_lazy_enum("ResNet152_Weights.IMAGENET1K_V1")),
+    name="resnet152", build=_tv_build("resnet152", "ResNet152_Weights"),
+    preprocess=_tv_preprocess("ResNet152_Weights"),
     global_tap=lambda m: "avgpool", conv_tap=lambda m: "layer4", fne_taps=block_outputs,
     source="torchvision"))
 

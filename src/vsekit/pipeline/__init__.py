@@ -4,8 +4,8 @@
 against the Click commands; ``plan`` decides what runs and why; ``run_pipeline`` does it.
 """
 
-from .executor import (RunResult, Step, default_file, fingerprint, list_pipelines, load_pipelines, plan,  # noqa: F401
-                       run, run_pipeline)
+from .executor import (RunResult, Step, fingerprint, list_pipelines, load_pipelines, plan, run,  # noqa: F401
+                       run_pipeline)
 from .resolve import ResolvedStage, check_file, resolve_pipeline  # noqa: F401
 from .spec import PipelineError, PipelineFile, PipelineSpec, StageSpec, load_file  # noqa: F401
 from .summary import metrics_table  # noqa: F401

@@ -152,17 +152,11 @@ def build_argv(command: str, cmd: click.Command, values: dict[str, Any]) -> list
     """The argument list that runs ``cmd`` with ``values`` (canonical key -> converted value)."""
     params = {p.key: p for p in params_of(cmd).values() if not p.invert}
     argv: list[str] = command.split()
-    positionals: list[str] = []
     for key, value in values.items():
-        if value is None:
+        if value is None or params[key].is_argument:
             continue
         p = params[key]
         param = p.param
-        if p.is_argument:
-            items = value if isinstance(value, list) else [value]
-            for item in items:
-                positionals.extend(fmt(v) for v in (item if isinstance(item, list) else [item]))
-            continue
         if isinstance(param, click.Option) and param.is_flag and not param.count:
             if value:
                 argv.append(p.flag)
@@ -173,17 +167,12 @@ def build_argv(command: str, cmd: click.Command, values: dict[str, Any]) -> list
         for item in items:
             argv.append(p.flag)
             argv.extend(fmt(v) for v in (item if isinstance(item, list) else [item]))
-    if positionals:
-        order = {norm(p.name): i for i, p in enumerate(cmd.params) if isinstance(p, click.Argument)}
-        # re-emit arguments in the command's declared order
-        positionals = []
-        for key in sorted((k for k in values if k in order and values[k] is not None), key=order.get):
-            v = values[key]
-            for item in (v if isinstance(v, list) else [v]):
-                positionals.extend(fmt(x) for x in (item if isinstance(item, list) else [item]))
-        argv.append("--")
-        argv.extend(positionals)
-    return argv
+    positionals: list[str] = []   # the arguments, in the command's declared order
+    for p in cmd.params:
+        v = values.get(norm(p.name)) if isinstance(p, click.Argument) else None
+        for item in ([] if v is None else v if isinstance(v, list) else [v]):
+            positionals.extend(fmt(x) for x in (item if isinstance(item, list) else [item]))
+    return argv + ["--", *positionals] if positionals else argv
 
 
 def has_option(cmd: click.Command, key: str) -> bool:

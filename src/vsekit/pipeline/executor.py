@@ -42,10 +42,11 @@ import click
 
 from ..version import __version__
 from ..words import plural
-from .commands import call_stage, has_option
+from .commands import call_stage, has_option, norm, params_of, resolve_command
 from .outputs import store_there
-from .resolve import ResolvedStage, resolve_pipeline
-from .spec import PipelineError, PipelineFile, PipelineSpec
+from .resolve import ResolvedStage, check_file, resolve_pipeline
+from .spec import Located, PipelineError, PipelineFile, PipelineSpec, load_file, merge_files, variables_of
+from .summary import metrics_table
 
 if TYPE_CHECKING:
     from ..clusters import ClusterSpec
@@ -187,17 +188,15 @@ def record_key(pipeline: str, stage: ResolvedStage) -> str:
     return f"{pipeline}/{stage.id}"
 
 
-def _record(step: Step, pipeline: str) -> dict[str, Any]:
-    return {"fingerprint": step.fingerprint, "pipeline": pipeline, "stage": step.stage.id,
-            "command": step.command_line(), "vsekit": __version__,
-            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-
-
-def _running_record(step: Step, pipeline: str) -> dict[str, Any]:
-    """Written before a stage runs: a later plan sees these options were started and not finished."""
-    return {"fingerprint": step.fingerprint, "pipeline": pipeline, "stage": step.stage.id, "state": RUNNING,
-            "overwrite": step.overwrite, "command": step.command_line(), "vsekit": __version__,
-            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+def _record(step: Step, pipeline: str, running: bool = False) -> dict[str, Any]:
+    """A stage's record; the running one, written before it runs, tells a later plan that these options
+    were started and not finished (and whether ``--overwrite`` was passed)."""
+    when = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    record = {"fingerprint": step.fingerprint, "pipeline": pipeline, "stage": step.stage.id,
+              "command": step.command_line(), "vsekit": __version__}
+    if running:
+        return {**record, "state": RUNNING, "overwrite": step.overwrite, "started": when}
+    return {**record, "finished": when}
 
 
 def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str, str] | None = None,
@@ -241,7 +240,7 @@ def run_pipeline(pipeline: PipelineSpec, cli: click.Group, *, sets: Mapping[str,
         echo(f"  {step.command_line()}")
         t_stage = time.perf_counter()
         for out in step.stage.io.outputs:   # an output that does not exist yet takes no record
-            out.write(record_key(pipeline.name, step.stage), _running_record(step, pipeline.name))
+            out.write(record_key(pipeline.name, step.stage), _record(step, pipeline.name, running=True))
         _invoke(cli, step, pipeline.name)
         for out in step.stage.io.outputs:
             out.write(record_key(pipeline.name, step.stage), _record(step, pipeline.name))
@@ -343,23 +342,9 @@ def list_pipelines(pf: PipelineFile) -> str:
     return "\n".join(lines)
 
 
+#: the shipped recipes, package data of the wheel, kept identical to the repository's ``pipelines.yaml``
+#: by a test, so ``vsekit run --list`` works from an installed wheel as from a checkout
 PACKAGED = Path(__file__).resolve().parents[1] / "data" / "pipelines.yaml"
-
-
-def default_file() -> str:
-    """``./pipelines.yaml``, else ``$VSEKIT_PIPELINES``, else the recipes shipped inside the package.
-
-    The packaged copy (``vsekit/data/pipelines.yaml``, package data of the wheel) is kept identical to
-    the repository's ``pipelines.yaml`` by a test, so ``vsekit run --list`` works from an installed
-    wheel as from a checkout; ``--file`` always wins.
-    """
-    mine = user_file()
-    if mine:
-        return mine
-    if PACKAGED.is_file():
-        return str(PACKAGED)
-    repo = Path(__file__).resolve().parents[3] / "pipelines.yaml"
-    return str(repo) if repo.is_file() else "pipelines.yaml"
 
 
 def user_file(file: str | None = None) -> str | None:
@@ -375,8 +360,6 @@ def user_file(file: str | None = None) -> str | None:
 def load_pipelines(file: str | None = None) -> PipelineFile:
     """The shipped recipes plus the user's file (``--file``, ``./pipelines.yaml`` or ``$VSEKIT_PIPELINES``):
     the user's pipelines are added; one with a shipped recipe's name replaces (shadows) it."""
-    from .spec import load_file, merge_files
-
     user = user_file(file)
     shipped_path = PACKAGED if PACKAGED.is_file() else Path(__file__).resolve().parents[3] / "pipelines.yaml"
     if not shipped_path.is_file():   # pragma: no cover - a broken install
@@ -393,7 +376,6 @@ def load_pipelines(file: str | None = None) -> PipelineFile:
 def check_sets(pipeline: PipelineSpec, sets: Mapping[str, str]) -> None:
     """Refuse a ``--set NAME`` that the pipeline neither declares nor uses (a typo would be ignored)."""
     from ..suggest import did_you_mean
-    from .spec import variables_of
 
     known = variables_of(pipeline) | {"DEVICE"}   # `vsekit run --device` sets it
     for name in sets:
@@ -413,7 +395,6 @@ def apply_stage_options(pipeline: PipelineSpec, options: Sequence[str], cli: cli
     import yaml
 
     from ..suggest import did_you_mean
-    from .spec import Located
 
     if not options:
         return pipeline
@@ -432,8 +413,6 @@ def apply_stage_options(pipeline: PipelineSpec, options: Sequence[str], cli: cli
         if isinstance(value, str) or value is None:
             value = raw   # `none` stays the word none, not YAML's null
         if target == "*":
-            from .commands import norm
-
             matched = [s for s in pipeline.stages if norm(key) in _params_of_stage(s, cli)]
         else:
             matched = [s for s in pipeline.stages
@@ -444,26 +423,15 @@ def apply_stage_options(pipeline: PipelineSpec, options: Sequence[str], cli: cli
             raise PipelineError(f"--stage-option {item!r}: pipeline {pipeline.name!r} has no stage {target!r}"
                                 f"{'; ' + hint if hint else ''} (stages: {', '.join(s.id for s in pipeline.stages)})")
         for stage in matched:
-            loc = Located(_located_value(value, stage.line), stage.line)
-            from .commands import norm
-
+            loc = Located([Located(v, stage.line) for v in value] if isinstance(value, list) else value,
+                          stage.line)
             stage.values = {k: v for k, v in stage.values.items() if norm(k) != norm(key)}
             stage.values[key] = loc
             stage.key_lines[key] = stage.line
     return pipeline
 
 
-def _located_value(value: Any, line: int) -> Any:
-    from .spec import Located
-
-    if isinstance(value, list):
-        return [Located(v, line) for v in value]
-    return value
-
-
 def _params_of_stage(stage, cli: click.Group) -> dict:
-    from .commands import params_of, resolve_command
-
     try:
         return params_of(resolve_command(cli, stage.command))
     except ValueError:
@@ -480,9 +448,6 @@ def run(name: str, *, cli: click.Group, file: str | None = None, sets: Mapping[s
     ``cli`` is the Click group whose commands the stages name (``vsekit.cli.main``); it is passed in,
     so this package never imports the CLI that imports it.
     """
-    from .resolve import check_file
-    from .summary import metrics_table
-
     pf = load_pipelines(file)
     pipeline = pf.get(name)
     check_sets(pipeline, sets or {})

@@ -32,9 +32,6 @@ class Lsf(Scheduler):
     def pending_args(self, ids: list[str]) -> list[str]:
         return ["-w", *ids]
 
-    def pending_rows(self, out: str, ids: list[str]) -> list[list[str]]:
-        return [[r[0], r[2], self.status] for r in (ln.split() for ln in out.splitlines()) if len(r) > 2 and r[0] in ids]
-
     def queue_hint(self, job) -> str:
         return f"{self.status} {job}"
 
