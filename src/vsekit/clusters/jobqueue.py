@@ -1,16 +1,9 @@
 """Jobs of a batch scheduler as dask workers: ``--cluster slurm:N``, ``sge:N``, ``pbs:N``, ``lsf:N``,
-``htcondor:N`` through dask-jobqueue (``pip install vsekit[slurm]``), kept at N jobs adaptively
-(``adapt(minimum_jobs=N, maximum_jobs=N)``: a job that ends, by its walltime, a preemption or a
-cancel, is replaced). With a walltime each worker retires itself before it (``--lifetime``,
-staggered), so its job ends cleanly and a fresh one takes over. The job script is checked first
-(:meth:`~vsekit.schedulers.base.Scheduler.check_submission`), so a refused submission is one error
-with the scheduler's message; if no job starts within ``start_timeout`` seconds the run stops with
-the scheduler's reason. The run's jobs are cancelled by id when it ends, also on Ctrl-C and SIGTERM.
-A job with G GPUs runs G single-threaded workers, each pinned to one of them
-(:mod:`vsekit.cluster_pin`); its ``cores`` are the decoding threads of its workers. A GPU job gets 6
-cores and 16 GB per GPU unless its settings say otherwise, and no worker pauses for memory
-(:data:`~vsekit.clusters.local.NO_PAUSE`). What differs between schedulers is the scheduler's own
-module (:mod:`vsekit.schedulers`).
+``htcondor:N`` through dask-jobqueue, kept at N jobs adaptively; workers retire before their
+walltime, the job script is checked before anything is submitted, and the run's jobs are cancelled
+by id when it ends (docs/gpus_clusters.md). A job with G GPUs runs G single-threaded workers, each
+pinned to one (:mod:`vsekit.cluster_pin`). What differs between schedulers is in
+:mod:`vsekit.schedulers`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The work each stage of a pipeline implies, for ``vsekit run --dry-run``: images x crops of an
-extraction, epochs x steps of a training, images x captions scored by an evaluation.
-
-The image and caption counts come from the store when it exists, else from the Karpathy JSON its
-ingest stage reads (restval counted as train where the stage says so), else from what the caller
-knows (a smoke run's demo data); a stage whose inputs are not known yet says so.
+extraction, epochs x steps of a training, images x captions scored by an evaluation. The counts
+come from the store, else the Karpathy JSON (or its known sizes), else the caller (a smoke run).
 """
 
 from __future__ import annotations

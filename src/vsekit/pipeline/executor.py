@@ -2,28 +2,10 @@
 
 Each stage that runs is its command's function called in-process with the stage's typed values
 (:func:`.commands.call_stage`): no command line is built or parsed again, and ``--cluster`` arrives
-parsed (a :class:`~vsekit.clusters.ClusterSpec` with the pipeline's ``cluster:`` settings).
-
-A stage's fingerprint hashes its resolved options (less those that only say where it runs, such as
-``--cluster``), the size and modification time of the input files it names, the fingerprint of the
-stage before it and the vsekit version. Chaining the previous fingerprint means a changed stage
-changes the fingerprint of every stage after it, so "rerun a changed stage and everything after it"
-falls out of the comparison; in addition, once a stage runs every later stage runs.
-
-A stage is skipped when its output exists and records the same fingerprint. When it runs over an
-output that exists but records nothing (an interrupted run), it runs as is and resumes by row
-block; when the output is stale (another fingerprint, ``--force``, ``--from`` or an earlier stage
-ran) ``--overwrite`` is added for the commands that have it.
-
-Before a stage runs, its outputs that exist get a *running* record (the new fingerprint, and
-whether ``--overwrite`` was passed); it is replaced by the finished record when the stage ends. A
-stage's ``--overwrite`` removes the old output together with its records, so after an interrupt:
-
-- no record (the overwrite happened, or the output is new): the stage resumes (``train --resume``);
-- a running record with the same fingerprint and no overwrite: it resumes;
-- a running record that asked for an overwrite: the overwrite never happened; it runs with it again.
-
-This is what makes "changed option → rerun → Ctrl-C → ``vsekit run``" resume instead of starting over.
+parsed. A fingerprint chains the previous stage's, so a changed stage reruns every stage after it;
+a *running* record written before a stage runs makes an interrupted rerun resume rather than start
+over. The rules (fingerprint, skip, ``--overwrite``, resume) are docs/pipelines.md, "Up to date,
+reruns and resume".
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""What each stage makes, and where its pipeline fingerprint is recorded.
-
-A stage's record (its fingerprint, the command that ran, when) is written next to its output only
-after the stage finished, so a record implies a complete output:
-
-- a store made by ``ingest``: the store's attrs under ``pipeline``;
-- a feature set (``extract``, ``standardize``, ``discretize``, ``fne``): the set's attrs under ``pipeline``;
-- the tokens (``tokenize``): the ``tokens`` group's attrs under ``pipeline``;
-- a folder or file (``demo-data``, ``train``, ``evaluate``, ``export``, ``report``): a
-  ``.vsekit-pipeline.json`` in that folder (for a file, in the folder that holds it).
-
-Deleting an output deletes its record with it, so the stage runs again. A command this module does
-not know and that has no ``--out`` makes no recorded output: it runs every time and does not make
-later stages rerun.
+"""What each stage makes, and where its pipeline fingerprint is recorded: a store's or a set's attrs,
+the tokens group's attrs, or a ``.vsekit-pipeline.json`` in an output folder (the table is in
+docs/pipelines.md, "Up to date, reruns and resume"). A record is written only after the stage
+finished, so it implies a complete output, and deleting an output deletes its record with it. A
+command this module does not know and that has no ``--out`` makes no recorded output.
 """
 
 from __future__ import annotations

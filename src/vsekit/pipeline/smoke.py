@@ -1,18 +1,10 @@
 """``vsekit run RECIPE --smoke``: any pipeline end to end on a few synthetic images, in minutes.
 
-A smoke run is the recipe itself with its inputs and sizes swapped, all by the two mechanisms a user
-has (``--set`` and ``--stage-option``), so what runs is exactly the recipe's stages and options but
-these:
-
-- data: ``vsekit demo-data`` images (``SMOKE_IMAGES``) as the Karpathy JSON of every ``ingest
-  karpathy`` stage (COCO_ROOT / F30K_ROOT point at them) and a BUTD TSV of random 36-region features
-  for every ``ingest butd`` stage; stores and runs go under ``vsekit-smoke/<pipeline>/``;
-- extract: random weights, small inputs (32 px for VGG, 96 for Inception-ResNet-v2, 224 for grids,
-  128 for regions, 64 otherwise), the recipe's crops, kinds and taps kept;
-- train: 1 epoch, batch 16, the preset's small sizes (``demo``, ``sman-demo``, ``sgraf-demo``)
-  added after the recipe's presets; tokenize: ``min_count 1``.
-
-Every change is listed before anything runs (:attr:`Smoke.notes`).
+A smoke run is the recipe itself with its inputs and sizes swapped by the two mechanisms a user has
+(``--set`` and ``--stage-option``): demo-data images and a random BUTD TSV as its data, random
+weights and small inputs for extraction, 1 epoch with the family's small preset for training. Every
+change is listed before anything runs (:attr:`Smoke.notes`); docs/pipelines.md, "Trying a recipe on
+small data", lists them.
 """
 
 from __future__ import annotations

@@ -33,10 +33,8 @@ def _papers_table(docs: list[tuple[str, Any]]) -> str | None:
     """The trainer's own table (papers' layout) when every file is a ``vsekit evaluate`` result."""
     if not docs or not all(isinstance(d, dict) and isinstance(d.get("protocols"), dict) for _, d in docs):
         return None
-    try:
-        from ..train.evaluation import format_table
-    except ImportError:
-        return None
+    from ..train.evaluation import format_table
+
     try:
         return format_table([(label, p, m) for label, d in docs for p, m in d["protocols"].items()])
     except (KeyError, TypeError, ValueError):

@@ -1,16 +1,9 @@
-"""``vsekit report``: one static HTML page per set of training runs.
+"""``vsekit report``: one static HTML page per set of training runs (docs/report.md).
 
-The page shows, for runs side by side: the test metrics in the papers' layout (R@1/5/10, Med r,
-Mean r, MRR per direction and rsum, as in VSE++/FNE/SEAM/SMAN/SGRAF tables; best value per column
-marked), learning curves (validation R@1 and rsum, training loss per epoch, inline SVG), retrieval
-examples on the test split (sampled captions with their top-5 images, sampled images with their
-top-5 captions, the correct ones marked) and attention maps (SEAM word weights per hop, SMAN grid
-weights at steps 1 and 2, SAF/SGR word weights). Images are inlined as base64 thumbnails, so the
-folder holds one ``index.html`` (plus ``report.json`` with the same numbers) and needs no server.
-
-Cost is bounded by the sample, not the test set: only sampled queries are scored, against the
-other side in blocks; only the shown images are read. Anything missing (no ``metrics.json``, no
-checkpoint, images gone from disk) is reported on the page instead of failing the report.
+The page shows the runs side by side: test metrics in the papers' layout, learning curves (inline
+SVG), retrieval examples on the test split and attention maps, with images inlined as base64
+thumbnails, so the folder holds one ``index.html`` (plus ``report.json``) and needs no server. Cost is
+bounded by the sample, not the test set; anything missing is said on the page instead of failing.
 """
 
 from __future__ import annotations

@@ -1,32 +1,12 @@
 """Attention weights of a trained model for one image–caption pair, without touching its code.
 
-What is shown (and the paper it comes from):
-
-- SEAM (Wehrmann et al., after Lin et al. eq. A = softmax(W2 tanh(W1 Hᵀ))): the hops × words
-  matrix A of each self-attention module, as heat strips over the caption;
-- SMAN (Ji et al., α_m = softmax_m(W_vh h_m) in steps 1 and 2): the softmax over the 7×7 grid cells
-  of the intra-modal step (step 1) and of the multi-modal step (step 2), as heat maps over the image,
-  and the word softmaxes a_l of both steps;
-- SAF/SGR (SGRAF, Diao et al. eq. 3-4): the text global self-attention's softmax over words.
-
-A model may expose its weights itself through ``attention_maps(img, cap)`` returning
-``{title: tensor}`` (word weights (hops, L) or (L,), grid weights (G, G) or (G*G,) with "grid" in
-the title); that is used first. Otherwise the report *observes* the model: it runs
-``encode_images``, ``encode_captions`` and ``score`` on the single pair under a
-``TorchFunctionMode`` that records every softmax (with the module it ran in), and keeps
-
-- word attention: the softmaxes taken over the caption's word axis. To tell that axis from another
-  of the same size (T-EMDE's 8 centroids), the pair is run twice, the second time with the caption
-  padded by a few pad tokens: a softmax over words grows by exactly the padding, any other keeps
-  its size; one whose number of rows grows too (SGR's word-to-word graph edges) is not a per-word
-  weighting and is left out. Only the true words' weights are shown.
-- grid attention: the softmaxes over the G×G cells of a grid feature, in call order (SMAN: step 1
-  in ``encode_images``, step 2 in the pairwise ``score``).
-
-The model's code is never changed, and a model without such attention shows none, with the reason
-(:func:`no_attention_reason`): VSE++ and Order embed without attention; SGR (similarity graph
-reasoning over local and global alignment vectors) and SAF with the T-EMDE or no global module have
-no softmax over the caption's words (their softmaxes are over regions and graph edges).
+SEAM's hops × words matrices (Wehrmann et al., after Lin et al.), SMAN's grid and word softmaxes of
+steps 1 and 2 (Ji et al.) and SAF/SGR's text self-attention (Diao et al. eq. 3-4). A model's own
+``attention_maps(img, cap)`` is used first; otherwise every softmax of ``encode_images``,
+``encode_captions`` and ``score`` is recorded under a ``TorchFunctionMode``, and those over the
+caption's words (their axis grows when the caption is padded by ``PROBE_PAD`` tokens) and over the
+G×G grid cells are kept. A model without such attention says why (:func:`no_attention_reason`).
+docs/report.md, "Where the numbers come from", says what each model shows.
 """
 
 from __future__ import annotations
