@@ -39,9 +39,6 @@ class Interrupted(KeyboardInterrupt):
     def exit_code(self) -> int:
         return 128 + self.signum
 
-    def __str__(self) -> str:
-        return self.message
-
 
 def interrupted(exc: BaseException, message: str) -> Interrupted:
     """``exc`` (an :class:`Interrupted`, or Python's own ``KeyboardInterrupt`` for Ctrl-C) with ``message``."""

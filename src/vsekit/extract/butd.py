@@ -178,28 +178,20 @@ class ButdDetector:
         self.min_boxes, self.max_boxes = int(min_boxes), int(max_boxes)
         self.precision, self.target, self.max_size, self.post_nms = precision, target, max_size, post_nms
 
-    def _autocast(self):
-        import contextlib
-
-        import torch
-
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(self.device.type, dtype=dtype)
-
     def forward(self, rgb):
         """uint8 RGB (3, H, W) → proposals (R, 4, original pixels), pool5 (R, 2048), class
         probabilities (R, 1601), attribute probabilities (R, 401); all proposals, before selection."""
         import torch
 
+        from .throughput import autocast
+
         with torch.inference_mode():
             x, scale = preprocess(rgb.to(self.device), self.target, self.max_size)
-            with self._autocast():
+            with autocast(self.device, self.precision):
                 fmap = self.model.backbone(x)
                 logits, deltas = self.model.rpn(fmap)
             rois, _ = sel.rpn_proposals(logits, deltas, x.shape[-2], x.shape[-1], scale, post_nms=self.post_nms)
-            with self._autocast():
+            with autocast(self.device, self.precision):
                 pooled = self.model.pooled_features(fmap, rois)
                 cls_logits, _, attr_prob = self.model.heads(pooled)
             cls_prob = torch.softmax(cls_logits.float(), dim=1)
@@ -208,8 +200,6 @@ class ButdDetector:
 
     def detect(self, rgb) -> Regions:
         """The selected regions of one uint8 RGB image (3, H, W)."""
-        import torch
-
         return self.select(*self.forward(rgb))
 
     def select(self, boxes, pooled, cls_prob, attr_prob) -> Regions:

@@ -20,9 +20,6 @@ from ..devices import exact_float32
 from .plan import Plan
 from .taps import Layout, Tapper, grid_pool, keep_map, spatial_mean
 
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-
-
 def tap_reducers(plan: Plan) -> dict:
     """Per tap, the function its hook applies: each works on the tap's own layout (NCHW, NHWC,
     tokens) and returns a new float32 tensor, never a view an in-place layer could overwrite."""
@@ -62,15 +59,6 @@ class Extractor:
         self._inputs = None   # the CPU's float32 input buffers (_normalise): one batch's size per thread
         self.pid = os.getpid()
 
-    def _autocast(self):
-        import contextlib
-
-        import torch
-
-        if self.plan.precision == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=getattr(torch, _DTYPES[self.plan.precision]))
-
     def _normalise(self, x):
         import torch
 
@@ -101,7 +89,9 @@ class Extractor:
     def forward(self, x) -> list[Any]:
         import torch
 
-        with torch.inference_mode(), self._autocast():
+        from .throughput import autocast
+
+        with torch.inference_mode(), autocast(self.device, self.plan.precision):
             return self.tapper.run(self.model, self._normalise(x))
 
     def features(self, crops) -> np.ndarray:

@@ -62,3 +62,14 @@ def memory_format(channels_last: bool):
     import torch
 
     return torch.channels_last if channels_last else torch.contiguous_format
+
+
+def autocast(device, precision: str):
+    """``torch.autocast`` on ``device`` in ``bf16`` / ``fp16``; nothing for ``fp32``."""
+    import contextlib
+
+    import torch
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[precision])

@@ -13,15 +13,16 @@ from .base import Scheduler, clock, job_cores, job_memory
 
 
 def mem_mb(memory: Any) -> int:
-    """``16GB``, ``4000MB``, ``2GiB``, ``8G`` or a number of bytes → megabytes for ``--mem``."""
-    if isinstance(memory, (int, float)):
-        return max(1, math.ceil(memory / 2**20))
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgGtT]?)(i?)[bB]?\s*", str(memory))
-    if not m:
+    """``16GB``, ``4000MB``, ``2GiB``, ``8G`` or a number of bytes (dask's ``parse_bytes``) → megabytes
+    for ``--mem``."""
+    from dask.utils import parse_bytes
+
+    try:
+        n = parse_bytes(memory)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
         raise ValueError(f"cluster setting memory: {memory!r}: expected e.g. 16GB or 4000MB")
-    scale = {"": 1, "k": 1, "m": 2, "g": 3, "t": 4}[m.group(2).lower()]
-    base = 1024 if m.group(3) else 1000
-    n = float(m.group(1)) * base ** scale if m.group(2) else float(m.group(1))
     return max(1, math.ceil(n / 2**20))
 
 
