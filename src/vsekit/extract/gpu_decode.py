@@ -1,17 +1,10 @@
 """``--decoder nvjpeg``: JPEGs decoded on the GPU, a batch at a time (issue 47, part 1).
 
-Where the CPU cores cannot decode as fast as the GPU runs the model, the decoding workers only read
-each file and its JPEG header (:func:`encoded`: format, mode, size budget, EXIF orientation), and the
-driving process decodes the batch's JPEGs with one ``torchvision.io.decode_jpeg(list, device=...)``
-call (nvjpeg on CUDA), then orients, resizes (torch's antialiased resize, as the ``torchvision``
-decoder) and cuts the crops on the device (:func:`batch_crops`). Files that are not RGB or grayscale
-JPEGs are decoded by the workers as under ``torchvision``; a JPEG the batched decode refuses is decoded
-again alone on the CPU, where PIL says what is wrong with it.
-
-On the CPU the same code decodes with libjpeg-turbo, giving exactly the ``torchvision`` decoder's
-crops (``tests/test_extract_gpu_decode.py``); on a GPU nvjpeg's IDCT and chroma upsampling are not
-libjpeg-turbo's, so pixels may differ, and ``scripts/gpu_check.py`` holds the features to
-:data:`TOLERANCE` relative per image of the CPU decoder's (not yet measured on a GPU).
+The decoding workers only read each JPEG and its header (:func:`encoded`); the driving process
+decodes the batch with one ``torchvision.io.decode_jpeg(list, device=...)`` call and orients, resizes
+and cuts the crops on the device (:func:`batch_crops`); anything else is decoded as under
+``torchvision``. On the CPU this gives exactly the ``torchvision`` decoder's crops; on a GPU nvjpeg's
+pixels may differ, within :data:`TOLERANCE` (docs/extract.md, "Decoding on the GPU").
 """
 
 from __future__ import annotations

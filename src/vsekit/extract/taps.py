@@ -2,21 +2,14 @@
 
 For the Full-Network Embedding (Vilalta et al., Sec. 3; Garcia-Gasulla et al., Sec. 3) every tap of a
 spatial map is its spatial average, computed *inside* the hook, so the full activation is never
-kept; vectors (fc layers) are copied as they are. Every hook stores a *new* tensor, never a view of
-the layer's output: a later in-place operation (torchvision VGG's ``ReLU(inplace=True)`` after
-``classifier.0``) would otherwise overwrite the stored value with the next layer's.
+kept. Every hook stores a *new* tensor, never a view of the layer's output: a later in-place
+operation (torchvision VGG's ``ReLU(inplace=True)`` after ``classifier.0``) would otherwise overwrite
+it. Once the last hook of a pass has fired, the rest of the network is skipped; a module called more
+than once in a pass is tapped at its last call.
 
-Layouts. A 4-D output is ``NCHW`` (torch CNNs) or ``NHWC`` (timm's Swin, MambaOut and other
-channels-last stages); a 3-D output is a token sequence ``NLC`` (ViT blocks), whose leading
-``prefix`` tokens (class / register tokens) are not spatial positions. ``detect_layouts`` decides
-each tap's layout on the meta device from its output shape at a square input (the channel axis is
-the one that is not H == W) and, where that is ambiguous (C == H == W), from a second input size
-(channels stay, positions scale). A layout that cannot be told is refused, never guessed. Every
-reduction works on the NCHW view, so a Swin stage or a ViT block is pooled over its positions,
-exactly like timm's own ``forward_intermediates`` maps.
-
-A module called more than once in a forward pass (e.g. torchvision's shared ``Bottleneck.relu``) is
-tapped at its last call. Once the last hook of a pass has fired, the rest of the network is skipped.
+A tap's layout (``NCHW``, channels-last ``NHWC``, tokens ``NLC`` with ``prefix`` class / register
+tokens, vectors ``NC``) is decided on the meta device (:func:`detect_layouts`) and refused when it
+cannot be told, never guessed; every reduction works on the NCHW view (docs/extract.md, "Layouts").
 """
 
 from __future__ import annotations

@@ -52,9 +52,6 @@ class Output:
     def write(self, key: str, record: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def describe(self) -> str:
-        raise NotImplementedError
-
 
 class _AttrsOutput(Output):
     def _group(self, mode: str = "r"):
@@ -87,9 +84,6 @@ class StoreOutput(_AttrsOutput):
         g = self._group()
         return g is not None and bool(g.attrs.get("complete", True))
 
-    def describe(self) -> str:
-        return f"store {self.store}"
-
 
 @dataclass
 class FeaturesOutput(_AttrsOutput):
@@ -116,9 +110,6 @@ class FeaturesOutput(_AttrsOutput):
     def incomplete(self) -> bool:
         return self._group() is not None and not self.exists()
 
-    def describe(self) -> str:
-        return f"feature set {self.name!r} in {self.store}"
-
 
 @dataclass
 class TokensOutput(_AttrsOutput):
@@ -133,9 +124,6 @@ class TokensOutput(_AttrsOutput):
     def exists(self) -> bool:
         g = self._group()
         return g is not None and "offsets" in set(g.array_keys())
-
-    def describe(self) -> str:
-        return f"tokens in {self.store}"
 
 
 @dataclass
@@ -179,9 +167,6 @@ class PathOutput(Output):
         tmp = marker.with_name(marker.name + f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(marker)
-
-    def describe(self) -> str:
-        return str(self._target())
 
 
 # per-command knowledge ---------------------------------------------------------------------------
