@@ -89,7 +89,7 @@ def _store_arg(argv: list[str]) -> str | None:
     return None
 
 
-@click.group(cls=VsekitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=VsekitGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="vsekit")
 def main() -> None:
     """vsekit: image-text retrieval inputs, training and evaluation over Zarr stores."""
@@ -105,23 +105,6 @@ from . import embed, export, extract, fne, ingest, pipeline, report, store, toke
 COMMAND_MODULES = (store, ingest, export, extract, fne, tokenize, train, pipeline, report, embed)
 for _mod in COMMAND_MODULES:
     _mod.register(main)
-
-
-def _show_defaults(group: click.Group) -> None:
-    """Every option that has a default shows it in --help (docs/cli.md: "defaults shown")."""
-    unset = getattr(click.core, "UNSET", None)
-    for name in group.list_commands(None):   # type: ignore[arg-type]
-        cmd = group.get_command(None, name)  # type: ignore[arg-type]
-        if isinstance(cmd, click.Group):
-            _show_defaults(cmd)
-            continue
-        for p in cmd.params:
-            if (isinstance(p, click.Option) and not p.is_flag and not p.show_default and p.default is not None
-                    and p.default is not unset and p.default != () and "[default:" not in (p.help or "")):
-                p.show_default = True
-
-
-_show_defaults(main)
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -82,7 +82,7 @@ def _model_args(pairs: tuple[str, ...]) -> dict:
               help="Data-parallel: seconds a rank waits on the others before it reports a dead rank [default: 600].")
 @click.option("--resume", is_flag=True, help="Continue the run in --out from its last checkpoint.")
 @click.option("--overwrite", is_flag=True, help="Start again in an --out that holds a run.")
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=False, help="Show a progress bar.")
 @click.option("--tensorboard", default=None, type=click.Path(file_okay=False),
               help="Also write the training curves as TensorBoard events to this folder (needs tensorboard).")
 @click.pass_context
@@ -332,7 +332,7 @@ def _check_feature_shape(store: str, features: str, name: str | None) -> None:
               help="Write sims_<split>.npy (default: only when small).")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder for metrics.json (default: the run; metrics_ensemble.json for several runs).")
-@click.option("--progress/--no-progress", default=True, help="Show a progress bar.")
+@click.option("--progress/--no-progress", default=True, show_default=False, help="Show a progress bar.")
 def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out,
                  progress):
     """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""
