@@ -8,11 +8,12 @@ from ..clusters import SPEC_HELP as CLUSTER_HELP
 from .options import CLUSTER_TEXT, STORAGE_OPTION
 
 
-def _parse_sets(values: tuple[str, ...]) -> dict[str, str]:
+def key_values(values: tuple[str, ...], option: str = "--set") -> dict[str, str]:
+    """``KEY=VALUE`` items of a repeatable option as a dict; an item without ``=`` is refused."""
     out = {}
     for item in values:
         if "=" not in item:
-            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint=option)
         key, value = item.split("=", 1)
         out[key.strip()] = value
     return out
@@ -56,7 +57,7 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         return
     from ..clusters import parse_cluster
 
-    sets = _parse_sets(sets)
+    sets = key_values(sets)
     settings = cluster_settings_of(pf, pipeline)
     spec = parse_cluster(cluster, settings or None)   # --cluster: parsed once, with the pipeline's `cluster:`
     if device is not None:

@@ -7,20 +7,19 @@ import contextlib
 import click
 
 from .options import STORAGE_OPTION, RunPath, StorePath
+from .pipeline import key_values
 
 
 def _model_args(pairs: tuple[str, ...]) -> dict:
+    """``--model-arg KEY=VALUE`` items, each value read as JSON where it is JSON (``hops=30``)."""
     import json
 
     out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise click.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--model-arg")
-        key, value = pair.split("=", 1)
+    for key, value in key_values(pairs, "--model-arg").items():
         try:
-            out[key.strip().replace("-", "_")] = json.loads(value)
+            out[key.replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError:
-            out[key.strip().replace("-", "_")] = value
+            out[key.replace("-", "_")] = value
     return out
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from . import butd_select as sel
 
@@ -40,8 +41,6 @@ def check_anchor_buffer(anchors, path) -> None:
     ``generate_anchors`` (:func:`.butd_select.base_anchors`); a file saved with other anchors (other
     sizes, another order or centre) would be read with the wrong boxes, so it is a ValueError.
     """
-    import torch
-
     want = torch.as_tensor(sel.base_anchors(), dtype=torch.float64)
     got = anchors.detach().to("cpu", torch.float64)
     if tuple(got.shape) == tuple(want.shape) and torch.allclose(got, want, rtol=0, atol=1e-3):
@@ -66,8 +65,6 @@ def resize_linear(img, scale: float):
     Each output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to [0, side - 1], and
     interpolates its two neighbours on each axis (no antialiasing when shrinking, as cv2.resize).
     """
-    import torch
-
     c, h, w = img.shape
     oh, ow = int(round(h * scale)), int(round(w * scale))
 
@@ -86,8 +83,6 @@ def resize_linear(img, scale: float):
 
 def preprocess(rgb, target: int = TARGET_SIZE, max_size: int = MAX_SIZE):
     """uint8 RGB (3, H, W) → float (1, 3, h, w) mean-subtracted BGR at the Caffe scale, and the scale."""
-    import torch
-
     h, w = rgb.shape[-2:]
     scale = caffe_scale(h, w, target, max_size)
     mean = torch.tensor(PIXEL_MEANS_BGR, dtype=torch.float32, device=rgb.device).view(3, 1, 1)
@@ -106,8 +101,6 @@ def load_checkpoint(model, path: str | Path) -> None:
     1,601, the only rows an argmax over 1,601 classes can index. Any other missing, unknown or
     mis-shaped key is a ValueError naming it: a partial load would give silently wrong features.
     """
-    import torch
-
     path = Path(path)
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
@@ -162,8 +155,6 @@ class ButdDetector:
     def __init__(self, weights: str, device: str = "cpu", seed: int = 0, min_boxes: int = 36,
                  max_boxes: int = 36, precision: str = "fp32", target: int = TARGET_SIZE,
                  max_size: int = MAX_SIZE, post_nms: int = sel.RPN_POST_NMS):
-        import torch
-
         from ..devices import exact_float32
         from .butd_model import build_empty, init_random
 
@@ -181,8 +172,6 @@ class ButdDetector:
     def forward(self, rgb):
         """uint8 RGB (3, H, W) → proposals (R, 4, original pixels), pool5 (R, 2048), class
         probabilities (R, 1601), attribute probabilities (R, 401); all proposals, before selection."""
-        import torch
-
         from .throughput import autocast
 
         with torch.inference_mode():
@@ -204,8 +193,6 @@ class ButdDetector:
 
     def select(self, boxes, pooled, cls_prob, attr_prob) -> Regions:
         """The regions kept from :meth:`forward`'s outputs by generate_tsv.py's selection."""
-        import torch
-
         with torch.inference_mode():
             conf = sel.region_confidence(boxes, cls_prob)
             keep = sel.select_regions(conf, self.min_boxes, self.max_boxes)
@@ -231,8 +218,6 @@ class ButdExtractor:
 
     def put_items(self, items, buf) -> None:
         """Detect each item's image and put its regions into the block buffer."""
-        import torch
-
         from .regions import put_regions
 
         for it in items:

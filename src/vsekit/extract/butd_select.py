@@ -23,6 +23,7 @@ The Caffe model was trained with py-faster-rcnn's conventions, which these funct
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 ANCHOR_SCALES = (4, 8, 16, 32)
 ANCHOR_RATIOS = (0.5, 1.0, 2.0)
@@ -50,8 +51,6 @@ def base_anchors(base: int = FEAT_STRIDE, ratios=ANCHOR_RATIOS, scales=ANCHOR_SC
 
 def shifted_anchors(height: int, width: int, device=None):
     """(H*W*A, 4) float32 anchors of an H×W map, ordered (h, w, a) like the RPN's outputs."""
-    import torch
-
     base = torch.as_tensor(base_anchors(), dtype=torch.float32, device=device)
     sy, sx = torch.meshgrid(torch.arange(height, device=device, dtype=torch.float32) * FEAT_STRIDE,
                             torch.arange(width, device=device, dtype=torch.float32) * FEAT_STRIDE,
@@ -62,8 +61,6 @@ def shifted_anchors(height: int, width: int, device=None):
 
 def decode_boxes(boxes, deltas):
     """Apply (dx, dy, dw, dh) deltas to inclusive boxes (py-faster-rcnn ``bbox_transform_inv``)."""
-    import torch
-
     w = boxes[:, 2] - boxes[:, 0] + 1.0
     h = boxes[:, 3] - boxes[:, 1] + 1.0
     cx = boxes[:, 0] + 0.5 * w
@@ -122,8 +119,6 @@ def nms_caffe(boxes, scores, threshold: float, limit: int | None = None):
     boxes taken in numpy's ``argsort()[::-1]`` order of the float32 scores, a box suppressed at
     IoU >= ``threshold``; the kept indices in that order (the first ``limit`` of them), on the
     boxes' device. Runs in numpy on the CPU, as the original does."""
-    import torch
-
     b = _as_numpy(boxes, np.float32)
     keep = _greedy_nms(b, descending(_as_numpy(scores, np.float32)), threshold, limit)
     return torch.as_tensor(keep, dtype=torch.int64, device=boxes.device)
@@ -175,8 +170,6 @@ def rpn_proposals(logits, deltas, height: int, width: int, scale: float, *, pre_
     ``logits`` (1, 2A, H', W') and ``deltas`` (1, 4A, H', W') are the RPN outputs on the stride-16
     map of the ``height`` × ``width`` scaled image; ``scale`` is its factor over the original.
     """
-    import torch
-
     a = logits.shape[1] // 2
     fh, fw = logits.shape[-2:]
     pair = torch.stack([logits[0, :a], logits[0, a:]], dim=0).float()    # (2, A, H', W')
@@ -200,8 +193,6 @@ def region_confidence(boxes, cls_prob, nms_thresh: float = CLASS_NMS):
     ``cls_prob`` (R, C) includes the background in column 0, which is skipped; ``boxes`` are in
     original pixels, where generate_tsv.py runs this NMS (inclusive-pixel IoU is not scale-free).
     """
-    import torch
-
     if boxes.shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64, device=boxes.device)
     probs = _as_numpy(cls_prob, np.float32)[:, 1:]
@@ -215,8 +206,6 @@ def select_regions(conf, min_boxes: int, max_boxes: int, conf_thresh: float = CO
     proposal order; if fewer than ``min_boxes`` or more than ``max_boxes``, the best ``min_boxes`` /
     ``max_boxes`` by numpy's ``argsort()[::-1]`` of the float64 confidences instead (equal
     confidences in numpy's order, as the original)."""
-    import torch
-
     c = _as_numpy(conf, np.float64)
     keep = np.nonzero(c >= conf_thresh)[0]
     if len(keep) < min_boxes or len(keep) > max_boxes:

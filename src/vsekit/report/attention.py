@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 PROBE_PAD = 3  # extra pad tokens of the second, probing run
 
@@ -29,7 +30,6 @@ class AttentionView:
 def _softmax_recorder(model):
     """A TorchFunctionMode recording ``(weights as (rows, size), module path)`` of every softmax,
     and the forward hooks that keep track of the module being run."""
-    import torch
     from torch.overrides import TorchFunctionMode
 
     stack: list[str] = []
@@ -67,8 +67,6 @@ def _softmax_recorder(model):
 
 
 def _run(model, feats, counts, tokens, lengths, score: bool):
-    import torch
-
     recorder, handles = _softmax_recorder(model)
     try:
         with torch.no_grad(), recorder:
@@ -139,8 +137,6 @@ def _from_method(maps: dict[str, Any]) -> list[AttentionView]:
 
 def pair_attention(model, feats, counts, tokens, lengths) -> list[AttentionView]:
     """Attention views of one (image, caption) pair: ``feats`` (1, ...), ``tokens`` (1, L)."""
-    import torch
-
     n_words = int(lengths[0])
     tokens = tokens[:, :n_words]
     grid_side = int(feats.shape[1]) if feats.dim() == 4 and feats.shape[1] == feats.shape[2] else None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..storage.base import no_tokens
 from ..storage.store import DONE, FeatureStore, StoreError
@@ -121,8 +122,6 @@ def read_features(store: FeatureStore, name: str, rows: np.ndarray):
     Rows are decoded as the trainer feeds them (FNE int8 → float, 2-bit packed → unpacked), with
     one read of the covering row range (callers pass a block of nearby rows).
     """
-    import torch
-
     from ..train.data import FeatureSource
 
     rows = np.asarray(rows, dtype=np.int64)
@@ -139,8 +138,6 @@ def read_tokens(store: FeatureStore, caption_rows: np.ndarray, offsets: np.ndarr
     ``offsets`` (the whole ``tokens/offsets``, M+1 int64) may be passed in to avoid rereading it;
     the ids are read as one range covering the rows (callers pass a block of nearby captions).
     """
-    import torch
-
     if not store.has_tokens:
         raise StoreError(no_tokens(store.path))
     rows = np.asarray(caption_rows, dtype=np.int64)
@@ -171,23 +168,17 @@ class ModelSource:
         self.label = "the run's model (best checkpoint)"
 
     def encode_images(self, local: np.ndarray):
-        import torch
-
         feats, counts = read_features(self.data.store, self.features, self.data.image_rows[local])
         with torch.no_grad():
             return self.model.encode_images(feats.to(self.device),
                                             None if counts is None else counts.to(self.device))
 
     def encode_captions(self, local: np.ndarray):
-        import torch
-
         tokens, lengths = read_tokens(self.data.store, self.data.caption_rows[local], self.data.offsets)
         with torch.no_grad():
             return self.model.encode_captions(tokens.to(self.device), lengths.to(self.device))
 
     def _score(self, img, cap) -> np.ndarray:
-        import torch
-
         with torch.no_grad():
             return self.model.score(img, cap).float().cpu().numpy().astype(np.float64)
 
