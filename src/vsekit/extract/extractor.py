@@ -15,10 +15,12 @@ import os
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..devices import exact_float32
 from .plan import Plan
 from .taps import Layout, Tapper, grid_pool, keep_map, spatial_mean
+from .throughput import autocast, memory_format, pin_memory as pinned, to_device
 
 def tap_reducers(plan: Plan) -> dict:
     """Per tap, the function its hook applies: each works on the tap's own layout (NCHW, NHWC,
@@ -40,10 +42,7 @@ class Extractor:
 
     def __init__(self, plan: Plan, device: str = "cpu", *, pin_memory: str | bool = "auto",
                  channels_last: bool = True):
-        import torch
-
-        from .backbones import build_model
-        from .throughput import memory_format, pin_memory as pinned
+        from .backbones import build_model   # looked up when called (tests cache builds through it)
 
         self.plan = plan
         self.device = torch.device(device)
@@ -60,10 +59,6 @@ class Extractor:
         self.pid = os.getpid()
 
     def _normalise(self, x):
-        import torch
-
-        from .throughput import to_device
-
         x = to_device(x, self.device, self.pinned)
         if x.device.type == "cpu":   # a float32 input buffer kept per thread: no fresh pages to fault in per batch
             import threading
@@ -87,10 +82,6 @@ class Extractor:
         return x.contiguous(memory_format=self.layout)
 
     def forward(self, x) -> list[Any]:
-        import torch
-
-        from .throughput import autocast
-
         with torch.inference_mode(), autocast(self.device, self.plan.precision):
             return self.tapper.run(self.model, self._normalise(x))
 
@@ -98,8 +89,6 @@ class Extractor:
         """uint8 (B, n_crops, H, W, 3) from the decoders, or (B, n_crops, 3, H, W) → float32 (B, D),
         (B, n_crops, D) or (B, G, G, C). NHWC crops are read as a channels-last view (no copy); the
         two layouts cannot be confused because a crop is at least 8 pixels wide (plan.py)."""
-        import torch
-
         b, nc = crops.shape[:2]
         x = crops.reshape(b * nc, *crops.shape[2:])
         if x.shape[-1] == 3 and x.shape[1] != 3:   # NHWC
@@ -114,7 +103,6 @@ class Extractor:
 
     def regions(self, image, boxes: list[np.ndarray]) -> np.ndarray:
         """uint8 (B, 1, 3, S, S) and boxes per image in input pixels → float32 (B, K, C)."""
-        import torch
         from torchvision.ops import roi_align
 
         b, k, c = image.shape[0], self.plan.max_regions, self.plan.channels
