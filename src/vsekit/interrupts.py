@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from typing import Callable, Iterator
 
 
@@ -78,8 +79,6 @@ class Handling:
             self._poll -= 1
 
     def _handler(self, signum, frame):
-        import time
-
         self.signum = signum
         now = time.monotonic()
         if self._poll and (self._pending is None or now - self._pending_at < REPEAT_S):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .options import STORAGE_OPTION, StorePath
@@ -104,8 +106,6 @@ def hdf5(store_path, features, out, level, overwrite):
 @OVERWRITE
 def vocab(store_path, out, overwrite):
     """The store's tokenizer vocabulary as JSON (SCAN) or, for a .pkl --out, VSE++'s pickle."""
-    from pathlib import Path
-
     from ..storage.interop import refuse_existing, vsepp_vocab_pickle
     from ..tokenize import Vocabulary, export_vocab_json
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import sys
+from pathlib import Path
 
 import click
 
@@ -12,8 +16,6 @@ from .pipeline import key_values
 
 def _model_args(pairs: tuple[str, ...]) -> dict:
     """``--model-arg KEY=VALUE`` items, each value read as JSON where it is JSON (``hops=30``)."""
-    import json
-
     out = {}
     for key, value in key_values(pairs, "--model-arg").items():
         try:
@@ -94,9 +96,6 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
         if model not in RETRIEVAL_MODELS:   # one `Error:` line, as extract's (no usage block)
             raise ValueError(unknown_model(model, RETRIEVAL_MODELS,
                                            other=("a backbone of `vsekit extract --model`", BACKBONES)))
-    import os
-    from pathlib import Path
-
     from ..train import train
     from ..train.distributed import launch_env
     from ..train.trainer import check_model_args
@@ -168,9 +167,6 @@ RANK_OPTIONS_ENV = "VSEKIT_RANK_STORAGE_OPTIONS"
 def _take_rank_options() -> None:
     """In a rank: the launcher's ``--storage-option`` values, removed from the environment (so nothing
     this rank starts inherits them) and added to the process's storage options."""
-    import json
-    import os
-
     from ..storage.objstore import DEFAULT_OPTIONS
 
     raw = os.environ.pop(RANK_OPTIONS_ENV, None)
@@ -215,14 +211,9 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
     launcher's go to the run's :data:`RANKS_LOG`. A failure is said once, here: a rank's own Error line
     (it names the rank), or which rank died; an interrupted group's message and exit code 130 / 143.
     """
-    from pathlib import Path
-
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
-
-    import json
-    import os
 
     from ..storage.objstore import DEFAULT_OPTIONS
     from ..train.trainer import resume_advice
@@ -267,9 +258,6 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
 @contextlib.contextmanager
 def _stderr_to(path):
     """This process's stderr (file descriptor 2, which the ranks inherit) written to ``path`` meanwhile."""
-    import os
-    import sys
-
     sys.stderr.flush()
     saved, fd = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     os.dup2(fd, 2)

@@ -10,6 +10,7 @@ reruns and resume".
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import hashlib
 import json
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import click
+import yaml
 
 from ..version import __version__
 from ..words import plural
@@ -372,10 +374,6 @@ def apply_stage_options(pipeline: PipelineSpec, options: Sequence[str], cli: cli
     a command such as ``extract`` or ``ingest-karpathy`` for all its stages; ``*`` for every stage that
     has the option); VALUE is read as YAML (``none``, ``5``, ``[a, b]``). The option itself is checked
     against the stage's command like one written in the file."""
-    import copy
-
-    import yaml
-
     from ..suggest import did_you_mean
 
     if not options:
