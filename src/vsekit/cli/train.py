@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from ..devices import resolve_device
 from .options import STORAGE_OPTION, RunPath, StorePath
 from .pipeline import key_values
 
@@ -99,8 +100,6 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
     from ..train import train
     from ..train.distributed import launch_env
     from ..train.trainer import check_model_args
-
-    from ..devices import resolve_device
 
     env = launch_env()
     if env is not None:
@@ -323,7 +322,6 @@ def _check_feature_shape(store: str, features: str, name: str | None) -> None:
 def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, device, batch_size, save_sims, out,
                  progress):
     """Evaluate one run, or the average similarity of several (SAF + SGR = SGRAF), and print the table."""
-    from ..devices import resolve_device
     from ..train import evaluate
 
     device = resolve_device(device)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import click
 import yaml
 
+from ..suggest import did_you_mean
 from ..version import __version__
 from ..words import plural
 from .commands import call_stage, has_option, norm, params_of, resolve_command
@@ -359,8 +360,6 @@ def load_pipelines(file: str | None = None) -> PipelineFile:
 
 def check_sets(pipeline: PipelineSpec, sets: Mapping[str, str]) -> None:
     """Refuse a ``--set NAME`` that the pipeline neither declares nor uses (a typo would be ignored)."""
-    from ..suggest import did_you_mean
-
     known = variables_of(pipeline) | {"DEVICE"}   # `vsekit run --device` sets it
     for name in sets:
         if name not in known:
@@ -374,8 +373,6 @@ def apply_stage_options(pipeline: PipelineSpec, options: Sequence[str], cli: cli
     a command such as ``extract`` or ``ingest-karpathy`` for all its stages; ``*`` for every stage that
     has the option); VALUE is read as YAML (``none``, ``5``, ``[a, b]``). The option itself is checked
     against the stage's command like one written in the file."""
-    from ..suggest import did_you_mean
-
     if not options:
         return pipeline
     pipeline = copy.deepcopy(pipeline)
