@@ -158,15 +158,13 @@ def job_ids(cluster) -> list[str]:
 
 
 def wait_for_workers(cluster, n: int, timeout: float, kind: str) -> None:
-    """Wait until one worker has joined; after ``timeout`` s, a ValueError with the jobs' states."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cluster.scheduler_info.get("workers"):
-            return
-        time.sleep(0.5)
-    sched = get(kind)
-    raise ValueError(f"--cluster {kind}:{n}: no {sched.label} job started within {timeout:g} s "
-                     f"(start_timeout); {sched.status}: {sched.pending_reasons(job_ids(cluster))}")
+    """Wait until one worker runs (dask's own wait); after ``timeout`` s, a ValueError with the jobs' states."""
+    try:
+        cluster.wait_for_workers(1, timeout=timeout)
+    except TimeoutError:
+        sched = get(kind)
+        raise ValueError(f"--cluster {kind}:{n}: no {sched.label} job started within {timeout:g} s "
+                         f"(start_timeout); {sched.status}: {sched.pending_reasons(job_ids(cluster))}") from None
 
 
 @contextlib.contextmanager
