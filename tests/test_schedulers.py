@@ -141,8 +141,8 @@ def test_sge_array_script_is_one_qsub_t_array_of_the_settings(tmp_path):
 def test_a_scheduler_is_found_by_name_and_an_unknown_name_lists_the_valid_ones():
     from vsekit import schedulers
 
-    assert schedulers.names() == ["slurm", "sge", "pbs", "lsf", "htcondor"]
-    assert [schedulers.get(n).name for n in schedulers.names()] == schedulers.names()
+    assert list(schedulers.SCHEDULERS) == ["slurm", "sge", "pbs", "lsf", "htcondor"]
+    assert [schedulers.get(n).name for n in schedulers.SCHEDULERS] == list(schedulers.SCHEDULERS)
     with pytest.raises(ValueError, match="unknown batch scheduler 'torque'; valid: slurm, sge, pbs, lsf, htcondor"):
         schedulers.get("torque")
     assert schedulers.get(None) is schedulers.get("slurm")   # a lock written before locks named theirs

@@ -11,6 +11,8 @@ from pathlib import Path
 import click
 
 from ..devices import resolve_device
+from ..storage.fserrors import user_error
+from ..words import plural
 from .options import STORAGE_OPTION, RunPath, StorePath
 from .pipeline import key_values
 
@@ -98,8 +100,8 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
             raise ValueError(unknown_model(model, RETRIEVAL_MODELS,
                                            other=("a backbone of `vsekit extract --model`", BACKBONES)))
     from ..train import train
-    from ..train.distributed import launch_env
-    from ..train.trainer import check_model_args
+    from ..train.distributed import RankFailure, launch_env
+    from ..train.trainer import check_model_args, prepare
 
     env = launch_env()
     if env is not None:
@@ -125,14 +127,10 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
                                "--nproc-per-node N, or drop --max-restarts")
     settings = dict(model_args=margs or None, lr_milestones=list(lr_milestones) or None, **opts)
     if nproc_per_node and env is None:
-        from ..train.trainer import prepare
-
         # every refusal the ranks would make before training, made once, before any rank starts
         prepare(store, features, model, out, nproc_per_node, presets=presets, resume=resume, overwrite=overwrite,
                 ranks=f"--nproc-per-node {nproc_per_node}", **settings)
         return _launch(ctx, nproc_per_node, max_restarts)
-    from ..train.distributed import RankFailure
-
     try:
         summary = train(store, features, model, out, presets=presets, resume=resume, overwrite=overwrite,
                         progress=progress, log=click.echo, collective_timeout=collective_timeout, **settings)
@@ -143,16 +141,13 @@ def train_cmd(ctx, store, features, model, out, presets, model_arg, resume, over
             raise
         if env.rank > 0 and getattr(exc, "same_on_every_rank", False):
             raise SystemExit(1) from None   # rank 0 says it once
-        from ..storage.fserrors import user_error
-
         message = user_error(exc, store)
         if message is None:
             raise
         raise click.ClickException(f"rank {env.rank}: {message}") from None
     if env is not None and env.rank > 0:
         return
-    n = summary["epochs"]
-    click.echo(f"trained {summary['model']} for {n} epoch{'' if n == 1 else 's'}: best val rsum "
+    click.echo(f"trained {summary['model']} for {plural(summary['epochs'], 'epoch')}: best val rsum "
                f"{summary['best_rsum']:.1f} at epoch {summary['best_epoch']} "
                f"(untrained {summary['untrained_rsum'] or float('nan'):.1f}); run in {summary['out']}")
 

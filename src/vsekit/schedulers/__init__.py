@@ -20,10 +20,6 @@ from .base import Scheduler
 SCHEDULERS: dict[str, Scheduler] = {m.SCHEDULER.name: m.SCHEDULER for m in (slurm, sge, pbs, lsf, htcondor)}
 
 
-def names() -> list[str]:
-    return list(SCHEDULERS)
-
-
 #: the scheduler of the records (locks, leases, specs) written before they named theirs
 RECORDS_DEFAULT = "slurm"
 
@@ -48,4 +44,4 @@ def this_task(env: Mapping[str, str] = os.environ) -> tuple[str | None, str | No
     return None, None
 
 
-__all__ = ["SCHEDULERS", "Scheduler", "get", "names", "this_task"]
+__all__ = ["SCHEDULERS", "Scheduler", "get", "this_task"]
