@@ -35,17 +35,13 @@ class VsekitGroup(click.Group):
         from ..storage.objstore import reset_options
 
         reset_options()   # this command's --storage-option values only, never an earlier command's
+        argv = [*getattr(ctx, "_protected_args", []), *ctx.args]   # the subcommand's, before click consumes them
         try:
             with handling():   # Ctrl-C / SIGTERM: locks released, what was kept said, exit 130 / 143
-                return self._invoke(ctx)
+                return super().invoke(ctx)
         except Interrupted as exc:
             click.echo(str(exc) or "interrupted", err=True)
             raise SystemExit(exc.exit_code) from None
-
-    def _invoke(self, ctx: click.Context):
-        argv = [*getattr(ctx, "_protected_args", []), *ctx.args]   # the subcommand's, before click consumes them
-        try:
-            return super().invoke(ctx)
         except click.UsageError as exc:   # a subcommand's wrong option or value
             exc = _ranked(exc)
             exc.exit_code = USER_ERROR

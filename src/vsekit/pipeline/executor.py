@@ -73,14 +73,11 @@ class Step:
             extra["resume"] = True
         return extra
 
-    def argv(self) -> list[str]:
-        return self.stage.argv(self.extra())
-
     def command_line(self) -> str:
         """The stage's command line as printed and recorded: no secret of a --storage-option in it."""
         from ..storage.objstore import shown_argv
 
-        return "vsekit " + " ".join(shlex.quote(a) for a in shown_argv(self.argv()))
+        return "vsekit " + " ".join(shlex.quote(a) for a in shown_argv(self.stage.argv(self.extra())))
 
 
 @dataclass
@@ -281,8 +278,7 @@ def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:
     from ..interrupts import Interrupted
     from ..storage.fserrors import user_error
 
-    values = dict(step.stage.values)
-    values.update(step.extra())   # canonical keys: the option names, "-" as on the command line
+    values = {**step.stage.values, **step.extra()}   # canonical keys: the option names, "-" as on the command line
     try:
         call_stage(step.stage.command, step.stage.spec.command, values)
     except click.exceptions.Exit as exc:

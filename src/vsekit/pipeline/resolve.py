@@ -40,9 +40,7 @@ class ResolvedStage:
         return self.spec.id
 
     def argv(self, extra: Mapping[str, Any] | None = None) -> list[str]:
-        values = dict(self.values)
-        values.update(extra or {})
-        return build_argv(self.spec.command, self.command, values)
+        return build_argv(self.spec.command, self.command, {**self.values, **(extra or {})})
 
     def fingerprint_values(self) -> dict[str, Any]:
         return {k: v for k, v in sorted(self.values.items()) if v is not None and k not in NOT_FINGERPRINTED}
