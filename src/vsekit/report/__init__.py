@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -93,13 +94,11 @@ def report(runs: Sequence[str | Path], out: str | Path, *, split: str = "test", 
 
 
 def _unique_names(infos: list[RunInfo]) -> None:
-    seen: dict[str, int] = {}
+    seen: Counter[str] = Counter()
     for r in infos:
-        if r.name in seen:
-            seen[r.name] += 1
+        seen[r.name] += 1
+        if seen[r.name] > 1:
             r.name = f"{r.name} ({seen[r.name]})"
-        else:
-            seen[r.name] = 1
 
 
 # learning curves ----------------------------------------------------------------------------------

@@ -131,9 +131,8 @@ def read_features(store: FeatureStore, name: str, rows: np.ndarray):
     return torch.from_numpy(data), None if counts is None else torch.from_numpy(counts[rows - lo])
 
 
-def read_tokens(store: FeatureStore, caption_rows: np.ndarray, offsets: np.ndarray | None = None,
-                pad: int = 0):
-    """Padded token ids (B, L + pad) int64 and true lengths (B,) of store ``caption_rows``.
+def read_tokens(store: FeatureStore, caption_rows: np.ndarray, offsets: np.ndarray | None = None):
+    """Padded token ids (B, L) int64 and true lengths (B,) of store ``caption_rows``.
 
     ``offsets`` (the whole ``tokens/offsets``, M+1 int64) may be passed in to avoid rereading it;
     the ids are read as one range covering the rows (callers pass a block of nearby captions).
@@ -147,7 +146,7 @@ def read_tokens(store: FeatureStore, caption_rows: np.ndarray, offsets: np.ndarr
     lo, hi = int(starts.min()), int(stops.max())
     ids = np.asarray(store.root["tokens/ids"][lo:hi], dtype=np.int64)
     lengths = np.maximum(stops - starts, 1)
-    out = np.zeros((len(rows), int(lengths.max()) + pad), dtype=np.int64)
+    out = np.zeros((len(rows), int(lengths.max())), dtype=np.int64)
     for i, (a, b) in enumerate(zip(starts, stops)):
         out[i, :b - a] = ids[a - lo:b - lo]
     return torch.from_numpy(out), torch.from_numpy(lengths)
@@ -182,18 +181,14 @@ class ModelSource:
         with torch.no_grad():
             return self.model.score(img, cap).float().cpu().numpy().astype(np.float64)
 
+    def _blocks(self, n: int):
+        return (np.arange(s, min(s + self.block, n)) for s in range(0, n, self.block))
+
     def caption_columns(self, caps: np.ndarray) -> np.ndarray:
         cap = self.encode_captions(np.asarray(caps))
-        out = np.empty((self.n_images, len(caps)))
-        for s in range(0, self.n_images, self.block):
-            idx = np.arange(s, min(s + self.block, self.n_images))
-            out[idx] = self._score(self.encode_images(idx), cap)
-        return out
+        return np.concatenate([self._score(self.encode_images(idx), cap) for idx in self._blocks(self.n_images)])
 
     def image_rows(self, imgs: np.ndarray) -> np.ndarray:
         img = self.encode_images(np.asarray(imgs))
-        out = np.empty((len(imgs), self.n_captions))
-        for s in range(0, self.n_captions, self.block):
-            idx = np.arange(s, min(s + self.block, self.n_captions))
-            out[:, idx] = self._score(img, self.encode_captions(idx))
-        return out
+        return np.concatenate([self._score(img, self.encode_captions(idx)) for idx in self._blocks(self.n_captions)],
+                              axis=1)
