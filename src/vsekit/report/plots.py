@@ -6,6 +6,7 @@ few kilobytes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from html import escape
 from typing import Sequence
@@ -107,16 +108,8 @@ def line_chart(series: Sequence[tuple[str, Sequence[float], Sequence[float | Non
         stroke = colour(int(style.get("group", i)))
         dash = style.get("dash") or ""
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
-        segs, cur = [], []
-        for x, y in zip(xs, ys):
-            if y is None:
-                if cur:
-                    segs.append(cur)
-                cur = []
-            else:
-                cur.append((sx(x), sy(y)))
-        if cur:
-            segs.append(cur)
+        runs = itertools.groupby(zip(xs, ys), key=lambda p: p[1] is None)   # None values are gaps
+        segs = [[(sx(x), sy(y)) for x, y in run] for gap, run in runs if not gap]
         for seg in segs:
             d = " ".join(f"{x:.1f},{y:.1f}" for x, y in seg)
             out.append(f'<polyline fill="none" stroke="{stroke}" stroke-width="1.8"{dash_attr} points="{d}"/>')
