@@ -18,9 +18,16 @@ def sge_memory(memory: str) -> str:
     return f"{max(1, -(-parse_bytes(memory) // 2**20))}M"
 
 
-def _need_pe(cores: int) -> ValueError:
-    return ValueError(f"cluster settings cores: {cores} on Grid Engine need pe: the name of the site's "
-                      f"parallel environment for one host (`qconf -spl` lists them)")
+def _requests(s: Mapping[str, Any], memory: str, gpus: int, cores: int) -> tuple[str, str | None]:
+    """The ``-l`` resources of a job (memory only where ``memory_resource`` names the site's resource,
+    GPUs as ``gpu_resource``, default ``gpu``) and its ``-pe PE cores`` (None for one core)."""
+    requests = [f"{s['memory_resource']}={sge_memory(memory)}"] if s.get("memory_resource") else []
+    if gpus:
+        requests.append(f"{s.get('gpu_resource') or 'gpu'}={gpus}")
+    if cores > 1 and not s.get("pe"):
+        raise ValueError(f"cluster settings cores: {cores} on Grid Engine need pe: the name of the site's "
+                         f"parallel environment for one host (`qconf -spl` lists them)")
+    return ",".join(requests), (f"{s['pe']} {cores}" if cores > 1 else None)
 
 
 class GridEngine(Scheduler):
@@ -41,17 +48,13 @@ class GridEngine(Scheduler):
         has no standard one, and a load value such as ``mem_free`` fails ``qsub -w v``), ``-l
         GPU_RESOURCE=G`` (default ``gpu``), ``-pe PE cores`` for more than one core, and ``-V`` (the
         job sees the submitting environment, as with sbatch)."""
-        pe, memory_resource = s.pop("pe", None), s.pop("memory_resource", None)
-        gpu_resource = s.pop("gpu_resource", None) or "gpu"
-        requests = [f"{memory_resource}={sge_memory(memory)}"] if memory_resource else []
-        if gpus:
-            requests.append(f"{gpu_resource}={gpus}")
+        requests, pe = _requests(s, memory, gpus, cores)
+        for key in ("pe", "memory_resource", "gpu_resource"):
+            s.pop(key, None)
         if requests:
-            kw["resource_spec"] = ",".join(requests)
-        if cores > 1:
-            if not pe:
-                raise _need_pe(cores)
-            kw["job_extra_directives"].append(f"-pe {pe} {cores}")
+            kw["resource_spec"] = requests
+        if pe:
+            kw["job_extra_directives"].append(f"-pe {pe}")
         kw["job_extra_directives"].append("-V")
 
     def job_states(self, job_id: str) -> list[str] | None:
@@ -74,17 +77,11 @@ class GridEngine(Scheduler):
         for key, flag in (("queue", "-q "), ("project", "-P "), ("walltime", "-l h_rt=")):
             if settings.get(key):
                 lines.append(f"#$ {flag}{settings[key]}")
-        requests = []
-        if settings.get("memory_resource"):
-            requests.append(f"{settings['memory_resource']}={sge_memory(settings.get('memory') or job_memory(gpus))}")
-        if gpus:
-            requests.append(f"{settings.get('gpu_resource') or 'gpu'}={gpus}")
+        requests, pe = _requests(settings, settings.get("memory") or job_memory(gpus), gpus, cores)
         if requests:
-            lines.append(f"#$ -l {','.join(requests)}")
-        if cores > 1:
-            if not settings.get("pe"):
-                raise _need_pe(cores)
-            lines.append(f"#$ -pe {settings['pe']} {cores}")
+            lines.append(f"#$ -l {requests}")
+        if pe:
+            lines.append(f"#$ -pe {pe}")
         return lines, "#$"
 
     def array_job_id(self, stdout: str) -> str:
