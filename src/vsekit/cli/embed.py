@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..devices import resolve_device
 from .options import STORAGE_OPTION, RunPath, StorePath
 
 
@@ -25,8 +26,6 @@ from .options import STORAGE_OPTION, RunPath, StorePath
 def embed_cmd(run, split, out, store, features, checkpoint, device, batch_size):
     """Write the images' and captions' embeddings (with ids) of SPLIT, ready for faiss."""
     from ..train.embed import embed
-
-    from ..devices import resolve_device
 
     device = resolve_device(device)
     doc = embed(run, out, split=split, store=store, features=features, checkpoint=checkpoint, device=device,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..devices import resolve_device
 from .options import STORAGE_OPTION, RunPath, StorePath
 
 
@@ -32,11 +33,9 @@ from .options import STORAGE_OPTION, RunPath, StorePath
 def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, device, block, thumb_size,
            title) -> None:
     """Write a self-contained HTML report of RUNS (metrics, curves, retrieval examples, attention)."""
-    from ..devices import resolve_device
     from ..report import report as make_report
 
     device = resolve_device(device)
-
     s = make_report(list(runs), out, split=split, n_captions=n_captions, n_images=n_images,
                     n_attention=n_attention, k=k, seed=seed, store=store, device=device, block=block,
                     thumb_size=thumb_size, title=title)

@@ -11,6 +11,7 @@ averaged over its 7×7 samples; ImageNet-backbone features, not the bottom-up-at
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -138,8 +139,6 @@ BUILDS = {"count": 0}
 
 def cached_extractor(plan: Plan, device: str, *, pin_memory: str | bool = "auto",
                      channels_last: bool = True) -> Extractor:
-    import json
-
     key = json.dumps([plan.to_dict(), device, pin_memory, channels_last], sort_keys=True, default=str)
     if key not in _CACHE:
         _CACHE.clear()

@@ -13,6 +13,7 @@ rounding, so none is part of a feature set's settings hash; each can be switched
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 DECODERS_PER_GPU = 6
@@ -66,8 +67,6 @@ def memory_format(channels_last: bool):
 
 def autocast(device, precision: str):
     """``torch.autocast`` on ``device`` in ``bf16`` / ``fp16``; nothing for ``fp32``."""
-    import contextlib
-
     import torch
 
     if precision == "fp32":

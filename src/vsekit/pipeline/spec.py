@@ -192,8 +192,7 @@ def load_file(path: str | os.PathLike) -> PipelineFile:
     if not path.is_file():
         raise PipelineError(f"{path}: no such pipelines file (pass --file PATH)")
     file = str(path)
-    text = path.read_text()
-    loader = yaml.SafeLoader(text)
+    loader = yaml.SafeLoader(path.read_text())
     try:
         node = loader.get_single_node()
         if node is None:
