@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..clusters import SPEC_HELP as CLUSTER_HELP
+from ..devices import resolve_device
 from .options import CLUSTER_TEXT, STORAGE_OPTION
 
 
@@ -55,14 +56,12 @@ def run(pipeline, file, sets, stage_options, from_stage, force, dry_run, list_, 
         if not list_:
             click.echo("run one with: vsekit run NAME [--dry-run]")
         return
-    from ..clusters import parse_cluster
+    from ..clusters import parse_cluster   # looked up when called (tests count the parses through it)
 
     sets = key_values(sets)
     settings = cluster_settings_of(pf, pipeline)
     spec = parse_cluster(cluster, settings or None)   # --cluster: parsed once, with the pipeline's `cluster:`
     if device is not None:
-        from ..devices import resolve_device
-
         if spec is None or not spec.resolves_on_workers:   # slurm: the extraction's GPUs are on the nodes
             resolve_device(device)  # refuse a device this machine lacks now, in one line
         sets["DEVICE"] = device.strip().lower()
