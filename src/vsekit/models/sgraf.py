@@ -317,6 +317,7 @@ class SGRAF(RetrievalModel):
         self.sim_loc_w = nn.Linear(embed_dim, sim_dim)
         if mode == "sgr":
             self.reasoning = nn.ModuleList(GraphReasoning(sim_dim) for _ in range(sgr_steps))
+            self.unused_parameters = sgr_steps > 0     # b_k cancels in the edges' softmax
         else:
             self.saf_w = nn.Linear(sim_dim, 1)
             self.saf_bn = CaptionBatchNorm1d(1)

@@ -112,6 +112,8 @@ class SMAN(RetrievalModel):
         self.intra_pair, self.intra_weight, self.intra_margin = intra_pair, intra_weight, intra_margin
         # pairwise only when step 2 exists and its queries mix the two modalities
         self.pairwise = steps == 2 and self.alpha < 1.0
+        # the pairwise step 2 reads only W_vh's and W_th's weights: their biases cancel in the softmax
+        self.unused_parameters = self.pairwise
         self.drop = nn.Dropout(dropout)
         self.glo = nn.Linear(img_dim, hidden)                         # P0
         self.cell_gru = nn.GRU(img_dim, hidden, batch_first=True) if use_loc else None

@@ -82,7 +82,7 @@ class StepLoss(torch.nn.Module):
     """The step as a module: its forward is :func:`step_loss`, the global batch's loss.
 
     This is what ``DistributedDataParallel`` wraps: DDP carries the gradients (buckets all-reduced
-    while backward runs, parameters unused by a step found, no buffer broadcast: the models' batch
+    while backward runs, parameters unused by a step found where the model declares some, no buffer broadcast: the models' batch
     statistics are reduced by :mod:`vsekit.models.sync`), and the gathers inside the loss make it
     the global batch's.
     """
@@ -108,15 +108,17 @@ def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
     if net not in _WRAPPED:
         from torch.nn.parallel import DistributedDataParallel
 
-        # find_unused_parameters: some parameters get no gradient (SMAN's and SGR's biases before a
-        # softmax), and keep none, as in one process; the buckets are all-reduced from the first
-        # step in one order (static_graph would hold all gradients in one bucket for two steps).
+        # find_unused_parameters only for a model that declares parameters without a gradient (SMAN's
+        # and SGR's biases before a softmax): the search is a graph traversal per step, which the
+        # other families do not pay; the buckets are all-reduced from the first step in one order
+        # (static_graph would hold all gradients in one bucket for two steps).
         # forward_sync_buffers off: batch-norm statistics are already the global batch's
         # (models/sync.py) and every rank holds the same buffers. gradient_as_bucket_view: the
         # gradients are views of the all-reduced buckets (no copy back, no second copy in memory).
         _WRAPPED[net] = group.check("the data-parallel wrapper's start", DistributedDataParallel, StepLoss(net),
-                                    find_unused_parameters=True, forward_sync_buffers=False,
-                                    gradient_as_bucket_view=True, bucket_cap_mb=BUCKET_MB)
+                                    find_unused_parameters=bool(getattr(net, "unused_parameters", False)),
+                                    forward_sync_buffers=False, gradient_as_bucket_view=True,
+                                    bucket_cap_mb=BUCKET_MB)
     return _WRAPPED[net]
 
 
