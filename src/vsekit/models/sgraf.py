@@ -127,30 +127,27 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.
     return torch.softmax(logits, dim=dim) * mask.to(logits.dtype)
 
 
-def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths) -> tuple[torch.Tensor, ...]:
     """Run a bidirectional RNN over padded (B, L, E) inputs; average the two directions per word.
 
-    Packing makes the backward direction start at each caption's last real word, so padding never
-    reaches a real word's state; padded positions come back as zeros.
+    Returns the states (zero at padding), the (B, L) mask of the real words and the lengths (at least
+    1, at most L) on ``emb``'s device. Packing makes the backward direction start at each caption's
+    last real word, so padding never reaches a real word's state. It packs with the caller's own
+    lengths when they are on the host (the trainer keeps them there: no device round trip per batch).
     """
-    lengths_cpu = lengths.detach().to("cpu", torch.int64).clamp(min=1)
-    packed = nn.utils.rnn.pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
+    width = emb.shape[1]
+    on_device = as_lengths(lengths, emb.device).clamp(min=1, max=width)
+    host = lengths if isinstance(lengths, torch.Tensor) and lengths.device.type == "cpu" else on_device
+    packed = nn.utils.rnn.pack_padded_sequence(emb, host.detach().to("cpu", torch.int64).clamp(min=1, max=width),
+                                               batch_first=True, enforce_sorted=False)
     out, _ = rnn(packed)
-    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=emb.shape[1])
+    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=width)
     half = out.shape[-1] // 2
-    return (out[..., :half] + out[..., half:]) / 2
+    return (out[..., :half] + out[..., half:]) / 2, length_mask(on_device, width), on_device
 
 
 def as_lengths(lengths, device) -> torch.Tensor:
     return torch.as_tensor(lengths, device=device, dtype=torch.int64)
-
-
-def packing_lengths(given, on_device: torch.Tensor, width: int) -> torch.Tensor:
-    """The lengths that ``bidirectional_states`` packs with: the caller's own when they are on the host
-    (the trainer keeps them there: no device round trip per batch), else the device copy."""
-    if isinstance(given, torch.Tensor) and given.device.type == "cpu":
-        return given.to(torch.int64).clamp(min=1, max=width)
-    return on_device
 
 
 class CaptionBatchNorm1d(MaskedBatchNorm1d):
@@ -326,13 +323,8 @@ class SGRAF(RetrievalModel):
         return v, mask, self._global_image(v, mask)
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
-        tokens = tokens.long()
-        given = lengths
-        lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
-        mask = length_mask(lengths, tokens.shape[1])
-        packing = packing_lengths(given, lengths, tokens.shape[1])
-        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), packing))
-        u = u * mask[..., None].to(u.dtype)
+        states, mask, _ = bidirectional_states(self.gru, self.word_drop(self.embed(tokens.long())), lengths)
+        u = l2norm(states)   # padding stays zero
         return u, mask, self._global_caption(u, mask)
 
     def _global_image(self, v, mask):

@@ -37,7 +37,7 @@ from torch import nn
 
 from .base import RetrievalModel
 from . import sgraf
-from .sgraf import as_lengths, bidirectional_states, length_mask, masked_softmax, packing_lengths, variant_factory
+from .sgraf import bidirectional_states, masked_softmax, variant_factory
 
 
 class CellAttention(nn.Module):
@@ -149,13 +149,7 @@ class SMAN(RetrievalModel):
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
         """(B, L) token ids and lengths -> a tuple of per-caption tensors."""
-        tokens = tokens.long()
-        given = lengths
-        lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
-        mask = length_mask(lengths, tokens.shape[1])
-        states = bidirectional_states(self.lstm, self.drop(self.embed(tokens)),
-                                      packing_lengths(given, lengths, tokens.shape[1]))
-        states = states * mask[..., None].to(states.dtype)
+        states, mask, lengths = bidirectional_states(self.lstm, self.drop(self.embed(tokens.long())), lengths)
         t0 = states.sum(1) / lengths[:, None].to(states.dtype)
         t1 = self.txt_att[0](states, mask, t0)
         if self.steps == 1:

@@ -15,7 +15,7 @@ a batch) or every caption (VSE++).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -400,25 +400,12 @@ class PairStream:
         The windows and their pair tables come from :meth:`_plans`, which :meth:`epoch_part` uses
         too: one process and every rank of a data-parallel run cut the same stream."""
         plans = self._plans(epoch)
-        head = self.batch_size  # room before each window for the pairs left over from the last one
-        left_feats = left_counts = None
-        cut = 0
-        buffers = self._prefetch([plan["window"] for plan in plans], head)
-        for plan, (feats_buf, counts_buf) in zip(plans, buffers):
-            img, cap, pos = plan["img"], plan["cap"], plan["pos"]
-            n_left = 0 if left_feats is None else len(left_feats)
-            if n_left:
-                feats_buf[head - n_left:head] = left_feats
-                if counts_buf is not None:
-                    counts_buf[head - n_left:head] = left_counts
-            for a, b in plan["cuts"]:
-                cut += 1
-                if cut <= skip:
-                    continue
-                yield self._batch(feats_buf, counts_buf, img[a:b], cap[a:b], pos[a:b])
-            rest = pos[plan["n_full"]:]
-            left_feats = feats_buf[rest]
-            left_counts = None if counts_buf is None else counts_buf[rest]
+        windows = [plan["window"] for plan in plans]
+        rows = self.batch_size + max((sum(b - a for a, b in w) for w in windows), default=0)
+        carry, cut = {}, 0
+        buffers = self._prefetch(windows, self._buffers(rows, max(1, min(2, len(windows)))))
+        for plan, (feats, counts) in zip(plans, buffers):
+            cut, carry = yield from self._part_batches(plan, feats, counts, None, carry, 0, 1, skip, cut)
 
     def epoch_part(self, epoch: int, rank: int, world: int, skip: int = 0) -> Iterator[Batch]:
         """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which), reading
@@ -459,11 +446,8 @@ class PairStream:
         folder lacks room for the two buffers on any node, every rank falls back to
         :meth:`epoch_part` (each keeps its own rows), agreed by all ranks.
         """
-        from concurrent.futures import ThreadPoolExecutor
-
         plans = self._plans(epoch)
-        head = self.batch_size
-        rows = head + max((sum(b - a for a, b in p["window"]) for p in plans), default=0)
+        rows = self.batch_size + max((sum(b - a for a, b in p["window"]) for p in plans), default=0)
         shape = tuple(self.source.row_shape)
         with_counts = self.source._count is not None
         nbytes = 2 * rows * (4 * int(np.prod(shape)) + (8 if with_counts else 0))
@@ -472,30 +456,13 @@ class PairStream:
         if bufs is None:
             yield from self.epoch_part(epoch, rank, world, skip=skip)
             return
-        feats = bufs[:2]
-        counts = bufs[2:] if with_counts else [None, None]
-
-        def fill(wi: int, pool) -> list:
-            jobs, off = [], head
-            f, c = feats[wi % 2], counts[wi % 2]
-            for start, stop in plans[wi]["window"]:
-                n = stop - start
-                jobs.append(pool.submit(self.source.read_into, start, stop, f[off:off + n],
-                                        None if c is None else c[off:off + n]))
-                off += n
-            return jobs
-
-        carry: dict[int, tuple] = {}
-        cut = 0
-        with ThreadPoolExecutor(max_workers=self.read_workers) as pool:
-            pending = fill(0, pool) if node.leader and plans else []
-            for wi, plan in enumerate(plans):
-                for job in pending:
-                    job.result()
-                node.sync(f"window {wi + 1} of epoch {epoch}")   # it is read; all are done with the other buffer
-                pending = fill(wi + 1, pool) if node.leader and wi + 1 < len(plans) else []
-                cut, carry = yield from self._part_batches(plan, feats[wi % 2], counts[wi % 2], None, carry, rank,
-                                                           world, skip, cut)
+        pairs = list(zip(bufs[:2], bufs[2:] if with_counts else [None, None]))
+        carry, cut = {}, 0
+        windows = [plan["window"] for plan in plans]
+        buffers = self._prefetch(windows, pairs, read=node.leader,
+                                 sync=lambda wi: node.sync(f"window {wi + 1} of epoch {epoch}"))
+        for plan, (feats, counts) in zip(plans, buffers):
+            cut, carry = yield from self._part_batches(plan, feats, counts, None, carry, rank, world, skip, cut)
 
     def _part_batches(self, plan: dict, feats: np.ndarray, counts: np.ndarray | None, index: np.ndarray | None,
                       carry: dict, rank: int, world: int, skip: int, cut: int):
@@ -507,6 +474,9 @@ class PairStream:
         head = self.batch_size
 
         def take(positions):
+            if positions.min(initial=head) >= head:   # no carried pair: one gather
+                at = positions if index is None else index[positions - head]
+                return feats[at], None if counts is None else counts[at]
             out_f = np.empty((len(positions), *self.source.row_shape), dtype=np.float32)
             out_c = None if counts is None else np.empty(len(positions), dtype=np.int64)
             new = positions >= head
@@ -525,11 +495,12 @@ class PairStream:
             cut += 1
             if cut <= skip:
                 continue
-            part = part_slice(b - a, rank, world)
+            part = part_slice(b - a, rank, world) if world > 1 else None   # one process: the whole batch
+            mine = slice(None) if part is None else part
             tokens, lengths = self.tokens.batch(cap[a:b])
-            f, c = take(pos[a:b][part])
+            f, c = take(pos[a:b][mine])
             yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
-                        tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
+                        tokens[mine], lengths[mine], torch.from_numpy(img[a:b]), part)
         rest = pos[plan["n_full"]:]
         f, c = take(rest)
         first = self.batch_size - len(rest)
@@ -620,19 +591,19 @@ class PairStream:
             self._bufs = bufs
         return bufs
 
-    def _prefetch(self, windows: list[list[tuple[int, int]]], head: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-        """Each window's chunks decoded into a window buffer (after ``head`` free rows), by a
-        background thread one window ahead of the consumer."""
+    def _prefetch(self, windows: list[list[tuple[int, int]]], bufs: list, read: bool = True,
+                  sync: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Each window's chunks decoded into the window buffer ``bufs[w % len(bufs)]`` (a (features,
+        counts) pair; after a head of ``batch_size`` free rows), by a background pool one window
+        ahead of the consumer. ``read`` False: another rank fills the buffers (the node's leader);
+        ``sync(w)``: the ranks meet once window w is read (and all are done with the other buffer)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        if not windows:
-            return
-        rows = head + max(sum(stop - start for start, stop in w) for w in windows)
-        bufs = self._buffers(rows, min(2, len(windows)))
-
         def submit(pool, w):
+            if not read or w >= len(windows):
+                return []
             feats, counts = bufs[w % len(bufs)]
-            jobs, off = [], head
+            jobs, off = [], self.batch_size
             for start, stop in windows[w]:
                 n = stop - start
                 jobs.append(pool.submit(self.source.read_into, start, stop, feats[off:off + n],
@@ -645,15 +616,11 @@ class PairStream:
             for w in range(len(windows)):
                 for job in pending:
                     job.result()
+                if sync is not None:
+                    sync(w)
                 # the other buffer held window w - 1, which the consumer has finished with
-                pending = submit(pool, w + 1) if w + 1 < len(windows) else []
+                pending = submit(pool, w + 1)
                 yield bufs[w % len(bufs)]
-
-    def _batch(self, feats, counts, img, cap, pos) -> Batch:
-        tokens, lengths = self.tokens.batch(cap)
-        return Batch(torch.from_numpy(np.ascontiguousarray(feats[pos])),
-                     None if counts is None else torch.from_numpy(counts[pos]),
-                     tokens, lengths, torch.from_numpy(img))
 
 
 # evaluation data ----------------------------------------------------------------------------------
