@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..storage.chunks import ChunkReader
+from .distributed import part_slice
 from ..storage.splits import refuse_stale
 from ..storage.base import no_tokens
 from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
@@ -318,16 +319,6 @@ class Batch:
     #: data-parallel (:meth:`PairStream.epoch_part`): which rows of the global batch ``feats``,
     #: ``counts``, ``tokens`` and ``lengths`` hold (``images`` is always the whole batch's); None: all
     part: slice | None = None
-
-
-def part_slice(n: int, rank: int, world: int) -> slice:
-    """Rank ``rank``'s contiguous rows of a global batch of ``n``: the first ``n % world`` ranks one
-    more; a batch smaller than the rank count is every rank's whole (each computes all of it)."""
-    if n < world:
-        return slice(0, n)
-    base, extra = divmod(n, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
 
 
 class PairStream:

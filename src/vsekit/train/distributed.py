@@ -132,6 +132,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def part_slice(n: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s contiguous rows of a global batch of ``n``: the first ``n % world`` ranks one
+    more; a batch smaller than the rank count is every rank's whole (each computes all of it)."""
+    if n < world:
+        return slice(0, n)
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
 class Group:
     """The ranks of a run and the collectives of a training step; world 1 is the identity (no torch.distributed)."""
 
@@ -157,15 +167,12 @@ class Group:
 
     # -- the data of a step --------------------------------------------------------------------
     def sizes(self, n: int) -> list[int]:
-        """The rows of each rank in a global batch of ``n``: contiguous, the first ``n % world`` one more."""
-        base, extra = divmod(int(n), self.world)
-        return [base + (1 if r < extra else 0) for r in range(self.world)]
+        """The rows of each rank in a global batch of ``n`` (:func:`part_slice`'s, ``n >= world``)."""
+        return [len(range(n)[part_slice(n, r, self.world)]) for r in range(self.world)]
 
     def part(self, n: int) -> slice:
         """This rank's contiguous slice of a global batch of ``n`` rows."""
-        sizes = self.sizes(n)
-        start = sum(sizes[:self.rank])
-        return slice(start, start + sizes[self.rank])
+        return part_slice(n, self.rank, self.world)
 
     # -- collectives (identity in one process) -------------------------------------------------
     def check(self, what: str, fn, *args, **kwargs):

@@ -39,11 +39,11 @@ from ..storage.objstore import store_ref
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
-from ..models import _MODELS, RetrievalModel, create_model, model_names
+from ..models import _MODELS, RetrievalModel, create_model
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, parse_every, resolve_config
 from .distributed import SINGLE, Group, NodeShare
-from .step import autocast, step_seed, to_device, train_step  # noqa: F401 (re-exported)
+from .step import step_seed, train_step  # noqa: F401 (re-exported)
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import create_loss
@@ -62,10 +62,7 @@ def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) 
     ``model_args`` key it does not take is dropped when it came from a preset meant for another model
     and is an error otherwise (checked by the CLI through ``check_model_args``).
     """
-    model_names()
-    factory = _MODELS[cfg.model] if cfg.model in _MODELS else None
-    if factory is None:
-        create_model(cfg.model)  # raises the ValueError listing valid names
+    factory = _factory(cfg.model)
     common = {"img_shape": tuple(int(s) for s in img_shape), "vocab_size": int(vocab_size),
               "embed_dim": cfg.embed_dim, "word_dim": cfg.word_dim, "similarity": cfg.similarity,
               "use_abs": cfg.use_abs}
@@ -76,12 +73,16 @@ def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) 
     return kw
 
 
-def check_model_args(model: str, keys: list[str]) -> None:
-    """Refuse ``--model-arg`` keys the model's factory does not take, listing the ones it does."""
-    model_names()
+def _factory(model: str):
+    """The registered factory of ``model``; an unknown name raises the ValueError listing the valid ones."""
     if model not in _MODELS:
         create_model(model)
-    params = inspect.signature(_MODELS[model]).parameters
+    return _MODELS[model]
+
+
+def check_model_args(model: str, keys: list[str]) -> None:
+    """Refuse ``--model-arg`` keys the model's factory does not take, listing the ones it does."""
+    params = inspect.signature(_factory(model)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     valid = [p for p in params if p not in COMMON_ARGS]
@@ -92,10 +93,7 @@ def check_model_args(model: str, keys: list[str]) -> None:
 
 def check_model_arg_types(model: str, args: dict[str, Any]) -> None:
     """Refuse a ``--model-arg`` value of another type than the factory's default (``hops=many``)."""
-    model_names()
-    if model not in _MODELS:
-        create_model(model)
-    params = inspect.signature(_MODELS[model]).parameters
+    params = inspect.signature(_factory(model)).parameters
     for key, value in args.items():
         default = params[key].default if key in params else inspect.Parameter.empty
         if default is inspect.Parameter.empty or default is None:
