@@ -399,18 +399,10 @@ class PairStream:
             cut, carry = yield from self._part_batches(plan, feats, counts, None, carry, 0, 1, skip, cut)
 
     def epoch_part(self, epoch: int, rank: int, world: int, skip: int = 0) -> Iterator[Batch]:
-        """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which), reading
-        only those rows into memory.
-
-        The epoch is the same stream as :meth:`epoch` (the same windows, sized from the whole
-        ``shuffle_memory``, and the same random numbers, all drawn before any data is read): every
-        window's chunks are read (each rank reads the window's chunks) but only the rows of this
-        rank's slices, and the pairs carried to the next window, are kept. A rank's buffers hold
-        about ``1 / world`` of a window, so the ranks of a node together stay within the budget.
-        Tokens are cut at the global batch's width.
-        """
-        from concurrent.futures import ThreadPoolExecutor
-
+        """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which): the same
+        stream (windows sized from the whole ``shuffle_memory``, the same random numbers), each window's
+        chunks read but only this rank's slices and the carried pairs kept, about ``1 / world`` of a
+        window (docs/train.md, "Data per rank"). Tokens are cut at the global batch's width."""
         plans = self._plans(epoch)
         carry = {}                       # window position (< head) -> (features, count) of carried pairs
         cut = 0
@@ -425,18 +417,11 @@ class PairStream:
                                                            skip, cut)
 
     def epoch_shared(self, epoch: int, rank: int, world: int, node: Any, skip: int = 0) -> Iterator[Batch]:
-        """:meth:`epoch_part`'s batches, with the window read once per node into shared memory.
-
-        ``node`` (:class:`vsekit.train.distributed.NodeShare`) says whether this rank is its node's
-        leader (local rank 0) and synchronises the ranks. The leader reads each window's chunks, one
-        window ahead, into one of two window buffers in a memory-backed folder (``/dev/shm``) that
-        every rank of the node maps; at each window's start the ranks meet (the window is read, and
-        every rank is done with the buffer the next window will be read into). So a node holds two
-        windows whatever its rank count (as one process does) and reads each chunk once. Each rank
-        copies out only its slices of the batches and the pairs carried to the next window. Where the
-        folder lacks room for the two buffers on any node, every rank falls back to
-        :meth:`epoch_part` (each keeps its own rows), agreed by all ranks.
-        """
+        """:meth:`epoch_part`'s batches, with the window read once per node into shared memory: the
+        node's leader (``node``, :class:`vsekit.train.distributed.NodeShare`) reads each window, one
+        ahead, into one of two buffers every rank of the node maps, and each rank copies out its rows;
+        without room for the buffers on any node every rank falls back to :meth:`epoch_part`, agreed
+        by all (docs/train.md, "Data per rank")."""
         plans = self._plans(epoch)
         rows = self.batch_size + max((sum(b - a for a, b in p["window"]) for p in plans), default=0)
         shape = tuple(self.source.row_shape)

@@ -1,18 +1,9 @@
 """Data-parallel training on ``torch.distributed``: the process group, and the collectives of a step.
 
-A run is data-parallel when a launcher started it: ``torchrun`` (or ``vsekit train --nproc-per-node
-N``, which starts ``torch.distributed.run`` itself) sets ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
-``MASTER_ADDR`` / ``MASTER_PORT``; SLURM's ``srun`` sets ``SLURM_PROCID`` / ``SLURM_NTASKS`` /
-``SLURM_LOCALID`` (the master is the first node of ``SLURM_JOB_NODELIST``, the port derived from
-``SLURM_JOB_ID``). Without any of these the run is one process: :func:`setup` returns
-:data:`SINGLE`, whose collectives are the identity, and no process group exists.
-
-The step's exactness (``docs/train.md``, "Data-parallel training"): every rank reads the same epoch
-stream and takes its contiguous slice of each global batch (:meth:`Group.part`); the encodings are
-gathered with autograd (:meth:`Group.gather`), each rank scores the column block of its captions
-against every image, the blocks are gathered into the full score matrix, and every rank computes the
-whole loss. ``DistributedDataParallel`` carries the gradients (``step.train_step``): their average over
-the ranks is one process's gradient on every rank, so clipping and the optimizer step are identical.
+A run is data-parallel when a launcher started it (``torchrun``, ``vsekit train --nproc-per-node N``,
+SLURM's ``srun``: :func:`launch_env` reads their variables); without one it is one process,
+:data:`SINGLE`, whose collectives are the identity. What is exact and how (the gathers here,
+``DistributedDataParallel`` in ``step.train_step``): docs/train.md, "Data-parallel training".
 """
 
 from __future__ import annotations
