@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from ..fne.pack import unpack
 from ..storage.chunks import ChunkReader
 from .distributed import part_slice
 from ..storage.splits import refuse_stale
@@ -76,23 +77,6 @@ class Tokens:
 
 
 # features -----------------------------------------------------------------------------------------
-def _unpack_2bit(packed: np.ndarray, n_features: int) -> np.ndarray:
-    """Fallback for ``vsekit.fne.pack.unpack``: 4 values per byte, low bits first, 2-bit two's complement."""
-    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)
-    codes = ((packed.astype(np.uint8)[..., None] >> shifts) & 3).astype(np.int8)
-    codes -= (codes & np.int8(2)) << np.int8(1)
-    return codes.reshape(*packed.shape[:-1], -1)[..., :n_features]
-
-
-def unpack_rows(packed: np.ndarray, n_features: int) -> np.ndarray:
-    """2-bit packed FNE rows → int8 {-1, 0, 1}, using the FNE package's unpacker when present."""
-    try:
-        from ..fne.pack import unpack
-    except ImportError:  # the FNE package is optional here
-        return _unpack_2bit(packed, n_features)
-    return np.asarray(unpack(packed, n_features))
-
-
 class FeatureSource:
     """Rows of a feature set as float32 arrays, whatever the stored layout (float, FNE int8, packed).
 
@@ -144,13 +128,13 @@ class FeatureSource:
         if self.reader is not None and self.reader.remote:   # one checked GET per block and array
             raw, counts = self.reader.read_rows(start, stop)
             if self.packed:
-                raw = unpack_rows(raw, self.n_features)
+                raw = unpack(raw, self.n_features)
             return raw.astype(np.float32, copy=False), None if counts is None else counts.astype(np.int64)
         if self.reader is not None:
             self.reader.verify(start, stop)
         raw = np.asarray(self._data[start:stop])
         if self.packed:
-            raw = unpack_rows(raw, self.n_features)
+            raw = unpack(raw, self.n_features)
         counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
         if self.reader is not None:
             self.reader.check_generation()

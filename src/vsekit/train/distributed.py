@@ -123,6 +123,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pad_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """``t`` zero-padded at the end of every dim to ``shape`` (``t`` itself when it has that shape)."""
+    pad = [x for have, want in zip(reversed(t.shape), reversed(shape)) for x in (0, int(want) - int(have))]
+    return torch.nn.functional.pad(t, pad) if any(pad) else t
+
+
 def part_slice(n: int, rank: int, world: int) -> slice:
     """Rank ``rank``'s contiguous rows of a global batch of ``n``: the first ``n % world`` ranks one
     more; a batch smaller than the rank count is every rank's whole (each computes all of it)."""
@@ -210,7 +216,6 @@ class Group:
 
     def _gather_one(self, t: torch.Tensor, sizes: list[int], autograd: bool) -> torch.Tensor:
         import torch.distributed as dist
-        import torch.nn.functional as F
 
         # the other dims may differ between ranks (a caption slice's width): agree on the largest
         shape = torch.tensor(list(t.shape[1:]) or [0], dtype=torch.int64, device=t.device)
@@ -220,15 +225,10 @@ class Group:
             full = torch.stack(shapes).max(0).values.tolist()
         else:
             full = []
-        rows = max(sizes)
-        pad = []
-        for have, want in zip(reversed(t.shape[1:]), reversed(full)):
-            pad += [0, int(want) - int(have)]
-        pad += [0, rows - t.shape[0]]
         dtype = t.dtype
         if dtype == torch.bool:
             t = t.to(torch.uint8)
-        padded = F.pad(t, pad) if any(pad) else t
+        padded = pad_to(t, [max(sizes), *full])
         nbytes = padded.numel() * padded.element_size()
         self.traffic["gather"] += nbytes
         if autograd and padded.requires_grad:

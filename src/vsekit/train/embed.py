@@ -33,6 +33,7 @@ import torch
 from ..storage.store import FeatureStore
 from .data import EvalSet, Tokens, image_batches, open_features
 from ..models.losses import similarity as similarity_fn
+from .scoring import take
 
 
 def _vectors(model, enc: Any) -> torch.Tensor:
@@ -62,15 +63,11 @@ def _check_scores(model, img: torch.Tensor, cap_enc: Any, similarity: str) -> No
     """The model's score on a block must equal the exported vectors' similarity."""
     cap = _vectors(model, cap_enc)
     k_i, k_c = min(16, len(img)), min(16, len(cap))
-    want = model.score(img[:k_i], _take(cap_enc, k_c)).float()
+    want = model.score(img[:k_i], take(cap_enc, slice(0, k_c))).float()
     got = similarity_fn(similarity)(img[:k_i], cap[:k_c]).float()
     if not torch.allclose(want, got, rtol=1e-4, atol=1e-5):
         raise ValueError(f"the exported vectors do not reproduce the model's scores (max difference "
                          f"{float((want - got).abs().max()):.3g}); this model cannot be exported as embeddings")
-
-
-def _take(enc: Any, k: int) -> Any:
-    return type(enc)(e[:k] for e in enc) if isinstance(enc, (tuple, list)) else enc[:k]
 
 
 @torch.no_grad()

@@ -48,7 +48,7 @@ from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, o
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import create_loss
 from .scoring import EnsembleScorer, encode_set, evaluating
-from .tblog import open_curves
+from .tblog import CurveWriter
 
 # steps between host reads of the running loss for the progress bar (the loss stays on the device)
 LOG_EVERY = 50
@@ -297,8 +297,10 @@ class Run:
     def last(self) -> Path:
         return self.out / "checkpoint_last.pt"
 
-    def payload_extra(self) -> dict[str, Any]:
-        return {"config": self.cfg.to_json(), "model_name": self.cfg.model, "model_kwargs": self.kw}
+    def save(self, path: Path, **extra: Any) -> None:
+        """A checkpoint of the weights and the run's settings, with ``extra`` (optimizer, state, position...)."""
+        _save(path, {"model": self.net.state_dict(), **extra, "config": self.cfg.to_json(),
+                     "model_name": self.cfg.model, "model_kwargs": self.kw})
 
     def load(self, ck: dict[str, Any]) -> None:
         self.net.load_state_dict(ck["model"])
@@ -319,8 +321,7 @@ class Run:
                 position["rng"] = torch.get_rng_state()
                 if self.device.type == "cuda":
                     position["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-            _save(self.last, {"model": self.net.state_dict(), "optimizer": self.optim.state_dict(),
-                              "state": self.state, "position": position, **self.payload_extra()})
+            self.save(self.last, optimizer=self.optim.state_dict(), state=self.state, position=position)
         self.group.barrier("the checkpoint's save")
         self.last_save = time.monotonic()
 
@@ -418,8 +419,7 @@ class Run:
             state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
             state["history"].append(entry)
             if main:
-                _save(out / "checkpoint_best.pt", {"model": self.net.state_dict(), "epoch": epoch,
-                                                   **self.payload_extra()})
+                self.save(out / "checkpoint_best.pt", epoch=epoch)
         else:
             state["stall"] += 1
             state["history"].append(entry)
@@ -433,8 +433,7 @@ class Run:
             self.log(f"epoch {epoch}: val rsum stalled for {cfg.patience} epochs; switching to the max loss "
                      f"from epoch {best['epoch']}")
         if main:
-            _save(self.last, {"model": self.net.state_dict(), "optimizer": self.optim.state_dict(), "state": state,
-                              **self.payload_extra()})
+            self.save(self.last, optimizer=self.optim.state_dict(), state=state)
             _write_log(out, state)
             curves.log(entry)
         self.group.barrier("the epoch's checkpoint")
@@ -585,7 +584,7 @@ def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, 
         if group.main:
             _write_log(out, run.state)
 
-    curves = open_curves(tensorboard if group.main else None, run.state["history"])
+    curves = CurveWriter(tensorboard if group.main else None, run.state["history"])
     first = run.position["epoch"] if run.position else run.state["epoch"] + 1
     try:
         for epoch in range(first, cfg.epochs + 1):
