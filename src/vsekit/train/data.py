@@ -188,10 +188,8 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
 
 def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarray:
     """Image rows of ``split`` whose features are done (failed rows are left out)."""
-    rows = store.split_rows(split)
-    if fs.fs is not None:
-        status = np.asarray(fs.fs.status[:])
-        rows = rows[status[rows] == DONE]
+    rows, status = _split_status(store, fs, split)
+    rows = rows[status == DONE]
     if not len(rows):
         raise StoreError(f"{store.path}: split {split!r} has no usable images in {fs.name!r} (it is empty, or "
                          f"every image in it failed: `vsekit info {store.path} {fs.name}` lists them); choose "
@@ -203,19 +201,21 @@ def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarra
 SMALL_VAL = 100
 
 
+def _split_status(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The image rows of ``split`` and their features' status (all done in an in-memory source)."""
+    rows = store.split_rows(split)
+    return rows, np.full(len(rows), DONE) if fs.fs is None else np.asarray(fs.fs.status[:])[rows]
+
+
 def _failed_rows_of(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(every image row of ``split``, those whose features failed)."""
-    rows = store.split_rows(split)
-    if fs.fs is None:
-        return rows, rows[:0]
-    status = np.asarray(fs.fs.status[:])
-    return rows, rows[status[rows] == FAILED]
+    rows, status = _split_status(store, fs, split)
+    return rows, rows[status == FAILED]
 
 
 def _usable(store: FeatureStore, fs: FeatureSource, split: str) -> int:
     """Images of ``split`` whose features are done (failed and pending ones are not usable)."""
-    rows = store.split_rows(split)
-    return len(rows) if fs.fs is None else int(np.sum(np.asarray(fs.fs.status[:])[rows] == DONE))
+    return int(np.sum(_split_status(store, fs, split)[1] == DONE))
 
 
 def _first_failure(store: FeatureStore, fs: FeatureSource, failed: np.ndarray) -> str:

@@ -251,15 +251,15 @@ class Group:
         self.traffic["reduce"] += 2 * tensor.numel() * tensor.element_size()   # forward and backward
         return self.check("a reduction of batch statistics", all_reduce, tensor)
 
-    def reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
+    def reduce_array(self, array: np.ndarray, op: str, what: str = "a reduction of the validation's ranks"
+                     ) -> np.ndarray:
         """The elementwise ``"sum"`` or ``"max"`` of a host array over the ranks (validation's counts)."""
         if not self.distributed:
             return array
         import torch.distributed as dist
 
         t = torch.from_numpy(np.ascontiguousarray(array)).to(self._device())
-        self.check("a reduction of the validation's ranks", dist.all_reduce, t,
-                    op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        self.check(what, dist.all_reduce, t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.cpu().numpy()
 
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -295,13 +295,7 @@ class Group:
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any (outside a step: after validation)."""
-        if not self.distributed:
-            return bool(flag)
-        import torch.distributed as dist
-
-        t = torch.tensor([1.0 if flag else 0.0], device=self._device())
-        self.check("a stop agreement", dist.all_reduce, t)
-        return bool(t.item() > 0)
+        return bool(self.reduce_array(np.array([1.0 if flag else 0.0]), "max", "a stop agreement")[0] > 0)
 
     def barrier(self, what: str = "a barrier") -> None:
         if not self.distributed:

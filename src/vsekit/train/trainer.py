@@ -94,21 +94,15 @@ def check_model_args(model: str, keys: list[str]) -> None:
 def check_model_arg_types(model: str, args: dict[str, Any]) -> None:
     """Refuse a ``--model-arg`` value of another type than the factory's default (``hops=many``)."""
     params = inspect.signature(_factory(model)).parameters
+    kinds = ((bool, bool, "true or false"), (int, int, "an integer"), (float, (int, float), "a number"),
+             (str, str, "a string"))
     for key, value in args.items():
-        default = params[key].default if key in params else inspect.Parameter.empty
-        if default is inspect.Parameter.empty or default is None:
+        default = params[key].default if key in params else None
+        kind = next(((takes, want) for typ, takes, want in kinds if isinstance(default, typ)), None)
+        if kind is None:   # no default, None, or another type: not checked
             continue
-        if isinstance(default, bool):
-            ok, want = isinstance(value, bool), "true or false"
-        elif isinstance(default, int):
-            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-        elif isinstance(default, float):
-            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-        elif isinstance(default, str):
-            ok, want = isinstance(value, str), "a string"
-        else:
-            continue
-        if not ok:
+        takes, want = kind
+        if not isinstance(value, takes) or (isinstance(value, bool) and not isinstance(default, bool)):
             raise ValueError(f"--model-arg {key}={value!r}: model {model!r} expects {want} "
                              f"(default {default!r})")
 
