@@ -60,9 +60,6 @@ class Tokens:
     def vocab_size(self) -> int:
         return len(self.vocabulary)
 
-    def lengths(self, captions: np.ndarray) -> np.ndarray:
-        return self.offsets[captions + 1] - self.offsets[captions]
-
     def batch(self, captions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded (B, L) token ids (pad 0) and true lengths (at least 1) of ``captions``."""
         captions = np.asarray(captions, dtype=np.int64)
@@ -662,14 +659,6 @@ class EvalSet:
         if not len(caps):
             raise StoreError(f"{store.path}: split {split!r} has no captions")
         return cls(rows, caps, index[cap_img[caps]])
-
-    def subset(self, images: np.ndarray) -> "EvalSet":
-        """The sub-problem of some images (indices into ``rows``) and their captions."""
-        images = np.asarray(images, dtype=np.int64)
-        index = np.full(len(self.rows), -1, dtype=np.int64)
-        index[images] = np.arange(len(images))
-        keep = np.flatnonzero(index[self.caption_image] >= 0)
-        return EvalSet(self.rows[images], self.captions[keep], index[self.caption_image[keep]])
 
 
 def describe_source(source: FeatureSource) -> dict[str, Any]:
