@@ -1,15 +1,10 @@
 """Training and evaluation data over a vsekit store: feature rows, caption tokens, splits.
 
-Features are read chunk by chunk, never whole: an epoch shuffles the order of the feature set's row
-chunks, reads a *window* of chunks (a background thread reads the next window meanwhile), shuffles the (image, caption) pairs inside the window and cuts
-batches from it (pairs left over at the end of a window join the next one). The window is sized
-from a memory budget (``shuffle_memory``, decoded float32 bytes; :func:`window_chunks_for`): when
-every chunk of the split fits in it, the whole split is one window and the epoch is one global
-permutation of its pairs, as the reference loaders shuffle; otherwise two windows (the one being
-consumed and the one being read) share the budget. A store larger than memory therefore trains at
-close to in-memory speed, and memory is bounded by the budget. Tokens (``tokens/ids`` + ``tokens/offsets``) are small and are read
-once. Per epoch either one random caption per image (the FNE paper: no two captions of one image in
-a batch) or every caption (VSE++).
+Features are read chunk by chunk, never whole: an epoch shuffles the feature set's row chunks, reads
+them in windows sized from a memory budget (``shuffle_memory``; the whole split when it fits, then an
+epoch is one global permutation), the next window read ahead, and shuffles the pairs inside a window
+(docs/train.md, "What training does"). Tokens are small and read once. Per epoch either one random
+caption per image (the FNE paper) or every caption (VSE++).
 """
 
 from __future__ import annotations

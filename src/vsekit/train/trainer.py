@@ -1,20 +1,12 @@
 """The trainer: Adam (Adadelta for SMAN), step decay, gradient clipping, curriculum PH/POE, checkpoints, resume, logs.
 
-Curriculum (FNE paper, PH/POE, after Faghri et al.'s observation that the max-of-hinges loss needs a
-warm start): train with the sum of hinges until the validation rsum has not improved for
-``patience`` epochs, then reload the best checkpoint and continue with the max of hinges at its own
-learning rate (``lr2``) until ``epochs``.
-
-Every epoch writes ``checkpoint_last.pt`` (model, optimizer and trainer state), ``metrics.jsonl`` (one
-JSON object per epoch, rewritten from the saved history so a resumed run's log equals an
-uninterrupted one's), ``curves.png``, and ``checkpoint_best.pt`` when the validation rsum improves.
-The epoch's randomness is seeded from (seed, epoch), so ``--resume`` gives the same weights as an
-uninterrupted run. ``--checkpoint-every`` adds mid-epoch checkpoints (the epoch's position, its running
-loss, the random state) that ``--resume`` continues from.
-
-Data-parallel runs (``docs/train.md``, "Data-parallel training") go through the same code: :class:`Run`
-holds the pieces (an epoch, validation, the epoch's end, mid-epoch checkpoints), ``step.train_step``
-the step, ``distributed`` the group; only rank 0 writes files.
+Curriculum (FNE paper, PH/POE): the sum of hinges until the validation rsum has not improved for
+``patience`` epochs, then the max of hinges from the best checkpoint at its own learning rate
+(``lr2``). Every epoch writes ``checkpoint_last.pt``, ``metrics.jsonl`` (rewritten from the saved
+history, so a resumed run's log equals an uninterrupted one's), ``curves.png`` and, when the
+validation rsum improves, ``checkpoint_best.pt``; the epoch's randomness is seeded from (seed, epoch)
+(docs/train.md, "Reruns"). Data-parallel runs go through the same code: :class:`Run` holds the
+pieces, ``step.train_step`` the step, ``distributed`` the group; only rank 0 writes files.
 """
 
 from __future__ import annotations
