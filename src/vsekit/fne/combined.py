@@ -46,7 +46,7 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
             derived.drop(store, zset, exc)
             raise
         # the scan checked the values
-        (zset, qset), written = derived.write_chain(store, parent, [(zset, zfn), (qset, qfn)], client, pin,
+        (zset, qset), written = passes.write_chain(store, parent, [(zset, zfn), (qset, qfn)], client, pin,
                                                     check=False)
     blocks = len(zset.blocks())
     z = derived.Result(zset.name, parent.name, zset.n_rows, zset.counts()["failed"], written[0], blocks,

@@ -128,26 +128,6 @@ def create(store: FeatureStore, name: str, parent: FeatureSet, width: int, dtype
     return fs
 
 
-def write_chain(store: FeatureStore, parent: FeatureSet, chain: list, client: Any, pin: Pin,
-                check: bool = True) -> tuple[list[FeatureSet], list[int]]:
-    """Write the pending blocks of ``chain`` (``(set, fn)`` pairs, each set derived from the one before
-    it, the first from ``parent``) in one pass, carry the failed rows over, and commit the sets;
-    returns them and each one's count of blocks written. A failure drops the sets (:func:`drop`)."""
-    from . import passes
-
-    try:
-        outputs = [passes.Output(fs.name, fn, pending_indices(fs), fs.target) for fs, fn in chain]
-        passes.write_pass(parent, outputs, client, check=check, pin=pin)
-        for src, (fs, _) in zip([parent] + [fs for fs, _ in chain], chain):
-            copy_errors(src, fs)
-        pin.check()
-    except BaseException as exc:
-        for fs, _ in chain:
-            drop(store, fs, exc)
-        raise
-    return [store.commit(fs) for fs, _ in chain], [len(o.pending) for o in outputs]
-
-
 def copy_errors(parent: FeatureSet, child: FeatureSet) -> None:
     """Carry the parent's failure reasons over to the rows that stay failed in ``child``."""
     status = np.asarray(parent.status[:])

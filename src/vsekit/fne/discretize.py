@@ -113,6 +113,6 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent, allow_raw=allow_raw)
         with cluster_client(cluster) as client:
-            (fs,), (written,) = derived.write_chain(store, parent, [(fs, fn)], client, pin)
+            (fs,), (written,) = passes.write_chain(store, parent, [(fs, fn)], client, pin)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"thresholds": f"{fn.lo} {fn.hi}", "packed": fn.packed})

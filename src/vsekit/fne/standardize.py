@@ -241,6 +241,6 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
                                        overwrite=overwrite, client=client, pin=pin,
                                        allow_standardized=allow_standardized)
         # the scan checked the values; each block is checked to come from the pinned parent
-        (fs,), (written,) = derived.write_chain(store, parent, [(fs, fn)], client, pin, check=False)
+        (fs,), (written,) = passes.write_chain(store, parent, [(fs, fn)], client, pin, check=False)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"split": None if stats_from else split, "stats_from": stats_from, **info})
