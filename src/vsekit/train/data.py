@@ -379,6 +379,8 @@ class PairStream:
         stream (windows sized from the whole ``shuffle_memory``, the same random numbers), each window's
         chunks read but only this rank's slices and the carried pairs kept, about ``1 / world`` of a
         window (docs/train.md, "Data per rank"). Tokens are cut at the global batch's width."""
+        from concurrent.futures import ThreadPoolExecutor
+
         plans = self._plans(epoch)
         carry = {}                       # window position (< head) -> (features, count) of carried pairs
         cut = 0
