@@ -126,10 +126,6 @@ class SMAN(RetrievalModel):
             self.fuse_v = nn.Linear(hidden, hidden)                   # U_v
             self.fuse_t = nn.Linear(hidden, hidden)                   # U_t
 
-    @property
-    def levels(self) -> int:
-        return self.steps + 1
-
     # -- encoders --------------------------------------------------------------------------------
     def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None):
         """(B, G, G, C) or (B, M, C) cells -> a tuple of per-image tensors."""
@@ -199,7 +195,7 @@ class SMAN(RetrievalModel):
         """lambda * sum_i max(0, delta_ii - m2), delta = 1 - d / n_levels (positives on the diagonal)."""
         if not self.intra_pair or self.intra_weight == 0:
             return None
-        distance = 1.0 - scores.diagonal() / self.levels
+        distance = 1.0 - scores.diagonal() / (self.steps + 1)   # steps + 1 levels of cosines
         return self.intra_weight * (distance - self.intra_margin).clamp(min=0).sum()
 
 
