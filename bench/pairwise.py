@@ -10,8 +10,9 @@ with the T-EMDE global module vs the global self-attention.
                     with the reference's operations (:func:`reference_caption`: SCAN attention with
                     its transposes, separate query and key maps, every node in every SGR step);
    * ``loop``       the same per-caption loop, but each caption scored with the model's own block
-                    kernel (``model._score_block(shard, one caption)``): the loop as fast as a
-                    per-caption loop can be, so that column isolates what batching alone gains;
+                    kernel (SMAN's ``model._score_block``, SAF / SGR's ``model.score`` of one caption):
+                    the loop as fast as a per-caption loop can be, so that column isolates what
+                    batching alone gains;
    * ``blockwise``  ``model.score(images, captions)``: the evaluation path, captions grouped by
                     length, cut by the model into cache-sized sub-blocks.
 

@@ -21,11 +21,17 @@ the bytes each rank puts into collectives per step
 (encodings gathered forward and their gradients backward, batch-norm sums, DDP's gradients) and
 the bytes on the wire per rank of ring algorithms, and the peak RSS of each rank.
 
+``--find-unused-ab`` times DDP's search for parameters without a gradient (``find_unused_parameters``,
+on for SMAN and SGR only since issue 44): in one 2-rank gloo group, the model's step with the search
+off and a twin's with it on alternate step by step (the order swapped every step), so the machine's
+load hits both alike; reported per model: each median (the slowest rank's s/step) and the median of
+the per-step ratios off / on.
+
 ``--device cuda`` times one process on the GPU (the per-GPU step time the on-paper expectation for 8
 GPUs / 2 nodes starts from). Needs only torch and vsekit's models (no store, no zarr).
 
 Usage: ``python bench/train_ddp.py [--models vse,saf,sgr] [--batch 128] [--steps 3] [--warmup 1]
-[--ranks 2] [--device cpu] [--out bench/results/train_ddp.json]``.
+[--ranks 2] [--device cpu] [--find-unused-ab] [--out bench/results/train_ddp.json]``.
 """
 
 from __future__ import annotations
@@ -155,6 +161,53 @@ def run_cpu(name: str, world: int, batch: int, steps: int, warmup: int, threads:
     return [json.loads(Path(tmp, f"{name}-{world}-{r}.json").read_text()) for r in range(world)]
 
 
+def _ab_worker(rank: int, world: int, port: int, name: str, batch: int, steps: int, warmup: int, out_dir: str,
+               threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    step_mod, distributed, config = _import_step()
+    from vsekit.models.losses import HingeLoss
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    group = distributed.setup("cpu", timeout_s=1800)
+    runs = {}
+    for key, unused in (("off", False), ("on", True)):
+        net, tensors = build(name, batch, "cpu")
+        net.unused_parameters = unused          # what data_parallel passes to DDP's find_unused_parameters
+        runs[key] = (net, _Batch(*tensors), torch.optim.Adam(net.parameters(), lr=2e-4))
+    cfg, loss_fn = config.TrainConfig(model=name, grad_clip=2.0), HingeLoss(0.2, max_violation=True)
+    times: dict = {"off": [], "on": []}
+    try:
+        for i in range(warmup + steps):
+            for key in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                net, b, optim = runs[key]
+                group.barrier()
+                t0 = time.perf_counter()
+                step_mod.train_step(net, b, loss_fn, optim, cfg, torch.device("cpu"), group)
+                if i >= warmup:
+                    times[key].append(time.perf_counter() - t0)
+        flags = {k: bool(step_mod.data_parallel(runs[k][0], group).find_unused_parameters) for k in runs}
+    finally:
+        group.close()
+    Path(out_dir, f"ab-{name}-{rank}.json").write_text(json.dumps({"times": times, "find_unused": flags}))
+
+
+def run_find_unused_ab(name: str, batch: int, steps: int, warmup: int, threads: int, tmp: str) -> dict:
+    """DDP's ``find_unused_parameters`` off against on, step by step in one 2-rank group (see above)."""
+    import torch.multiprocessing as mp
+
+    _, distributed, _ = _import_step()
+    mp.spawn(_ab_worker, args=(2, distributed.free_port(), name, batch, steps, warmup, tmp, threads), nprocs=2,
+             join=True)
+    ranks = [json.loads(Path(tmp, f"ab-{name}-{r}.json").read_text()) for r in range(2)]
+    off, on = ([max(t) for t in zip(*(r["times"][k] for r in ranks))] for k in ("off", "on"))
+    return {"s_per_step_off": statistics.median(off), "s_per_step_on": statistics.median(on),
+            "median_ratio_off_on": statistics.median(a / b for a, b in zip(off, on)),
+            "find_unused": ranks[0]["find_unused"], "off": off, "on": on}
+
+
 def wire_bytes(traffic: dict, world: int) -> float:
     """Bytes a rank sends per step with ring algorithms: an all-gather of a p-byte part sends
     (R - 1) p (its gradient's reduce-scatter as much); an all-reduce of s bytes sends 2 (R - 1) / R s."""
@@ -171,6 +224,7 @@ def main(argv=None) -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--find-unused-ab", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import tempfile
@@ -180,6 +234,15 @@ def main(argv=None) -> None:
     results = {"batch": args.batch, "ranks": args.ranks, "threads": args.threads, "device": args.device,
                "torch": torch.__version__, "cpus": os.cpu_count(), "load_before": os.getloadavg(), "models": {}}
     for name in args.models.split(","):
+        if args.find_unused_ab:
+            with tempfile.TemporaryDirectory() as tmp:
+                res = run_find_unused_ab(name, args.batch, args.steps, args.warmup, args.threads, tmp)
+            results["models"][name] = {"find_unused_ab": res}
+            _write(args.out, results)
+            print(f"{name}: 2 ranks, find_unused_parameters off {res['s_per_step_off']:.3f} s/step, on "
+                  f"{res['s_per_step_on']:.3f} s/step; median per-step ratio off / on "
+                  f"{res['median_ratio_off_on']:.3f}", flush=True)
+            continue
         if args.device.startswith("cuda"):
             _, distributed, _ = _import_step()
             group = distributed.setup(args.device, 600)    # under torchrun: an NCCL group

@@ -116,3 +116,17 @@ def test_cases_move_buffers_and_weights(reference):
     for name, key in (("saf", "saf_bn.running_mean"), ("sgr", "v_att.local_bn.running_mean"),
                       ("sgr-temde", "temde.image_coder.bn.running_mean")):
         assert ref is not None and reference[name]["state1"][key].abs().max() > 0, (name, key)
+
+
+def test_unused_parameters_declared_exactly_where_a_step_leaves_a_gradient_out(reference):
+    """DDP searches for parameters without a gradient (a graph traversal per step) only for a model
+    that declares ``unused_parameters``: the declaration holds exactly for the families whose
+    one-process step leaves some gradient None (SMAN's and SGR's biases before a softmax), so the
+    others skip the search and the ranks above still match with it."""
+    from vsekit.models import create_model
+
+    for name in NAMES:
+        unused = [k for k, g in reference[name]["grads0"].items() if g is None]
+        assert H.build(name)[0].unused_parameters == bool(unused), (name, unused)
+    assert {H.CASES[n][0] for n in NAMES if H.build(n)[0].unused_parameters} == {"sman", "sgr"}
+    assert create_model("sman-sim", img_shape=(2, 2, 5), vocab_size=9).unused_parameters is False

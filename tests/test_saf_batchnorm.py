@@ -51,13 +51,22 @@ def inputs(seed: int = 0):
     return feats, tokens
 
 
+def local_nodes(m, v, v_mask, words):
+    """The local similarity nodes (eq. 5-6) of one caption's words (n, d) with every image: (n_img, n, S)."""
+    s = torch.nn.functional.leaky_relu(v @ words.t(), 0.1)                           # (n_img, K, n)
+    s = sgraf_mod.l2norm(s, dim=-1) * m.lambda_softmax                                # over the words
+    alpha = torch.softmax(s.masked_fill(~v_mask[..., None], float("-inf")), dim=1)   # over the real regions
+    context = sgraf_mod.l2norm(torch.bmm(alpha.transpose(1, 2), v))                  # (n_img, n, d)
+    return sgraf_mod.l2norm(m.sim_loc_w((context - words[None]) ** 2))
+
+
 def reference_scores(m, img, cap, bn: nn.BatchNorm1d) -> torch.Tensor:
     """The reference's per-caption loop, with vsekit's similarity nodes and torch's BatchNorm1d."""
     v, v_mask, v_glo = img
     u, u_mask, u_glo = cap
     cols = []
     for j, n in enumerate(u_mask.sum(1).tolist()):
-        nodes = m.local_nodes(v, v_mask, u[j:j + 1, :n], u_mask[j:j + 1, :n])[:, 0]   # (n_img, n, S)
+        nodes = local_nodes(m, v, v_mask, u[j, :n])                       # (n_img, n, S)
         glo = m.global_node(v_glo, u_glo[j:j + 1])
         if glo is not None:
             nodes = torch.cat([glo[:, 0, None, :], nodes], dim=1)

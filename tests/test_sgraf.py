@@ -198,8 +198,8 @@ def test_blockwise_scores_equal_pair_by_pair(mode, global_module, monkeypatch):
 @pytest.mark.parametrize("mode,global_module", MODELS)
 def test_evaluation_path_equals_the_training_path(mode, global_module, monkeypatch):
     """``score`` without autograd takes ``_score_block_eval`` (Gram-matrix context norms, the graph
-    masks as one bias, SGR's last step on the global row only); with autograd, ``_score_block``
-    computes the equations literally. In eval mode both must give the same scores, for both
+    masks as one bias, SGR's last step on the global row only); with autograd, ``_score_train``
+    computes the equations with autograd's own operations. In eval mode both must give the same scores, for both
     context-norm forms (Gram when d > 2K, direct otherwise)."""
     m = make(mode, global_module, seed=9)
     feats, tokens = inputs(9)
@@ -216,7 +216,7 @@ def test_evaluation_path_equals_the_training_path(mode, global_module, monkeypat
         m2 = make(mode, global_module, seed=9)
         m2.sim_loc_w = torch.nn.Linear(12, S)
         with torch.enable_grad():
-            ref = m2._score_block((v, img[1], img[2]), (u, cap[1], cap[2])).detach()
+            ref = m2.score((v, img[1], img[2]), (u, cap[1], cap[2])).detach()
         assert torch.allclose(m2.score((v, img[1], img[2]), (u, cap[1], cap[2])), ref, atol=1e-10)
         monkeypatch.setattr(sgraf_mod, "SCORE_BLOCK_ELEMENTS", 1)
         monkeypatch.setattr(sgraf_mod, "GLOBAL_BLOCK_ELEMENTS", 1)   # global nodes image by image

@@ -1,16 +1,11 @@
 """Allocator tuning for the numeric work of one vsekit process.
 
-Scoring and training make many short-lived tensors of a few hundred kB to a few MB. glibc serves
-every block above its mmap threshold (128 kB at start, raised only as large blocks are freed) with
-a fresh ``mmap`` and returns it with ``munmap``, and it trims the heap top whenever 128 kB lie free:
-so the next block of the same size is faulted in again, page by page, and zeroed by the kernel. On
-the 2-core VM of ``bench/pairwise.py`` that costs pairwise scoring at demo dims about a quarter of
-its time. :func:`tune_allocator` keeps blocks up to 32 MiB on the heap and lets up to 512 MiB of
-free heap stay mapped, so freed blocks are reused; peak memory is unchanged (it is what was in use),
-only the release to the OS of memory freed *after* the peak is deferred.
-
-The ``vsekit`` command calls it once at start. Library users may call it themselves; it does
-nothing off glibc, and ``VSEKIT_MALLOC_TUNING=0`` turns it off.
+Scoring and training make many short-lived tensors of a few hundred kB to a few MB, which glibc
+serves above its mmap threshold with a fresh ``mmap`` (faulted in and zeroed page by page) and
+returns with ``munmap``. :func:`tune_allocator` keeps blocks up to 32 MiB on the heap and lets up to
+512 MiB of free heap stay mapped, so freed blocks are reused (a quarter of pairwise scoring's time on
+the 2-core VM of ``bench/pairwise.py``); peak memory is unchanged. The ``vsekit`` command calls it
+once at start; it does nothing off glibc, and ``VSEKIT_MALLOC_TUNING=0`` turns it off (docs/train.md).
 """
 
 from __future__ import annotations

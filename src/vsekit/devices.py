@@ -141,16 +141,10 @@ FLOAT32_RECORD = {"tf32": False, "float32_matmul_precision": "highest"}
 
 
 def exact_float32() -> dict:
-    """Make float32 math IEEE float32 on CUDA in this process, and return what to record.
-
-    On Ampere and later GPUs torch lets cuDNN run float32 convolutions (and RNNs) in TF32, a
-    10-bit mantissa, by default (``torch.backends.cudnn.allow_tf32 = True``), and matmuls too when
-    ``torch.backends.cuda.matmul.allow_tf32`` or ``set_float32_matmul_precision("high")`` was set
-    anywhere. So ``--precision fp32`` would not be float32. Both are turned off here; with
-    ``--precision bf16|fp16`` the operations autocast keeps in float32 (softmax, norms, losses, the
-    detector's box arithmetic) are then IEEE float32 as well. The flags are per process: every
-    extraction worker and training run calls this before its first CUDA operation. No effect on CPU.
-    """
+    """Make float32 math IEEE float32 on CUDA in this process (TF32 off for cuDNN and matmuls, which
+    Ampere and later GPUs would otherwise use for float32), and return what to record. Per process:
+    every extraction worker and training run calls it before its first CUDA operation; no effect on
+    the CPU (docs/gpus_clusters.md, "fp32 is float32: TF32 off")."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False

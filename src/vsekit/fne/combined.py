@@ -39,27 +39,18 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,
                                                overwrite=overwrite, client=client, pin=pin,
                                                allow_standardized=allow_standardized)
-        made = [zset]
-        try:
-            # a .z set being remade (staged) makes its .fne set afresh too
+        try:   # a .z set being remade (staged) makes its .fne set afresh too
             qset, qfn = disc.prepare(store, zset.target, thresholds=thresholds, pack_bits=pack,
                                      name=output_names(features)[1], overwrite=overwrite or zset.staged, parent=zset)
-            made.append(qset)
-            outputs = [passes.Output(zset.name, zfn, derived.pending_indices(zset), zset.target),
-                       passes.Output(qset.name, qfn, derived.pending_indices(qset), qset.target)]
-            passes.write_pass(parent, outputs, client, check=False, pin=pin)  # the scan checked the values
-            derived.copy_errors(parent, zset)
-            derived.copy_errors(zset, qset)
-            pin.check()
         except BaseException as exc:
-            for fs in made:
-                derived.drop(store, fs, exc)
+            derived.drop(store, zset, exc)
             raise
-        zset, qset = store.commit(zset), store.commit(qset)
+        # the scan checked the values
+        (zset, qset), written = passes.write_chain(store, parent, [(zset, zfn), (qset, qfn)], client, pin,
+                                                    check=False)
     blocks = len(zset.blocks())
-    z = derived.Result(zset.name, parent.name, zset.n_rows, zset.counts()["failed"],
-                       len(outputs[0].pending), blocks,
+    z = derived.Result(zset.name, parent.name, zset.n_rows, zset.counts()["failed"], written[0], blocks,
                        {"split": None if stats_from else split, "stats_from": stats_from, **info})
-    q = derived.Result(qset.name, zset.name, qset.n_rows, qset.counts()["failed"], len(outputs[1].pending),
+    q = derived.Result(qset.name, zset.name, qset.n_rows, qset.counts()["failed"], written[1],
                        blocks, {"thresholds": f"{qfn.lo} {qfn.hi}", "packed": qfn.packed})
     return z, q

@@ -112,15 +112,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     with store.writer(output_name(features, name), stage="vsekit discretize", multi=bool(cluster)):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent, allow_raw=allow_raw)
-        try:
-            with cluster_client(cluster) as client:
-                outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs), fs.target)]
-                written = passes.write_pass(parent, outputs, client, pin=pin)
-            derived.copy_errors(parent, fs)
-            pin.check()
-        except BaseException as exc:
-            derived.drop(store, fs, exc)
-            raise
-        fs = store.commit(fs)
+        with cluster_client(cluster) as client:
+            (fs,), (written,) = passes.write_chain(store, parent, [(fs, fn)], client, pin)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"thresholds": f"{fn.lo} {fn.hi}", "packed": fn.packed})

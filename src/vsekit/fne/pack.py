@@ -56,12 +56,17 @@ def unpack(packed: np.ndarray, n_features: int | None = None) -> np.ndarray:
     p = np.asarray(packed)
     if p.dtype != np.uint8:
         raise ValueError(f"unpack expects uint8 packed bytes, got {p.dtype}")
-    width = 4 * p.shape[-1]
-    n = width if n_features is None else int(n_features)
-    if not 0 <= n <= width or (n_features is not None and packed_width(n) != p.shape[-1]):
-        raise ValueError(f"unpack: n_features={n_features} does not fit {p.shape[-1]} packed bytes per row")
+    n = _features("unpack", p.shape[-1], n_features)
     # gather whole 4-byte words (one per packed byte), then read them back as int8
-    return _WORDS[p].view(np.int8).reshape(*p.shape[:-1], width)[..., :n]
+    return _WORDS[p].view(np.int8).reshape(*p.shape[:-1], 4 * p.shape[-1])[..., :n]
+
+
+def _features(who: str, width: int, n_features: int | None) -> int:
+    """The features ``width`` packed bytes per row hold (``n_features``, checked; default all ``4 width``)."""
+    n = 4 * width if n_features is None else int(n_features)
+    if not 0 <= n <= 4 * width or (n_features is not None and packed_width(n) != width):
+        raise ValueError(f"{who}: n_features={n_features} does not fit {width} packed bytes per row")
+    return n
 
 
 def unpack_torch(packed: Any, n_features: int | None = None, dtype: Any = None) -> Any:
@@ -70,15 +75,9 @@ def unpack_torch(packed: Any, n_features: int | None = None, dtype: Any = None) 
 
     if packed.dtype != torch.uint8:
         raise ValueError(f"unpack_torch expects a uint8 tensor, got {packed.dtype}")
-    width = 4 * packed.shape[-1]
-    n = width if n_features is None else int(n_features)
-    if not 0 <= n <= width or (n_features is not None and packed_width(n) != packed.shape[-1]):
-        raise ValueError(f"unpack_torch: n_features={n_features} does not fit {packed.shape[-1]} "
-                         f"packed bytes per row")
-    shifts = torch.tensor(SHIFTS, dtype=torch.uint8, device=packed.device)
-    codes = torch.bitwise_and(torch.bitwise_right_shift(packed.unsqueeze(-1), shifts), 3).to(torch.int8)
-    vals = codes - torch.bitwise_left_shift(torch.bitwise_and(codes, 2), 1)
-    vals = vals.reshape(*packed.shape[:-1], width)[..., :n]
+    n = _features("unpack_torch", packed.shape[-1], n_features)
+    vals = torch.as_tensor(_TABLE, device=packed.device)[packed.long()]   # (..., W, 4): each byte's values
+    vals = vals.reshape(*packed.shape[:-1], 4 * packed.shape[-1])[..., :n]
     return vals if dtype is None else vals.to(dtype)
 
 

@@ -228,3 +228,23 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *
         cols = sorted({p[1] for p in positions})
         raise StoreError(describe_nonfinite(src, total, rows, cols, positions))
     return len(todo)
+
+
+def write_chain(store: FeatureStore, parent: FeatureSet, chain: list, client: Any, pin: Any,
+                check: bool = True) -> tuple[list[FeatureSet], list[int]]:
+    """Write the pending blocks of ``chain`` (``(set, fn)`` pairs, each set derived from the one before
+    it, the first from ``parent``) in one pass, carry the failed rows over, and commit the sets;
+    returns them and each one's count of blocks written. A failure drops the sets (``derived.drop``)."""
+    from .derived import copy_errors, drop, pending_indices
+
+    try:
+        outputs = [Output(fs.name, fn, pending_indices(fs), fs.target) for fs, fn in chain]
+        write_pass(parent, outputs, client, check=check, pin=pin)
+        for src, (fs, _) in zip([parent] + [fs for fs, _ in chain], chain):
+            copy_errors(src, fs)
+        pin.check()
+    except BaseException as exc:
+        for fs, _ in chain:
+            drop(store, fs, exc)
+        raise
+    return [store.commit(fs) for fs, _ in chain], [len(o.pending) for o in outputs]

@@ -240,15 +240,7 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,
                                        overwrite=overwrite, client=client, pin=pin,
                                        allow_standardized=allow_standardized)
-        try:
-            outputs = [passes.Output(fs.name, fn, derived.pending_indices(fs), fs.target)]
-            # the scan checked the values; each block is checked to come from the pinned parent
-            written = passes.write_pass(parent, outputs, client, check=False, pin=pin)
-            derived.copy_errors(parent, fs)
-            pin.check()
-        except BaseException as exc:
-            derived.drop(store, fs, exc)
-            raise
-        fs = store.commit(fs)
+        # the scan checked the values; each block is checked to come from the pinned parent
+        (fs,), (written,) = passes.write_chain(store, parent, [(fs, fn)], client, pin, check=False)
     return derived.Result(fs.name, parent.name, fs.n_rows, fs.counts()["failed"], written, len(fs.blocks()),
                           {"split": None if stats_from else split, "stats_from": stats_from, **info})

@@ -40,6 +40,9 @@ class RetrievalModel(nn.Module):
     image_input: str = "global"
     #: True when ``score`` is a function of each pair jointly (SMAN, SAF, SGR)
     pairwise: bool = False
+    #: True when a training step leaves some parameters without a gradient (a bias before a softmax
+    #: that cancels it): data-parallel training then has DDP look for them after every backward
+    unused_parameters: bool = False
 
     def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None) -> Any:
         raise NotImplementedError

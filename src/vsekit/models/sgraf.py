@@ -127,30 +127,27 @@ def masked_softmax(logits: torch.Tensor, mask: torch.Tensor, dim: int) -> torch.
     return torch.softmax(logits, dim=dim) * mask.to(logits.dtype)
 
 
-def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def bidirectional_states(rnn: nn.RNNBase, emb: torch.Tensor, lengths) -> tuple[torch.Tensor, ...]:
     """Run a bidirectional RNN over padded (B, L, E) inputs; average the two directions per word.
 
-    Packing makes the backward direction start at each caption's last real word, so padding never
-    reaches a real word's state; padded positions come back as zeros.
+    Returns the states (zero at padding), the (B, L) mask of the real words and the lengths (at least
+    1, at most L) on ``emb``'s device. Packing makes the backward direction start at each caption's
+    last real word, so padding never reaches a real word's state. It packs with the caller's own
+    lengths when they are on the host (the trainer keeps them there: no device round trip per batch).
     """
-    lengths_cpu = lengths.detach().to("cpu", torch.int64).clamp(min=1)
-    packed = nn.utils.rnn.pack_padded_sequence(emb, lengths_cpu, batch_first=True, enforce_sorted=False)
+    width = emb.shape[1]
+    on_device = as_lengths(lengths, emb.device).clamp(min=1, max=width)
+    host = lengths if isinstance(lengths, torch.Tensor) and lengths.device.type == "cpu" else on_device
+    packed = nn.utils.rnn.pack_padded_sequence(emb, host.detach().to("cpu", torch.int64).clamp(min=1, max=width),
+                                               batch_first=True, enforce_sorted=False)
     out, _ = rnn(packed)
-    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=emb.shape[1])
+    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=width)
     half = out.shape[-1] // 2
-    return (out[..., :half] + out[..., half:]) / 2
+    return (out[..., :half] + out[..., half:]) / 2, length_mask(on_device, width), on_device
 
 
 def as_lengths(lengths, device) -> torch.Tensor:
     return torch.as_tensor(lengths, device=device, dtype=torch.int64)
-
-
-def packing_lengths(given, on_device: torch.Tensor, width: int) -> torch.Tensor:
-    """The lengths that ``bidirectional_states`` packs with: the caller's own when they are on the host
-    (the trainer keeps them there: no device round trip per batch), else the device copy."""
-    if isinstance(given, torch.Tensor) and given.device.type == "cpu":
-        return given.to(torch.int64).clamp(min=1, max=width)
-    return on_device
 
 
 class CaptionBatchNorm1d(MaskedBatchNorm1d):
@@ -218,44 +215,30 @@ class CaptionBatchNorm1d(MaskedBatchNorm1d):
         self.running_var.copy_(carry * self.running_var + (weights * unbiased.to(dtype)).sum(0))
 
 
-class VisualSelfAttention(nn.Module):
-    """Global image vector from regions (eq. 2-3), BN masked to the real regions."""
+class SelfAttention(nn.Module):
+    """Global vector of a set's members (eq. 2-4): the image's regions with BN masked to the real
+    regions (``bn``), the caption's words without BN."""
 
-    def __init__(self, dim: int, dropout: float = 0.4):
+    def __init__(self, dim: int, dropout: float = 0.4, bn: bool = False):
         super().__init__()
+        # registered in this order (the parameters' order: optimizer states of checkpoints)
         self.local = nn.Linear(dim, dim)
-        self.local_bn = MaskedBatchNorm1d(dim)
+        self.local_bn = MaskedBatchNorm1d(dim) if bn else None
         self.glob = nn.Linear(dim, dim)
-        self.glob_bn = MaskedBatchNorm1d(dim)
+        self.glob_bn = MaskedBatchNorm1d(dim) if bn else None
         self.common = nn.Linear(dim, 1)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         m = mask.to(v.dtype)
         mean = (v * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
-        l_emb = self.drop(torch.tanh(self.local_bn(self.local(v), mask)))
-        g_emb = self.drop(torch.tanh(self.glob_bn(self.glob(mean))))
+        local, glob = self.local(v), self.glob(mean)
+        if self.local_bn is not None:
+            local, glob = self.local_bn(local, mask), self.glob_bn(glob)
+        l_emb = self.drop(torch.tanh(local))
+        g_emb = self.drop(torch.tanh(glob))
         w = masked_softmax(self.common(l_emb * g_emb[:, None, :]).squeeze(-1), mask, dim=1)
         return l2norm((w[..., None] * v).sum(1))
-
-
-class TextSelfAttention(nn.Module):
-    """Global caption vector from words (eq. 4): as the visual one, without BN."""
-
-    def __init__(self, dim: int, dropout: float = 0.4):
-        super().__init__()
-        self.local = nn.Linear(dim, dim)
-        self.glob = nn.Linear(dim, dim)
-        self.common = nn.Linear(dim, 1)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, u: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        m = mask.to(u.dtype)
-        mean = (u * m[..., None]).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
-        l_emb = self.drop(torch.tanh(self.local(u)))
-        g_emb = self.drop(torch.tanh(self.glob(mean)))
-        w = masked_softmax(self.common(l_emb * g_emb[:, None, :]).squeeze(-1), mask, dim=1)
-        return l2norm((w[..., None] * u).sum(1))
 
 
 class GraphReasoning(nn.Module):
@@ -265,7 +248,8 @@ class GraphReasoning(nn.Module):
     ``(W_q n_i + b_q) . (W_k n_j + b_k)`` leaves, besides that, only terms constant over the keys j,
     which the softmax over j cancels exactly. So one (dim x dim) map per node replaces two, a third
     less work per reasoning step, with the same edges and the same parameters (W_q, b_q, W_k, b_k
-    as in the paper; b_k receives no gradient, as in the literal form, where it cancels too).
+    as in the paper; b_k receives no gradient, as in the literal form, where it cancels too). The
+    steps run in :meth:`SGRAF._readout`.
     """
 
     def __init__(self, dim: int):
@@ -278,14 +262,6 @@ class GraphReasoning(nn.Module):
         """Weight and bias of the merged map ``W_k^T (W_q n + b_q)`` (a dim^3 product to form)."""
         wk = self.key.weight
         return wk.t() @ self.query.weight, wk.t() @ self.query.bias
-
-    def forward(self, nodes: torch.Tensor, mask: torch.Tensor,
-                probe: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """``probe``: :meth:`probe_map`, formed once by a caller that runs many blocks."""
-        weight, bias = self.probe_map() if probe is None else probe
-        edges = F.linear(nodes, weight, bias) @ nodes.transpose(-1, -2)
-        edges = masked_softmax(edges, mask.unsqueeze(-2).expand_as(edges), dim=-1)
-        return F.relu(self.graph(edges @ nodes))
 
 
 class SGRAF(RetrievalModel):
@@ -309,14 +285,15 @@ class SGRAF(RetrievalModel):
         self.word_drop = nn.Dropout(dropout)
         self.gru = nn.GRU(word_dim, embed_dim, batch_first=True, bidirectional=True)
         if global_module == "self-attention":
-            self.v_att = VisualSelfAttention(embed_dim, dropout)
-            self.t_att = TextSelfAttention(embed_dim, dropout)
+            self.v_att = SelfAttention(embed_dim, dropout, bn=True)
+            self.t_att = SelfAttention(embed_dim, dropout)
             self.sim_glo_w = nn.Linear(embed_dim, sim_dim)
         elif global_module == "t-emde":
             self.temde = TEMDEGlobal(embed_dim, sim_dim, temde_divisions, temde_centroids, temde_dim)
         self.sim_loc_w = nn.Linear(embed_dim, sim_dim)
         if mode == "sgr":
             self.reasoning = nn.ModuleList(GraphReasoning(sim_dim) for _ in range(sgr_steps))
+            self.unused_parameters = sgr_steps > 0     # b_k cancels in the edges' softmax
         else:
             self.saf_w = nn.Linear(sim_dim, 1)
             self.saf_bn = CaptionBatchNorm1d(1)
@@ -346,13 +323,8 @@ class SGRAF(RetrievalModel):
         return v, mask, self._global_image(v, mask)
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
-        tokens = tokens.long()
-        given = lengths
-        lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
-        mask = length_mask(lengths, tokens.shape[1])
-        packing = packing_lengths(given, lengths, tokens.shape[1])
-        u = l2norm(bidirectional_states(self.gru, self.word_drop(self.embed(tokens)), packing))
-        u = u * mask[..., None].to(u.dtype)
+        states, mask, _ = bidirectional_states(self.gru, self.word_drop(self.embed(tokens.long())), lengths)
+        u = l2norm(states)   # padding stays zero
         return u, mask, self._global_caption(u, mask)
 
     def _global_image(self, v, mask):
@@ -377,8 +349,8 @@ class SGRAF(RetrievalModel):
         cut to its own longest caption: a block padded to the longest caption of a whole batch
         would spend most of its work on padding (COCO captions: mean ~11 words, longest ~50).
         Padding never changes a score, so the result is the same. Each sub-block then goes through
-        :meth:`_score_block_eval`, which computes the same scores as the literal ``_score_block``
-        (used with autograd) with less work; tests compare the two.
+        :meth:`_score_block_eval`, which computes the same scores as ``_score_train`` (used with
+        autograd) with less work and fewer memory passes; tests compare the two.
         """
         if torch.is_grad_enabled() or (self.training and self.mode == "saf"):
             # SAF's training-mode BN needs each caption's logits over all images at once
@@ -425,24 +397,6 @@ class SGRAF(RetrievalModel):
                                                   None if glo is None else glo[i - a:j - a], all_regions))
         return out[0] if len(out) == 1 else torch.cat(out, dim=0)
 
-    def local_nodes(self, v, v_mask, u, u_mask) -> torch.Tensor:
-        """Word-to-region attention and the local similarity vectors: (n_img, n_cap, L, sim_dim).
-
-        Laid out (image, region, caption, word) so that the attention is one matrix product and the
-        attended regions one bmm per image, with no permuted copies.
-        """
-        n_img, k, d = v.shape
-        n_cap, n_words, _ = u.shape
-        attn = (v.reshape(n_img * k, d) @ u.reshape(n_cap * n_words, d).t()).view(n_img, k, n_cap, n_words)
-        attn = F.leaky_relu(attn, 0.1) * u_mask.view(1, 1, n_cap, n_words).to(attn.dtype)
-        attn = l2norm(attn, dim=-1) * self.lambda_softmax            # l2norm over the words
-        missing = torch.zeros(v_mask.shape, dtype=attn.dtype, device=attn.device)
-        missing = missing.masked_fill(~v_mask, torch.finfo(attn.dtype).min)
-        alpha = torch.softmax(attn + missing.view(n_img, k, 1, 1), dim=1)   # over the real regions
-        context = torch.bmm(alpha.view(n_img, k, n_cap * n_words).transpose(1, 2), v)
-        context = l2norm(context).view(n_img, n_cap, n_words, d)
-        return l2norm(self.sim_loc_w((context - u[None]).pow(2)))
-
     def global_node(self, v_glo, u_glo) -> torch.Tensor | None:
         if self.global_module == "self-attention":
             return l2norm(self.sim_glo_w((v_glo[:, None, :] - u_glo[None, :, :]).pow(2)))
@@ -450,31 +404,9 @@ class SGRAF(RetrievalModel):
             return self.temde.pair(v_glo, u_glo)
         return None
 
-    def _score_block(self, img, cap, probes=None) -> torch.Tensor:
-        v, v_mask, v_glo = img
-        u, u_mask, u_glo = cap
-        n_img, n_cap = v.shape[0], u.shape[0]
-        nodes = self.local_nodes(v, v_mask, u, u_mask)
-        mask = u_mask[None].expand(n_img, -1, -1)
-        glo = self.global_node(v_glo, u_glo)
-        if glo is not None:
-            nodes = torch.cat([glo[:, :, None, :], nodes], dim=2)
-            mask = torch.cat([mask.new_ones(n_img, n_cap, 1), mask], dim=2)
-        if self.mode == "sgr":
-            for i, step in enumerate(self.reasoning):
-                nodes = step(nodes, mask, None if probes is None else probes[i])
-            if glo is not None:
-                out = nodes[:, :, 0]
-            else:
-                m = mask.to(nodes.dtype)[..., None]
-                out = (nodes * m).sum(2) / m.sum(2).clamp(min=1)
-        else:
-            out = self._filtered(nodes, mask)
-        return torch.sigmoid(self.eval_w(out)).squeeze(-1)
-
-    # -- training: the same scores and gradients as ``_score_block``, in bounded sub-blocks ----------
+    # -- training: the scores and their gradients, in bounded sub-blocks ----------------------------
     def _score_train(self, img, cap) -> torch.Tensor:
-        """``_score_block``'s scores (and, through autograd, its gradients) in caption sub-blocks.
+        """The scores of eq. 5-9 (and, through autograd, their gradients) in caption sub-blocks.
 
         Every sub-block holds a group of captions against all images, so SAF's per-caption batch
         statistics are those of the whole block; its running estimates move once per caption in
@@ -543,7 +475,7 @@ class SGRAF(RetrievalModel):
     def _contexts(self, v, grams, missing, u, u_mask) -> torch.Tensor:
         """The attended contexts ``c_t`` of eq. 6 for every image and word of a caption group: (n_img, G, L, d).
 
-        ``local_nodes`` up to ``W_sl``: attention ``s = LeakyReLU(V U^T)`` masked to the real words,
+        The local nodes up to ``W_sl``: attention ``s = LeakyReLU(V U^T)`` masked to the real words,
         l2-normalised over the words and scaled by lambda, softmax over the real regions, and the
         l2-normalised context ``c = V^T alpha``; its norm from the Gram matrix ``V V^T`` when given
         (``|c|^2 = alpha^T V V^T alpha``), so the d-wide context is formed already normalised.
@@ -566,30 +498,38 @@ class SGRAF(RetrievalModel):
 
     def _reason(self, nodes, u_mask, glo, probes, statistics) -> torch.Tensor:
         """Scores (n_img, G) of a group's local nodes (n_img, G, L, sim) with its global nodes (or None)."""
-        n_img, g, w, dim = nodes.shape
         if glo is not None:
             nodes = torch.cat([glo[:, :, None, :], nodes], dim=2)
-            u_mask = torch.cat([u_mask.new_ones(g, 1), u_mask], dim=1)
-        n = nodes.shape[2]
+            u_mask = torch.cat([u_mask.new_ones(u_mask.shape[0], 1), u_mask], dim=1)
+        return self._readout(nodes, u_mask, glo is not None, probes, statistics)
+
+    def _readout(self, nodes, u_mask, has_glo: bool, probes, statistics=None) -> torch.Tensor:
+        """Scores (n_img, G) of nodes (n_img, G, N, sim), the global node first when ``has_glo``:
+        SAF's filtration, or SGR's steps with the graph masks as one additive bias and the last step
+        on the global row only (the score reads that row alone; the other nodes' last update, two
+        dim x dim maps per node, is never needed). Without autograd the softmaxes run in place."""
+        n_img, g, n, dim = nodes.shape
         if self.mode == "saf":
             out = self._filtered(nodes, u_mask[None].expand(n_img, -1, -1), statistics)
             return torch.sigmoid(self.eval_w(out)).squeeze(-1)
+        softmax = (lambda x: torch.softmax(x, dim=-1)) if torch.is_grad_enabled() else softmax_short_rows
         b = n_img * g
         nodes = nodes.reshape(b, n, dim)
         bias = torch.zeros(g, n, dtype=nodes.dtype, device=nodes.device)
         bias.masked_fill_(~u_mask, torch.finfo(nodes.dtype).min)
         bias = bias.expand(n_img, g, n).reshape(b, 1, n)
         steps = list(zip(self.reasoning, probes))
-        last = len(steps) - 1 if glo is not None and steps else len(steps)
+        last = len(steps) - 1 if has_glo and steps else len(steps)
         for step, (weight, pbias) in steps[:last]:
-            edges = torch.softmax(torch.bmm(F.linear(nodes, weight, pbias), nodes.transpose(1, 2)) + bias, dim=-1)
-            nodes = F.relu(step.graph(torch.bmm(edges, nodes)))
-        if glo is not None and steps:                            # the last step, global row only
+            # (a batched product with a transposed operand runs ~2x slower than copy + product)
+            edges = torch.bmm(F.linear(nodes, weight, pbias), nodes.transpose(1, 2).contiguous()).add_(bias)
+            nodes = F.relu_(step.graph(torch.bmm(softmax(edges), nodes)))
+        if has_glo and steps:                                    # the last step, global row only
             step, (weight, pbias) = steps[-1]
             probe = F.linear(nodes[:, 0], weight, pbias)
-            edges = torch.softmax(torch.bmm(nodes, probe[:, :, None]).squeeze(-1) + bias[:, 0], dim=-1)
-            out = F.relu(step.graph(torch.bmm(edges[:, None, :], nodes).squeeze(1)))
-        elif glo is not None:
+            edges = softmax(torch.bmm(nodes, probe[:, :, None]).squeeze(-1).add_(bias[:, 0]))
+            out = F.relu_(step.graph(torch.bmm(edges[:, None, :], nodes).squeeze(1)))
+        elif has_glo:
             out = nodes[:, 0]
         else:
             m = u_mask[None].expand(n_img, -1, -1).reshape(b, n, 1).to(nodes.dtype)
@@ -606,9 +546,9 @@ class SGRAF(RetrievalModel):
         a = a / (a.sum(-1, keepdim=True) + 1e-8)
         return l2norm((a[..., None] * nodes).sum(2))
 
-    # -- evaluation: the same scores as ``_score_block``, with less work and fewer memory passes ---
+    # -- evaluation: the same scores as ``_score_train``, with less work and fewer memory passes ---
     def _local_nodes_eval(self, v, v_mask, u, u_mask, grams, out, all_regions=False) -> None:
-        """``local_nodes`` without autograd, written into ``out`` (n_img, n_cap, L, sim_dim).
+        """:meth:`_contexts` and ``W_sl`` without autograd, written into ``out`` (n_img, n_cap, L, sim_dim).
 
         Two exact shortcuts: the norm of each attended context ``c = V^T alpha`` comes from the
         region Gram matrix (``|c|^2 = alpha^T (V V^T) alpha``: K^2 per word instead of a pass over
@@ -641,13 +581,8 @@ class SGRAF(RetrievalModel):
         out.copy_(sims.view(n_img, n_cap, n_words, -1))
 
     def _score_block_eval(self, img, cap, probes, grams, glo, all_regions=False) -> torch.Tensor:
-        """``_score_block`` for evaluation (no autograd): the same scores, computed with
-
-        - the local nodes of :meth:`_local_nodes_eval`, written into one preallocated node tensor;
-        - the padding masks of the graph edges as one additive bias, formed once for all steps;
-        - in SGR's last step only the global node's row: the score reads that node alone, so the
-          other nodes' last update (two dim x dim maps per node) is never needed.
-        """
+        """``_score_train``'s scores for evaluation (no autograd), the local nodes from
+        :meth:`_local_nodes_eval`, written into one preallocated node tensor, then :meth:`_readout`."""
         v, v_mask = img[:2]
         u, u_mask = cap[:2]
         n_img, n_cap, n_words = v.shape[0], u.shape[0], u.shape[1]
@@ -657,32 +592,7 @@ class SGRAF(RetrievalModel):
             nodes[:, :, 0] = glo
             u_mask = torch.cat([u_mask.new_ones(n_cap, 1), u_mask], dim=1)
         self._local_nodes_eval(v, v_mask, u, cap[1], grams, nodes[:, :, first:], all_regions)
-        mask = u_mask[None].expand(n_img, -1, -1)
-        if self.mode == "saf":
-            return torch.sigmoid(self.eval_w(self._filtered(nodes, mask))).squeeze(-1)
-        b, n, dim = n_img * n_cap, nodes.shape[2], nodes.shape[3]
-        nodes = nodes.view(b, n, dim)
-        bias = torch.zeros(n_cap, n, dtype=nodes.dtype, device=nodes.device)
-        bias.masked_fill_(~u_mask, torch.finfo(nodes.dtype).min)
-        bias = bias.expand(n_img, n_cap, n).reshape(b, 1, n)
-        steps = list(zip(self.reasoning, probes))
-        last = len(steps) - 1 if glo is not None and steps else len(steps)
-        for step, (weight, pbias) in steps[:last]:
-            probe = torch.addmm(pbias, nodes.view(-1, dim), weight.t()).view(b, n, dim)
-            # (a batched product with a transposed operand runs ~2x slower than copy + product)
-            edges = torch.bmm(probe, nodes.transpose(1, 2).contiguous()).add_(bias)
-            nodes = F.relu_(step.graph(torch.bmm(softmax_short_rows(edges), nodes)))
-        if glo is not None and steps:                            # the last step, global row only
-            step, (weight, pbias) = steps[-1]
-            probe = torch.addmm(pbias, nodes[:, 0], weight.t())
-            edges = softmax_short_rows(torch.bmm(nodes, probe[:, :, None]).squeeze(-1).add_(bias[:, 0]))
-            out = F.relu_(step.graph(torch.bmm(edges[:, None, :], nodes).squeeze(1)))
-        elif glo is not None:
-            out = nodes[:, 0]
-        else:
-            m = mask.reshape(b, n, 1).to(nodes.dtype)
-            out = (nodes * m).sum(1) / m.sum(1).clamp(min=1)
-        return torch.sigmoid(self.eval_w(out)).squeeze(-1).view(n_img, n_cap)
+        return self._readout(nodes, u_mask, glo is not None, probes)
 
 
 def img_dim_of(img_shape, expect: str, model: str) -> int:

@@ -37,7 +37,7 @@ from torch import nn
 
 from .base import RetrievalModel
 from . import sgraf
-from .sgraf import as_lengths, bidirectional_states, length_mask, masked_softmax, packing_lengths, variant_factory
+from .sgraf import bidirectional_states, masked_softmax, variant_factory
 
 
 class CellAttention(nn.Module):
@@ -112,6 +112,8 @@ class SMAN(RetrievalModel):
         self.intra_pair, self.intra_weight, self.intra_margin = intra_pair, intra_weight, intra_margin
         # pairwise only when step 2 exists and its queries mix the two modalities
         self.pairwise = steps == 2 and self.alpha < 1.0
+        # the pairwise step 2 reads only W_vh's and W_th's weights: their biases cancel in the softmax
+        self.unused_parameters = self.pairwise
         self.drop = nn.Dropout(dropout)
         self.glo = nn.Linear(img_dim, hidden)                         # P0
         self.cell_gru = nn.GRU(img_dim, hidden, batch_first=True) if use_loc else None
@@ -123,10 +125,6 @@ class SMAN(RetrievalModel):
         if steps == 2:
             self.fuse_v = nn.Linear(hidden, hidden)                   # U_v
             self.fuse_t = nn.Linear(hidden, hidden)                   # U_t
-
-    @property
-    def levels(self) -> int:
-        return self.steps + 1
 
     # -- encoders --------------------------------------------------------------------------------
     def encode_images(self, feats: torch.Tensor, counts: torch.Tensor | None = None):
@@ -147,13 +145,7 @@ class SMAN(RetrievalModel):
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
         """(B, L) token ids and lengths -> a tuple of per-caption tensors."""
-        tokens = tokens.long()
-        given = lengths
-        lengths = as_lengths(lengths, tokens.device).clamp(min=1, max=tokens.shape[1])
-        mask = length_mask(lengths, tokens.shape[1])
-        states = bidirectional_states(self.lstm, self.drop(self.embed(tokens)),
-                                      packing_lengths(given, lengths, tokens.shape[1]))
-        states = states * mask[..., None].to(states.dtype)
+        states, mask, lengths = bidirectional_states(self.lstm, self.drop(self.embed(tokens.long())), lengths)
         t0 = states.sum(1) / lengths[:, None].to(states.dtype)
         t1 = self.txt_att[0](states, mask, t0)
         if self.steps == 1:
@@ -203,7 +195,7 @@ class SMAN(RetrievalModel):
         """lambda * sum_i max(0, delta_ii - m2), delta = 1 - d / n_levels (positives on the diagonal)."""
         if not self.intra_pair or self.intra_weight == 0:
             return None
-        distance = 1.0 - scores.diagonal() / self.levels
+        distance = 1.0 - scores.diagonal() / (self.steps + 1)   # steps + 1 levels of cosines
         return self.intra_weight * (distance - self.intra_margin).clamp(min=0).sum()
 
 

@@ -57,18 +57,7 @@ class MaskedBatchNorm1d(nn.Module):
             flat = x.reshape(-1, self.num_features)
             if flat.dtype in (torch.float16, torch.bfloat16):
                 flat = flat.float()
-            sync = current_sync()
-            if sync is not None:     # data-parallel: the statistics of the global batch
-                n, mean, var = self._global_statistics(flat, mask, sync)
-            elif mask is None:
-                n = torch.full((), float(flat.shape[0]), dtype=flat.dtype, device=flat.device)   # no copy
-                mean = flat.mean(0)
-                var = flat.var(0, unbiased=False)
-            else:
-                w = mask.reshape(-1, 1).to(flat.dtype)
-                n = w.sum()
-                mean = (flat * w).sum(0) / n.clamp(min=1)
-                var = ((flat - mean).pow(2) * w).sum(0) / n.clamp(min=1)
+            n, mean, var = self._statistics(flat, mask, current_sync())
             members = n > 0          # none: the running estimates, unchanged
             mean = torch.where(members, mean, self.running_mean.to(mean.dtype))
             var = torch.where(members, var, self.running_var.to(var.dtype))
@@ -84,17 +73,20 @@ class MaskedBatchNorm1d(nn.Module):
             y = y * mask.unsqueeze(-1).to(y.dtype)
         return y
 
-    def _global_statistics(self, flat: torch.Tensor, mask: torch.Tensor | None, sync):
-        """Members, mean and biased variance over every rank's rows (sums reduced with autograd,
-        the variance in two passes about the global mean, as one process computes it)."""
+    @staticmethod
+    def _statistics(flat: torch.Tensor, mask: torch.Tensor | None, sync):
+        """Members, mean and biased variance of the real rows, in two passes about the mean.
+        Data-parallel (``sync``, :mod:`.sync`) over every rank's rows: the sums are reduced with
+        autograd, so every rank normalises with the global batch's statistics, as one process."""
+        reduce = (lambda t: t) if sync is None else sync.all_reduce
         w = None if mask is None else mask.reshape(-1, 1).to(flat.dtype)
         n_local = flat.new_full((1,), float(flat.shape[0])) if w is None else w.sum().reshape(1)
         s1 = flat.sum(0) if w is None else (flat * w).sum(0)
-        both = sync.all_reduce(torch.cat([s1, n_local]))
+        both = reduce(torch.cat([s1, n_local]))
         s1, n = both[:-1], both[-1].detach()
         mean = s1 / n.clamp(min=1)
         dev = (flat - mean).pow(2)
-        s2 = sync.all_reduce(dev.sum(0) if w is None else (dev * w).sum(0))
+        s2 = reduce(dev.sum(0) if w is None else (dev * w).sum(0))
         return n, mean, s2 / n.clamp(min=1)
 
 

@@ -42,15 +42,11 @@ class EmbeddingModel(RetrievalModel):
         return self._sim(img, cap)
 
 
-def _img_dim(img_shape) -> int:
-    return int(math.prod(img_shape))
-
-
 @register_model("vse")
 def vse(img_shape, vocab_size: int, embed_dim: int = 1024, word_dim: int = 300,
         similarity: str = "cosine", use_abs: bool = False) -> EmbeddingModel:
     """Linear image encoder + GRU text encoder (UVS / VSE++); cosine by default."""
-    return EmbeddingModel(ImageEncoder(_img_dim(img_shape), embed_dim, use_abs),
+    return EmbeddingModel(ImageEncoder(int(math.prod(img_shape)), embed_dim, use_abs),
                           GRUTextEncoder(vocab_size, word_dim, embed_dim, use_abs), similarity)
 
 

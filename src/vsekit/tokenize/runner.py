@@ -1,18 +1,10 @@
 """``vsekit tokenize``: every caption → vocabulary ids in the flat ``tokens/ids`` + ``tokens/offsets``.
 
-Two passes, each streaming chunk by chunk, so memory is bounded by the chunk sizes, not by the
-number of captions (COCO has 616k):
-
-1. *count* — parallel over chunks of captions (in-process, worker processes, or a dask cluster).
-   A task tokenises its captions once, counts the words of the captions of the vocabulary splits,
-   and writes its captions' tokens as chunk-local ids plus the chunk's word list into its own
-   staging arrays in the store (a task owns its arrays, so tasks never share a chunk).
-2. *encode* — in the driver: the vocabulary comes from the merged counts; each chunk's local ids
-   become vocabulary ids through one lookup table, get ``<start>``/``<end>``, and are appended to
-   ``tokens/ids`` and ``tokens/offsets`` in whole, aligned chunks. This pass is numpy only.
-
-Everything is built in ``tokens_partial/`` and moved to ``tokens/`` only when complete, so a failed
-run leaves the previous tokens untouched, and a rerun with the same settings writes the same bytes.
+Two streaming passes, so memory is bounded by the chunk sizes, not by the number of captions: *count*
+(parallel over chunks of captions; each task stages its captions' chunk-local ids and word list in
+arrays of its own) and *encode* (the driver maps them to vocabulary ids in whole, aligned chunks).
+Everything is built in ``tokens_partial/`` and swapped into ``tokens/`` only when complete
+(docs/tokenize.md, "How it runs").
 """
 
 from __future__ import annotations

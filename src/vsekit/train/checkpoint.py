@@ -1,18 +1,9 @@
 """Run folders and their checkpoints: what vsekit writes into a run folder, how a checkpoint is saved
 and loaded, how a run's model is rebuilt, and how ``--overwrite`` empties the folder of an old run.
 
-Checkpoints hold plain data only (tensors, dicts, lists, strings, numbers): ``save_checkpoint``
-writes them atomically, and ``load_checkpoint`` loads them with ``torch.load(weights_only=True)``,
-which never runs code from the file; anything else is refused with one message naming the object.
-``load_model`` rebuilds a trained run's model (``evaluate``, ``embed`` and ``report`` all use it).
-
-A run folder holds the trainer's files (``config.json``, checkpoints, ``metrics.jsonl``,
-``curves.png``), what ``evaluate`` adds (``metrics.json``, ``sims_*.npy``) and the pipeline's record
-(``.vsekit-pipeline.json``). ``--overwrite`` removes all of them, so a report can never show one
-run's name with another run's numbers; files vsekit did not write are left alone.
-
-The old run is removed only once the new one has started successfully: its options, store, feature
-set and model have all been checked (a mistake in the new command leaves the old run intact).
+Checkpoints hold plain data only and load with ``torch.load(weights_only=True)``, which never runs
+code from the file; ``--overwrite`` removes every file vsekit wrote into the folder (``RUN_PATTERNS``),
+and only once the new run has started (docs/train.md, "Reruns").
 """
 
 from __future__ import annotations

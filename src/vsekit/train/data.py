@@ -1,26 +1,23 @@
 """Training and evaluation data over a vsekit store: feature rows, caption tokens, splits.
 
-Features are read chunk by chunk, never whole: an epoch shuffles the order of the feature set's row
-chunks, reads a *window* of chunks (a background thread reads the next window meanwhile), shuffles the (image, caption) pairs inside the window and cuts
-batches from it (pairs left over at the end of a window join the next one). The window is sized
-from a memory budget (``shuffle_memory``, decoded float32 bytes; :func:`window_chunks_for`): when
-every chunk of the split fits in it, the whole split is one window and the epoch is one global
-permutation of its pairs, as the reference loaders shuffle; otherwise two windows (the one being
-consumed and the one being read) share the budget. A store larger than memory therefore trains at
-close to in-memory speed, and memory is bounded by the budget. Tokens (``tokens/ids`` + ``tokens/offsets``) are small and are read
-once. Per epoch either one random caption per image (the FNE paper: no two captions of one image in
-a batch) or every caption (VSE++).
+Features are read chunk by chunk, never whole: an epoch shuffles the feature set's row chunks, reads
+them in windows sized from a memory budget (``shuffle_memory``; the whole split when it fits, then an
+epoch is one global permutation), the next window read ahead, and shuffles the pairs inside a window
+(docs/train.md, "What training does"). Tokens are small and read once. Per epoch either one random
+caption per image (the FNE paper) or every caption (VSE++).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
+from ..fne.pack import unpack
 from ..storage.chunks import ChunkReader
+from .distributed import part_slice
 from ..storage.splits import refuse_stale
 from ..storage.base import no_tokens
 from ..storage.store import DONE, FAILED, FeatureSet, FeatureStore, StoreError
@@ -58,9 +55,6 @@ class Tokens:
     def vocab_size(self) -> int:
         return len(self.vocabulary)
 
-    def lengths(self, captions: np.ndarray) -> np.ndarray:
-        return self.offsets[captions + 1] - self.offsets[captions]
-
     def batch(self, captions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded (B, L) token ids (pad 0) and true lengths (at least 1) of ``captions``."""
         captions = np.asarray(captions, dtype=np.int64)
@@ -75,23 +69,6 @@ class Tokens:
 
 
 # features -----------------------------------------------------------------------------------------
-def _unpack_2bit(packed: np.ndarray, n_features: int) -> np.ndarray:
-    """Fallback for ``vsekit.fne.pack.unpack``: 4 values per byte, low bits first, 2-bit two's complement."""
-    shifts = np.array([0, 2, 4, 6], dtype=np.uint8)
-    codes = ((packed.astype(np.uint8)[..., None] >> shifts) & 3).astype(np.int8)
-    codes -= (codes & np.int8(2)) << np.int8(1)
-    return codes.reshape(*packed.shape[:-1], -1)[..., :n_features]
-
-
-def unpack_rows(packed: np.ndarray, n_features: int) -> np.ndarray:
-    """2-bit packed FNE rows → int8 {-1, 0, 1}, using the FNE package's unpacker when present."""
-    try:
-        from ..fne.pack import unpack
-    except ImportError:  # the FNE package is optional here
-        return _unpack_2bit(packed, n_features)
-    return np.asarray(unpack(packed, n_features))
-
-
 class FeatureSource:
     """Rows of a feature set as float32 arrays, whatever the stored layout (float, FNE int8, packed).
 
@@ -143,13 +120,13 @@ class FeatureSource:
         if self.reader is not None and self.reader.remote:   # one checked GET per block and array
             raw, counts = self.reader.read_rows(start, stop)
             if self.packed:
-                raw = unpack_rows(raw, self.n_features)
+                raw = unpack(raw, self.n_features)
             return raw.astype(np.float32, copy=False), None if counts is None else counts.astype(np.int64)
         if self.reader is not None:
             self.reader.verify(start, stop)
         raw = np.asarray(self._data[start:stop])
         if self.packed:
-            raw = unpack_rows(raw, self.n_features)
+            raw = unpack(raw, self.n_features)
         counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
         if self.reader is not None:
             self.reader.check_generation()
@@ -203,10 +180,8 @@ def open_features(store: FeatureStore, name: str, rows: np.ndarray) -> FeatureSo
 
 def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarray:
     """Image rows of ``split`` whose features are done (failed rows are left out)."""
-    rows = store.split_rows(split)
-    if fs.fs is not None:
-        status = np.asarray(fs.fs.status[:])
-        rows = rows[status[rows] == DONE]
+    rows, status = _split_status(store, fs, split)
+    rows = rows[status == DONE]
     if not len(rows):
         raise StoreError(f"{store.path}: split {split!r} has no usable images in {fs.name!r} (it is empty, or "
                          f"every image in it failed: `vsekit info {store.path} {fs.name}` lists them); choose "
@@ -218,19 +193,21 @@ def usable_rows(store: FeatureStore, fs: FeatureSource, split: str) -> np.ndarra
 SMALL_VAL = 100
 
 
+def _split_status(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The image rows of ``split`` and their features' status (all done in an in-memory source)."""
+    rows = store.split_rows(split)
+    return rows, np.full(len(rows), DONE) if fs.fs is None else np.asarray(fs.fs.status[:])[rows]
+
+
 def _failed_rows_of(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(every image row of ``split``, those whose features failed)."""
-    rows = store.split_rows(split)
-    if fs.fs is None:
-        return rows, rows[:0]
-    status = np.asarray(fs.fs.status[:])
-    return rows, rows[status[rows] == FAILED]
+    rows, status = _split_status(store, fs, split)
+    return rows, rows[status == FAILED]
 
 
 def _usable(store: FeatureStore, fs: FeatureSource, split: str) -> int:
     """Images of ``split`` whose features are done (failed and pending ones are not usable)."""
-    rows = store.split_rows(split)
-    return len(rows) if fs.fs is None else int(np.sum(np.asarray(fs.fs.status[:])[rows] == DONE))
+    return int(np.sum(_split_status(store, fs, split)[1] == DONE))
 
 
 def _first_failure(store: FeatureStore, fs: FeatureSource, failed: np.ndarray) -> str:
@@ -320,16 +297,6 @@ class Batch:
     part: slice | None = None
 
 
-def part_slice(n: int, rank: int, world: int) -> slice:
-    """Rank ``rank``'s contiguous rows of a global batch of ``n``: the first ``n % world`` ranks one
-    more; a batch smaller than the rank count is every rank's whole (each computes all of it)."""
-    if n < world:
-        return slice(0, n)
-    base, extra = divmod(n, world)
-    start = rank * base + min(rank, extra)
-    return slice(start, start + base + (1 if rank < extra else 0))
-
-
 class PairStream:
     """Chunk-aware shuffled batches of (image features, caption tokens) pairs for one epoch.
 
@@ -400,37 +367,18 @@ class PairStream:
         The windows and their pair tables come from :meth:`_plans`, which :meth:`epoch_part` uses
         too: one process and every rank of a data-parallel run cut the same stream."""
         plans = self._plans(epoch)
-        head = self.batch_size  # room before each window for the pairs left over from the last one
-        left_feats = left_counts = None
-        cut = 0
-        buffers = self._prefetch([plan["window"] for plan in plans], head)
-        for plan, (feats_buf, counts_buf) in zip(plans, buffers):
-            img, cap, pos = plan["img"], plan["cap"], plan["pos"]
-            n_left = 0 if left_feats is None else len(left_feats)
-            if n_left:
-                feats_buf[head - n_left:head] = left_feats
-                if counts_buf is not None:
-                    counts_buf[head - n_left:head] = left_counts
-            for a, b in plan["cuts"]:
-                cut += 1
-                if cut <= skip:
-                    continue
-                yield self._batch(feats_buf, counts_buf, img[a:b], cap[a:b], pos[a:b])
-            rest = pos[plan["n_full"]:]
-            left_feats = feats_buf[rest]
-            left_counts = None if counts_buf is None else counts_buf[rest]
+        windows = [plan["window"] for plan in plans]
+        rows = self.batch_size + max((sum(b - a for a, b in w) for w in windows), default=0)
+        carry, cut = {}, 0
+        buffers = self._prefetch(windows, self._buffers(rows, max(1, min(2, len(windows)))))
+        for plan, (feats, counts) in zip(plans, buffers):
+            cut, carry = yield from self._part_batches(plan, feats, counts, None, carry, 0, 1, skip, cut)
 
     def epoch_part(self, epoch: int, rank: int, world: int, skip: int = 0) -> Iterator[Batch]:
-        """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which), reading
-        only those rows into memory.
-
-        The epoch is the same stream as :meth:`epoch` (the same windows, sized from the whole
-        ``shuffle_memory``, and the same random numbers, all drawn before any data is read): every
-        window's chunks are read (each rank reads the window's chunks) but only the rows of this
-        rank's slices, and the pairs carried to the next window, are kept. A rank's buffers hold
-        about ``1 / world`` of a window, so the ranks of a node together stay within the budget.
-        Tokens are cut at the global batch's width.
-        """
+        """This rank's rows of each of :meth:`epoch`'s batches (``Batch.part`` says which): the same
+        stream (windows sized from the whole ``shuffle_memory``, the same random numbers), each window's
+        chunks read but only this rank's slices and the carried pairs kept, about ``1 / world`` of a
+        window (docs/train.md, "Data per rank"). Tokens are cut at the global batch's width."""
         from concurrent.futures import ThreadPoolExecutor
 
         plans = self._plans(epoch)
@@ -447,23 +395,13 @@ class PairStream:
                                                            skip, cut)
 
     def epoch_shared(self, epoch: int, rank: int, world: int, node: Any, skip: int = 0) -> Iterator[Batch]:
-        """:meth:`epoch_part`'s batches, with the window read once per node into shared memory.
-
-        ``node`` (:class:`vsekit.train.distributed.NodeShare`) says whether this rank is its node's
-        leader (local rank 0) and synchronises the ranks. The leader reads each window's chunks, one
-        window ahead, into one of two window buffers in a memory-backed folder (``/dev/shm``) that
-        every rank of the node maps; at each window's start the ranks meet (the window is read, and
-        every rank is done with the buffer the next window will be read into). So a node holds two
-        windows whatever its rank count (as one process does) and reads each chunk once. Each rank
-        copies out only its slices of the batches and the pairs carried to the next window. Where the
-        folder lacks room for the two buffers on any node, every rank falls back to
-        :meth:`epoch_part` (each keeps its own rows), agreed by all ranks.
-        """
-        from concurrent.futures import ThreadPoolExecutor
-
+        """:meth:`epoch_part`'s batches, with the window read once per node into shared memory: the
+        node's leader (``node``, :class:`vsekit.train.distributed.NodeShare`) reads each window, one
+        ahead, into one of two buffers every rank of the node maps, and each rank copies out its rows;
+        without room for the buffers on any node every rank falls back to :meth:`epoch_part`, agreed
+        by all (docs/train.md, "Data per rank")."""
         plans = self._plans(epoch)
-        head = self.batch_size
-        rows = head + max((sum(b - a for a, b in p["window"]) for p in plans), default=0)
+        rows = self.batch_size + max((sum(b - a for a, b in p["window"]) for p in plans), default=0)
         shape = tuple(self.source.row_shape)
         with_counts = self.source._count is not None
         nbytes = 2 * rows * (4 * int(np.prod(shape)) + (8 if with_counts else 0))
@@ -472,30 +410,13 @@ class PairStream:
         if bufs is None:
             yield from self.epoch_part(epoch, rank, world, skip=skip)
             return
-        feats = bufs[:2]
-        counts = bufs[2:] if with_counts else [None, None]
-
-        def fill(wi: int, pool) -> list:
-            jobs, off = [], head
-            f, c = feats[wi % 2], counts[wi % 2]
-            for start, stop in plans[wi]["window"]:
-                n = stop - start
-                jobs.append(pool.submit(self.source.read_into, start, stop, f[off:off + n],
-                                        None if c is None else c[off:off + n]))
-                off += n
-            return jobs
-
-        carry: dict[int, tuple] = {}
-        cut = 0
-        with ThreadPoolExecutor(max_workers=self.read_workers) as pool:
-            pending = fill(0, pool) if node.leader and plans else []
-            for wi, plan in enumerate(plans):
-                for job in pending:
-                    job.result()
-                node.sync(f"window {wi + 1} of epoch {epoch}")   # it is read; all are done with the other buffer
-                pending = fill(wi + 1, pool) if node.leader and wi + 1 < len(plans) else []
-                cut, carry = yield from self._part_batches(plan, feats[wi % 2], counts[wi % 2], None, carry, rank,
-                                                           world, skip, cut)
+        pairs = list(zip(bufs[:2], bufs[2:] if with_counts else [None, None]))
+        carry, cut = {}, 0
+        windows = [plan["window"] for plan in plans]
+        buffers = self._prefetch(windows, pairs, read=node.leader,
+                                 sync=lambda wi: node.sync(f"window {wi + 1} of epoch {epoch}"))
+        for plan, (feats, counts) in zip(plans, buffers):
+            cut, carry = yield from self._part_batches(plan, feats, counts, None, carry, rank, world, skip, cut)
 
     def _part_batches(self, plan: dict, feats: np.ndarray, counts: np.ndarray | None, index: np.ndarray | None,
                       carry: dict, rank: int, world: int, skip: int, cut: int):
@@ -507,6 +428,9 @@ class PairStream:
         head = self.batch_size
 
         def take(positions):
+            if positions.min(initial=head) >= head:   # no carried pair: one gather
+                at = positions if index is None else index[positions - head]
+                return feats[at], None if counts is None else counts[at]
             out_f = np.empty((len(positions), *self.source.row_shape), dtype=np.float32)
             out_c = None if counts is None else np.empty(len(positions), dtype=np.int64)
             new = positions >= head
@@ -525,11 +449,12 @@ class PairStream:
             cut += 1
             if cut <= skip:
                 continue
-            part = part_slice(b - a, rank, world)
+            part = part_slice(b - a, rank, world) if world > 1 else None   # one process: the whole batch
+            mine = slice(None) if part is None else part
             tokens, lengths = self.tokens.batch(cap[a:b])
-            f, c = take(pos[a:b][part])
+            f, c = take(pos[a:b][mine])
             yield Batch(torch.from_numpy(f), None if c is None else torch.from_numpy(c),
-                        tokens[part], lengths[part], torch.from_numpy(img[a:b]), part)
+                        tokens[mine], lengths[mine], torch.from_numpy(img[a:b]), part)
         rest = pos[plan["n_full"]:]
         f, c = take(rest)
         first = self.batch_size - len(rest)
@@ -620,19 +545,19 @@ class PairStream:
             self._bufs = bufs
         return bufs
 
-    def _prefetch(self, windows: list[list[tuple[int, int]]], head: int) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-        """Each window's chunks decoded into a window buffer (after ``head`` free rows), by a
-        background thread one window ahead of the consumer."""
+    def _prefetch(self, windows: list[list[tuple[int, int]]], bufs: list, read: bool = True,
+                  sync: Callable[[int], None] | None = None) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Each window's chunks decoded into the window buffer ``bufs[w % len(bufs)]`` (a (features,
+        counts) pair; after a head of ``batch_size`` free rows), by a background pool one window
+        ahead of the consumer. ``read`` False: another rank fills the buffers (the node's leader);
+        ``sync(w)``: the ranks meet once window w is read (and all are done with the other buffer)."""
         from concurrent.futures import ThreadPoolExecutor
 
-        if not windows:
-            return
-        rows = head + max(sum(stop - start for start, stop in w) for w in windows)
-        bufs = self._buffers(rows, min(2, len(windows)))
-
         def submit(pool, w):
+            if not read or w >= len(windows):
+                return []
             feats, counts = bufs[w % len(bufs)]
-            jobs, off = [], head
+            jobs, off = [], self.batch_size
             for start, stop in windows[w]:
                 n = stop - start
                 jobs.append(pool.submit(self.source.read_into, start, stop, feats[off:off + n],
@@ -645,15 +570,11 @@ class PairStream:
             for w in range(len(windows)):
                 for job in pending:
                     job.result()
+                if sync is not None:
+                    sync(w)
                 # the other buffer held window w - 1, which the consumer has finished with
-                pending = submit(pool, w + 1) if w + 1 < len(windows) else []
+                pending = submit(pool, w + 1)
                 yield bufs[w % len(bufs)]
-
-    def _batch(self, feats, counts, img, cap, pos) -> Batch:
-        tokens, lengths = self.tokens.batch(cap)
-        return Batch(torch.from_numpy(np.ascontiguousarray(feats[pos])),
-                     None if counts is None else torch.from_numpy(counts[pos]),
-                     tokens, lengths, torch.from_numpy(img))
 
 
 # evaluation data ----------------------------------------------------------------------------------
@@ -735,14 +656,6 @@ class EvalSet:
         if not len(caps):
             raise StoreError(f"{store.path}: split {split!r} has no captions")
         return cls(rows, caps, index[cap_img[caps]])
-
-    def subset(self, images: np.ndarray) -> "EvalSet":
-        """The sub-problem of some images (indices into ``rows``) and their captions."""
-        images = np.asarray(images, dtype=np.int64)
-        index = np.full(len(self.rows), -1, dtype=np.int64)
-        index[images] = np.arange(len(images))
-        keep = np.flatnonzero(index[self.caption_image] >= 0)
-        return EvalSet(self.rows[images], self.captions[keep], index[self.caption_image[keep]])
 
 
 def describe_source(source: FeatureSource) -> dict[str, Any]:

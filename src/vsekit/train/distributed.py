@@ -1,18 +1,9 @@
 """Data-parallel training on ``torch.distributed``: the process group, and the collectives of a step.
 
-A run is data-parallel when a launcher started it: ``torchrun`` (or ``vsekit train --nproc-per-node
-N``, which starts ``torch.distributed.run`` itself) sets ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` /
-``MASTER_ADDR`` / ``MASTER_PORT``; SLURM's ``srun`` sets ``SLURM_PROCID`` / ``SLURM_NTASKS`` /
-``SLURM_LOCALID`` (the master is the first node of ``SLURM_JOB_NODELIST``, the port derived from
-``SLURM_JOB_ID``). Without any of these the run is one process: :func:`setup` returns
-:data:`SINGLE`, whose collectives are the identity, and no process group exists.
-
-The step's exactness (``docs/train.md``, "Data-parallel training"): every rank reads the same epoch
-stream and takes its contiguous slice of each global batch (:meth:`Group.part`); the encodings are
-gathered with autograd (:meth:`Group.gather`), each rank scores the column block of its captions
-against every image, the blocks are gathered into the full score matrix, and every rank computes the
-whole loss. ``DistributedDataParallel`` carries the gradients (``step.train_step``): their average over
-the ranks is one process's gradient on every rank, so clipping and the optimizer step are identical.
+A run is data-parallel when a launcher started it (``torchrun``, ``vsekit train --nproc-per-node N``,
+SLURM's ``srun``: :func:`launch_env` reads their variables); without one it is one process,
+:data:`SINGLE`, whose collectives are the identity. What is exact and how (the gathers here,
+``DistributedDataParallel`` in ``step.train_step``): docs/train.md, "Data-parallel training".
 """
 
 from __future__ import annotations
@@ -132,6 +123,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def pad_to(t: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """``t`` zero-padded at the end of every dim to ``shape`` (``t`` itself when it has that shape)."""
+    pad = [x for have, want in zip(reversed(t.shape), reversed(shape)) for x in (0, int(want) - int(have))]
+    return torch.nn.functional.pad(t, pad) if any(pad) else t
+
+
+def part_slice(n: int, rank: int, world: int) -> slice:
+    """Rank ``rank``'s contiguous rows of a global batch of ``n``: the first ``n % world`` ranks one
+    more; a batch smaller than the rank count is every rank's whole (each computes all of it)."""
+    if n < world:
+        return slice(0, n)
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
 class Group:
     """The ranks of a run and the collectives of a training step; world 1 is the identity (no torch.distributed)."""
 
@@ -157,15 +164,12 @@ class Group:
 
     # -- the data of a step --------------------------------------------------------------------
     def sizes(self, n: int) -> list[int]:
-        """The rows of each rank in a global batch of ``n``: contiguous, the first ``n % world`` one more."""
-        base, extra = divmod(int(n), self.world)
-        return [base + (1 if r < extra else 0) for r in range(self.world)]
+        """The rows of each rank in a global batch of ``n`` (:func:`part_slice`'s, ``n >= world``)."""
+        return [len(range(n)[part_slice(n, r, self.world)]) for r in range(self.world)]
 
     def part(self, n: int) -> slice:
         """This rank's contiguous slice of a global batch of ``n`` rows."""
-        sizes = self.sizes(n)
-        start = sum(sizes[:self.rank])
-        return slice(start, start + sizes[self.rank])
+        return part_slice(n, self.rank, self.world)
 
     # -- collectives (identity in one process) -------------------------------------------------
     def check(self, what: str, fn, *args, **kwargs):
@@ -212,7 +216,6 @@ class Group:
 
     def _gather_one(self, t: torch.Tensor, sizes: list[int], autograd: bool) -> torch.Tensor:
         import torch.distributed as dist
-        import torch.nn.functional as F
 
         # the other dims may differ between ranks (a caption slice's width): agree on the largest
         shape = torch.tensor(list(t.shape[1:]) or [0], dtype=torch.int64, device=t.device)
@@ -222,15 +225,10 @@ class Group:
             full = torch.stack(shapes).max(0).values.tolist()
         else:
             full = []
-        rows = max(sizes)
-        pad = []
-        for have, want in zip(reversed(t.shape[1:]), reversed(full)):
-            pad += [0, int(want) - int(have)]
-        pad += [0, rows - t.shape[0]]
         dtype = t.dtype
         if dtype == torch.bool:
             t = t.to(torch.uint8)
-        padded = F.pad(t, pad) if any(pad) else t
+        padded = pad_to(t, [max(sizes), *full])
         nbytes = padded.numel() * padded.element_size()
         self.traffic["gather"] += nbytes
         if autograd and padded.requires_grad:
@@ -253,15 +251,15 @@ class Group:
         self.traffic["reduce"] += 2 * tensor.numel() * tensor.element_size()   # forward and backward
         return self.check("a reduction of batch statistics", all_reduce, tensor)
 
-    def reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
+    def reduce_array(self, array: np.ndarray, op: str, what: str = "a reduction of the validation's ranks"
+                     ) -> np.ndarray:
         """The elementwise ``"sum"`` or ``"max"`` of a host array over the ranks (validation's counts)."""
         if not self.distributed:
             return array
         import torch.distributed as dist
 
         t = torch.from_numpy(np.ascontiguousarray(array)).to(self._device())
-        self.check("a reduction of the validation's ranks", dist.all_reduce, t,
-                    op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        self.check(what, dist.all_reduce, t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.cpu().numpy()
 
     def gather_rows(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -297,13 +295,7 @@ class Group:
 
     def any(self, flag: bool) -> bool:
         """True on every rank when it is True on any (outside a step: after validation)."""
-        if not self.distributed:
-            return bool(flag)
-        import torch.distributed as dist
-
-        t = torch.tensor([1.0 if flag else 0.0], device=self._device())
-        self.check("a stop agreement", dist.all_reduce, t)
-        return bool(t.item() > 0)
+        return bool(self.reduce_array(np.array([1.0 if flag else 0.0]), "max", "a stop agreement")[0] > 0)
 
     def barrier(self, what: str = "a barrier") -> None:
         if not self.distributed:

@@ -1,24 +1,9 @@
 """``vsekit embed``: a trained run's joint-space embeddings of one split, for faiss and other tools.
 
-Embedding models (VSE++/UVS, Order, SEAM; Faghri et al., Vendrov et al., Wehrmann et al.) map images
-and captions to vectors of one space and score a pair by a function of the two vectors alone, so
-the vectors are the model's output. The folder written holds::
-
-    images.npy      (n_images, D) float32    row i is images.parquet's row i
-    captions.npy    (n_captions, D) float32  row j is captions.parquet's row j
-    images.parquet  index, image_id, store_row
-    captions.parquet index, caption_row, image_index, image_id, text
-    embed.json      run, checkpoint, split, similarity and how to search it
-
-With the cosine similarity the vectors are L2-normalised, so the inner product is the model's score
-(faiss ``IndexFlatIP``); with the order similarities the score is ``-||max(0, c - i)||^2`` (``order``) or its
-square root (``order-norm``, VSE++'s), which no
-faiss metric computes. Before writing, the model's own ``score`` on a block is compared with the
-similarity of the written vectors, so a model whose vectors do not give its scores is refused.
-Pairwise models (SMAN, SAF, SGR) have no such vectors: their score is computed from each pair
-jointly, and they are refused with the reason. Vectors are written batch by batch (memory is one
-batch); the order is the split's usable images (done features) and their captions, in store order,
-as ``vsekit evaluate`` ranks them (so a ``sims`` matrix from these vectors fits ``evaluate --sims``).
+Embedding models (VSE++/UVS, Order, SEAM; Faghri et al., Vendrov et al., Wehrmann et al.) score a pair
+by a function of its two vectors alone, so the vectors are the model's output; they are written batch
+by batch, checked first to reproduce the model's own scores. Pairwise models (SMAN, SAF, SGR) have no
+such vectors and are refused with the reason. The files and their order: docs/store.md, "vsekit embed".
 """
 
 from __future__ import annotations
@@ -33,6 +18,7 @@ import torch
 from ..storage.store import FeatureStore
 from .data import EvalSet, Tokens, image_batches, open_features
 from ..models.losses import similarity as similarity_fn
+from .scoring import take
 
 
 def _vectors(model, enc: Any) -> torch.Tensor:
@@ -62,15 +48,11 @@ def _check_scores(model, img: torch.Tensor, cap_enc: Any, similarity: str) -> No
     """The model's score on a block must equal the exported vectors' similarity."""
     cap = _vectors(model, cap_enc)
     k_i, k_c = min(16, len(img)), min(16, len(cap))
-    want = model.score(img[:k_i], _take(cap_enc, k_c)).float()
+    want = model.score(img[:k_i], take(cap_enc, slice(0, k_c))).float()
     got = similarity_fn(similarity)(img[:k_i], cap[:k_c]).float()
     if not torch.allclose(want, got, rtol=1e-4, atol=1e-5):
         raise ValueError(f"the exported vectors do not reproduce the model's scores (max difference "
                          f"{float((want - got).abs().max()):.3g}); this model cannot be exported as embeddings")
-
-
-def _take(enc: Any, k: int) -> Any:
-    return type(enc)(e[:k] for e in enc) if isinstance(enc, (tuple, list)) else enc[:k]
 
 
 @torch.no_grad()

@@ -54,6 +54,19 @@ def protocol_warnings(protocols: Sequence[str], n_images: int, split: str) -> li
     return out
 
 
+def check_protocols(protocols: Sequence[str] | None) -> None:
+    for p in protocols or ():
+        if p not in ALL_PROTOCOLS:
+            raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(ALL_PROTOCOLS)}")
+
+
+def run_protocols(scorer, n_img: int, cap_image: np.ndarray, protocols: Sequence[str], progress: bool) -> dict:
+    """The metrics of each protocol; ``all`` is the whole split in one fold, as ``1k`` computes it."""
+    with torch.no_grad():
+        return {p: evaluate_protocol(scorer, n_img, cap_image, "1k" if p == "all" else p, progress=progress)
+                for p in protocols}
+
+
 def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = None, split: str = "test",
              store: str | Path | None = None, features: str | None = None, device: str = "cpu",
              batch_size: int = 256, save: bool | None = None, out: str | Path | None = None,
@@ -65,9 +78,7 @@ def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = No
     """
     if not runs:
         raise ValueError("evaluate needs at least one run folder")
-    for p in protocols or ():
-        if p not in ALL_PROTOCOLS:
-            raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(ALL_PROTOCOLS)}")
+    check_protocols(protocols)
     models, configs = zip(*(load_model(r, device, checkpoint) for r in runs))
     store_path = store_ref(store or configs[0]["store"])
     for r, c in zip(runs, configs):
@@ -91,14 +102,10 @@ def evaluate(runs: Sequence[str | Path], *, protocols: Sequence[str] | None = No
     scorer = EnsembleScorer(models, encodings)
     n_img, n_cap = len(evalset.rows), len(evalset.captions)
     cap_image = evalset.caption_image
-    results: dict[str, Any] = {}
     protocols = list(protocols or default_protocols(fstore, n_img))
     warnings = protocol_warnings(protocols, n_img, split) + [w for w in [failed_note(fstore, source, split),
                                                                        *(resplit_since(fstore, r) for r in runs)] if w]
-    for protocol in protocols:
-        with torch.no_grad():   # "all" is the whole split in one fold, as "1k" computes it
-            results[protocol] = evaluate_protocol(scorer, n_img, cap_image, "1k" if protocol == "all" else protocol,
-                                                  progress=progress)
+    results = run_protocols(scorer, n_img, cap_image, protocols, progress)
     label = " + ".join(Path(r).name for r in runs)
     table = format_table([(label, p, m) for p, m in results.items()])
     out_dir = Path(out) if out else Path(runs[0])

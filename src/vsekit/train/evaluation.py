@@ -1,17 +1,10 @@
 """Retrieval evaluation: ranks from similarities computed in bounded blocks, the metrics, protocols.
 
-The common protocol (Karpathy & Fei-Fei; VSE++; SCAN): image→text ranks an image by the best of its
-captions (any number per image); text→image ranks each caption's image. R@K is the percent of
-queries whose rank is below K, Med r = floor(median rank) + 1, Mean r = mean rank + 1, MRR the mean
-of 1/(rank+1), and rsum the sum of the six recalls. ``coco-1k`` averages five folds of 1,000 test
-images (one fifth of the split in general) and its rsum is the sum of the *averaged* recalls (the
-reference codes print 6x the average recall instead); ``coco-5k`` and ``1k`` use the whole split.
-
-Ranks are counted, not sorted: the rank of a query is the number of non-matching items scoring at
-least as high as its best match (ties count against the query, so a constant scorer gets the worst
-rank, never the best). Similarities are computed block by block (``max_elements`` scores at a time)
-for any model: a matrix product for cosine, blocked broadcasting for order, ``model.score`` for
-pairwise models; the full matrix is never held in memory.
+The common protocol (Karpathy & Fei-Fei; VSE++; SCAN) as docs/train.md, "Evaluation", defines it:
+image→text ranks an image by the best of its captions, text→image each caption's image; R@1/5/10,
+Med r, Mean r, MRR and rsum; ``coco-1k`` averages five folds (its rsum is the sum of the averaged
+recalls), ``coco-5k`` and ``1k`` use the whole split. Ranks are counted, not sorted (ties count against
+the query), from blocks of ``max_elements`` scores: the full matrix is never held in memory.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import torch
 
 from ..storage.store import FeatureStore, StoreError
 from .data import EvalSet
-from .evaluation import evaluate_protocol, format_table
+from .evaluation import format_table
 
 
 def load_sims(path: str | Path, n_images: int, n_captions: int, split: str) -> np.ndarray:
@@ -61,11 +61,9 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
     ``vsekit evaluate`` writes, protocol ``warnings`` included. Returns it with the printed ``table``
     added.
     """
-    from .evaluate_run import ALL_PROTOCOLS, default_protocols, protocol_warnings
+    from .evaluate_run import check_protocols, default_protocols, protocol_warnings, run_protocols
 
-    for p in protocols or ():
-        if p not in ALL_PROTOCOLS:
-            raise ValueError(f"unknown protocol {p!r}; valid choices: {', '.join(ALL_PROTOCOLS)}")
+    check_protocols(protocols)
     fstore = store if isinstance(store, FeatureStore) else FeatureStore.open(store)
     es = EvalSet.from_store(fstore, split)
     sims = load_sims(sims_path, len(es.rows), len(es.captions), split)
@@ -78,10 +76,7 @@ def evaluate_sims(sims_path: str | Path, store: str | Path | FeatureStore, *, sp
     n_img = len(es.rows)
     protocols = list(protocols or default_protocols(fstore, n_img))
     warnings = protocol_warnings(protocols, n_img, split)
-    # "all" is the whole split in one fold, as "1k" computes it
-    results = {p: evaluate_protocol(scorer, n_img, es.caption_image, "1k" if p == "all" else p,
-                                    progress=progress)
-               for p in protocols}
+    results = run_protocols(scorer, n_img, es.caption_image, protocols, progress)
     label = Path(sims_path).name
     doc = {"sims": str(sims_path), "split": split, "store": str(fstore.path), "n_images": int(len(es.rows)),
            "n_captions": int(len(es.captions)), "dtype": str(sims.dtype), "protocols": results,

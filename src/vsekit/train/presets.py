@@ -2,37 +2,10 @@
 
 Config flows one way (see ``config.py``): defaults -> presets (in the order given, later ones win)
 -> explicit overrides. This module imports nothing from ``config``; every key of a preset is a
-``TrainConfig`` field, and ``tests/test_presets.py`` checks every paper value against a table of its
-source (value, paper, section). docs/train.md lists them; deviations from a source are marked there.
-
-- FNE paper (Vilalta et al., "Studying the impact of the Full-Network embedding on multimodal
-  pipelines", Table 1 and Sec. 4; the authors' launchers ``launchers_eval/*_FNE-*``): ``sh``, ``mh``,
-  ``soe``, ``moe``, ``ph``, ``poe`` (COCO), ``f8k-*`` and ``f30k-*`` (Flickr8K / Flickr30K), and the
-  baselines ``mh-bl``, ``soe-bl``, ``moe-bl`` (``f8k-``/``f30k-`` too: the original pipelines'
-  settings, 1024-d space, 300-d words). Batch 128, gradient clip 2, one caption per image per epoch,
-  200 epochs (400 for MH and MH-bl on Flickr30K), no decay; order settings use ``|.|`` and the squared order
-  violation of the order-embedding code (``order``), except the ``moe-bl`` baseline (no ``|.|``).
-  PH / POE switch from the sum to the max of hinges when the validation rsum stalls (patience 3, ours).
-- VSE++ (Faghri et al., code defaults and README): ``vse++`` (max of hinges, cosine), ``order++``
-  (``--measure order --max_violation``: margin 0.2, no ``|.|``, VSE++'s order score ``order-norm``)
-  and ``order0`` (``--measure order --use_abs --margin .05 --learning_rate .001``, sum of hinges);
-  lr x0.1 at epoch 15, 30 epochs, batch 128, clip 2, every caption per epoch.
-- SEAM (Wehrmann et al.): ``seam-e``, ``seam-c``, ``seam-g``: word dim and attention units 300, hops
-  30 / 10 per module / 30 over a 512-unit GRU, lambda 0.5, joint space 1024, order loss (margin 0.05,
-  ``|.|``, the order-embedding score ``order``), Adam 1e-3 divided by 10 at epoch 15, batch 128, 30
-  epochs; every caption per epoch and gradient clip 1, as the reference code (whose score is VSE++'s
-  ``order-norm`` and whose GRU defaults to 1024 units: the paper's choices are kept).
-- SMAN (Ji et al., Sec. IV-A-3 and IV-B): Adadelta lr 0.05, weight decay 5e-4, dropout 0.3, gradient
-  clip 0.1, 60 epochs with lr x0.1 after 50, batch 128, hardest-negative hinge m1 = 0.2 (+ the
-  intra-pair term, which the model adds itself), every hidden embedding 512, word embedding included.
-- SAF / SGR (Diao et al., Sec. 4.2): Adam 2e-4, hardest negative, margin 0.2, gradient clip 2,
-  batch 128, joint space 1024, word embedding 300, similarity vectors 256; COCO 20 epochs with lr x0.1
-  at 10; Flickr30K SGR 40 epochs (x0.1 at 30), SAF 30 (x0.1 at 20). Every caption is used each epoch,
-  as in both reference codes. ``saf-temde-f30k`` / ``sgr-temde-f30k``: the same with T-EMDE as the
-  global module, 16 divisions (the T-EMDE paper's Flickr30K setting).
-- ``demo``, ``*-demo``: small dimensions and few epochs so the demo data trains in seconds to minutes
-  on a CPU; combine after a paper preset (``--preset poe --preset demo``,
-  ``--preset sgr-coco --preset sgraf-demo``).
+``TrainConfig`` field. The settings, their sources (FNE paper Table 1 and the authors' launchers,
+VSE++'s code and README, SEAM, SMAN Sec. IV, SGRAF Sec. 4.2, T-EMDE) and every deviation from a source
+are listed in docs/train.md, "Presets"; ``tests/test_presets.py`` checks every paper value against a
+table of its source (value, paper, section).
 """
 
 from __future__ import annotations

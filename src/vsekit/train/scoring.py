@@ -15,6 +15,7 @@ import torch
 
 from ..models.base import RetrievalModel
 from .data import EvalSet, FeatureSource, Tokens, image_batches
+from .distributed import pad_to
 
 
 def cat(parts: list[Any]) -> Any:
@@ -23,28 +24,13 @@ def cat(parts: list[Any]) -> Any:
     if first is None:
         return None
     if isinstance(first, torch.Tensor):
-        return torch.cat(_pad_to_common(parts), dim=0)
+        # pairwise models' per-word states are as wide as their batch's longest caption: zero-pad (False
+        # for masks) every dim after the first to the largest; the models mask padding, so zeros are inert
+        target = [max(p.shape[d] for p in parts) for d in range(1, first.dim())]
+        return torch.cat([pad_to(p, (p.shape[0], *target)) for p in parts], dim=0)
     if isinstance(first, (tuple, list)):
         return type(first)(cat([p[i] for p in parts]) for i in range(len(first)))
     raise TypeError(f"cannot concatenate encodings of type {type(first).__name__}")
-
-
-def _pad_to_common(parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Zero-pad (False for masks) every dim after the first to the largest size among ``parts``.
-
-    Pairwise models keep per-word states whose length is the longest caption of their batch, so
-    batches differ in width; the models mask padding, so zeros past a caption's length are inert.
-    """
-    if len({p.shape[1:] for p in parts}) <= 1:
-        return parts
-    target = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
-    out = []
-    for p in parts:
-        pad: list[int] = []
-        for d in reversed(range(1, p.dim())):
-            pad += [0, target[d - 1] - p.shape[d]]
-        out.append(torch.nn.functional.pad(p, pad) if any(pad) else p)
-    return out
 
 
 def take(enc: Any, sel: Any) -> Any:

@@ -41,12 +41,10 @@ def step_loss(net: RetrievalModel, batch, loss_fn, cfg: TrainConfig, device: tor
               group: Group = SINGLE) -> torch.Tensor:
     """The global batch's loss, as one process computes it, with this rank's share of the graph.
 
-    One process (or a global batch smaller than the rank count: every rank then computes the whole
-    batch) encodes and scores the batch. Data-parallel, this rank encodes its contiguous slice; the
-    encodings are gathered with autograd, this rank scores every image against its captions (so
-    SAF's per-caption batch norm sees every image), the column blocks are gathered into the full
-    score matrix, and the loss over the global batch is returned. The caller back-propagates it and
-    averages the gradients over the ranks (:func:`train_step`, through DDP).
+    Data-parallel (and a global batch of at least one row per rank), this rank encodes its slice,
+    the encodings are gathered with autograd, it scores every image against its captions (so SAF's
+    per-caption batch norm sees every image), and the column blocks are gathered into the full score
+    matrix (docs/train.md, "What is exact"). The caller back-propagates the loss (:func:`train_step`).
     """
     n = len(batch.images)
     images = to_device(batch.images, device)
@@ -79,13 +77,7 @@ def step_loss(net: RetrievalModel, batch, loss_fn, cfg: TrainConfig, device: tor
 
 
 class StepLoss(torch.nn.Module):
-    """The step as a module: its forward is :func:`step_loss`, the global batch's loss.
-
-    This is what ``DistributedDataParallel`` wraps: DDP carries the gradients (buckets all-reduced
-    while backward runs, parameters unused by a step found, no buffer broadcast: the models' batch
-    statistics are reduced by :mod:`vsekit.models.sync`), and the gathers inside the loss make it
-    the global batch's.
-    """
+    """The step as a module whose forward is :func:`step_loss`: what ``DistributedDataParallel`` wraps."""
 
     def __init__(self, net: RetrievalModel):
         super().__init__()
@@ -108,28 +100,26 @@ def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
     if net not in _WRAPPED:
         from torch.nn.parallel import DistributedDataParallel
 
-        # find_unused_parameters: some parameters get no gradient (SMAN's and SGR's biases before a
-        # softmax), and keep none, as in one process; the buckets are all-reduced from the first
-        # step in one order (static_graph would hold all gradients in one bucket for two steps).
+        # find_unused_parameters only for a model that declares parameters without a gradient (SMAN's
+        # and SGR's biases before a softmax): the search is a graph traversal per step, which the
+        # other families do not pay; the buckets are all-reduced from the first step in one order
+        # (static_graph would hold all gradients in one bucket for two steps).
         # forward_sync_buffers off: batch-norm statistics are already the global batch's
         # (models/sync.py) and every rank holds the same buffers. gradient_as_bucket_view: the
         # gradients are views of the all-reduced buckets (no copy back, no second copy in memory).
         _WRAPPED[net] = group.check("the data-parallel wrapper's start", DistributedDataParallel, StepLoss(net),
-                                    find_unused_parameters=True, forward_sync_buffers=False,
-                                    gradient_as_bucket_view=True, bucket_cap_mb=BUCKET_MB)
+                                    find_unused_parameters=bool(getattr(net, "unused_parameters", False)),
+                                    forward_sync_buffers=False, gradient_as_bucket_view=True,
+                                    bucket_cap_mb=BUCKET_MB)
     return _WRAPPED[net]
 
 
 def train_step(net: RetrievalModel, batch, loss_fn, optim: torch.optim.Optimizer, cfg: TrainConfig,
                device: torch.device, group: Group = SINGLE, flags: tuple[float, ...] = ()
                ) -> tuple[torch.Tensor, list[float]]:
-    """One optimisation step on a global batch; returns its loss and ``flags`` summed over the ranks.
-
-    Every rank back-propagates the global batch's loss and DDP averages the gradients over the
-    ranks, which gives every rank one process's gradient (each rank's own share of the graph holds
-    1 / ranks of it), so every rank clips by the global norm and steps its optimizer as one process
-    does. ``flags`` (a stop request, a checkpoint due) are summed while backward runs.
-    """
+    """One optimisation step on a global batch; returns its loss and ``flags`` (a stop request, a
+    checkpoint due) summed over the ranks while backward runs. DDP averages the gradients over the
+    ranks, which gives every rank one process's gradient: every rank clips and steps as one process."""
     step = data_parallel(net, group)
     summed = group.sum_async(flags)
     try:

@@ -13,18 +13,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
-class _Off:
-    def log(self, entry: dict[str, Any]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class CurveWriter:
-    """Writes history entries as TensorBoard scalars."""
+    """Writes history entries as TensorBoard scalars; without a log folder it writes nothing."""
 
-    def __init__(self, logdir: str | Path, history: Iterable[dict[str, Any]]):
+    def __init__(self, logdir: str | Path | None, history: Iterable[dict[str, Any]]):
+        self.writer = None
+        if logdir is None:
+            return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
@@ -37,6 +32,8 @@ class CurveWriter:
             self.log(entry)
 
     def log(self, entry: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
         step = int(entry["epoch"])
         for key in ("loss", "lr"):
             if entry.get(key) is not None:
@@ -47,9 +44,5 @@ class CurveWriter:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
-
-
-def open_curves(logdir: str | Path | None, history: Iterable[dict[str, Any]]) -> CurveWriter | _Off:
-    """A writer that has logged ``history`` already, or a no-op one when ``logdir`` is None."""
-    return _Off() if logdir is None else CurveWriter(logdir, history)
+        if self.writer is not None:
+            self.writer.close()

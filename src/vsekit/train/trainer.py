@@ -1,20 +1,12 @@
 """The trainer: Adam (Adadelta for SMAN), step decay, gradient clipping, curriculum PH/POE, checkpoints, resume, logs.
 
-Curriculum (FNE paper, PH/POE, after Faghri et al.'s observation that the max-of-hinges loss needs a
-warm start): train with the sum of hinges until the validation rsum has not improved for
-``patience`` epochs, then reload the best checkpoint and continue with the max of hinges at its own
-learning rate (``lr2``) until ``epochs``.
-
-Every epoch writes ``checkpoint_last.pt`` (model, optimizer and trainer state), ``metrics.jsonl`` (one
-JSON object per epoch, rewritten from the saved history so a resumed run's log equals an
-uninterrupted one's), ``curves.png``, and ``checkpoint_best.pt`` when the validation rsum improves.
-The epoch's randomness is seeded from (seed, epoch), so ``--resume`` gives the same weights as an
-uninterrupted run. ``--checkpoint-every`` adds mid-epoch checkpoints (the epoch's position, its running
-loss, the random state) that ``--resume`` continues from.
-
-Data-parallel runs (``docs/train.md``, "Data-parallel training") go through the same code: :class:`Run`
-holds the pieces (an epoch, validation, the epoch's end, mid-epoch checkpoints), ``step.train_step``
-the step, ``distributed`` the group; only rank 0 writes files.
+Curriculum (FNE paper, PH/POE): the sum of hinges until the validation rsum has not improved for
+``patience`` epochs, then the max of hinges from the best checkpoint at its own learning rate
+(``lr2``). Every epoch writes ``checkpoint_last.pt``, ``metrics.jsonl`` (rewritten from the saved
+history, so a resumed run's log equals an uninterrupted one's), ``curves.png`` and, when the
+validation rsum improves, ``checkpoint_best.pt``; the epoch's randomness is seeded from (seed, epoch)
+(docs/train.md, "Reruns"). Data-parallel runs go through the same code: :class:`Run` holds the
+pieces, ``step.train_step`` the step, ``distributed`` the group; only rank 0 writes files.
 """
 
 from __future__ import annotations
@@ -39,16 +31,16 @@ from ..storage.objstore import store_ref
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
-from ..models import _MODELS, RetrievalModel, create_model, model_names
+from ..models import _MODELS, RetrievalModel, create_model
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, parse_every, resolve_config
 from .distributed import SINGLE, Group, NodeShare
-from .step import autocast, step_seed, to_device, train_step  # noqa: F401 (re-exported)
+from .step import step_seed, train_step  # noqa: F401 (re-exported)
 from .data import EvalSet, FeatureSource, PairStream, Tokens, describe_source, open_features, training_rows
 from .evaluation import compute_ranks, metrics_from_ranks
 from ..models.losses import create_loss
 from .scoring import EnsembleScorer, encode_set, evaluating
-from .tblog import open_curves
+from .tblog import CurveWriter
 
 # steps between host reads of the running loss for the progress bar (the loss stays on the device)
 LOG_EVERY = 50
@@ -62,10 +54,7 @@ def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) 
     ``model_args`` key it does not take is dropped when it came from a preset meant for another model
     and is an error otherwise (checked by the CLI through ``check_model_args``).
     """
-    model_names()
-    factory = _MODELS[cfg.model] if cfg.model in _MODELS else None
-    if factory is None:
-        create_model(cfg.model)  # raises the ValueError listing valid names
+    factory = _factory(cfg.model)
     common = {"img_shape": tuple(int(s) for s in img_shape), "vocab_size": int(vocab_size),
               "embed_dim": cfg.embed_dim, "word_dim": cfg.word_dim, "similarity": cfg.similarity,
               "use_abs": cfg.use_abs}
@@ -76,12 +65,16 @@ def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) 
     return kw
 
 
-def check_model_args(model: str, keys: list[str]) -> None:
-    """Refuse ``--model-arg`` keys the model's factory does not take, listing the ones it does."""
-    model_names()
+def _factory(model: str):
+    """The registered factory of ``model``; an unknown name raises the ValueError listing the valid ones."""
     if model not in _MODELS:
         create_model(model)
-    params = inspect.signature(_MODELS[model]).parameters
+    return _MODELS[model]
+
+
+def check_model_args(model: str, keys: list[str]) -> None:
+    """Refuse ``--model-arg`` keys the model's factory does not take, listing the ones it does."""
+    params = inspect.signature(_factory(model)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     valid = [p for p in params if p not in COMMON_ARGS]
@@ -92,25 +85,16 @@ def check_model_args(model: str, keys: list[str]) -> None:
 
 def check_model_arg_types(model: str, args: dict[str, Any]) -> None:
     """Refuse a ``--model-arg`` value of another type than the factory's default (``hops=many``)."""
-    model_names()
-    if model not in _MODELS:
-        create_model(model)
-    params = inspect.signature(_MODELS[model]).parameters
+    params = inspect.signature(_factory(model)).parameters
+    kinds = ((bool, bool, "true or false"), (int, int, "an integer"), (float, (int, float), "a number"),
+             (str, str, "a string"))
     for key, value in args.items():
-        default = params[key].default if key in params else inspect.Parameter.empty
-        if default is inspect.Parameter.empty or default is None:
+        default = params[key].default if key in params else None
+        kind = next(((takes, want) for typ, takes, want in kinds if isinstance(default, typ)), None)
+        if kind is None:   # no default, None, or another type: not checked
             continue
-        if isinstance(default, bool):
-            ok, want = isinstance(value, bool), "true or false"
-        elif isinstance(default, int):
-            ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
-        elif isinstance(default, float):
-            ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
-        elif isinstance(default, str):
-            ok, want = isinstance(value, str), "a string"
-        else:
-            continue
-        if not ok:
+        takes, want = kind
+        if not isinstance(value, takes) or (isinstance(value, bool) and not isinstance(default, bool)):
             raise ValueError(f"--model-arg {key}={value!r}: model {model!r} expects {want} "
                              f"(default {default!r})")
 
@@ -299,8 +283,10 @@ class Run:
     def last(self) -> Path:
         return self.out / "checkpoint_last.pt"
 
-    def payload_extra(self) -> dict[str, Any]:
-        return {"config": self.cfg.to_json(), "model_name": self.cfg.model, "model_kwargs": self.kw}
+    def save(self, path: Path, **extra: Any) -> None:
+        """A checkpoint of the weights and the run's settings, with ``extra`` (optimizer, state, position...)."""
+        _save(path, {"model": self.net.state_dict(), **extra, "config": self.cfg.to_json(),
+                     "model_name": self.cfg.model, "model_kwargs": self.kw})
 
     def load(self, ck: dict[str, Any]) -> None:
         self.net.load_state_dict(ck["model"])
@@ -321,8 +307,7 @@ class Run:
                 position["rng"] = torch.get_rng_state()
                 if self.device.type == "cuda":
                     position["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-            _save(self.last, {"model": self.net.state_dict(), "optimizer": self.optim.state_dict(),
-                              "state": self.state, "position": position, **self.payload_extra()})
+            self.save(self.last, optimizer=self.optim.state_dict(), state=self.state, position=position)
         self.group.barrier("the checkpoint's save")
         self.last_save = time.monotonic()
 
@@ -420,8 +405,7 @@ class Run:
             state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
             state["history"].append(entry)
             if main:
-                _save(out / "checkpoint_best.pt", {"model": self.net.state_dict(), "epoch": epoch,
-                                                   **self.payload_extra()})
+                self.save(out / "checkpoint_best.pt", epoch=epoch)
         else:
             state["stall"] += 1
             state["history"].append(entry)
@@ -435,8 +419,7 @@ class Run:
             self.log(f"epoch {epoch}: val rsum stalled for {cfg.patience} epochs; switching to the max loss "
                      f"from epoch {best['epoch']}")
         if main:
-            _save(self.last, {"model": self.net.state_dict(), "optimizer": self.optim.state_dict(), "state": state,
-                              **self.payload_extra()})
+            self.save(self.last, optimizer=self.optim.state_dict(), state=state)
             _write_log(out, state)
             curves.log(entry)
         self.group.barrier("the epoch's checkpoint")
@@ -587,7 +570,7 @@ def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, 
         if group.main:
             _write_log(out, run.state)
 
-    curves = open_curves(tensorboard if group.main else None, run.state["history"])
+    curves = CurveWriter(tensorboard if group.main else None, run.state["history"])
     first = run.position["epoch"] if run.position else run.state["epoch"] + 1
     try:
         for epoch in range(first, cfg.epochs + 1):
