@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import STORAGE_OPTION, StorePath
+from .options import IMAGE_OPTION, STORAGE_OPTION, StorePath
 
 
 @click.group("ingest")
@@ -14,7 +14,7 @@ def ingest() -> None:
 
 
 def _common(f):
-    f = STORAGE_OPTION(f)
+    f = IMAGE_OPTION(STORAGE_OPTION(f))
     f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
                      help="Store to create (a path, or an object-store URL s3://...).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)

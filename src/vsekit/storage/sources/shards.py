@@ -53,10 +53,24 @@ def parse_ref(path: str | Path) -> tuple[str, str, str]:
     return container, entry, location
 
 
+def image_bytes(path: str) -> bytes | None:
+    """The encoded bytes of an image inside a container or on object storage; None for a local file
+    (the decoder opens it itself)."""
+    from . import remote
+
+    if remote.is_url(path) and not (is_ref(path) and parse_ref(path)[0].lower().endswith(".parquet")):
+        return remote.read(path)
+    return read_bytes(path) if is_ref(path) else None
+
+
 def read_bytes(path: str | Path) -> bytes:
-    """The encoded image bytes a reference points at."""
+    """The encoded image bytes a reference points at (a container on disk or on object storage)."""
+    from . import remote
+
     container, entry, location = parse_ref(path)
-    if not Path(container).is_file():
+    if remote.is_url(container) and container.lower().endswith(".tar"):
+        return remote.read(str(path))
+    if not remote.is_url(container) and not Path(container).is_file():
         raise ImageError(f"missing container file {container} (for {entry})")
     if container.lower().endswith(".tar"):
         try:
@@ -76,6 +90,12 @@ def _read_tar_member(shard: str, member: str, offset: int, size: int) -> bytes:
         f.seek(max(0, offset - tarfile.BLOCKSIZE))
         head = f.read(tarfile.BLOCKSIZE) if offset >= tarfile.BLOCKSIZE else b""
         data = f.read(size)
+    return check_member(shard, member, offset, size, head, data)
+
+
+def check_member(shard: str, member: str, offset: int, size: int, head: bytes, data: bytes) -> bytes:
+    """``data``, if ``head`` (the 512 bytes before it) is the header of ``member`` of ``size`` bytes;
+    else ImageError: the shard changed since it was ingested."""
     try:
         info = tarfile.TarInfo.frombuf(head, tarfile.ENCODING, "surrogateescape") if head else None
     except tarfile.TarError:
@@ -89,12 +109,19 @@ def _read_tar_member(shard: str, member: str, offset: int, size: int) -> bytes:
     return data
 
 
+def _parquet_file(file: str):
+    """A parquet file on disk, or on object storage read by ranges (footer, then a row group's column)."""
+    import pyarrow.parquet as pq
+
+    from . import remote
+
+    return pq.ParquetFile(remote.reader(file) if remote.is_url(file) else file)
+
+
 @lru_cache(maxsize=16)
 def _parquet_layout(file: str) -> tuple[int, ...]:
     """Cumulative row counts of a parquet file's row groups (first row of each, then the total)."""
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(file).metadata
+    meta = _parquet_file(file).metadata
     starts = [0]
     for g in range(meta.num_row_groups):
         starts.append(starts[-1] + meta.row_group(g).num_rows)
@@ -104,10 +131,8 @@ def _parquet_layout(file: str) -> tuple[int, ...]:
 @lru_cache(maxsize=1)
 def _row_group_column(file: str, column: str, group: int):
     """One row group of one column (a struct field as ``column.field``), as a pyarrow array."""
-    import pyarrow.parquet as pq
-
     top, _, field = column.partition(".")
-    arr = pq.ParquetFile(file).read_row_group(group, columns=[top]).column(top).combine_chunks()
+    arr = _parquet_file(file).read_row_group(group, columns=[top]).column(top).combine_chunks()
     return arr.field(field) if field else arr
 
 
