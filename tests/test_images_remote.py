@@ -55,8 +55,9 @@ def shards_on_s3(s3, tmp_path, counted):
     truth = write_shards(tmp_path / "wds", n_shards=3, per_shard=10)
     upload(s3, tmp_path / "wds", "laion")
     disk, url = tmp_path / "disk.zarr", s3.url("wds.zarr")
-    for src, store in ((str(tmp_path / "wds" / "shard-{0000..0002}.tar"), str(disk)),
-                       (f"s3://{s3.bucket}/laion/shard-{{0000..0002}}.tar", url)):
+    on_s3 = f"s3://{s3.bucket}/laion/shard-{{0000..0002}}.tar"
+    for src, store in ((str(tmp_path / "wds" / "shard-{0000..0002}.tar"), str(disk)), (on_s3, url),
+                       (on_s3, str(tmp_path / "mixed.zarr"))):   # images on S3, the store on disk
         r = CliRunner().invoke(main, ["ingest", "webdataset", src, "--store", store, "--split", "train"])
         assert r.exit_code == 0, r.output
     return truth, disk, url
@@ -122,3 +123,53 @@ def test_fetch_coalesces_adjacent_members_and_checks_each_header(shards_on_s3, c
         assert isinstance(err, ImageError), err
         assert f"{container} " in f"{err} " or f"{container}:" in str(err)
         assert "changed" in str(err) and member in str(err)
+
+
+def _extract_cli(store, *more):
+    args = ["extract", "--store", str(store), "--model", "test_resnet", "--kind", "global", "--weights", "none",
+            "--input-size", "32", "--resize", "36", "--batch-size", "8", "--block-rows", "8", "--workers", "0",
+            "--name", "f", "--device", "cpu", *more]
+    return CliRunner().invoke(main, args)
+
+
+def test_a_deleted_and_a_rewritten_shard_fail_their_rows_by_url_and_member_and_retry_failed_fills_them(
+        s3, shards_on_s3, tmp_path):
+    from vsekit.extract import extract
+
+    _truth, disk, _url = shards_on_s3
+    url = tmp_path / "mixed.zarr"   # the store on disk, its images on S3
+    extract(str(disk), name="f", workers=0, **EXTRACT)
+    key = lambda i: f"laion/shard-{i:04d}.tar"   # noqa: E731
+    s3.client.delete_object(Bucket=s3.bucket, Key=key(1))
+    write_shards(tmp_path / "other", n_shards=3, per_shard=10, seed=7)   # same names, other pixels
+    s3.client.put_object(Bucket=s3.bucket, Key=key(2), Body=(tmp_path / "other" / "shard-0002.tar").read_bytes())
+    r = _extract_cli(url)
+    assert r.exit_code != 0 or "failed" in r.output, r.output
+    fs = FeatureStore.open(url).features("f")
+    assert fs.counts() == {"done": 10, "failed": 20, "pending": 0}
+    errors, paths = fs.errors(), FeatureStore.open(url).image_paths()
+    for row in range(10, 20):
+        member = paths[row].split("::")[1].split("@")[0]
+        assert errors[row] == f"cannot read s3://{s3.bucket}/{key(1)} (member {member}): no such object"
+    for row in range(20, 30):
+        assert f"s3://{s3.bucket}/{key(2)}" in errors[row] and "changed since it was ingested" in errors[row]
+    ref = FeatureStore.open(disk).features("f").data[:]
+    assert np.array_equal(fs.data[:10], ref[:10])                                # the rest committed
+    for i in (1, 2):   # the shards back as ingested: --retry-failed fills exactly the failed rows
+        s3.client.put_object(Bucket=s3.bucket, Key=key(i), Body=(tmp_path / "wds" / f"shard-{i:04d}.tar").read_bytes())
+    r = _extract_cli(url, "--retry-failed")
+    assert r.exit_code == 0, r.output
+    fs = FeatureStore.open(url).features("f")
+    assert fs.counts()["done"] == 30, (r.output, fs.errors())
+    assert np.array_equal(fs.data[:], ref)
+
+
+def test_a_missing_image_bucket_is_one_error_line_before_any_block(s3, shards_on_s3):
+    _truth, disk, _url = shards_on_s3
+    store = FeatureStore.open(disk, mode="r+")
+    store.root.attrs["image_root"] = f"s3://{s3.bucket}-gone/laion"   # as if ingested from a bucket since deleted
+    r = _extract_cli(disk)
+    assert r.exit_code != 0
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert lines == [f"Error: image root s3://{s3.bucket}-gone/laion: the bucket does not exist"], r.output
+    assert "f" not in FeatureStore.open(disk).feature_names()

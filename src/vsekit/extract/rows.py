@@ -41,8 +41,7 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
     rows = np.concatenate([np.arange(b.start, b.stop) for b in blocks]) if blocks else np.zeros(0, int)
     from ..storage.sources import remote
 
-    url = store.attrs.get("image_root") or ""
-    url = url if remote.is_url(url) else None   # images on object storage: URLs, fetched by the reader
+    url = remote.image_url(store)   # images on object storage: URLs, fetched by the reader
     root = store.image_root
     paths_arr = store.root["images/path"]
     paths = []

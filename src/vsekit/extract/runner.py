@@ -31,6 +31,7 @@ from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
 from ..storage.lock import holder
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
+from ..storage.sources.remote import image_url
 from .images import UNRECORDED_DECODER, decoder_attrs
 from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
@@ -181,6 +182,11 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     # pass the submitter's); nothing is written into a job script.
     if store.remote:
         check_object_storage(cluster, store.path, "extraction", arrays=True)
+    images_url = image_url(store)
+    if images_url:   # bad credentials or a missing bucket: one line, before any block runs
+        from ..storage.sources import remote
+
+        remote.check_root(images_url)
     with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
         if plan.decoder == "nvjpeg" and device != "auto":
@@ -208,6 +214,8 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             lock = holder(store.path, name)
             job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
                       lock_token=lock.get("token") if lock else None)
+        if images_url:
+            job = dataclasses.replace(job, image_options=remote.options())
         t0 = time.perf_counter()
         try:
             if array:   # no driver stays: see extract/array.py

@@ -58,6 +58,12 @@ def use_options(opts: Mapping[str, str] | None) -> None:
     IMAGE_OPTIONS.update(parse_options(opts or {}))
 
 
+def image_url(store) -> str | None:
+    """The store's image root where it is on object storage (a URL), else None."""
+    url = store.attrs.get("image_root") or ""
+    return url if is_url(url) else None
+
+
 def join(root: str, rel: str) -> str:
     """An image's location: ``rel`` under ``root`` (a URL or a folder)."""
     return f"{root.rstrip('/')}/{rel}" if is_url(root) else str(root).rstrip("/") + "/" + rel
@@ -91,7 +97,8 @@ def store_of(url: str, opts: Mapping[str, str] | None = None):
 
 def get(url: str, rng: tuple[int, int] | None = None, etag: str | None = None, opts=None) -> tuple[bytes, dict]:
     """The object's bytes (``rng``: only [start, end)) and its metadata, retrying transient failures.
-    A missing object is FileNotFoundError; a changed one (``etag`` no longer matches) ImageError."""
+    A missing object is FileNotFoundError; any other failure ImageError saying why (the caller names
+    the object: a failed row's reason starts ``cannot read URL``, which --retry-failed retries)."""
     import obstore
     from obstore.exceptions import PreconditionError
 
@@ -108,16 +115,16 @@ def get(url: str, rng: tuple[int, int] | None = None, etag: str | None = None, o
                 STATS["bytes"] += len(data)
             return data, res.meta
         except PreconditionError:
-            raise ImageError(f"{public_url(url)}: the object changed since it was ingested (its ETag is not the "
-                             f"one recorded); ingest it again") from None
+            raise ImageError("it changed since it was ingested (its ETag is not the one recorded); ingest it "
+                             "again") from None
         except FileNotFoundError:
             raise
         except Exception as exc:
             if "416" in str(exc):   # a range past its end: it is shorter than at ingest
-                raise ImageError(f"{public_url(url)}: the object is shorter than when it was ingested; it "
-                                 f"changed since (ingest it again)") from None
+                raise ImageError("it is shorter than when it was ingested: it changed since it was ingested "
+                                 "(ingest it again)") from None
             if attempt == retries or not _TRANSIENT.search(str(exc)):
-                raise ImageError(f"{public_url(url)}: cannot read it: {_reason(exc, url.split(':')[0])}") from None
+                raise ImageError(_reason(exc, url.split(':')[0])) from None
             with _LOCK:
                 STATS["retries"] += 1
             time.sleep(min(2.0, 0.1 * 2 ** attempt))
@@ -235,11 +242,11 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
         try:
             data, meta = get(url, (run[0][0], run[-1][1]), etag, opts)
             if size is not None and int(meta.get("size", size)) != int(size):
-                raise ImageError(f"{url}: the shard is {meta.get('size')} bytes, not the {size} recorded at "
-                                 f"ingest; it changed since (ingest it again)")
+                raise ImageError(f"it is {meta.get('size')} bytes, not the {size} recorded: it changed since it "
+                                 f"was ingested (ingest it again)")
         except (ImageError, FileNotFoundError) as exc:
-            why = f"{url}: no such object" if isinstance(exc, FileNotFoundError) else str(exc)
-            return [(it[2], ImageError(f"{why} (member {it[3]})")) for it in run]
+            why = "no such object" if isinstance(exc, FileNotFoundError) else str(exc)
+            return [(it[2], ImageError(f"cannot read {url} (member {it[3]}): {why}")) for it in run]
         base, got = run[0][0], []
         for start, _end, p, member, offset, length in run:
             head = data[start - base:offset - base]
@@ -247,7 +254,7 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
                 got.append((p, shards.check_member(url, member, offset, length, head,
                                                    data[offset - base:offset - base + length])))
             except ImageError as exc:
-                got.append((p, exc))
+                got.append((p, ImageError(f"cannot read {exc}")))
         return got
 
     def one_loose(p):
@@ -256,9 +263,9 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
                 return [(p, shards.read_bytes(p))]
             return [(p, get(p, opts=opts)[0])]
         except FileNotFoundError:
-            return [(p, ImageError(f"{public_url(p)}: no such object"))]
+            return [(p, ImageError(f"cannot read {public_url(p)}: no such object"))]
         except ImageError as exc:
-            return [(p, exc)]
+            return [(p, ImageError(f"cannot read {public_url(p)}: {exc}"))]
 
     jobs = [(url, run) for url, items in shard_items.items() for run in _runs(items)]
     if not jobs and not loose:

@@ -27,6 +27,7 @@ import tarfile
 from pathlib import Path
 from typing import Sequence
 
+from ..base import ImageError
 from ..store import FeatureStore, split_code
 from .common import IngestError, IngestReport, read_split_file
 from .folder import assign_splits, parse_ratios
@@ -158,7 +159,10 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
         root = Path(os.path.commonpath([str(p.resolve().parent) for p in paths]))
     ids, refs, texts, owners, where, objects = [], [], [], [], {}, {}
     for shard in paths:
-        stream = remote.Stream(shard) if urls else None
+        try:
+            stream = remote.Stream(shard) if urls else None
+        except ImageError as exc:
+            raise IngestError(str(exc)) from None
         rel = shard[len(str(root)) + 1:] if urls else os.path.relpath(shard.resolve(), root)
         for key, member, offset, size, caps in scan_shard(shard, report, allow_outside_root, stream):
             if key in where:
