@@ -5,7 +5,7 @@ server name the object and lose nothing."""
 from __future__ import annotations
 
 import json
-import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -74,8 +74,13 @@ def test_webdataset_shards_on_s3_are_streamed_once_at_ingest_and_recorded_by_url
     assert {k: v[0] for k, v in b.attrs["image_objects"].items()} == {k: h["ContentLength"] for k, h in sizes.items()}
     assert {k: v[1] for k, v in b.attrs["image_objects"].items()} == {k: h["ETag"] for k, h in sizes.items()}
     shard_bytes = sum(h["ContentLength"] for h in sizes.values())
-    assert remote.STATS["requests"] == 3 and remote.STATS["bytes"] == shard_bytes   # each shard once, whole
+    # two ingests from S3 (into a store on S3, and one on disk): each streams each shard once, whole
+    assert remote.STATS["requests"] == 2 * 3 and remote.STATS["bytes"] == 2 * shard_bytes
     assert S3_TEST_SECRET not in json.dumps(b.attrs)
+    from vsekit.report.images import load_thumbnail   # the report's thumbnails, fetched from S3
+
+    assert b.image_file(0) == f"s3://{s3.bucket}/laion/{b.image_paths()[0]}"
+    assert np.array_equal(np.asarray(load_thumbnail(b.image_file(0), 64)), truth[sorted(truth)[0]][0])
 
 
 def test_extracting_shards_on_s3_gives_the_bits_of_disk_with_one_ranged_get_per_batch(shards_on_s3, counted):
@@ -173,3 +178,102 @@ def test_a_missing_image_bucket_is_one_error_line_before_any_block(s3, shards_on
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert lines == [f"Error: image root s3://{s3.bucket}-gone/laion: the bucket does not exist"], r.output
     assert "f" not in FeatureStore.open(disk).feature_names()
+
+
+class FaultyProxy:
+    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a shard with 503
+    and holds the next ``stall`` ones for ``hold`` seconds before answering (a stalled response)."""
+
+    def __init__(self, upstream: str, fail: int = 0, stall: int = 0, hold: float = 0.0):
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlparse
+
+        self.fail, self.stall, self.hold, self.gets, lock = fail, stall, hold, 0, threading.Lock()
+        up = urlparse(upstream)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command == "GET" and ".tar" in self.path:
+                    with lock:
+                        proxy.gets += 1
+                        n = proxy.gets
+                    if n <= proxy.fail:
+                        self.send_response(503)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                    if n <= proxy.fail + proxy.stall:
+                        time.sleep(proxy.hold)
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
+                conn.request(self.command, self.path, body or None, dict(self.headers))
+                got = conn.getresponse()
+                data = got.read()
+                self.send_response(got.status)
+                for k, v in got.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_503s_and_a_stalled_response_are_retried_counted_and_give_the_bits_of_disk(s3, shards_on_s3, tmp_path,
+                                                                                    counted):
+    from vsekit.extract import extract
+
+    _truth, disk, _url = shards_on_s3
+    ref = extract(str(disk), name="f", workers=0, **EXTRACT)
+    proxy = FaultyProxy(s3.endpoint, fail=2, stall=1, hold=3.0)
+    counted.use_options({"endpoint": proxy.url, "timeout": "1s", "max_retries": "4"})
+    counted.STATS.clear()
+    got = extract(str(tmp_path / "mixed.zarr"), name="f", workers=0, **EXTRACT)
+    proxy.server.shutdown()
+    assert ref.failed == got.failed == 0
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
+    assert np.array_equal(a.data[:], b.data[:])
+    assert counted.STATS["retries"] == 3   # two 503s and one timed-out response
+    assert proxy.gets >= counted.STATS["requests"] + 3
+
+
+def test_a_folder_and_a_karpathy_image_root_on_s3_are_listed_once_and_extract_as_disk(s3, demo_dir, tmp_path,
+                                                                                      counted):
+    from vsekit.extract import extract
+
+    upload(s3, demo_dir / "images", "demo/images")
+    root = f"s3://{s3.bucket}/demo/images"
+    rels = sorted(p.relative_to(demo_dir / "images").as_posix() for p in (demo_dir / "images").rglob("*.*"))
+    table = tmp_path / "captions.tsv"
+    table.write_text("".join(f"{r}\ta picture of {r}\n" for r in rels) + "missing.jpg\tgone\n")
+    stores = {}
+    for where, root_arg in (("disk", str(demo_dir / "images")), ("s3", root)):
+        counted.STATS.clear()
+        stores[where] = tmp_path / f"{where}.zarr"
+        r = CliRunner().invoke(main, ["ingest", "folder", root_arg, str(table), "--store", str(stores[where])])
+        assert r.exit_code == 0, r.output
+        assert "missing.jpg is missing" in r.output
+    assert counted.STATS["requests"] == 0   # listed (one LIST request), not an object fetched or probed
+    assert FeatureStore.open(stores["s3"]).attrs["image_root"] == root
+    refs = [extract(str(stores[w]), name="f", workers=0, **EXTRACT) for w in ("disk", "s3")]
+    assert refs[0].failed == refs[1].failed == 0
+    assert counted.STATS["requests"] == FeatureStore.open(stores["s3"]).n_images   # a loose image: one GET
+    a, b = (FeatureStore.open(stores[w]).features("f").data[:] for w in ("disk", "s3"))
+    assert np.array_equal(a, b)
+    r = CliRunner().invoke(main, ["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--image-root",
+                                  f"s3://{s3.bucket}/demo", "--store", str(tmp_path / "k.zarr")])
+    assert r.exit_code == 0, r.output
+    k = FeatureStore.open(tmp_path / "k.zarr")
+    assert k.attrs["image_root"] == f"s3://{s3.bucket}/demo" and k.n_images == len(rels)

@@ -140,9 +140,9 @@ def load_ref_image(path: str | Path, max_decoded: int | None = None, data: bytes
     :mod:`vsekit.storage.sources.shards`) or an image on object storage to 8-bit RGB, EXIF-rotated,
     raising ImageError on bad input (and on an image over the decoded pixel budget), as
     :func:`load_image`. ``data``: its bytes, fetched already."""
-    from ..storage.sources import shards
+    from ..storage.sources import remote
 
-    data = shards.image_bytes(str(path)) if data is None else data
+    data = remote.image_bytes(str(path)) if data is None else data
     return _decode(str(path), None, None, "shorter", False, max_decoded, data=data)[0]
 
 
@@ -429,10 +429,10 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
     on object storage (``data``: its bytes, fetched already) is decoded as the same file unpacked on
     disk (so a set's pixels do not depend on where it lies).
     """
-    from ..storage.sources import shards
+    from ..storage.sources import remote
 
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    data = shards.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
+    data = remote.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
     img, full = _decode(Path(path) if data is None else str(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)

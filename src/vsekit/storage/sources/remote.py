@@ -193,14 +193,6 @@ class Stream(io.RawIOBase):
         return n
 
 
-def reader(url: str):
-    """A seekable file over the object (ranged reads): pyarrow reads a parquet file on object storage so."""
-    import obstore
-
-    store, key = store_of(url)
-    return obstore.open_reader(store, key)
-
-
 def _runs(items: list[tuple]) -> list[list[tuple]]:
     """Tar members of one shard, sorted, cut into runs whose ranges lie within GAP (a run ≤ SPAN)."""
     runs: list[list[tuple]] = []
@@ -259,8 +251,9 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
 
     def one_loose(p):
         try:
-            if shards.is_ref(p):   # a parquet cell: pyarrow reads the file's ranges
-                return [(p, shards.read_bytes(p))]
+            if shards.is_ref(p):
+                raise ImageError("images inside parquet files are read from disk only (ingest parquet takes "
+                                 "local files)")
             return [(p, get(p, opts=opts)[0])]
         except FileNotFoundError:
             return [(p, ImageError(f"cannot read {public_url(p)}: no such object"))]
@@ -276,8 +269,13 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
     return out
 
 
-def read(path: str) -> bytes:
-    """One image on object storage, fetched alone (where no batch fetched it)."""
+def image_bytes(path: str) -> bytes | None:
+    """The encoded bytes of an image inside a container or on object storage (fetched alone, where no
+    batch fetched it); None for a local file (the decoder opens it itself)."""
+    from . import shards
+
+    if not is_url(path):
+        return shards.read_bytes(path) if shards.is_ref(path) else None
     got = fetch([path])[path]
     if isinstance(got, ImageError):
         raise got

@@ -53,24 +53,11 @@ def parse_ref(path: str | Path) -> tuple[str, str, str]:
     return container, entry, location
 
 
-def image_bytes(path: str) -> bytes | None:
-    """The encoded bytes of an image inside a container or on object storage; None for a local file
-    (the decoder opens it itself)."""
-    from . import remote
-
-    if remote.is_url(path) and not (is_ref(path) and parse_ref(path)[0].lower().endswith(".parquet")):
-        return remote.read(path)
-    return read_bytes(path) if is_ref(path) else None
-
-
 def read_bytes(path: str | Path) -> bytes:
-    """The encoded image bytes a reference points at (a container on disk or on object storage)."""
-    from . import remote
-
+    """The encoded image bytes a reference points at (a container on disk; on object storage see
+    :func:`.remote.image_bytes`)."""
     container, entry, location = parse_ref(path)
-    if remote.is_url(container) and container.lower().endswith(".tar"):
-        return remote.read(str(path))
-    if not remote.is_url(container) and not Path(container).is_file():
+    if not Path(container).is_file():
         raise ImageError(f"missing container file {container} (for {entry})")
     if container.lower().endswith(".tar"):
         try:
@@ -109,19 +96,12 @@ def check_member(shard: str, member: str, offset: int, size: int, head: bytes, d
     return data
 
 
-def _parquet_file(file: str):
-    """A parquet file on disk, or on object storage read by ranges (footer, then a row group's column)."""
-    import pyarrow.parquet as pq
-
-    from . import remote
-
-    return pq.ParquetFile(remote.reader(file) if remote.is_url(file) else file)
-
-
 @lru_cache(maxsize=16)
 def _parquet_layout(file: str) -> tuple[int, ...]:
     """Cumulative row counts of a parquet file's row groups (first row of each, then the total)."""
-    meta = _parquet_file(file).metadata
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(file).metadata
     starts = [0]
     for g in range(meta.num_row_groups):
         starts.append(starts[-1] + meta.row_group(g).num_rows)
@@ -131,8 +111,10 @@ def _parquet_layout(file: str) -> tuple[int, ...]:
 @lru_cache(maxsize=1)
 def _row_group_column(file: str, column: str, group: int):
     """One row group of one column (a struct field as ``column.field``), as a pyarrow array."""
+    import pyarrow.parquet as pq
+
     top, _, field = column.partition(".")
-    arr = _parquet_file(file).read_row_group(group, columns=[top]).column(top).combine_chunks()
+    arr = pq.ParquetFile(file).read_row_group(group, columns=[top]).column(top).combine_chunks()
     return arr.field(field) if field else arr
 
 
