@@ -50,9 +50,7 @@ def test_slurm_and_grid_engine_arrays_read_images_only_on_s3_as_disk(local_slurm
     sub = extract(url, cluster="slurm-array:2", device="cpu", name="on_slurm", **OPTS)
     _wait(lambda: _slurm_array_ended(local_slurm["env"], sub.job_id), 400, f"array {sub.job_id} to end")
     config = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
-    # 4GB: Grid Engine counts the RSS of every process of a task, and decoding workers that read object
-    # storage are started fresh (reader._context), each with its own torch
-    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({**config, "queue": sge_local.QUEUE, "memory": "4GB",
+    monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({**config, "queue": sge_local.QUEUE,
                                                             "memory_resource": "h_rss"}))
     try:
         sub = extract(url, cluster="sge-array:2", device="cpu", name="on_sge", **OPTS)

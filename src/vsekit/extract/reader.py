@@ -9,7 +9,6 @@ item with an error message instead of an exception, so the run goes on.
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import signal
 import sys
@@ -307,7 +306,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         # each worker's batches in a ring of prefetch + 1 shared buffers (BufferRing), held mapped here
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=functools.partial(collate, ring=prefetch + 1), prefetch_factor=prefetch,
-                            worker_init_fn=die_with(os.getpid()), multiprocessing_context=_context(dataset))
+                            worker_init_fn=die_with(os.getpid()))
         receiver = Receiver((prefetch + 1) * workers)
         try:
             for items in loader:
@@ -323,12 +322,6 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
                 pos += 1
 
 
-def _context(dataset) -> str | None:
-    """The decoding workers' start method: forked (the default), but started fresh where they read
-    object storage (obstore's runtime does not survive a fork: a forked worker's first request hangs)."""
-    return "forkserver" if getattr(dataset, "options", None) is not None else None
-
-
 def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]:
     from torch.utils.data import DataLoader
 
@@ -337,8 +330,7 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
     while rest:
         try:
             loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
-                                collate_fn=operator.itemgetter(0), prefetch_factor=1, worker_init_fn=die_with(os.getpid()),
-                                multiprocessing_context=_context(dataset))
+                                collate_fn=lambda x: x[0], prefetch_factor=1, worker_init_fn=die_with(os.getpid()))
             for item in loader:
                 got[rest.pop(0)] = item
         except RuntimeError as exc:
@@ -371,7 +363,7 @@ def _die_with_parent(parent: int, worker_id: int = 0) -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-    if _gone(parent):   # the parent died before the line above took effect
+    if os.getppid() != parent:   # the parent died before the line above took effect
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent,), name="vsekit-parent-check", daemon=True).start()
 
@@ -379,22 +371,8 @@ def _die_with_parent(parent: int, worker_id: int = 0) -> None:
 def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(PARENT_CHECK_S)
-        if _gone(parent):
+        if os.getppid() != parent:
             os._exit(1)
-
-
-def _gone(parent: int) -> bool:
-    """Whether process ``parent`` has ended: this worker's parent changed (forked), or, for a worker
-    started by a fork server (:func:`_context`), the process is no more."""
-    if os.getppid() == parent:
-        return False
-    try:
-        os.kill(parent, 0)
-        return os.getppid() == 1
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
 
 
 def is_worker_death(exc: BaseException) -> bool:
@@ -429,8 +407,9 @@ def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool =
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
     batches pinned by the DataLoader's pin thread with ``pin``), or by threads with ``threads`` (a
     dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
-    says so)."""
-    if workers > 0 and threads:
+    says so) and where the images are on object storage (obstore's runtime does not survive a fork: a
+    forked worker's first request hangs; threads share this process's)."""
+    if workers > 0 and (threads or getattr(dataset, "options", None) is not None):
         yield from decoded_by_threads(dataset, batches, workers, prefetch)
     else:
         yield from iter_batches(dataset, batches, workers, pin, prefetch)
