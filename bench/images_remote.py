@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import os
 import sys
 import tarfile
@@ -69,6 +70,7 @@ def main() -> None:
     from vsekit.storage.store import FeatureStore
 
     torch.set_num_threads(1)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)   # a line per request otherwise
     app = Counted(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
