@@ -1,4 +1,5 @@
-"""Images on object storage read by job-array tasks (issue 46): the local SLURM and Grid Engine, the
+"""Images on object storage read by a local dask cluster and by job-array tasks (issue 46): the local
+SLURM and Grid Engine, the
 store on S3 and its image root only on S3 (the store names no local folder), the images' own options
 (``--image-option``) reaching the tasks with neither them nor the store's in any file."""
 
@@ -15,7 +16,7 @@ pytest.importorskip("moto")
 pytestmark = pytest.mark.slow
 
 from conftest import wait_until as _wait  # noqa: E402
-from test_images_remote import upload  # noqa: E402
+from test_images_remote import counted, shards_on_s3, upload  # noqa: E402,F401
 from test_objstore_array import _leaks_nothing, _on_cluster, _slurm_array_ended  # noqa: E402
 from test_objstore_slow import OPTS, reference  # noqa: E402,F401
 
@@ -69,3 +70,24 @@ def test_slurm_and_grid_engine_arrays_read_images_only_on_s3_as_disk(local_slurm
         assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
     for key in s3.keys():
         assert IMAGE_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
+
+
+def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path):
+    from test_images_remote import EXTRACT
+
+    from vsekit.extract import extract
+    from vsekit.storage.store import FeatureStore
+
+    import torch
+
+    _truth, disk, _url = shards_on_s3
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as dask workers run: the same float32 sums
+    try:
+        extract(str(disk), name="f", workers=0, **EXTRACT)
+    finally:
+        torch.set_num_threads(threads)
+    got = extract(str(tmp_path / "mixed.zarr"), name="f", cluster="local:2", device="cpu", **EXTRACT)
+    assert got.failed == 0 and got.done == 30
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
+    assert np.array_equal(a.data[:], b.data[:])

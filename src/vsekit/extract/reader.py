@@ -51,7 +51,7 @@ class RowDataset:
         self.expected = expected or {}   # images on object storage: each shard's [size, ETag] at ingest
         from ..storage.sources import remote
 
-        # the options they are read with, carried in memory to the decoding workers (None: none remote)
+        # the options they are read with, in memory (None: none is remote; then threads decode: decoded())
         self.options = remote.options() if any(remote.is_url(p) for p in self.paths) else None
 
     def __len__(self) -> int:
