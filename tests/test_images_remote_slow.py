@@ -1,7 +1,7 @@
 """Images on object storage read by a local dask cluster and by job-array tasks (issue 46): the local
-SLURM and Grid Engine, the
-store on S3 and its image root only on S3 (the store names no local folder), the images' own options
-(``--image-option``) reaching the tasks with neither them nor the store's in any file."""
+SLURM and Grid Engine with the store on S3 and its image root only on S3 (the store names no local
+folder), the images' own options (``--image-option``) reaching the tasks with neither them nor the
+store's in any file."""
 
 from __future__ import annotations
 
