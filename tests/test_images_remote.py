@@ -246,6 +246,8 @@ def test_503s_and_a_stalled_response_are_retried_counted_and_give_the_bits_of_di
     a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
     assert np.array_equal(a.data[:], b.data[:])
     assert counted.STATS["retries"] == 3   # two 503s and one timed-out response
+    assert got.image_reads["retries"] == 3 and "3 transient failures retried" in got.summary()
+    assert got.image_reads["requests"] == counted.STATS["requests"] > 0
     assert proxy.gets >= counted.STATS["requests"] + 3
 
 
