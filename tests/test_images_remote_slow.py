@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 from conftest import wait_until as _wait  # noqa: E402
 from test_images_remote import counted, shards_on_s3, upload  # noqa: E402,F401
 from test_objstore_array import _leaks_nothing, _on_cluster, _slurm_array_ended  # noqa: E402
+from test_objstore_azure import az, azurite  # noqa: E402,F401
 from test_objstore_slow import OPTS, reference  # noqa: E402,F401
 
 IMAGE_SECRET = "vsekit-image-option-secret-in-no-file"
@@ -91,3 +92,31 @@ def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path)
     assert got.failed == 0 and got.done == 30
     a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
     assert np.array_equal(a.data[:], b.data[:])
+
+
+def test_webdataset_shards_on_azure_ingest_once_and_extract_as_disk(az, tmp_path, monkeypatch):
+    import obstore
+    from click.testing import CliRunner
+    from test_formats_webdataset import write_shards
+    from test_images_remote import EXTRACT
+
+    from vsekit.cli import main
+    from vsekit.extract import extract
+    from vsekit.storage.sources import remote
+    from vsekit.storage.store import FeatureStore
+
+    monkeypatch.setattr(remote, "_STORES", {})
+    write_shards(tmp_path / "wds", n_shards=2, per_shard=6)
+    root = az.url("laion")
+    for f in sorted((tmp_path / "wds").glob("*.tar")):
+        store, key = remote.store_of(f"{root}/{f.name}")
+        obstore.put(store, key, f.read_bytes())
+    for src, dest in ((str(tmp_path / "wds" / "shard-{0000..0001}.tar"), tmp_path / "disk.zarr"),
+                      (f"{root}/shard-{{0000..0001}}.tar", tmp_path / "az.zarr")):
+        r = CliRunner().invoke(main, ["ingest", "webdataset", src, "--store", str(dest), "--split", "train"])
+        assert r.exit_code == 0, r.output
+    assert FeatureStore.open(tmp_path / "az.zarr").attrs["image_root"] == root
+    for dest in ("disk.zarr", "az.zarr"):
+        assert extract(str(tmp_path / dest), name="f", workers=0, **EXTRACT).done == 12
+    a, b = (FeatureStore.open(tmp_path / d).features("f").data[:] for d in ("disk.zarr", "az.zarr"))
+    assert np.array_equal(a, b)
