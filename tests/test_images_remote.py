@@ -14,6 +14,7 @@ from click.testing import CliRunner
 pytest.importorskip("obstore")
 pytest.importorskip("moto")
 wds = pytest.importorskip("webdataset")
+pytestmark = pytest.mark.e2e   # ingests and extracts through the CLI
 
 from conftest import S3_TEST_SECRET  # noqa: E402
 from test_formats_webdataset import write_shards  # noqa: E402
