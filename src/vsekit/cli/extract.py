@@ -12,7 +12,7 @@ import click
 
 from ..extract.job import Execution, ExtractOptions, fields_of
 from ..clusters import SPEC_HELP
-from .options import CLUSTER, STORAGE_OPTION, WORKERS, StorePath
+from .options import CLUSTER, IMAGE_OPTION, STORAGE_OPTION, WORKERS, StorePath
 
 #: the Click types of fields whose values the CLI shares with other commands (docs/cli.md)
 CLICK_TYPES = {"workers": WORKERS}
@@ -57,6 +57,7 @@ def job_options(command):
 @click.command("extract")
 @click.option("--store", "store", type=StorePath(url_ok=True), help="The vsekit store (.zarr, or s3://...).")
 @STORAGE_OPTION
+@IMAGE_OPTION
 @click.option("--list-layers", is_flag=True, help="List the model's layers and widths, then exit.")
 @job_options
 @click.option("--cluster", "cluster", type=CLUSTER, default=None, help=f"Where the blocks run: {SPEC_HELP}.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import STORAGE_OPTION, StorePath
+from .options import IMAGE_OPTION, STORAGE_OPTION, StorePath
 
 
 @click.group("ingest")
@@ -14,7 +14,7 @@ def ingest() -> None:
 
 
 def _common(f):
-    f = STORAGE_OPTION(f)
+    f = IMAGE_OPTION(STORAGE_OPTION(f))
     f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
                      help="Store to create (a path, or an object-store URL s3://...).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
@@ -49,6 +49,19 @@ def _said(dropped: list[str], store=None) -> None:
             click.echo(note, err=True)
 
 
+class ImageFolder(click.Path):
+    """A folder of images, or a URL of images on object storage (read with --image-option, else
+    --storage-option; listed once)."""
+
+    def __init__(self, exists: bool = False):
+        super().__init__(exists=exists, file_okay=False)
+
+    def convert(self, value, param, ctx):
+        from ..storage.objstore import is_object_url
+
+        return value if is_object_url(str(value)) else super().convert(value, param, ctx)
+
+
 _outside = click.option("--allow-outside-root", is_flag=True,
                         help="Read image paths that leave the image root (absolute, ../, symlinks out); "
                              "refused by default.")
@@ -56,8 +69,9 @@ _outside = click.option("--allow-outside-root", is_flag=True,
 
 @ingest.command("karpathy")
 @click.argument("json_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--image-root", type=click.Path(file_okay=False), default=None,
-              help="Folder the records' filepath/filename are relative to (default: the JSON's folder).")
+@click.option("--image-root", type=ImageFolder(), default=None,
+              help="Folder or URL (s3://, az://, gs://) the records' filepath/filename are relative to "
+                   "(default: the JSON's folder).")
 @click.option("--restval-as-train/--keep-restval", default=False, show_default=True,
               help="Put COCO's restval images into train (the common 113,287-image practice).")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
@@ -84,9 +98,9 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outs
 @click.option("--split-file", "split_file", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Split assignment: Karpathy dataset_coco.json, a JSON {image_id: split}, or "
                    "image_id<TAB>split lines.")
-@click.option("--image-root", type=click.Path(file_okay=False), default=None,
-              help="Folder of the images (file_name, or <train2014|val2014>/file_name, below it; "
-                   "default: the first annotation file's folder).")
+@click.option("--image-root", type=ImageFolder(), default=None,
+              help="Folder or URL (s3://, az://, gs://) of the images (file_name, or <train2014|val2014>/file_name, "
+                   "below it; default: the first annotation file's folder).")
 @click.option("--restval-as-train/--keep-restval", default=False, show_default=True,
               help="Put restval images into train.")
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
@@ -109,7 +123,7 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 
 
 @ingest.command("folder")
-@click.argument("image_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("image_dir", type=ImageFolder(exists=True))
 @click.argument("captions", type=click.Path(exists=True, dir_okay=False))
 @click.option("--ratios", "ratios", default="0.8,0.1,0.1", show_default=True,
               help="train,val,test ratios of the random split, used when the caption file has no split column.")

@@ -110,6 +110,28 @@ STORAGE_OPTION = click.option(
          "the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...). Never recorded.")
 
 
+def _image_options(ctx, param, values):
+    from ..storage.objstore import parse_options
+    from ..storage.sources.remote import use_options
+
+    try:
+        use_options(parse_options(values))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).replace("--storage-option", "--image-option"), ctx=ctx,
+                                 param=param) from None
+    return None
+
+
+#: ``--image-option KEY=VALUE`` (repeatable): the options of images on object storage (an image root,
+#: shards) where they differ from the store's --storage-option (another provider or account), and
+#: ``read_requests``, ``max_retries``, ``timeout`` of the image reads. In memory only, as --storage-option.
+IMAGE_OPTION = click.option(
+    "--image-option", "image_option", multiple=True, metavar="KEY=VALUE", expose_value=False,
+    callback=_image_options,
+    help="An option of images on object storage (endpoint, access_key_id, ..., read_requests, max_retries, "
+         "timeout; repeatable), where they differ from --storage-option's. Never recorded.")
+
+
 def resolve_workers(value, cap: int = 4) -> int:
     """``auto`` → the cores this process may use, at most ``cap``; a number as is."""
     if value == "auto":

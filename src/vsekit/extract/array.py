@@ -138,14 +138,19 @@ def task_args(store: FeatureStore, name: str, spec_file: Path | None) -> str:
 #: ``--export=ALL``, Grid Engine's ``-V``), never in the spec object, the job script, a log or the store;
 #: each task takes it out of its environment at once (:func:`_take_storage_options`)
 OPTIONS_ENV = "VSEKIT_ARRAY_STORAGE_OPTIONS"
+IMAGE_OPTIONS_ENV = "VSEKIT_ARRAY_IMAGE_OPTIONS"   # the images' options (--image-option), handed so too
 
 
 def _take_storage_options() -> None:
     from ..storage.objstore import DEFAULT_OPTIONS
+    from ..storage.sources.remote import use_options
 
     raw = os.environ.pop(OPTIONS_ENV, None)
     if raw:
         DEFAULT_OPTIONS.update({str(k): str(v) for k, v in json.loads(raw).items()})
+    raw = os.environ.pop(IMAGE_OPTIONS_ENV, None)
+    if raw:
+        use_options(json.loads(raw))
 
 
 def _hand_set_lease(store: FeatureStore, name: str, token: str, job_id: str | None, scheduler: str) -> None:
@@ -205,17 +210,17 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     script.write_text(job_script(task_args(store, fs.name, spec_file), fs.name, tasks, settings, device, log_dir,
                                  scheduler))
     where.write_spec(spec)
-    env = None
+    hand = {IMAGE_OPTIONS_ENV: json.dumps(job.image_options)} if job.image_options else {}
     if store.remote:
         own_token = store.leases[fs.name].token
         _hand_set_lease(store, fs.name, token, None, scheduler)
         if job.storage_options:   # for the sbatch / qsub process only: see OPTIONS_ENV
-            env = dict(os.environ, **{OPTIONS_ENV: json.dumps(job.storage_options)})
+            hand[OPTIONS_ENV] = json.dumps(job.storage_options)
     else:
         before = _hand_lock(store.path, fs.name, token, None, scheduler)
     try:
         out = subprocess.run([sbatch, *sched.array_flags, str(script)], capture_output=True, text=True,
-                             timeout=SBATCH_TIMEOUT_S, env=env)
+                             timeout=SBATCH_TIMEOUT_S, env=dict(os.environ, **hand) if hand else None)
         if out.returncode != 0:
             why = " ".join(ln for ln in (out.stderr or out.stdout).split("\n") if ln.strip() != "Exiting.")
             why = " ".join(why.split()) or f"exit status {out.returncode}"
@@ -477,6 +482,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
         store.leases[spec["name"]] = set_lease   # every commit record checks it (FeatureStore.check_lease)
         store.lease_token = spec["lock_token"]
     else:
+        _take_storage_options()   # the images' options, where they are on object storage
         spec = json.loads(Path(spec_file).read_text())
         store = FeatureStore.open(spec["store"], mode="r+")
     fs = store.features(spec["name"])

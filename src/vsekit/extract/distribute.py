@@ -44,6 +44,14 @@ def _done(job: Job, blk: Block, rows: int, **more: Any) -> dict[str, Any]:
     return {"index": blk.index, "errors": {}, "pid": os.getpid(), "builds": BUILDS["count"], "rows": rows, **more}
 
 
+def use_image_options(job: Job) -> None:
+    """A task's images on object storage are read with the options its driver handed it."""
+    if job.image_options:
+        from ..storage.sources.remote import use_options
+
+        use_options(job.image_options)
+
+
 def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
     """One dask task: compute and commit row block ``(index, start, stop)``; returns its failures.
 
@@ -52,6 +60,7 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
     :class:`DriverGone`). ``job.run.device`` is resolved here, on the worker (``auto`` on a GPU node
     is its GPU); the model is built once per worker process.
     """
+    use_image_options(job)
     store = FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
     store.lease_token = job.lock_token   # object storage: this task commits under its driver's lease
     fs = store.features(job.name)
@@ -69,6 +78,7 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
 
 def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dict[str, Any]:
     """A bisection task: rows ``[lo, hi)`` of ``block`` computed and returned, not written."""
+    use_image_options(job)
     store = FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
     blk = Block(*block)
     buf = compute_block(job, blk, store=store, span=(lo, hi))

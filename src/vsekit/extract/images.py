@@ -135,13 +135,15 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
     return to_rgb(img), full
 
 
-def load_ref_image(path: str | Path, max_decoded: int | None = None):
+def load_ref_image(path: str | Path, max_decoded: int | None = None, data: bytes | None = None):
     """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
-    :mod:`vsekit.storage.sources.shards`) to 8-bit RGB, EXIF-rotated, raising ImageError on bad input
-    (and on an image over the decoded pixel budget), as :func:`load_image`."""
-    from ..storage.sources import shards
+    :mod:`vsekit.storage.sources.shards`) or an image on object storage to 8-bit RGB, EXIF-rotated,
+    raising ImageError on bad input (and on an image over the decoded pixel budget), as
+    :func:`load_image`. ``data``: its bytes, fetched already."""
+    from ..storage.sources import remote
 
-    return _decode(Path(path), None, None, "shorter", False, max_decoded, data=shards.read_bytes(str(path)))[0]
+    data = remote.image_bytes(str(path)) if data is None else data
+    return _decode(str(path), None, None, "shorter", False, max_decoded, data=data)[0]
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -416,19 +418,21 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
 
 def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
                  interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
-                 max_decoded: int | None = None, max_resized: int | None = None) -> np.ndarray:
+                 max_decoded: int | None = None, max_resized: int | None = None,
+                 data: bytes | None = None) -> np.ndarray:
     """The decoding worker's whole job for one image file, or one image inside a shard
     (``shard.tar::key.jpg``, a parquet row; :mod:`vsekit.storage.sources.shards`): decode → resize → crops.
 
     Returns uint8 ``(n_crops, crop, crop, 3)`` (NHWC), crops [0:5] as in crop_boxes and [5:10] their
     mirrors; with ``decoder="pil"`` equal to ``make_crops(load_image(path), ...)`` transposed to NHWC.
-    Raises ImageError / ValueError with load_image's and resize's messages. An image inside a shard is
-    decoded as the same file unpacked (so a set's pixels do not depend on it).
+    Raises ImageError / ValueError with load_image's and resize's messages. An image inside a shard or
+    on object storage (``data``: its bytes, fetched already) is decoded as the same file unpacked on
+    disk (so a set's pixels do not depend on where it lies).
     """
-    from ..storage.sources import shards
+    from ..storage.sources import remote
 
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
-    data = shards.read_bytes(str(path)) if shards.is_ref(str(path)) else None
-    img, full = _decode(Path(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
+    data = remote.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
+    img, full = _decode(Path(path) if data is None else str(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
     return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)

@@ -98,6 +98,8 @@ class Job:
     site: Site = Site()             # where its tasks run (``run`` is resolved there: .site.resolve)
     # an object-store URL's options (credentials among them): handed to the tasks in memory, never shown
     storage_options: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    # the options of images on object storage (--image-option, else --storage-option), handed so too
+    image_options: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
 
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ExtractOptions))

@@ -41,20 +41,46 @@ class RowDataset:
     """Items for ``rows`` (store rows) from ``paths``; regions also get their boxes."""
 
     def __init__(self, plan: Plan, rows: Sequence[int], paths: Sequence[str | Path],
-                 boxes: dict[int, np.ndarray | str] | None = None, root: str | Path | None = None):
+                 boxes: dict[int, np.ndarray | str] | None = None, root: str | Path | None = None,
+                 expected: dict[str, list] | None = None):
         self.plan = plan
         self.rows = list(rows)
         self.paths = [str(p) for p in paths]
         self.boxes = boxes or {}
         self.root = Path(root).resolve() if root else None   # files must lie under it (None: no check)
+        self.expected = expected or {}   # images on object storage: each shard's [size, ETag] at ingest
+        from ..storage.sources import remote
+
+        # the options they are read with, in memory (None: none is remote; then threads decode: decoded())
+        self.options = remote.options() if any(remote.is_url(p) for p in self.paths) else None
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def fetch(self, indices: Sequence[int]) -> dict:
+        """The bytes of the items' images on object storage, fetched together (adjacent members of a
+        shard in one ranged GET: :func:`vsekit.storage.sources.remote.fetch`); {} where none is."""
+        from ..storage.sources import remote
+
+        urls = [self.paths[i] for i in indices if remote.is_url(self.paths[i])]
+        return remote.fetch(urls, self.expected, self.options) if urls else {}
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Item]:
+        """A batch's items (a DataLoader asks so): their remote images fetched at once first."""
+        got = self.fetch(indices)
+        return [self.item(i, got) for i in indices]
+
     def __getitem__(self, i: int) -> Item:
+        return self.item(i, self.fetch([i]))
+
+    def item(self, i: int, fetched: dict | None = None) -> Item:
+        """Item ``i``; ``fetched``: images' bytes (or the error fetching them) by path."""
         row, p = self.rows[i], self.plan
+        data = (fetched or {}).get(self.paths[i])
         try:
-            item = self._load(row, self.paths[i])
+            if isinstance(data, Exception):
+                raise data
+            item = self._load(row, self.paths[i], data)
         except (ImageError, ValueError) as exc:
             item = Item(row, None, str(exc))
         except Exception as exc:  # any other decoder failure must not end the run
@@ -62,8 +88,8 @@ class RowDataset:
         item.decoder = f"{os.getpid()}:{threading.current_thread().name}"
         return item
 
-    def _load(self, row: int, path: str) -> Item:
-        p = self.plan
+    def _load(self, row: int, path: str, data: bytes | None = None) -> Item:
+        p, fetched = self.plan, () if data is None else (data,)
         self._check_inside_root(path)
         point(f"decode:{os.path.basename(path)}")   # tests: a file whose decoding kills the process
         if p.kind != "regions":
@@ -73,8 +99,8 @@ class RowDataset:
                 enc = encoded(path, p)
                 if enc is not None:
                     return Item(row, None, encoded=enc)
-            return Item(row, decode(path, p))   # NHWC: no transpose here, the model reads channels-last
-        img = decode(path, p)
+            return Item(row, decode(path, p, *fetched))   # NHWC: no transpose here, the model reads channels-last
+        img = decode(path, p, *fetched)
         if p.detector == "butd-r101":  # the detector scales the original image itself (butd.preprocess)
             return Item(row, np.asarray(img, dtype=np.uint8).transpose(2, 0, 1)[None].copy())
         w, h = img.size
@@ -106,18 +132,22 @@ class RowDataset:
                              f"outside the image root (ingest with --allow-outside-root if this is intended)")
 
 
-def decode(path: str, plan: Plan | None = None):
+def decode(path: str, plan: Plan | None = None, data: bytes | None = None):
     """One image file (or an image inside a shard): with the ``plan`` of a crop kind (global, fne,
     grid), its uint8 NHWC crops (n_crops, H, W, 3), decoded with ``plan.decoder``
     (:func:`vsekit.extract.images.decode_crops`); without, or for regions, the 8-bit RGB PIL image.
-    The plan's pixel budgets apply. Tests wrap it (a decoder that crashes its process)."""
-    from ..storage.sources import shards
+    The plan's pixel budgets apply; ``data``: the image's bytes, fetched already (object storage).
+    Tests wrap it (a decoder that crashes its process)."""
+    from ..storage.sources import remote, shards
 
     decoded_max = plan.setting("max_decoded_pixels") if plan is not None else None
     if plan is None or plan.kind == "regions":
-        return load_ref_image(path, decoded_max) if shards.is_ref(path) else load_image(path, decoded_max)
+        if data is None and not shards.is_ref(path) and not remote.is_url(path):
+            return load_image(path, decoded_max)
+        return load_ref_image(path, decoded_max, data)
     return decode_crops(path, plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation,
-                        decoder=plan.decoder, max_decoded=decoded_max, max_resized=plan.setting("max_resized_pixels"))
+                        decoder=plan.decoder, max_decoded=decoded_max, max_resized=plan.setting("max_resized_pixels"),
+                        data=data)
 
 
 class Batch(list):
@@ -267,7 +297,8 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
     pos, batches = 0, [list(b) for b in batches]
     while pos < len(batches):
         if workers <= 0:
-            yield collate([dataset[i] for i in batches[pos]])
+            many = getattr(dataset, "__getitems__", None)
+            yield collate(many(batches[pos]) if many else [dataset[i] for i in batches[pos]])
             pos += 1
             continue
         from torch.utils.data import DataLoader
@@ -376,8 +407,9 @@ def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool =
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
     batches pinned by the DataLoader's pin thread with ``pin``), or by threads with ``threads`` (a
     dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
-    says so)."""
-    if workers > 0 and threads:
+    says so) and where the images are on object storage (obstore's runtime does not survive a fork: a
+    forked worker's first request hangs; threads share this process's)."""
+    if workers > 0 and (threads or getattr(dataset, "options", None) is not None):
         yield from decoded_by_threads(dataset, batches, workers, prefetch)
     else:
         yield from iter_batches(dataset, batches, workers, pin, prefetch)
@@ -398,12 +430,18 @@ def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int,
     def collated(futures):
         return collate([f.result() for f in futures])
 
-    # the items on `threads` threads; each batch collated, in order, by one more (it only waits on them)
+    def item(i, fetched):
+        return dataset.item(i, fetched.result()) if fetched else dataset[i]
+
+    # the items on `threads` threads; each batch collated, in order, by one more (it only waits on them);
+    # a batch's images on object storage fetched together first, by one more
     with ThreadPoolExecutor(threads, thread_name_prefix="vsekit-decode") as pool, \
-            ThreadPoolExecutor(1, thread_name_prefix="vsekit-collate") as collator:
+            ThreadPoolExecutor(1, thread_name_prefix="vsekit-collate") as collator, \
+            ThreadPoolExecutor(1, thread_name_prefix="vsekit-fetch") as fetcher:
         ahead: deque = deque()
         for b in batches:
-            ahead.append(collator.submit(collated, [pool.submit(dataset.__getitem__, i) for i in b]))
+            fetched = fetcher.submit(dataset.fetch, b) if hasattr(dataset, "fetch") else None
+            ahead.append(collator.submit(collated, [pool.submit(item, i, fetched) for i in b]))
             if len(ahead) > prefetch:
                 yield ahead.popleft().result()
         while ahead:

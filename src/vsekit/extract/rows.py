@@ -39,11 +39,14 @@ def _boxes_json(path: str, mtime: float) -> dict:
 def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> RowDataset:
     """The rows of ``blocks`` (in order) with their image files and, for regions, their boxes."""
     rows = np.concatenate([np.arange(b.start, b.stop) for b in blocks]) if blocks else np.zeros(0, int)
+    from ..storage.sources import remote
+
+    url = remote.image_url(store)   # images on object storage: URLs, fetched by the reader
     root = store.image_root
     paths_arr = store.root["images/path"]
     paths = []
     for b in blocks:
-        paths += [str(root / str(p)) for p in paths_arr[b.start:b.stop]]
+        paths += [remote.join(url, str(p)) if url else str(root / str(p)) for p in paths_arr[b.start:b.stop]]
     boxes: dict[int, Any] = {}
     if plan.kind == "regions" and plan.boxes != "detector":
         raw = _boxes_json(plan.boxes, os.path.getmtime(plan.boxes))
@@ -53,8 +56,9 @@ def block_dataset(store: FeatureStore, plan: Plan, blocks: Sequence[Block]) -> R
             found = boxes_of_ids(raw, ids, plan.boxes)
             for r, i in zip(range(b.start, b.stop), ids):
                 boxes[r] = found.get(i, f"no boxes for image id {i!r} (row {r}) in {plan.boxes}")
-    check = store.attrs.get("image_root") and not store.attrs.get("allow_outside_root")
-    return RowDataset(plan, rows.tolist(), paths, boxes, root=root if check else None)
+    check = store.attrs.get("image_root") and not store.attrs.get("allow_outside_root") and not url
+    expected = {remote.join(url, k): v for k, v in (store.attrs.get("image_objects") or {}).items()} if url else None
+    return RowDataset(plan, rows.tolist(), paths, boxes, root=root if check else None, expected=expected)
 
 
 def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray | str]:

@@ -31,6 +31,7 @@ from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
 from ..storage.lock import holder
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
+from ..storage.sources import remote
 from .images import UNRECORDED_DECODER, decoder_attrs
 from .job import Execution, ExtractOptions, Job, split_options
 from .plan import make_plan
@@ -58,6 +59,7 @@ class ExtractResult:
     model_builds: dict[int, int] = field(default_factory=dict)  # pid → models built (cluster)
     decoding: dict[str, int] = field(default_factory=dict)  # the most parallel block: decoders, processes, threads
     devices: list[str] = field(default_factory=list)        # where the blocks ran (resolved on the workers)
+    image_reads: dict[str, int] = field(default_factory=dict)  # images on object storage read by this process
 
     @property
     def images_per_s(self) -> float:
@@ -73,6 +75,10 @@ class ExtractResult:
                 lines.append(f"  row {row}: {why}")
             if len(self.errors) > max_errors:
                 lines.append(f"  ... and {len(self.errors) - max_errors} more (vsekit info STORE NAME)")
+        if self.image_reads.get("requests"):
+            r = self.image_reads
+            lines.append(f"images on object storage: {plural(r['requests'], 'GET')}, {r.get('bytes', 0):,} bytes, "
+                         f"{plural(r.get('retries', 0), 'transient failure')} retried")
         return "\n".join(lines)
 
 
@@ -181,6 +187,9 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     # pass the submitter's); nothing is written into a job script.
     if store.remote:
         check_object_storage(cluster, store.path, "extraction", arrays=True)
+    images_url = remote.image_url(store)
+    if images_url:   # bad credentials or a missing bucket: one line, before any block runs
+        remote.check_root(images_url)
     with store.writer(name, stage="vsekit extract", multi=cluster is not None):
         plan = own_decoder(store, name, opts, plan, run.overwrite)
         if plan.decoder == "nvjpeg" and device != "auto":
@@ -208,7 +217,9 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             lock = holder(store.path, name)
             job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
                       lock_token=lock.get("token") if lock else None)
-        t0 = time.perf_counter()
+        if images_url:
+            job = dataclasses.replace(job, image_options=remote.options())
+        t0, reads = time.perf_counter(), dict(remote.STATS) if images_url else {}
         try:
             if array:   # no driver stays: see extract/array.py
                 from .array import submit
@@ -233,7 +244,8 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
                          pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
                          seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
                          block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
-                         devices=sorted(info.get("devices", ())))
+                         devices=sorted(info.get("devices", ())),
+                         image_reads={k: v - reads.get(k, 0) for k, v in remote.STATS.items()} if images_url else {})
 
 
 def refuse_pending(fs: FeatureSet) -> None:

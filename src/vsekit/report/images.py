@@ -48,9 +48,11 @@ def _open_rgb(path: str, size: int):
     from PIL import Image
 
     from ..extract.images import load_ref_image
-    from ..storage.sources import shards
+    from ..storage.sources import remote, shards
 
-    if shards.is_ref(path):  # an image inside a tar shard or parquet file (ingest webdataset|parquet)
+    # an image inside a tar shard or parquet file (ingest webdataset|parquet), or on object storage
+    # (fetched with this command's --storage-option / --image-option)
+    if shards.is_ref(path) or remote.is_url(path):
         try:
             im = load_ref_image(path)
         except Exception as exc:

@@ -729,9 +729,12 @@ class FeatureStore:
         codes = [split_code(s) for s in names]
         return np.flatnonzero(np.isin(self.image_splits(), codes))
 
-    def image_file(self, row: int) -> Path:
-        rel = self.root["images/path"][row]
-        return self.image_root / str(rel)
+    def image_file(self, row: int) -> Path | str:
+        """Row ``row``'s image: a path, or a URL where the image root is on object storage."""
+        from .sources.remote import image_url, join
+
+        rel, url = self.root["images/path"][row], image_url(self)
+        return join(url, str(rel)) if url else self.image_root / str(rel)
 
     # captions -------------------------------------------------------------------------------------
     def write_captions(self, text: Sequence[str], image_rows: Sequence[int]) -> None:

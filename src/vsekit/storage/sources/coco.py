@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..store import FeatureStore
-from .common import IngestError, IngestReport, read_json, read_split_file, check_inside_root, no_images_error
+from .common import (ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error, read_json,
+                     read_split_file)
 
 
 #: COCO's split folders, searched below the image root for every file name
@@ -44,7 +45,7 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
     """Create a store from COCO caption annotation files; returns the store and a skip report."""
     if not annotation_files:
         raise IngestError("ingest coco: give at least one captions_*.json file")
-    image_root = Path(image_root)
+    image_root = ImageRoot(image_root)
     splits = read_split_file(split_file)
     report = IngestReport(strict=strict)
     ids: list[str] = []
@@ -81,8 +82,8 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
             options = _candidates(rec["file_name"])
             rel = None
             for candidate in options:   # every place it may be read from, up to the one it is read from
-                check_inside_root(image_root, candidate, f"{where}.file_name", allow_outside_root)
-                if (image_root / candidate).is_file():
+                check_inside_root(image_root.root, candidate, f"{where}.file_name", allow_outside_root)
+                if image_root.exists(candidate):
                     rel = candidate
                     break
             if rel is None:
@@ -115,11 +116,12 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
             texts.append(" ".join(text.split()))
             owners.append(row_of[image_id])
     if not ids:
-        err = no_images_error(", ".join(map(str, annotation_files)), image_root, looked_for)
+        err = no_images_error(", ".join(map(str, annotation_files)), image_root.root, looked_for)
         raise IngestError(f"{err}; a file name is looked for as {LOOKUP_RULE}") if looked_for else err
     sources = [str(Path(p).resolve()) for p in annotation_files] + [str(Path(split_file).resolve())]
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=dataset, image_root=image_root,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=dataset, image_root=image_root.local,
                                source_files=sources) as store:
+        image_root.record(store)
         store.write_images(ids, paths, split_of)
         store.write_captions(texts, owners)
         store.root.attrs["restval_as_train"] = bool(restval_as_train)

@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from ..base import ImageError
 from ..store import DONE, FAILED, StoreError
+from . import remote
 
 
 class IngestError(StoreError):
@@ -133,6 +135,8 @@ def outside_root(image_root: str | Path, rel: str) -> str | None:
     """
     if Path(rel).is_absolute() or rel.startswith(("/", "\\")):
         return "is an absolute path"
+    if remote.is_url(image_root):   # no symlinks on object storage: the name alone
+        return "climbs out with '..'" if ".." in rel.replace("\\", "/").split("/") else None
     return escapes_root(image_root, Path(image_root) / rel)
 
 
@@ -162,7 +166,42 @@ def no_images_error(source: str | Path, image_root: str | Path, looked_for: Path
     if looked_for is None:
         return IngestError(f"{source}: no usable images")
     return IngestError(f"{source}: no usable images: no image file was found under the image root "
-                       f"{Path(image_root).resolve()} (looked for e.g. {looked_for}); check --image-root")
+                       f"{image_root if remote.is_url(image_root) else Path(image_root).resolve()} (looked for "
+                       f"e.g. {looked_for}); check --image-root")
+
+
+class ImageRoot:
+    """An ingest's image root: a folder, or a URL on object storage whose objects are listed once
+    (:func:`.remote.listing`), never probed one by one. ``root / rel`` is an image's location."""
+
+    def __init__(self, root: str | Path):
+        self.root = str(root) if remote.is_url(root) else Path(root)
+        self._listed: dict | None = None
+
+    def __truediv__(self, rel: str):
+        return remote.join(self.root, rel) if isinstance(self.root, str) else self.root / rel
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def exists(self, rel: str) -> bool:
+        if not isinstance(self.root, str):
+            return (self.root / rel).is_file()
+        if self._listed is None:
+            try:
+                self._listed = remote.listing(self.root)
+            except ImageError as exc:
+                raise IngestError(f"--image-root {exc}") from None
+        return rel in self._listed
+
+    @property
+    def local(self):
+        """The root for :meth:`FeatureStore.building` (a URL is recorded by :meth:`record` instead)."""
+        return "" if isinstance(self.root, str) else self.root
+
+    def record(self, store) -> None:
+        if isinstance(self.root, str):   # kept as given (the store's create resolves a folder)
+            store.root.attrs["image_root"] = remote.public_url(self.root).rstrip("/")
 
 
 class RegionBlock:

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ..store import SPLITS, FeatureStore
-from .common import IngestError, IngestReport, check_inside_root, no_images_error
+from .common import ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error
 
 
 def parse_ratios(text: str | Sequence[float]) -> tuple[float, float, float]:
@@ -57,7 +57,9 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
 
     Image paths that leave ``image_dir`` (absolute, ``..``, symlinks out) are refused unless
     ``allow_outside_root``."""
-    image_dir, captions_file = Path(image_dir), Path(captions_file)
+    image_dir, captions_file = ImageRoot(image_dir), Path(captions_file)
+    if not isinstance(image_dir.root, str) and not image_dir.root.is_dir():
+        raise IngestError(f"{image_dir}: no such folder")
     if not captions_file.is_file():
         raise IngestError(f"{captions_file}: no such file")
     ratios = parse_ratios(ratios)
@@ -104,8 +106,8 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
             if rel in missing:
                 continue
             if rel not in row_of:
-                check_inside_root(image_dir, rel, f"{where}: path column", allow_outside_root)
-                if check_files and not (image_dir / rel).is_file():
+                check_inside_root(image_dir.root, rel, f"{where}: path column", allow_outside_root)
+                if check_files and not image_dir.exists(rel):
                     looked_for = looked_for or image_dir / rel
                     missing.add(rel)
                     report.skip(f"{where}: image file {image_dir / rel} is missing")
@@ -124,7 +126,7 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
             texts.append(text)
             owners.append(row)
     if not paths:
-        raise no_images_error(captions_file, image_dir, looked_for)
+        raise no_images_error(captions_file, image_dir.root, looked_for)
     splits = given_split if has_split_column else assign_splits(len(paths), ratios, seed)
     ids = [str(PurePosixPath(p).with_suffix("")) for p in paths]
     seen: dict[str, int] = {}
@@ -135,10 +137,11 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
                               f"{first_line[seen[image_id]]})")
         seen[image_id] = row
     name = dataset or captions_file.stem
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_dir,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_dir.local,
                                source_files=[str(captions_file.resolve())]) as store:
         store.write_images(ids, paths, splits)
         store.write_captions(texts, owners)
+        image_dir.record(store)
         store.root.attrs["split_source"] = ("column" if has_split_column
                                             else {"ratios": list(ratios), "seed": int(seed)})
         store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..store import SPLITS, FeatureStore
-from .common import IngestError, IngestReport, check_inside_root, no_images_error, read_json
+from .common import ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error, read_json
 
 
 def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: str | Path, *,
@@ -21,7 +21,7 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
     """Create a store from a Karpathy split file; malformed records are errors naming the image
     index and field, and image paths that leave ``image_root`` are refused unless
     ``allow_outside_root``."""
-    json_path, image_root = Path(json_path), Path(image_root)
+    json_path, image_root = Path(json_path), ImageRoot(image_root)
     doc = read_json(json_path)
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
         raise IngestError(f"{json_path}: expected an object with an 'images' list (Karpathy format)")
@@ -44,8 +44,8 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         if split == "restval" and restval_as_train:
             split = "train"
         rel = str(Path(rec.get("filepath", "")) / rec["filename"])
-        check_inside_root(image_root, rel, f"{where}.filepath/filename", allow_outside_root)
-        if check_files and not (image_root / rel).is_file():
+        check_inside_root(image_root.root, rel, f"{where}.filepath/filename", allow_outside_root)
+        if check_files and not image_root.exists(rel):
             looked_for = looked_for or image_root / rel
             report.skip(f"{where}: image file {image_root / rel} is missing")
             continue
@@ -64,12 +64,13 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         texts.extend(caps)
         owners.extend([row] * len(caps))
     if not ids:
-        raise no_images_error(json_path, image_root, looked_for)
+        raise no_images_error(json_path, image_root.root, looked_for)
     name = dataset or doc.get("dataset") or json_path.stem.replace("dataset_", "")
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_root,
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_root.local,
                                source_files=[str(json_path.resolve())]) as store:
         store.write_images(ids, paths, splits)
         store.write_captions(texts, owners)
+        image_root.record(store)
         store.root.attrs["restval_as_train"] = bool(restval_as_train)
         store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
     report.counts = {"images": len(ids), "captions": len(texts)}

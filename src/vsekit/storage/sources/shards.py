@@ -54,7 +54,8 @@ def parse_ref(path: str | Path) -> tuple[str, str, str]:
 
 
 def read_bytes(path: str | Path) -> bytes:
-    """The encoded image bytes a reference points at."""
+    """The encoded image bytes a reference points at (a container on disk; on object storage see
+    :func:`.remote.image_bytes`)."""
     container, entry, location = parse_ref(path)
     if not Path(container).is_file():
         raise ImageError(f"missing container file {container} (for {entry})")
@@ -76,6 +77,12 @@ def _read_tar_member(shard: str, member: str, offset: int, size: int) -> bytes:
         f.seek(max(0, offset - tarfile.BLOCKSIZE))
         head = f.read(tarfile.BLOCKSIZE) if offset >= tarfile.BLOCKSIZE else b""
         data = f.read(size)
+    return check_member(shard, member, offset, size, head, data)
+
+
+def check_member(shard: str, member: str, offset: int, size: int, head: bytes, data: bytes) -> bytes:
+    """``data``, if ``head`` (the 512 bytes before it) is the header of ``member`` of ``size`` bytes;
+    else ImageError: the shard changed since it was ingested."""
     try:
         info = tarfile.TarInfo.frombuf(head, tarfile.ENCODING, "surrogateescape") if head else None
     except tarfile.TarError:

@@ -27,28 +27,34 @@ import tarfile
 from pathlib import Path
 from typing import Sequence
 
+from ..base import ImageError
 from ..store import FeatureStore, split_code
 from .common import IngestError, IngestReport, read_split_file
 from .folder import assign_splits, parse_ratios
+from . import remote
 from .shards import tar_ref
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff")
 _KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset.tariterators.base_plus_ext
 
 
-def expand_shards(patterns: Sequence[str | os.PathLike]) -> list[Path]:
-    """Local shard paths from paths and brace patterns (``shard-{0000..0003}.tar``), in order."""
+def expand_shards(patterns: Sequence[str | os.PathLike]) -> list:
+    """Shard paths (local, or URLs on object storage: ``s3://b/{00000..00099}.tar``) from paths and
+    brace patterns (``shard-{0000..0003}.tar``), in order."""
     from braceexpand import braceexpand
 
-    out: list[Path] = []
+    out: list = []
     for pattern in patterns:
         for p in braceexpand(str(pattern)):
             path = Path(p)
-            if "://" in p or p.startswith("pipe:"):
-                raise IngestError(f"{p}: only local shard files can be ingested (images are read in place)")
-            if not path.is_file():
+            if remote.is_url(p):
+                path = p
+            elif "://" in p or p.startswith("pipe:"):
+                raise IngestError(f"{p}: only local shard files or shards on object storage (s3://, az://, gs://) "
+                                  f"can be ingested (images are read in place)")
+            elif not path.is_file():
                 raise IngestError(f"{path}: no such shard file")
-            if path.suffix.lower() in (".gz", ".tgz", ".bz2", ".xz", ".zst"):
+            if os.path.splitext(str(path))[1].lower() in (".gz", ".tgz", ".bz2", ".xz", ".zst"):
                 raise IngestError(f"{path}: compressed shards cannot be read in place; decompress them "
                                   f"to plain .tar first")
             out.append(path)
@@ -59,9 +65,9 @@ def expand_shards(patterns: Sequence[str | os.PathLike]) -> list[Path]:
     return out
 
 
-def _captions(shard: Path, key: str, files: dict, tf: tarfile.TarFile) -> list[str]:
+def _captions(shard, key: str, files: dict) -> list[str]:
     def read(ext):
-        raw = tf.extractfile(files[ext]).read()
+        raw = files[ext]
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -89,14 +95,15 @@ def _outside_name(name: str) -> str | None:
     return None
 
 
-def scan_shard(shard: Path, report: IngestReport,
-               allow_outside_root: bool = False) -> list[tuple[str, str, int, int, list[str]]]:
-    """(key, image member, data offset, size, captions) of each usable sample of one shard."""
+def scan_shard(shard, report: IngestReport, allow_outside_root: bool = False,
+               fileobj=None) -> list[tuple[str, str, int, int, list[str]]]:
+    """(key, image member, data offset, size, captions) of each usable sample of one shard, read
+    once from start to end (``fileobj``: a stream of it, as a shard on object storage is read)."""
     try:
-        tf = tarfile.open(shard, mode="r:")
+        tf = tarfile.open(shard if fileobj is None else None, mode="r|", fileobj=fileobj)
     except tarfile.ReadError as exc:
         raise IngestError(f"{shard}: not an uncompressed tar file ({exc})") from None
-    samples: dict[str, dict[str, tarfile.TarInfo]] = {}
+    samples: dict[str, dict] = {}   # key → extension → TarInfo (an image) or bytes (a caption file)
     with tf:
         try:
             for info in tf:
@@ -109,19 +116,20 @@ def scan_shard(shard: Path, report: IngestReport,
                 m = _KEY.match(info.name)
                 if not m:
                     continue
-                samples.setdefault(m.group(1), {})[m.group(2).lower()] = info
+                ext = m.group(2).lower()   # stream mode: a caption file is read now, as it passes
+                samples.setdefault(m.group(1), {})[ext] = tf.extractfile(info).read() if ext in ("txt", "json") else info
         except tarfile.TarError as exc:
             raise IngestError(f"{shard}: truncated or corrupt tar ({exc})") from None
         out = []
         for key, files in samples.items():
             if key.rsplit("/", 1)[-1].startswith("__"):  # webdataset metadata entries
                 continue
-            image = next((files[e] for e in IMAGE_EXTS if e in files), None)
+            image = next((files[e] for e in IMAGE_EXTS if isinstance(files.get(e), tarfile.TarInfo)), None)
             if image is None:
                 report.skip(f"{shard}: sample {key} has no image (.{', .'.join(IMAGE_EXTS[:4])}); "
                             f"members: {', '.join(sorted(files))}")
                 continue
-            caps = _captions(shard, key, files, tf)
+            caps = _captions(shard, key, files)
             if not caps:
                 report.skip(f"{shard}: sample {key} has no caption (.txt, or .json caption/captions)")
                 continue
@@ -140,11 +148,23 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
         split_code(split)
     ratios = parse_ratios(ratios)
     report = IngestReport(strict=strict)
-    root = Path(os.path.commonpath([str(p.resolve().parent) for p in paths]))
-    ids, refs, texts, owners, where = [], [], [], [], {}
+    urls = [p for p in paths if isinstance(p, str)]
+    if urls and len(urls) != len(paths):
+        raise IngestError("ingest webdataset: give shards all on disk or all on object storage, not both")
+    if urls:   # the shards' common folder on object storage; each shard streamed once, its size and ETag kept
+        root = os.path.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] for u in urls])
+        root = f"{urls[0].split('://', 1)[0]}://{root}"
+        remote.check_root(root)
+    else:
+        root = Path(os.path.commonpath([str(p.resolve().parent) for p in paths]))
+    ids, refs, texts, owners, where, objects = [], [], [], [], {}, {}
     for shard in paths:
-        rel = os.path.relpath(shard.resolve(), root)
-        for key, member, offset, size, caps in scan_shard(shard, report, allow_outside_root):
+        try:
+            stream = remote.Stream(shard) if urls else None
+        except ImageError as exc:
+            raise IngestError(str(exc)) from None
+        rel = shard[len(str(root)) + 1:] if urls else os.path.relpath(shard.resolve(), root)
+        for key, member, offset, size, caps in scan_shard(shard, report, allow_outside_root, stream):
             if key in where:
                 raise IngestError(f"{shard}: sample key {key} is also in {where[key]}; keys must be unique "
                                   f"across shards (they become image ids)")
@@ -153,12 +173,17 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
             owners += [len(ids)] * len(caps)
             ids.append(key)
             refs.append(tar_ref(rel, member, offset, size))
+        if stream is not None:
+            objects[rel] = [int(stream.meta["size"]), stream.meta.get("e_tag")]
     if not ids:
         raise IngestError(f"{', '.join(map(str, paths[:3]))}: no usable samples")
     splits, ids, refs, texts, owners = _splits(ids, refs, texts, owners, split_file, split, ratios, seed, report)
-    name = dataset or paths[0].parent.name or "webdataset"
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=root,
-                               source_files=[str(p.resolve()) for p in paths]) as store:
+    name = dataset or (root.rsplit("/", 1)[-1] if urls else paths[0].parent.name) or "webdataset"
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name,
+                               image_root="" if urls else root,
+                               source_files=urls or [str(p.resolve()) for p in paths]) as store:
+        if urls:   # a URL, kept as given (the store's create resolves a folder)
+            store.root.attrs.update({"image_root": root, "image_objects": objects})
         store.write_images(ids, refs, splits)
         store.write_captions(texts, owners)
         store.root.attrs["image_source"] = "webdataset"

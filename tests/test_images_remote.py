@@ -1,0 +1,282 @@
+"""Images on object storage (issue 46): webdataset shards and image folders on a local S3 server
+(moto), ingested and extracted in place, with the same bits as the same files on disk; faults at the
+server name the object and lose nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("obstore")
+pytest.importorskip("moto")
+wds = pytest.importorskip("webdataset")
+pytestmark = pytest.mark.e2e   # ingests and extracts through the CLI
+
+from conftest import S3_TEST_SECRET  # noqa: E402
+from test_formats_webdataset import write_shards  # noqa: E402
+
+from vsekit.cli import main  # noqa: E402
+from vsekit.storage import FeatureStore  # noqa: E402
+from vsekit.storage.base import ImageError  # noqa: E402
+from vsekit.storage.sources import remote, shards  # noqa: E402
+
+EXTRACT = dict(model="test_resnet", kind="global", weights="none", input_size=32, resize=36, batch_size=8,
+               block_rows=8, progress=False)
+
+
+def upload(s3, folder, prefix):
+    """Every file of ``folder`` to ``s3://bucket/prefix/``; their keys."""
+    keys = []
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            key = f"{prefix}/{f.relative_to(folder).as_posix()}"
+            s3.client.put_object(Bucket=s3.bucket, Key=key, Body=f.read_bytes())
+            keys.append(key)
+    return keys
+
+
+@pytest.fixture()
+def counted(monkeypatch):
+    """remote.STATS of this test alone."""
+    from collections import Counter
+
+    monkeypatch.setattr(remote, "STATS", Counter())
+    monkeypatch.setattr(remote, "IMAGE_OPTIONS", {})
+    monkeypatch.setattr(remote, "_STORES", {})
+    return remote
+
+
+@pytest.fixture()
+def shards_on_s3(s3, tmp_path, counted):
+    """Three webdataset shards of 10 samples on disk and the same bytes on S3; both ingested."""
+    truth = write_shards(tmp_path / "wds", n_shards=3, per_shard=10)
+    upload(s3, tmp_path / "wds", "laion")
+    disk, url = tmp_path / "disk.zarr", s3.url("wds.zarr")
+    on_s3 = f"s3://{s3.bucket}/laion/shard-{{0000..0002}}.tar"
+    for src, store in ((str(tmp_path / "wds" / "shard-{0000..0002}.tar"), str(disk)), (on_s3, url),
+                       (on_s3, str(tmp_path / "mixed.zarr"))):   # images on S3, the store on disk
+        r = CliRunner().invoke(main, ["ingest", "webdataset", src, "--store", store, "--split", "train"])
+        assert r.exit_code == 0, r.output
+    return truth, disk, url
+
+
+def test_webdataset_shards_on_s3_are_streamed_once_at_ingest_and_recorded_by_url(s3, shards_on_s3, tmp_path):
+    truth, disk, url = shards_on_s3
+    a, b = FeatureStore.open(disk), FeatureStore.open(url)
+    assert b.attrs["image_root"] == f"s3://{s3.bucket}/laion"
+    assert list(a.image_ids()) == list(b.image_ids()) == sorted(truth)
+    assert list(a.image_paths()) == list(b.image_paths())   # the same member offsets
+    assert list(a.caption_text()) == list(b.caption_text())
+    sizes = {k: s3.client.head_object(Bucket=s3.bucket, Key=f"laion/{k}") for k in b.attrs["image_objects"]}
+    assert {k: v[0] for k, v in b.attrs["image_objects"].items()} == {k: h["ContentLength"] for k, h in sizes.items()}
+    assert {k: v[1] for k, v in b.attrs["image_objects"].items()} == {k: h["ETag"] for k, h in sizes.items()}
+    shard_bytes = sum(h["ContentLength"] for h in sizes.values())
+    # two ingests from S3 (into a store on S3, and one on disk): each streams each shard once, whole
+    assert remote.STATS["requests"] == 2 * 3 and remote.STATS["bytes"] == 2 * shard_bytes
+    assert S3_TEST_SECRET not in json.dumps(b.attrs)
+    from vsekit.report.images import load_thumbnail   # the report's thumbnails, fetched from S3
+
+    assert b.image_file(0) == f"s3://{s3.bucket}/laion/{b.image_paths()[0]}"
+    assert np.array_equal(np.asarray(load_thumbnail(b.image_file(0), 64)), truth[sorted(truth)[0]][0])
+
+
+def test_extracting_shards_on_s3_gives_the_bits_of_disk_with_one_ranged_get_per_batch(shards_on_s3, counted):
+    from vsekit.extract import extract
+
+    truth, disk, url = shards_on_s3
+    ref = extract(str(disk), name="f", workers=0, **EXTRACT)
+    counted.STATS.clear()
+    got = extract(url, name="f", workers=0, **EXTRACT)
+    assert got.failed == 0 and ref.failed == 0
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(url).features("f")
+    assert np.array_equal(a.data[:], b.data[:])
+    # 30 images in batches of 8 cut at shard ends: each batch's members of one shard are one GET
+    images = counted.STATS["requests"]
+    assert 0 < images <= 6, counted.STATS
+
+
+def test_decoding_workers_and_threads_read_the_shards_on_s3_as_disk(shards_on_s3):
+    from vsekit.extract import extract
+
+    _truth, disk, url = shards_on_s3
+    extract(str(disk), name="f", workers=0, **EXTRACT)
+    extract(url, name="w", workers=2, **EXTRACT)
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(url).features("w")
+    assert b.counts()["done"] == 30 and np.array_equal(a.data[:], b.data[:])
+
+
+def test_fetch_coalesces_adjacent_members_and_checks_each_header(shards_on_s3, counted):
+    truth, _disk, url = shards_on_s3
+    store = FeatureStore.open(url)
+    root = store.attrs["image_root"]
+    paths = [remote.join(root, p) for p in store.image_paths()[:10]]   # the first shard's ten members
+    counted.STATS.clear()
+    got = remote.fetch(paths)
+    assert counted.STATS["requests"] == 1
+    from vsekit.extract.reader import decode
+
+    for p, key in zip(paths, sorted(truth)[:10]):
+        assert np.array_equal(np.asarray(decode(p, None, got[p])), truth[key][0])
+    container, member, loc = shards.parse_ref(paths[3])
+    offset, size = (int(x) for x in loc.split("+"))
+    for wrong in (shards.tar_ref(container, member, offset + 512, size),   # a header that is not its own
+                  shards.tar_ref(container, member, offset + 10**6, size)):   # past the shard's end
+        err = remote.fetch([wrong])[wrong]
+        assert isinstance(err, ImageError), err
+        assert f"{container} " in f"{err} " or f"{container}:" in str(err)
+        assert "changed" in str(err) and member in str(err)
+
+
+def _extract_cli(store, *more):
+    args = ["extract", "--store", str(store), "--model", "test_resnet", "--kind", "global", "--weights", "none",
+            "--input-size", "32", "--resize", "36", "--batch-size", "8", "--block-rows", "8", "--workers", "0",
+            "--name", "f", "--device", "cpu", *more]
+    return CliRunner().invoke(main, args)
+
+
+def test_a_deleted_and_a_rewritten_shard_fail_their_rows_by_url_and_member_and_retry_failed_fills_them(
+        s3, shards_on_s3, tmp_path):
+    from vsekit.extract import extract
+
+    _truth, disk, _url = shards_on_s3
+    url = tmp_path / "mixed.zarr"   # the store on disk, its images on S3
+    extract(str(disk), name="f", workers=0, **EXTRACT)
+    key = lambda i: f"laion/shard-{i:04d}.tar"   # noqa: E731
+    s3.client.delete_object(Bucket=s3.bucket, Key=key(1))
+    write_shards(tmp_path / "other", n_shards=3, per_shard=10, seed=7)   # same names, other pixels
+    s3.client.put_object(Bucket=s3.bucket, Key=key(2), Body=(tmp_path / "other" / "shard-0002.tar").read_bytes())
+    r = _extract_cli(url)
+    assert r.exit_code != 0 or "failed" in r.output, r.output
+    fs = FeatureStore.open(url).features("f")
+    assert fs.counts() == {"done": 10, "failed": 20, "pending": 0}
+    errors, paths = fs.errors(), FeatureStore.open(url).image_paths()
+    for row in range(10, 20):
+        member = paths[row].split("::")[1].split("@")[0]
+        assert errors[row] == f"cannot read s3://{s3.bucket}/{key(1)} (member {member}): no such object"
+    for row in range(20, 30):
+        assert f"s3://{s3.bucket}/{key(2)}" in errors[row] and "changed since it was ingested" in errors[row]
+    ref = FeatureStore.open(disk).features("f").data[:]
+    assert np.array_equal(fs.data[:10], ref[:10])                                # the rest committed
+    for i in (1, 2):   # the shards back as ingested: --retry-failed fills exactly the failed rows
+        s3.client.put_object(Bucket=s3.bucket, Key=key(i), Body=(tmp_path / "wds" / f"shard-{i:04d}.tar").read_bytes())
+    r = _extract_cli(url, "--retry-failed")
+    assert r.exit_code == 0, r.output
+    fs = FeatureStore.open(url).features("f")
+    assert fs.counts()["done"] == 30, (r.output, fs.errors())
+    assert np.array_equal(fs.data[:], ref)
+
+
+def test_a_missing_image_bucket_is_one_error_line_before_any_block(s3, shards_on_s3):
+    _truth, disk, _url = shards_on_s3
+    store = FeatureStore.open(disk, mode="r+")
+    store.root.attrs["image_root"] = f"s3://{s3.bucket}-gone/laion"   # as if ingested from a bucket since deleted
+    r = _extract_cli(disk)
+    assert r.exit_code != 0
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert lines == [f"Error: image root s3://{s3.bucket}-gone/laion: the bucket does not exist"], r.output
+    assert "f" not in FeatureStore.open(disk).feature_names()
+
+
+class FaultyProxy:
+    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a shard with 503
+    and holds the next ``stall`` ones for ``hold`` seconds before answering (a stalled response)."""
+
+    def __init__(self, upstream: str, fail: int = 0, stall: int = 0, hold: float = 0.0):
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlparse
+
+        self.fail, self.stall, self.hold, self.gets, lock = fail, stall, hold, 0, threading.Lock()
+        up = urlparse(upstream)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command == "GET" and ".tar" in self.path:
+                    with lock:
+                        proxy.gets += 1
+                        n = proxy.gets
+                    if n <= proxy.fail:
+                        self.send_response(503)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                    if n <= proxy.fail + proxy.stall:
+                        time.sleep(proxy.hold)
+                conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
+                conn.request(self.command, self.path, body or None, dict(self.headers))
+                got = conn.getresponse()
+                data = got.read()
+                self.send_response(got.status)
+                for k, v in got.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_503s_and_a_stalled_response_are_retried_counted_and_give_the_bits_of_disk(s3, shards_on_s3, tmp_path,
+                                                                                    counted):
+    from vsekit.extract import extract
+
+    _truth, disk, _url = shards_on_s3
+    ref = extract(str(disk), name="f", workers=0, **EXTRACT)
+    proxy = FaultyProxy(s3.endpoint, fail=2, stall=1, hold=3.0)
+    counted.use_options({"endpoint": proxy.url, "timeout": "1s", "max_retries": "4"})
+    counted.STATS.clear()
+    got = extract(str(tmp_path / "mixed.zarr"), name="f", workers=0, **EXTRACT)
+    proxy.server.shutdown()
+    assert ref.failed == got.failed == 0
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
+    assert np.array_equal(a.data[:], b.data[:])
+    assert counted.STATS["retries"] == 3   # two 503s and one timed-out response
+    assert got.image_reads["retries"] == 3 and "3 transient failures retried" in got.summary()
+    assert got.image_reads["requests"] == counted.STATS["requests"] > 0
+    assert proxy.gets >= counted.STATS["requests"] + 3
+
+
+def test_a_folder_and_a_karpathy_image_root_on_s3_are_listed_once_and_extract_as_disk(s3, demo_dir, tmp_path,
+                                                                                      counted):
+    from vsekit.extract import extract
+
+    upload(s3, demo_dir / "images", "demo/images")
+    root = f"s3://{s3.bucket}/demo/images"
+    rels = sorted(p.relative_to(demo_dir / "images").as_posix() for p in (demo_dir / "images").rglob("*.*"))
+    table = tmp_path / "captions.tsv"
+    table.write_text("".join(f"{r}\ta picture of {r}\n" for r in rels) + "missing.jpg\tgone\n")
+    stores = {}
+    for where, root_arg in (("disk", str(demo_dir / "images")), ("s3", root)):
+        counted.STATS.clear()
+        stores[where] = tmp_path / f"{where}.zarr"
+        r = CliRunner().invoke(main, ["ingest", "folder", root_arg, str(table), "--store", str(stores[where])])
+        assert r.exit_code == 0, r.output
+        assert "missing.jpg is missing" in r.output
+    assert counted.STATS["requests"] == 0   # listed (one LIST request), not an object fetched or probed
+    assert FeatureStore.open(stores["s3"]).attrs["image_root"] == root
+    refs = [extract(str(stores[w]), name="f", workers=0, **EXTRACT) for w in ("disk", "s3")]
+    assert refs[0].failed == refs[1].failed == 0
+    assert counted.STATS["requests"] == FeatureStore.open(stores["s3"]).n_images   # a loose image: one GET
+    a, b = (FeatureStore.open(stores[w]).features("f").data[:] for w in ("disk", "s3"))
+    assert np.array_equal(a, b)
+    r = CliRunner().invoke(main, ["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--image-root",
+                                  f"s3://{s3.bucket}/demo", "--store", str(tmp_path / "k.zarr")])
+    assert r.exit_code == 0, r.output
+    k = FeatureStore.open(tmp_path / "k.zarr")
+    assert k.attrs["image_root"] == f"s3://{s3.bucket}/demo" and k.n_images == len(rels)
