@@ -42,7 +42,7 @@ from typing import Iterator
 
 from .fserrors import naming
 from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
-from .leases import DEFAULT_TTL_S, default_ttl, free_reason, gone_here, holder_words, proc_start
+from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
@@ -189,6 +189,46 @@ def _break(path: Path, seen: dict) -> None:
     aside.unlink(missing_ok=True)
 
 
+class LockFile(Backend):
+    """The POSIX-file backend of the one lease (:class:`.leases.Lease`): a lock file linked into
+    place complete (create), read with its content as its version and its modification time plus
+    its ttl as its expiry, replaced by moving the stale one aside and linking a new one, renewed by
+    touching it, deleted while it holds the holder's token. Its takeover rule is
+    :func:`stale_reason`: the one rule, except that a live holder on this host keeps its lock."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def free_reason(self, info: dict, expires: float, now: float) -> str | None:
+        return stale_reason(self.path, info)
+
+    def create(self, body: dict, expires: float) -> dict | None:
+        return body if _try_create(self.path, body) else None
+
+    def read(self) -> tuple[dict, dict, float] | None:
+        info = _read(self.path)
+        if info is None:
+            return None
+        try:
+            return info, info, _expires(self.path, info)
+        except FileNotFoundError:
+            return None
+
+    def replace(self, body: dict, expires: float, version: dict) -> dict | None:
+        _break(self.path, version)
+        return self.create(body, expires)
+
+    def touch(self, body: dict, expires: float, version: dict) -> dict:
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+        return version
+
+    def delete(self, token: str) -> None:
+        current = _read(self.path)
+        if current and current.get("token") == token:
+            self.path.unlink(missing_ok=True)
+
+
 def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:
     """A lock file cannot live on object storage: a writer that has no lease protocol yet is refused
     there (a library call or a `vsekit run` recipe), rather than making a local folder named ``s3:``."""
@@ -199,43 +239,40 @@ def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None
                          f"yet; they are served by {SERVED_BY} (issue 35)")
 
 
-def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
-    """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
+def _take(path: Path, what: str, stage: str, rule: str) -> Lease:
+    """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
+    lease = Lease(LockFile(path), {"host": socket.gethostname(), "pid": os.getpid(),
+                                   "proc_start": _proc_start(os.getpid()), "started": time.time(), "stage": stage})
+    seen = lease.take(tries=5)
+    if seen is None:
+        return lease
+    if not seen:
+        raise LockHeld(f"could not take the lock {path}: other runs keep taking it")
+    if seen.get("array_job") or seen.get("slurm_array"):
+        raise LockHeld(f"{what} is being written by {holder_words(seen, _expires(path, seen))}")
+    raise LockHeld(f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
+                   f"run is dead on another host, remove {path} or rerun with {BREAK_ENV}=1")
+
+
+def _renewed(lease: Lease) -> Lease:
+    """``lease`` refreshed every ttl/3 (or :data:`HEARTBEAT_S`) while held, so other runs keep waiting."""
+    return lease.keep_renewed(min(HEARTBEAT_S, lease.ttl / 3))
+
+
+def _take_in(store_path: str | os.PathLike, name: str, stage: str) -> Lease:
     refuse_url(store_path)
     _ensure_dir(Path(store_path))
-    return acquire_file(lock_path(store_path, name), f"{name!r} in {store_path}", stage,
-                        "one writer per feature set")
+    return _take(lock_path(store_path, name), f"{name!r} in {store_path}", stage, "one writer per feature set")
 
 
-def acquire_file(path: Path, what: str, stage: str, rule: str) -> dict:
-    """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-            "started": time.time(), "stage": stage, "token": uuid.uuid4().hex, "ttl": default_ttl()}
-    for _ in range(5):
-        if _try_create(path, info):
-            return info
-        seen = _read(path)
-        if seen is None:
-            continue
-        if stale_reason(path, seen) is None and (seen.get("array_job") or seen.get("slurm_array")):
-            raise LockHeld(f"{what} is being written by {holder_words(seen, _expires(path, seen))}")
-        if stale_reason(path, seen) is None:
-            raise LockHeld(
-                f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
-                f"run is dead on another host, remove {path} or rerun with {BREAK_ENV}=1")
-        _break(path, seen)
-    raise LockHeld(f"could not take the lock {path}: other runs keep taking it")
+def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
+    """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
+    return _take_in(store_path, name, stage).body()
 
 
 def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
     """Remove the lock file if it is still ours."""
-    release_file(lock_path(store_path, name), info)
-
-
-def release_file(path: Path, info: dict) -> None:
-    current = _read(path)
-    if current and current.get("token") == info.get("token"):
-        path.unlink(missing_ok=True)
+    LockFile(lock_path(store_path, name)).delete(info.get("token"))
 
 
 # the store's own locks ------------------------------------------------------------------------------
@@ -255,12 +292,11 @@ def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") 
     path = creation_lock_path(store_path)
     with naming(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
-    info = acquire_file(path, f"{Path(store_path)}", stage, "one ingest per store path")
+    lease = _renewed(_take(path, f"{Path(store_path)}", stage, "one ingest per store path"))
     try:
-        with _refreshed(path):
-            yield
+        yield
     finally:
-        release_file(path, info)
+        lease.release()
 
 
 @contextlib.contextmanager
@@ -268,7 +304,7 @@ def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest -
     """Hold the store lock of an existing store while it is replaced; refuse if any writer holds a lock
     in it. Writers check this lock after taking theirs (:func:`writer_lock`), and this checks theirs
     after taking it, so of two that start at once at least one sees the other."""
-    info = acquire(store_path, STORE_LOCK, stage)
+    lease = _take_in(store_path, STORE_LOCK, stage)
     try:
         for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
             name = other.name[:-len(".lock")]
@@ -277,10 +313,10 @@ def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest -
                 continue
             raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
                            f"wait for it to finish (a store is not replaced under a running writer)")
-        with _refreshed(lock_path(store_path, STORE_LOCK)):
-            yield
+        _renewed(lease)
+        yield
     finally:
-        release(store_path, STORE_LOCK, info)
+        lease.release()
 
 
 def _check_not_replaced(store_path: str | os.PathLike) -> None:
@@ -292,56 +328,35 @@ def _check_not_replaced(store_path: str | os.PathLike) -> None:
                        f"this again on the new store")
 
 
-def _heartbeat(path: Path, stop: threading.Event) -> None:
-    while not stop.wait(min(HEARTBEAT_S, default_ttl() / 3)):
-        with contextlib.suppress(OSError):
-            os.utime(path)
-
-
-@contextlib.contextmanager
-def _refreshed(path: Path) -> Iterator[None]:
-    """Refresh the lock file ``path`` every ttl/3 while the block runs (so other runs keep waiting)."""
-    stop = threading.Event()
-    threading.Thread(target=_heartbeat, args=(path, stop), name=f"vsekit-lock-{path.name}", daemon=True).start()
-    try:
-        yield
-    finally:
-        stop.set()
-
-
 @contextlib.contextmanager
 def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit") -> Iterator[None]:
     """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block."""
     refuse_url(store_path, f"`{stage}`")
-    taken: list[tuple[str, dict | None]] = []
-    stop = threading.Event()
+    taken: list[tuple[str, Lease | None]] = []
     try:
         for name in sorted(set(names)):
             key = str(lock_path(store_path, name).resolve())
             with _held_lock:
                 if key in _held:
                     _held[key] += 1
-                    taken.append((name, None))
+                    taken.append((key, None))
                     continue
-            info = acquire(store_path, name, stage)
+            lease = _take_in(store_path, name, stage)
             with _held_lock:
                 _held[key] = 1
-            taken.append((name, info))
+            taken.append((key, lease))
             _check_not_replaced(store_path)
-            threading.Thread(target=_heartbeat, args=(lock_path(store_path, name), stop),
-                             name=f"vsekit-lock-{name}", daemon=True).start()
+            _renewed(lease)
         yield
     finally:
-        stop.set()
-        for name, info in reversed(taken):
-            key = str(lock_path(store_path, name).resolve())
+        for key, lease in reversed(taken):
             with _held_lock:
                 _held[key] -= 1
                 last = _held[key] == 0
                 if last:
                     del _held[key]
-            if last and info is not None:
-                release(store_path, name, info)
+            if last and lease is not None:
+                lease.release()
 
 
 def holder(store_path: str | os.PathLike, name: str) -> dict | None:
