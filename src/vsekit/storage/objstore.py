@@ -102,11 +102,6 @@ def parse_options(pairs: Any) -> dict[str, str]:
     return out
 
 
-def shown_options(options: Mapping[str, str]) -> str:
-    """The storage options as they may be shown: secret-looking values replaced by ``***``."""
-    return ", ".join(f"{k}={'***' if _SECRET.search(k) else v}" for k, v in sorted(options.items()))
-
-
 def shown_argv(argv: list[str]) -> list[str]:
     """A command line as it may be printed or recorded (`vsekit run`'s plan and stage records): each
     ``--storage-option`` with a secret-looking key as ``KEY=***``, each URL without credentials."""
