@@ -87,13 +87,13 @@ class StoreGuards:
         """Refuse to write while `vsekit split` holds this store's lease (object storage; on disk the
         store lock file does this: :func:`vsekit.storage.lock.writer_lock`)."""
         from .leases import free_reason
-        from .objstore import LeaseHeld, lease_key
+        from .objstore import LeaseHeld, LeaseObject, lease_key
 
-        got = self.objects.get_json(lease_key(STORE_LEASE))
+        got = LeaseObject(self.objects, lease_key(STORE_LEASE)).read()
         if got is None:
             return
-        info = got[0]
-        if free_reason(info, float(info.get("expires", 0))) is None:
+        info, _, expires = got
+        if free_reason(info, expires) is None:
             stage = str(info.get("stage", "vsekit split"))
             doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
             raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "

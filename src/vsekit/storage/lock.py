@@ -1,29 +1,13 @@
-"""One writer per feature set: a lock file written complete and linked into place.
+"""One writer per feature set on a disk: the lock file backend of the one lease (:class:`LockFile`)
+and the store's locks (docs/store.md, "Write guards: states and transitions").
 
-Every stage that writes (extract, standardize, discretize, fne, tokenize, ``info --repair``) holds
-the lock of what it writes for the whole run: ``STORE/.vsekit/locks/NAME.lock``. The content is
-written to a temporary file and fsync'd, then ``link()``ed to the lock's name: a link is atomic and
-fails if the name exists, on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a
-cluster's shared filesystem and is never seen half-written (a full disk leaves no lock at all). The
-file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
-lock file (damage) is stale at once.
-
-A lock is *stale*, and broken by the next writer, by the one takeover rule of every guard
-(:func:`.leases.free_reason`): its holder ran on this host and is gone (or the pid now belongs to
-another process: what a ``kill -9`` or a crash leaves behind), or it expired: its holder has not
-refreshed it for a ttl (``VSEKIT_LEASE_TTL_S``, default 60 s; the lock's expiry is its file's
-modification time plus the ttl it records). A holder refreshes it every ttl/3 from a daemon thread.
-One exception, on a disk only: a holder that runs on this host now keeps its lock past its expiry (a
-stopped or suspended process, Ctrl-Z), since ``tokenize``, ``split`` and ``info --repair`` write without
-checking their guard before each block (``tests/test_lock.py::test_a_live_holder_on_this_host_keeps_its_lock_past_its_expiry``).
-
-``VSEKIT_BREAK_LOCK=1`` breaks any lock (when you know the other writer is dead). The lock is
-released when the run ends, also on an exception or Ctrl-C. A process that holds a lock can take it
-again (``fne`` writes two sets), and the lock only counts once.
-
-A store has locks of its own: ``ingest`` holds ``.S.ingest.lock`` beside the store ``S`` while it
-creates it (one ingest per path), and ``ingest --overwrite`` holds ``S/.vsekit/locks/.store.lock``
-while it replaces ``S`` (refused while any writer holds a lock in ``S``; writers refused meanwhile).
+Every stage that writes holds the lock of what it writes for the whole run,
+``STORE/.vsekit/locks/NAME.lock``, refreshed every ttl/3 and released when the run ends (also on an
+exception or Ctrl-C); a process that holds a lock can take it again (``fne`` writes two sets) and it
+counts once. ``VSEKIT_BREAK_LOCK=1`` breaks any lock. A store has locks of its own: ``ingest`` holds
+``.S.ingest.lock`` beside the store ``S`` while it creates it (one ingest per path), and ``ingest
+--overwrite`` holds ``S/.vsekit/locks/.store.lock`` while it replaces ``S`` (refused while any writer
+holds a lock in ``S``; writers refused meanwhile).
 """
 
 from __future__ import annotations
@@ -308,8 +292,8 @@ def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest -
     try:
         for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
             name = other.name[:-len(".lock")]
-            seen = _read(other)
-            if name == STORE_LOCK or not seen or seen.get("torn") or stale_reason(other, seen) is not None:
+            seen = _live(other)
+            if name == STORE_LOCK or seen is None:
                 continue
             raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
                            f"wait for it to finish (a store is not replaced under a running writer)")
@@ -321,9 +305,8 @@ def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest -
 
 def _check_not_replaced(store_path: str | os.PathLike) -> None:
     """Refuse to write in a store that ``ingest --overwrite`` is replacing."""
-    path = lock_path(store_path, STORE_LOCK)
-    seen = _read(path)
-    if seen and not seen.get("torn") and seen.get("pid") != os.getpid() and stale_reason(path, seen) is None:
+    seen = holder(store_path, STORE_LOCK)
+    if seen and seen.get("pid") != os.getpid():
         raise LockHeld(f"{store_path} is being replaced by {describe(seen)}; wait for it to finish, then run "
                        f"this again on the new store")
 
@@ -361,8 +344,10 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
 
 def holder(store_path: str | os.PathLike, name: str) -> dict | None:
     """The live holder of ``name``'s lock, or None (a stale lock counts as none)."""
-    path = lock_path(store_path, name)
+    return _live(lock_path(store_path, name))
+
+
+def _live(path: Path) -> dict | None:
+    """The record of the lock file ``path`` while its holder keeps it, else None."""
     info = _read(path)
-    if not info or info.get("torn") or stale_reason(path, info) is not None:
-        return None
-    return info
+    return None if not info or stale_reason(path, info) is not None else info

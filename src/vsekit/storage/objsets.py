@@ -48,6 +48,23 @@ def refuse_if_store_replaced(objects: Any) -> None:
                      f"run that ingest --overwrite again: it finishes the swap first")
 
 
+@contextlib.contextmanager
+def _ingesting(store: "FeatureStore", objects: Objects, prefix: str) -> Iterator["FeatureStore"]:
+    """An ingest building ``store`` (under ``prefix`` of ``objects``): each new set's lease is taken in
+    it (:meth:`~.store.FeatureStore.create_features`), the store marked complete last; a failed ingest
+    deletes what it wrote."""
+    try:
+        with contextlib.ExitStack() as leases:
+            store._new_store_leases = leases
+            yield store
+        store._new_store_leases = None
+        point("ingest:complete")
+        store.root.attrs["complete"] = True
+    except BaseException:
+        _delete_keys(objects, prefix)
+        raise
+
+
 class ObjectSets:
     """The object-storage side of a :class:`~.store.FeatureStore` (``self.objects`` set)."""
 
@@ -102,16 +119,8 @@ class ObjectSets:
                 yield store
             return
         store = cls.create(url, **create_kw)
-        try:
-            with contextlib.ExitStack() as leases:
-                store._new_store_leases = leases   # create_features takes each new set's lease here
-                yield store
-            store._new_store_leases = None
-            point("ingest:complete")
-            store.root.attrs["complete"] = True
-        except BaseException:
-            _delete_keys(store.objects, "")
-            raise
+        with _ingesting(store, store.objects, ""):
+            yield store
 
     @classmethod
     @contextlib.contextmanager
@@ -139,16 +148,8 @@ class ObjectSets:
                     _delete_keys(objects, f".vsekit/{child}/")
             staging = f".vsekit/next-{uuid.uuid4().hex[:8]}"
             store = cls.create(f"{objects.url}/{staging}", **create_kw)
-            try:
-                with contextlib.ExitStack() as leases:
-                    store._new_store_leases = leases
-                    yield store
-                store._new_store_leases = None
-                point("ingest:complete")
-                store.root.attrs["complete"] = True
-            except BaseException:
-                _delete_keys(objects, f"{staging}/")
-                raise
+            with _ingesting(store, objects, f"{staging}/"):
+                yield store
             holder.check_lease(STORE_LEASE)
             point("ingest:replace:mark")
             objects.put(STORE_SWAP, dumps({"staging": staging, "token": holder.lease_token}))

@@ -525,14 +525,12 @@ def lease_valid(objects: Objects, name: str, token: str | None, margin: float | 
     """Whether the run holding ``token`` still holds the lease of ``name`` for ``margin`` seconds more
     (default: a third of its ttl; a dask task checks its driver's lease this way, only the driver
     renews it). No token: no lease was taken, nothing may be committed."""
-    if token is None:
-        return False
-    got = objects.get_json(lease_key(name))
+    got = None if token is None else LeaseObject(objects, lease_key(name)).read()
     if got is None:
         return False
-    info = got[0]
+    info, _, expires = got
     margin = float(info.get("ttl", DEFAULT_TTL_S)) / 3 if margin is None else margin
-    return info.get("token") == token and time.time() + margin < float(info.get("expires", 0))
+    return info.get("token") == token and time.time() + margin < expires
 
 
 #: a tokenize that replaces the tokens on object storage (tokenize/runner.py): its staged tokens are
