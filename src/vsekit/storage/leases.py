@@ -1,31 +1,16 @@
-"""The one lease of every write guard: one class (:class:`Lease`: take, take over, renew, release,
-hold) over a small backend interface, one ttl and one takeover rule (docs/store.md, "Write guards:
-states and transitions").
+"""The one lease of every write guard (a set's writer lock or lease, the store's, the ``tokens``', a
+job array's hold of a set, a block's lease in a job array): one class, :class:`Lease` (take, take
+over, renew, hold, release), over a small :class:`Backend` (create if absent, read with a version
+and an expiry, replace if still at that version, delete while it holds the holder's token), one ttl
+(:data:`DEFAULT_TTL_S`, ``VSEKIT_LEASE_TTL_S``) and one takeover rule (:func:`free_reason`).
+Backends: a lock file (:class:`.lock.LockFile`), a block's generations of files
+(:class:`GenerationFiles`) and an object (:class:`.objstore.LeaseObject`); docs/store.md, "Write
+guards: states and transitions", draws their states and transitions with their tests.
 
-A guard is a set's writer lock or lease, the store's, the ``tokens``', a job array's hold of a set,
-or a block's lease in a job array. Its **backend** keeps one record (the holder's host, pid, token,
-ttl, ...) and offers four conditional steps:
-
-- ``create(body, expires)``: write the record only if there is none; its version, or None;
-- ``read()``: ``(record, version, expiry)``, or None when there is none;
-- ``replace(body, expires, version)``: write it only if the record is still at ``version``; the new
-  version, or None;
-- ``delete(token)``: remove the record while it still holds ``token``;
-
-and ``touch`` (a renewal), ``lost`` (whether a later record replaced the holder's) and ``close``.
-Backends: a lock file linked into place (:class:`.lock.LockFile`), a block's generations of files
-(:class:`GenerationFiles`) and an object with create-if-absent and compare-and-swap
-(:class:`.objstore.LeaseObject`).
-
-Every guard expires ``ttl`` seconds (:data:`DEFAULT_TTL_S`, ``VSEKIT_LEASE_TTL_S``) after its holder
-last renewed it; holders renew every ttl/3. :func:`free_reason` is the one rule by which another run
-may take a guard over; a backend may keep a holder longer (the lock file keeps a live holder on this
-host: :meth:`.lock.LockFile.free_reason`).
-
-A holder commits only while :meth:`Lease.held` (no later record, and more than ``margin`` seconds
-left), so a holder and the task that takes its block over never both pass the check before
-committing, provided the hosts' clocks agree to well under ``margin`` and a holder is never frozen
-(SIGSTOP) for longer than that between its check and the end of its commit.
+A holder commits only while :meth:`Lease.held` (no later record, more than ``margin`` seconds left),
+so a holder and the task that takes its block over never both pass the check before committing,
+provided the hosts' clocks agree to well under ``margin`` and a holder is never frozen (SIGSTOP) for
+longer than that between its check and the end of its commit.
 """
 
 from __future__ import annotations

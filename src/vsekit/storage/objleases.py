@@ -1,15 +1,7 @@
 """Block leases of a job array on object storage: the one lease (:class:`.leases.Lease`) over one
-object per block (:class:`.objstore.LeaseObject`), as :func:`.leases.LeaseDir` is over files.
-
-The lease of block K is ONE object, ``PREFIX/b000042.json``: a JSON record of the owner's job, array
-task, host, pid, a random token, the time-to-live and ``expires`` (the holder's clock, as the POSIX
-lease's expiry is its file's modification time), or ``{"free": true}`` for a released lease. Every
-change is a conditional write (:class:`.objstore.Objects`), so of any number of contenders exactly
-one wins: a claim creates it if absent, or takes a free or expired one over by compare-and-swap on
-the ETag read; a renewal and a release (to a free record) compare-and-swap from the holder's last
-ETag, so a holder that lost the lease cannot renew or release the new holder's. A block is committed
-only after a renewal and :meth:`~.leases.BlockLeases.held`, with the same clock assumption as on a
-disk (``tests/test_objstore_array.py``).
+object per block, ``PREFIX/b000042.json`` (:class:`.objstore.LeaseObject`), as
+:func:`.leases.LeaseDir` is over files; its transitions: docs/store.md, "Write guards: states and
+transitions" (``tests/test_objstore_array.py``).
 """
 
 from __future__ import annotations

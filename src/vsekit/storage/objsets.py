@@ -125,15 +125,11 @@ class ObjectSets:
     @classmethod
     @contextlib.contextmanager
     def _replacing_remote(cls, objects: Any, *, drop_features: bool, **create_kw: Any) -> Iterator["FeatureStore"]:
-        """``ingest --overwrite`` of a store on object storage (docs/store.md, "Replacing a store"). Under
-        the store's lease (``.vsekit/leases/.store.json``, refused while any set's lease in it is live;
-        set writers refuse to start while it is held), with the old store's feature sets refused unless
-        ``drop_features``: the new store is built whole under the hidden prefix ``.vsekit/next-*`` of
-        the URL (a nested store no Zarr reader of the old one lists), and the old store is not touched
-        until it is complete. Then the swap mark ``.vsekit/swaps/store.json`` is written and
-        :func:`finish_store_replace` swaps it in. A failed ingest deletes the nested store (the old one
-        stays whole); a run killed in the swap leaves the mark, opening the URL names it, and the next
-        ``ingest --overwrite`` of the URL finishes the swap first."""
+        """``ingest --overwrite`` of a store on object storage, under the store's lease: the new store is
+        built whole under the hidden prefix ``.vsekit/next-*`` of the URL, the old one untouched until
+        then; then the swap mark is written and :func:`finish_store_replace` swaps it in. A failed
+        ingest deletes the nested store; a swap a killed run left is finished by the next ``ingest
+        --overwrite`` of the URL (docs/store.md, "Replacing a set or a store on object storage")."""
         if objects.url.startswith("memory://"):
             raise StoreError(f"--store {objects.url}: --overwrite of a memory:// store is not supported (it has "
                              f"no nested prefixes); ingest into a new memory:// URL")
@@ -191,11 +187,8 @@ class ObjectSets:
     def _building_features_remote(self, name: str, row_shape: Sequence[int], dtype: Any, *,
                                   overwrite: bool = False, **create_kw: Any) -> Iterator[FeatureSet]:
         """:meth:`building_features` on object storage, which has no rename: under the set's lease the
-        set is built and committed block by block under a hidden name (``.NAME.partial-*``, listed by
-        no reader), then swapped in as an ``--overwrite`` is (:meth:`_replace_remote`): readers see no
-        set (or the old one), then a whole one. A failure before the swap deletes the hidden set; one a
-        killed run left is deleted by the next run under the lease, and a swap it left half-done is
-        finished by the next writer of NAME."""
+        set is built and committed under a hidden name (``.NAME.partial-*``), then swapped in as an
+        ``--overwrite`` is (:meth:`_replace_remote`); a failure before the swap deletes it."""
         with self.writer(name, stage="vsekit ingest"):
             # a set a killed ingest had built new and this run's lease published is made again, not refused
             if self.has_features(name) and not overwrite and not self.finished_swaps.get(name, {}).get("new"):
@@ -230,14 +223,10 @@ class ObjectSets:
         self._finish_remote_replace(name)
 
     def _finish_remote_replace(self, name: str) -> dict | None:
-        """Finish the swap the mark of ``name`` describes (run under NAME's lease); returns the mark, or
-        None when there is none. Each step can be done again, so a run killed anywhere here leaves the mark and the next
-        writer of NAME calls this again: the old set's ``zarr.json`` is deleted first (from then on no
-        reader lists the set, and :meth:`features` names the swap), then every old object and every
-        commit record of NAME (the old generation's included), then the staged objects and records are
-        copied under NAME on the provider, the set is published by one create-if-absent of its
-        ``zarr.json``, and only then are the mark and the staged set deleted."""
-
+        """Finish the swap the mark of ``name`` describes (under NAME's lease); returns the mark, or None
+        without one. Every step can be done again, so a run killed here leaves the mark and the next
+        writer of NAME calls this again (the steps: docs/store.md, "Replacing a set or a store on
+        object storage")."""
         objects = self.objects
         mark = objects.get_json(replace_mark(name))
         if mark is None:
@@ -293,12 +282,9 @@ class ObjectSets:
 
 def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
     """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names (under the store's
-    lease; False without a mark). Every step can be done again, and a run killed anywhere here leaves
-    the mark: the old root ``zarr.json`` is deleted first (from then on opening the URL names the
-    swap), then every other object of the old store (the nested store, the mark and the store lease
-    excepted), then the nested store's objects are copied to the root on the provider, the root
-    ``zarr.json`` is written last by create-if-absent, and only then are the mark and the nested
-    store deleted."""
+    lease; False without a mark): the old store's objects go, but the nested store, the mark and the
+    store's lease. Every step can be done again, and a run killed here leaves the mark (docs/store.md,
+    "Replacing a set or a store on object storage")."""
     mark = objects.get_json(STORE_SWAP)
     if mark is None:
         return False
