@@ -51,9 +51,9 @@ class DatasetRows:
             raise StoreError("images: ids, paths and splits must have the same length")
         codes = np.asarray([split_code(s) for s in splits], dtype=np.uint8)
         g = self.root.require_group("images")
-        _write_strings(g, "id", ids)
-        _write_strings(g, "path", [str(p) for p in paths])
-        _write_array(g, "split", codes)
+        write_strings(g, "id", ids)
+        write_strings(g, "path", [str(p) for p in paths])
+        write_array(g, "split", codes)
 
     @property
     def n_images(self) -> int:
@@ -89,8 +89,8 @@ class DatasetRows:
             raise StoreError(f"caption {bad} refers to image row {image_rows[bad]}, "
                              f"but the store has {self.n_images} images")
         g = self.root.require_group("captions")
-        _write_strings(g, "text", [str(t) for t in text])
-        _write_array(g, "image", image_rows)
+        write_strings(g, "text", [str(t) for t in text])
+        write_array(g, "image", image_rows)
 
     @property
     def n_captions(self) -> int:
@@ -111,7 +111,8 @@ class DatasetRows:
         return "tokens" in self.root and "offsets" in self.root["tokens"]
 
 
-def _write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
+def write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
+    """Write a whole variable-length string array (replacing any existing one; ingestion, tokenisation)."""
     if name in group:
         del group[name]
     arr = group.create_array(name, shape=(len(values),), dtype=str,
@@ -121,7 +122,8 @@ def _write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.
     return arr
 
 
-def _write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK) -> zarr.Array:
+def write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK) -> zarr.Array:
+    """Write a whole small array (replacing any existing one)."""
     if name in group:
         del group[name]
     values = np.asarray(values)
@@ -130,13 +132,3 @@ def _write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = 
     if values.size:
         arr[:] = values
     return arr
-
-
-def write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
-    """Public form of the variable-length string writer (used by ingestion and tokenisation)."""
-    return _write_strings(group, name, values)
-
-
-def write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK) -> zarr.Array:
-    """Write a whole small array (replacing any existing one)."""
-    return _write_array(group, name, values, chunk)

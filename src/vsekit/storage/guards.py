@@ -8,6 +8,11 @@ import contextlib
 import uuid
 from typing import Iterator
 
+from .leases import free_reason
+from .lock import holder, replacing_store, writer_lock
+from .objstore import (LeaseHeld, LeaseLost, LeaseObject, SetLease, holder_live, lease_key, lease_valid,
+                       require_conditions)
+
 STORE_LEASE = ".store"   # the lease `vsekit split` holds on object storage (lock.STORE_LOCK on disk)
 
 
@@ -19,14 +24,10 @@ class StoreGuards:
         the one check of every guard before a block is written. On a disk: the lock file still holds
         this run's token (a lock another run took over after it expired does not); a process that holds
         no lock and carries no run's token (a library call writing outside any writer) is not checked."""
-        from .objstore import LeaseLost, lease_valid
-
         if self.objects is None:
             token = self.locks.get(name) or self.lease_token
             if token is None:
                 return
-            from .lock import holder
-
             info = holder(self.path, name)
             if not info or info.get("token") != token:
                 raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
@@ -45,8 +46,6 @@ class StoreGuards:
         says it is the only one: :func:`~.objstore.require_conditions`).
         A name this store holds already is held once (``fne`` holds both its sets, then writes them)."""
         if self.objects is None:
-            from .lock import holder, writer_lock
-
             with writer_lock(self.path, *names, stage=stage):
                 taken = [n for n in set(names) if n not in self.locks]
                 for n in taken:
@@ -57,8 +56,6 @@ class StoreGuards:
                     for n in taken:
                         self.locks.pop(n, None)
             return
-        from .objstore import SetLease, require_conditions
-
         require_conditions(self.objects, f"{stage} with more than one writer" if multi else stage, multi=multi)
         taken = []
         # one token for the leases this run holds at once (its dask tasks carry it and commit any of its
@@ -86,9 +83,6 @@ class StoreGuards:
     def _check_not_resplit(self) -> None:
         """Refuse to write while `vsekit split` holds this store's lease (object storage; on disk the
         store lock file does this: :func:`vsekit.storage.lock.writer_lock`)."""
-        from .leases import free_reason
-        from .objstore import LeaseHeld, LeaseObject, lease_key
-
         got = LeaseObject(self.objects, lease_key(STORE_LEASE)).read()
         if got is None:
             return
@@ -105,13 +99,9 @@ class StoreGuards:
         refused while any set's guard is live; set writers check it after taking theirs (:meth:`writer`),
         so of two that start at once at least one sees the other."""
         if self.objects is None:
-            from .lock import replacing_store
-
             with replacing_store(self.path, stage=stage):
                 yield
             return
-        from .objstore import LeaseHeld, holder_live
-
         with self.writer(STORE_LEASE, stage=stage):
             for key in self.objects.keys(".vsekit/leases/"):
                 name = key.rsplit("/", 1)[-1][:-len(".json")]

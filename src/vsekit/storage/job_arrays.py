@@ -159,9 +159,7 @@ class ArrayState:
         return len(self.at.list("errors"))
 
 
-def place(store, name: str) -> ArrayState:
-    """Where the array writing ``name`` of ``store`` (a :class:`~.store.FeatureStore`) keeps its state."""
-    return ArrayState(store, name)
+place = ArrayState   # where the array writing NAME of a store keeps its state: ``place(store, NAME)``
 
 
 def local_dir(name: str) -> Path:

@@ -31,18 +31,19 @@ import zarr
 import zarr.storage
 
 from ..version import __version__
-from . import integrity
+from . import integrity, lock, objcommit
 from .base import (DONE, FAILED, PENDING, STAGED, STAGING_NAME, STATUS_NAMES, Block,  # noqa: F401
                    FormatVersionError, ProvenanceError, StoreError, no_feature_set, not_a_store, owner_of,
                    read_generation)
-from .dataset import (STRING_CHUNK, DatasetRows, _write_array, _write_strings, split_code,  # noqa: F401
-                      write_array, write_strings)
+from .dataset import STRING_CHUNK, DatasetRows, split_code, write_array, write_strings  # noqa: F401
 from .faults import point
 from .fserrors import names_set_path, names_store_path
 from .guards import STORE_LEASE, StoreGuards  # noqa: F401
 from .meta import (FORMAT_VERSION, SPLIT_CODES, SPLITS, _jsonable, config_hash,  # noqa: F401
                    refuse_dropping, root_attrs, settings_diff)
+from .objcommit import reconcile, swap_dir
 from .objsets import STORE_SWAP, ObjectSets, replace_mark  # noqa: F401
+from .objstore import SERVED_BY, Objects, is_object_url, public_url
 
 
 def row_chunk_for(row_bytes: int, target_bytes: int = 16 << 20, lo: int = 16, hi: int = 4096) -> int:
@@ -154,8 +155,6 @@ class FeatureSet:
         if isinstance(block, int):
             block = self.blocks()[block]
         if self.store.objects is not None:
-            from . import objcommit
-
             if objcommit.committed(self, block):   # committed already: its chunks are never written again
                 return False
         else:
@@ -169,8 +168,6 @@ class FeatureSet:
         if status is None:
             status = np.full(len(block), DONE, dtype=np.uint8)
         if self.store.objects is not None:   # object storage: the record commits it (storage/objcommit.py)
-            from . import objcommit
-
             if not objcommit.write_record(self, block, status):
                 return False   # committed already by another writer: its status is restored from its record
         else:
@@ -273,8 +270,6 @@ def local_path(path: str | os.PathLike) -> Path:
         return Path(text)
     if match.group(1).lower() == "file":
         return Path(text[len(match.group(0)):] or "/")
-    from .objstore import SERVED_BY, is_object_url, public_url
-
     if is_object_url(text):
         raise StoreError(f"--store {public_url(text)}: this command does not serve object-store stores yet; "
                          f"{match.group(1)}:// stores are served by {SERVED_BY} (issue 35)")
@@ -316,8 +311,6 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
     def create(cls, path: str | os.PathLike, *, dataset: str, image_root: str | os.PathLike = "",
                source_files: Sequence[str] = (), overwrite: bool = False,
                storage_options: Any = None) -> "FeatureStore":
-        from .objstore import is_object_url
-
         if is_object_url(os.fspath(path)):
             return cls._create_remote(os.fspath(path), storage_options, dataset=dataset, image_root=image_root,
                                       source_files=source_files, overwrite=overwrite)
@@ -332,8 +325,6 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
 
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: Any = None) -> "FeatureStore":
-        from .objstore import is_object_url
-
         if is_object_url(os.fspath(path)):
             return cls._open_remote(os.fspath(path), mode, storage_options)
         path = local_path(path)
@@ -362,9 +353,6 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
         a store that holds feature sets (hours of extraction) needs ``drop_features`` as well as
         ``overwrite``: a new split alone is ``vsekit split``, which keeps them.
         """
-        from . import lock
-        from .objstore import is_object_url
-
         if is_object_url(os.fspath(path)):
             with cls._building_remote(os.fspath(path), overwrite=overwrite, drop_features=drop_features,
                                       **create_kw) as store:
@@ -387,8 +375,6 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
                 point("ingest:complete")
                 store.root.attrs["complete"] = True
                 point("ingest:rename")
-                from .objcommit import swap_dir
-
                 swap_dir(staging, path)
                 store.path = path
                 store.root = zarr.open_group(str(path), mode="r+", zarr_format=3)
@@ -494,8 +480,6 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
                     and existing.shape == (n_rows, *row_shape) and existing.data.dtype == dtype)
             if same and not overwrite:
                 if self.remote:   # a writer killed between a block's record and its status
-                    from .objcommit import reconcile
-
                     reconcile(existing)
                 return existing
             if not overwrite:
@@ -593,9 +577,7 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
             with self._building_features_remote(name, row_shape, dtype, overwrite=overwrite, **create_kw) as fs:
                 yield fs
             return
-        from .lock import writer_lock
-
-        with writer_lock(self.path, name, stage="vsekit ingest"):
+        with lock.writer_lock(self.path, name, stage="vsekit ingest"):
             if self.has_features(name) and not overwrite:
                 raise StoreError(f"feature set {name!r} already exists in {self.path}; "
                                  f"pass --overwrite to replace it or --name to write a new set")
@@ -622,8 +604,6 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
 
     def _replace(self, name: str, staging: str) -> None:
         """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
-        from .objcommit import swap_dir
-
         base = self.path / "features"
         swap_dir(base / staging, base / name, step=lambda: point("create_features:swap"))
 
@@ -668,8 +648,6 @@ def refuse_dropping_features(path: str | os.PathLike) -> None:
 
 def store_exists(path: str | os.PathLike) -> bool:
     """Whether a store (its root ``zarr.json``) is at ``path``, a local path or an object-store URL."""
-    from .objstore import Objects, is_object_url
-
     if is_object_url(os.fspath(path)):
         return Objects(os.fspath(path)).get("zarr.json") is not None
     return (local_path(path) / "zarr.json").is_file()
@@ -695,9 +673,6 @@ def remove_stale_staging(path: str | os.PathLike) -> list[Path]:
     right after creating the folder).
     """
     import time
-
-    from . import lock
-
     path = Path(path)
     gone = []
     if not path.parent.is_dir():
