@@ -37,6 +37,7 @@ import numpy as np
 
 from ..schedulers import get as scheduler
 from .leases import LeaseDir
+from .objleases import ObjectLeaseDir
 
 ARRAY_DIR = (".vsekit", "arrays")
 
@@ -107,8 +108,6 @@ class _Objects:
             self.objects.delete(key)
 
     def leases(self, rel: str, ttl: float | None, owner: dict | None):
-        from .objleases import ObjectLeaseDir
-
         return ObjectLeaseDir(self.objects, f"{self.prefix}/{rel}", ttl=ttl, owner=owner)
 
 
