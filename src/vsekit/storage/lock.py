@@ -27,6 +27,7 @@ from typing import Iterator
 from .fserrors import naming
 from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
 from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
+from .objstore import SERVED_BY, is_object_url, public_url
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
@@ -216,8 +217,6 @@ class LockFile(Backend):
 def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:
     """A lock file cannot live on object storage: a writer that has no lease protocol yet is refused
     there (a library call or a `vsekit run` recipe), rather than making a local folder named ``s3:``."""
-    from .objstore import SERVED_BY, is_object_url, public_url
-
     if is_object_url(os.fspath(store_path)):
         raise StoreError(f"{public_url(os.fspath(store_path))}: {stage} does not serve stores on object storage "
                          f"yet; they are served by {SERVED_BY} (issue 35)")
