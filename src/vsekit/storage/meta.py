@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..version import __version__
-from .base import StoreError
+from .base import FormatVersionError, StoreError
 
 FORMAT_VERSION = 1
 SPLITS: tuple[str, ...] = ("train", "val", "test", "restval")
@@ -81,3 +81,14 @@ def refuse_dropping(path: Any, names: Sequence[str]) -> None:
     raise StoreError(f"{path} holds {plural(len(names), 'feature set')} ({shown}); --overwrite would delete "
                      f"them. To change only the split, keep them: `vsekit split --store {path} --ratios ...` "
                      f"(or --split-file, or --val N --test N). To re-ingest and delete them, add --drop-features")
+
+
+def check_format(where: Any, attrs: Mapping[str, Any]) -> None:
+    """Refuse a Zarr group at ``where`` that is not a vsekit store, or one in a newer store format."""
+    version = attrs.get("vsekit_format")
+    if version is None:
+        raise StoreError(f"{where} is a Zarr group but not a vsekit store (no vsekit_format attribute)")
+    if int(version) > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{where} was written in vsekit store format {version}, newer than this vsekit "
+            f"({__version__}) reads (format {FORMAT_VERSION}); upgrade vsekit")

@@ -13,13 +13,12 @@ import numpy as np
 import zarr
 import zarr.storage
 
-from ..version import __version__
-from .base import STAGED, STAGING_NAME, FormatVersionError, ProvenanceError, StoreError, not_a_store
+from .base import STAGED, STAGING_NAME, ProvenanceError, StoreError, not_a_store
 from .faults import point
 from .guards import STORE_LEASE
 from .objcommit import group_meta, swap_in
 from .objstore import Objects, dumps, parse_options, require_conditions
-from .meta import FORMAT_VERSION, refuse_dropping, root_attrs, settings_diff
+from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet, FeatureStore
@@ -94,15 +93,10 @@ class ObjectSets:
         if got is None:
             raise StoreError(not_a_store(objects.url))
         attrs = got[0].get("attributes") or {}
-        if attrs.get("vsekit_format") is None:
-            raise StoreError(f"{objects.url} is a Zarr group but not a vsekit store (no vsekit_format attribute)")
+        check_format(objects.url, attrs)
         if attrs.get("complete") is False:
             raise StoreError(f"{objects.url}: its ingest has not finished (or was killed before it did); rerun "
                              f"the ingest into a new URL, or delete these objects and ingest again")
-        if int(attrs["vsekit_format"]) > FORMAT_VERSION:
-            raise FormatVersionError(
-                f"{objects.url} was written in vsekit store format {attrs['vsekit_format']}, newer than this "
-                f"vsekit ({__version__}) reads (format {FORMAT_VERSION}); upgrade vsekit")
         root = zarr.open_group(objects.zarr_store(read_only=mode == "r"), mode=mode, zarr_format=3)
         return cls(root, objects.url, objects)
 

@@ -39,7 +39,7 @@ from .dataset import STRING_CHUNK, DatasetRows, split_code, write_array, write_s
 from .faults import point
 from .fserrors import names_set_path, names_store_path
 from .guards import STORE_LEASE, StoreGuards  # noqa: F401
-from .meta import (FORMAT_VERSION, SPLIT_CODES, SPLITS, _jsonable, config_hash,  # noqa: F401
+from .meta import (FORMAT_VERSION, SPLIT_CODES, SPLITS, _jsonable, check_format, config_hash,  # noqa: F401
                    refuse_dropping, root_attrs, settings_diff)
 from .objcommit import reconcile, swap_dir
 from .objsets import STORE_SWAP, ObjectSets, replace_mark  # noqa: F401
@@ -334,13 +334,7 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
             root = zarr.open_group(str(path), mode=mode, zarr_format=3)
         except Exception as exc:  # corrupt metadata
             raise StoreError(f"cannot open {path} as a Zarr v3 group: {exc}") from exc
-        version = root.attrs.get("vsekit_format")
-        if version is None:
-            raise StoreError(f"{path} is a Zarr group but not a vsekit store (no vsekit_format attribute)")
-        if int(version) > FORMAT_VERSION:
-            raise FormatVersionError(
-                f"{path} was written in vsekit store format {version}, newer than this vsekit "
-                f"({__version__}) reads (format {FORMAT_VERSION}); upgrade vsekit")
+        check_format(path, root.attrs)
         return cls(root, path)
 
     @classmethod
