@@ -23,7 +23,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from vsekit.cli import main  # noqa: E402
 from vsekit.storage import integrity, objcommit, objstore  # noqa: E402
-from vsekit.storage import store as store_mod  # noqa: E402
+from vsekit.storage import objsets, store as store_mod  # noqa: E402
 from vsekit.storage.base import StoreError  # noqa: E402
 from vsekit.storage.store import FeatureStore, replace_mark  # noqa: E402
 
@@ -35,6 +35,12 @@ NEW = {**OPTS, "resize": 80}      # other settings: another set
 SWAP_STEPS = ["replace:unpublish", "replace:delete", "replace:copy", "replace:publish", "replace:cleanup"]
 STORE_STEPS = ["ingest:replace:unpublish", "ingest:replace:delete", "ingest:replace:copy",
                "ingest:replace:publish", "ingest:replace:cleanup"]
+
+
+def _set_point(monkeypatch, point) -> None:
+    """Put ``point`` at the write points of sets (storage/store.py) and of their swaps (storage/objsets.py)."""
+    for module in (store_mod, objsets):
+        monkeypatch.setattr(module, "point", point)
 
 
 class Stop(BaseException):
@@ -52,7 +58,7 @@ def _stop_at(monkeypatch, name: str, nth: int = 1) -> None:
                 raise Stop(at)
         real(at)
 
-    monkeypatch.setattr(store_mod, "point", point)
+    _set_point(monkeypatch, point)
 
 
 def _run(args):
@@ -128,7 +134,7 @@ def test_a_failed_extract_overwrite_on_s3_leaves_the_old_set_whole_and_readable(
     _stop_at(monkeypatch, "write_block:data", nth=2)    # the new set's second block fails
     with pytest.raises(Stop):
         extract(s3.url(), **NEW, overwrite=True)
-    monkeypatch.setattr(store_mod, "point", lambda at: None)
+    _set_point(monkeypatch, lambda at: None)
     after = {k: s3.client.get_object(Bucket=s3.bucket, Key=k)["Body"].read() for k in s3.keys()
              if "/.vsekit/" not in k or "/.vsekit/commits/" in k}
     assert after == before                       # every object of the old set as it was, nothing staged left
@@ -163,7 +169,7 @@ def test_a_swap_stopped_at_each_step_is_finished_by_the_next_writer_and_readers_
         new = _write_set(st, new_rows, overwrite=True, seed=1)
         new_gen = new.attrs["generation"]
         st.commit(new)
-    monkeypatch.setattr(store_mod, "point", lambda at: None)
+    _set_point(monkeypatch, lambda at: None)
     if step == "replace:mark":   # before the mark: the old set whole; the staged one is a leftover
         fs = FeatureStore.open(s3.url()).features("f")
         assert np.array_equal(fs.data[:], old_rows) and fs.attrs["generation"] == old_gen
@@ -287,7 +293,7 @@ def test_a_failed_ingest_overwrite_leaves_the_old_s3_store_whole(s3, demo_dir, m
     _stop_at(monkeypatch, "ingest:complete")            # fails after the new store's arrays are written
     with pytest.raises(Stop):
         CliRunner().invoke(main, [*karpathy, "--overwrite", "--restval-as-train"], catch_exceptions=False)
-    monkeypatch.setattr(store_mod, "point", lambda at: None)
+    _set_point(monkeypatch, lambda at: None)
     assert _store_objects(s3) == before           # not one object changed; the new store's are gone
     assert FeatureStore.open(url).n_images == json.loads(before["stores/demo.zarr/images/id/zarr.json"])["shape"][0]
 
@@ -306,7 +312,7 @@ def test_an_ingest_overwrite_stopped_in_its_swap_is_named_on_opening_and_finishe
     with pytest.raises(Stop):
         CliRunner().invoke(main, [*karpathy, "--store", url, "--overwrite", "--restval-as-train"],
                            catch_exceptions=False)
-    monkeypatch.setattr(store_mod, "point", lambda at: None)
+    _set_point(monkeypatch, lambda at: None)
     if step in ("ingest:replace:mark", "ingest:replace:unpublish"):   # nothing deleted yet: the old store whole
         _assert_same(_contents(url), old)
     if step == "ingest:replace:cleanup":   # the new store published whole: it opens (the next ingest cleans up)
@@ -370,10 +376,10 @@ def test_a_swapper_that_lost_its_lease_deletes_and_copies_nothing_more(s3, monke
                 st.leases["f"].lost = "taken over"
             real(at)
 
-        monkeypatch.setattr(store_mod, "point", point)
+        _set_point(monkeypatch, point)
         with pytest.raises(objstore.LeaseLost):
             st.commit(new)
-        monkeypatch.setattr(store_mod, "point", real)
+        _set_point(monkeypatch, real)
     after = objects()
     assert before, "the swap never reached the step"
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}

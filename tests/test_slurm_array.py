@@ -81,9 +81,10 @@ def commits(log: Path) -> dict[int, list[str]]:
 
 
 def leases_of(store_path, task: str) -> list[int]:
-    from vsekit.storage.job_arrays import lease_dir
+    from vsekit.storage.job_arrays import array_dir
+    from vsekit.storage.leases import LeaseDir
 
-    return [s.key for s in lease_dir(store_path, NAME).states() if str(s.owner.get("task")) == task]
+    return [s.key for s in LeaseDir(array_dir(store_path, NAME) / "leases").states() if str(s.owner.get("task")) == task]
 
 
 def wait_for(cond, timeout: float, what: str):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,13 @@ class Block:
 
 
 STAGED = "next-"   # ``.NAME.next-XXXX``: a set built beside NAME by --overwrite, swapped in on success
+STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
+
+
+def owner_of(name: str) -> str:
+    """The set a hidden staged set (``.NAME.next-*``, ``.NAME.partial-*``) is built for; else ``name``."""
+    m = STAGING_NAME.match(name)
+    return name[1:name.rindex(".")] if m and m.group(1) in ("next", "partial") else name
 
 
 def read_generation(store_path: str | os.PathLike, name: str) -> str | None:

@@ -8,8 +8,14 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ..words import plural
 from . import integrity
-from .store import SPLITS, FeatureStore
+from .interop import retry_advice
+from .job_arrays import progress_lines
+from .objstore import TOKENS_SWAP
+from .remake import remake_command
+from .splits import refuse_stale
+from .store import FAILED, SPLITS, FeatureStore
 
 _HIDDEN_ATTRS = {"errors"}
 
@@ -57,8 +63,6 @@ def describe(store: FeatureStore, name: str | None = None) -> str:
             for key in sorted(tok.array_keys()):
                 lines.append(_array_line(key, tok[key], "    "))
         if store.remote:
-            from .objstore import TOKENS_SWAP
-
             if store.objects.get(TOKENS_SWAP) is not None:
                 lines.append(f"  tokens: being replaced (a tokenize stopped in its swap); `vsekit tokenize --store "
                              f"{store.path}` finishes it first")
@@ -102,8 +106,6 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
         if c is not None and c["failed"]:
             lines.extend(failed_lines(store, fs, limit=3))
         return lines
-    from .job_arrays import progress_lines   # a SLURM job array writing this set (extract --cluster slurm-array:N)
-
     lines.extend(progress_lines(fs))
     lines.append("      provenance:")
     for key in sorted(attrs):
@@ -111,8 +113,6 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
             continue
         lines.append(f"        {key}: {_fmt_attr(attrs[key])}")
     if attrs.get("stale"):
-        from .splits import refuse_stale
-
         try:
             refuse_stale(fs)
         except Exception as exc:  # noqa: BLE001 - its message is the remake advice
@@ -125,10 +125,6 @@ def _describe_set(store: FeatureStore, name: str, brief: bool) -> list[str]:
 def failed_lines(store: FeatureStore, fs, limit: int = 20) -> list[str]:
     """A set's failed rows: how many in each split, the first ``limit`` with their reasons, and the two
     ways out (retry them, or drop them: train and evaluate skip them, export with --drop-failed)."""
-    from ..words import plural
-    from .interop import retry_advice
-    from .store import FAILED
-
     status = fs.status_values()
     failed = np.flatnonzero(status == FAILED)
     errors = fs.errors()
@@ -178,7 +174,5 @@ def verify_store(store: FeatureStore, name: str | None = None, *, repair: bool =
         # the set's one-writer guard: its lock file on disk, its lease on object storage
         with store.writer(n, stage="vsekit info --repair"):
             count = integrity.repair(fs, report)
-        from .remake import remake_command
-
         lines.append(f"repaired: {count} block(s) of {n} marked pending; now run: {remake_command(store, n)}")
     return "\n".join(lines) if lines else "no feature sets", ok

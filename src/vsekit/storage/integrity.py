@@ -28,6 +28,11 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from .base import PENDING, Block, StoreError
+from .faults import point
+from .objcommit import chunk_key, committed, records
+from .objcommit import repair as repair_records
+from .objcommit import verify as verify_records
+from .remake import remake_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet
@@ -119,8 +124,6 @@ def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
 def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
     """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
     if fs.store.objects is not None:   # object storage: against the blocks' commit records
-        from .objcommit import verify as verify_records
-
         return verify_records(fs, Report(fs.name, len(fs.blocks()), full=not quick), _status_block, quick=quick)
 
     blocks = fs.blocks()
@@ -169,11 +172,7 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
 
 def repair(fs: "FeatureSet", report: Report) -> int:
     """Mark the damaged blocks of ``report`` pending (status and checksums reset); returns how many."""
-    from .faults import point
-
     if fs.store.objects is not None:
-        from .objcommit import repair as repair_records
-
         return repair_records(fs, report)
     blocks = fs.blocks()
     for i in sorted(report.damaged):
@@ -188,8 +187,6 @@ def repair(fs: "FeatureSet", report: Report) -> int:
 
 def refuse_damaged(fs: "FeatureSet") -> None:
     """Raise StoreError if the quick check finds damaged blocks (``train`` calls this before reading)."""
-
-    from .remake import remake_command
 
     report = verify(fs, quick=True)
     if not report.ok:
@@ -215,8 +212,6 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     On object storage: whether it has its commit record (:mod:`.objcommit`).
     """
     if fs.store.objects is not None:
-        from .objcommit import committed
-
         return committed(fs, block)
 
     status = _status_block(fs, block)
@@ -253,8 +248,6 @@ class BlockCheck:
         self.columns = {a: names.index(a) for a in arrays if a in names}
         self.remote = fs.store.objects is not None
         if self.remote:
-            from .objcommit import records
-
             self.commits = records(fs)
         self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) and not self.remote else None
         self.records = bool(names)
@@ -298,8 +291,6 @@ class BlockCheck:
         if self.expected(index, array) is None:
             return
         if self.remote:
-            from .objcommit import chunk_key
-
             got = self.fs.store.objects.get(chunk_key(self.fs, array, index))
             self.check_sum(index, array, *((0, ABSENT) if got is None else (crc_of(got[0]), len(got[0]))))
             return
@@ -316,8 +307,6 @@ class BlockCheck:
                 f"change was used. Rerun the command")
 
     def refuse(self, index: int, why: str):
-
-        from .remake import remake_command
 
         self.check_generation()   # a set made again meanwhile differs from the record, but is not damaged
         block = self.blocks[index]

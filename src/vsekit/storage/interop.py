@@ -25,7 +25,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..words import plural
 from .integrity import SUMS
+from .objcommit import swap_dir
+from .remake import remake_command, root_set
+from .splits import refuse_stale
 from .base import no_tokens
 from .store import FAILED, SPLITS, FeatureStore, StoreError, write_array, write_strings
 
@@ -40,8 +44,6 @@ def _open(store: FeatureStore | str | Path) -> FeatureStore:
 def retry_advice(store: FeatureStore, name: str) -> str:
     """How to retry the failed rows of ``name``: the extract command with --retry-failed (and the
     derived stages after it, with --overwrite)."""
-    from .remake import remake_command, root_set
-
     root = root_set(store, name)
     ra = store.features(root).attrs
     if "crop_size" not in ra or ra.get("stage"):   # made by an ingester, not by `vsekit extract`
@@ -59,13 +61,9 @@ def retry_advice(store: FeatureStore, name: str) -> str:
 
 def _complete_set(store: FeatureStore, features: str, drop_failed: bool = False, layout: str = "vsepp"):
     fs = store.features(features, complete=True)
-    from .splits import refuse_stale
-
     refuse_stale(fs)
     failed = fs.counts()["failed"]
     if failed and not drop_failed:
-        from ..words import plural
-
         row = int(np.flatnonzero(fs.status_values() == FAILED)[0])
         ids = store.image_ids() if store.n_images == fs.n_rows else None
         why = (f"; first: row {row}{f' (id {ids[row]})' if ids is not None else ''}: "
@@ -154,8 +152,6 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    from .objcommit import swap_dir
-
     swap_dir(out, final)
     summary["out"] = str(final)
     summary["vocab"] = [str(final / Path(p).name) for p in summary.get("vocab", [])]

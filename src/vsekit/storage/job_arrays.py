@@ -37,24 +37,13 @@ import numpy as np
 
 from ..schedulers import get as scheduler
 from .leases import LeaseDir
+from .objleases import ObjectLeaseDir
 
 ARRAY_DIR = (".vsekit", "arrays")
 
 def array_dir(store_path: str | os.PathLike, name: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
     return Path(store_path).joinpath(*ARRAY_DIR) / safe
-
-
-def lease_dir(store_path: str | os.PathLike, name: str, ttl: float | None = None,
-              owner: dict | None = None) -> LeaseDir:
-    return LeaseDir(array_dir(store_path, name) / "leases", ttl=ttl, owner=owner)
-
-
-def read_spec(store_path: str | os.PathLike, name: str) -> dict | None:
-    try:
-        return json.loads((array_dir(store_path, name) / "spec.json").read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def write_json(path: Path, value: Any) -> None:
@@ -65,95 +54,111 @@ def write_json(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def remove(store_path: str | os.PathLike, name: str) -> None:
-    shutil.rmtree(array_dir(store_path, name), ignore_errors=True)
-
-
-
-
 # --- where an array keeps its state: a folder, or objects -----------------------------------------
-class ArrayState:
-    """An array's state under ``.vsekit/arrays/NAME/`` of its store, through one interface whatever the
-    store: files on a POSIX disk (written whole: temporary file, rename), objects on object storage
-    (one put each). Its leases are the one lease's backend for that store (:class:`.leases.LeaseDir`,
-    :class:`.objleases.ObjectLeaseDir`)."""
+class _Files:
+    """An array's state as files of a folder (each written whole: temporary file, rename)."""
 
-    def __init__(self, store, name: str):
-        self.name, self.objects = name, getattr(store, "objects", None)
-        self.remote = self.objects is not None
-        self.dir = None if self.remote else array_dir(store.path, name)
-        self.prefix = "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])
+    def __init__(self, root: Path):
+        self.root = root
 
-    def _read(self, handle) -> dict | None:
-        if self.remote:
-            got = self.objects.get_json(handle)
-            return None if got is None else got[0]
+    def read(self, rel: str) -> dict | None:
         try:
-            return json.loads(Path(handle).read_text())
+            return json.loads((self.root / rel).read_text())
         except (OSError, ValueError):
             return None
 
-    def _write(self, rel: str, value: Any) -> None:
-        if self.remote:
-            self.objects.put(f"{self.prefix}/{rel}", json.dumps(value, indent=1, default=str).encode())
-        else:
-            write_json(self.dir / rel, value)
+    def write(self, rel: str, value: Any) -> None:
+        write_json(self.root / rel, value)
 
-    def _list(self, rel: str) -> list:
-        """The handles (object keys or paths) of the ``b*.json`` files under ``rel``."""
-        if self.remote:
-            return self.objects.keys(f"{self.prefix}/{rel}/")
-        return sorted((self.dir / rel).glob("b*.json")) if (self.dir / rel).is_dir() else []
+    def list(self, rel: str) -> list[str]:
+        """The names (relative to the state's root) of the ``b*.json`` files under ``rel``."""
+        return sorted(f"{rel}/{p.name}" for p in (self.root / rel).glob("b*.json"))
 
-    def _drop(self, handles) -> None:
-        for h in handles:
-            self.objects.delete(h) if self.remote else Path(h).unlink(missing_ok=True)
+    def drop(self, rel: str) -> None:
+        (self.root / rel).unlink(missing_ok=True)
+
+    def clear(self, rel: str = "") -> None:
+        shutil.rmtree(self.root / rel, ignore_errors=True)
+
+    def leases(self, rel: str, ttl: float | None, owner: dict | None):
+        return LeaseDir(self.root / rel, ttl=ttl, owner=owner)
+
+
+class _Objects:
+    """An array's state as objects under a prefix of the store (one put each)."""
+
+    def __init__(self, objects, prefix: str):
+        self.objects, self.prefix = objects, prefix
+
+    def read(self, rel: str) -> dict | None:
+        got = self.objects.get_json(f"{self.prefix}/{rel}")
+        return None if got is None else got[0]
+
+    def write(self, rel: str, value: Any) -> None:
+        self.objects.put(f"{self.prefix}/{rel}", json.dumps(value, indent=1, default=str).encode())
+
+    def list(self, rel: str) -> list[str]:
+        return [k[len(self.prefix) + 1:] for k in self.objects.keys(f"{self.prefix}/{rel}/")]
+
+    def drop(self, rel: str) -> None:
+        self.objects.delete(f"{self.prefix}/{rel}")
+
+    def clear(self, rel: str = "") -> None:
+        for key in self.objects.keys(f"{self.prefix}/{rel}".rstrip("/") + "/"):
+            self.objects.delete(key)
+
+    def leases(self, rel: str, ttl: float | None, owner: dict | None):
+        return ObjectLeaseDir(self.objects, f"{self.prefix}/{rel}", ttl=ttl, owner=owner)
+
+
+class ArrayState:
+    """An array's state under ``.vsekit/arrays/NAME/`` of its store, through one interface whatever the
+    store: files on a POSIX disk, objects on object storage. Its leases are the one lease's block
+    leases over that store's backend (:func:`.leases.LeaseDir`, :func:`.objleases.ObjectLeaseDir`);
+    a handle is a name relative to the state's root."""
+
+    def __init__(self, store, name: str):
+        objects = getattr(store, "objects", None)
+        self.at = (_Files(array_dir(store.path, name)) if objects is None else
+                   _Objects(objects, "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])))
 
     def read_spec(self) -> dict | None:
-        return self._read(f"{self.prefix}/spec.json" if self.remote else self.dir / "spec.json")
+        return self.at.read("spec.json")
 
     def write_spec(self, spec: dict) -> None:
-        self._write("spec.json", spec)
+        self.at.write("spec.json", spec)
 
     def drop_spec(self) -> None:
-        self._drop([f"{self.prefix}/spec.json" if self.remote else self.dir / "spec.json"])
+        self.at.drop("spec.json")
 
     def remove(self) -> None:
-        self._drop(self.objects.keys(f"{self.prefix}/")) if self.remote else shutil.rmtree(self.dir, ignore_errors=True)
+        self.at.clear()
 
     def clear_leases(self) -> None:
-        if self.remote:
-            self._drop(self.objects.keys(f"{self.prefix}/leases/"))
-        else:
-            shutil.rmtree(self.dir / "leases", ignore_errors=True)
+        self.at.clear("leases")
 
     def leases(self, ttl: float | None = None, owner: dict | None = None, rel: str = "leases"):
-        if self.remote:
-            from .objleases import ObjectLeaseDir
-
-            return ObjectLeaseDir(self.objects, f"{self.prefix}/{rel}", ttl=ttl, owner=owner)
-        return LeaseDir(self.dir / rel, ttl=ttl, owner=owner)
+        return self.at.leases(rel, ttl, owner)
 
     def merge_leases(self):
         return self.leases(ttl=120, rel="merge")
 
     def write_errors(self, index: int, errors: dict) -> None:
-        self._write(f"errors/b{int(index):06d}.json", errors)
+        self.at.write(f"errors/b{int(index):06d}.json", errors)
 
-    def error_files(self) -> list[tuple[Any, dict]]:
+    def error_files(self) -> list[tuple[str, dict]]:
         """(handle, reasons) of each block's failure-reasons file not yet merged."""
-        return [(h, self._read(h) or {}) for h in self._list("errors")]
+        return [(h, self.at.read(h) or {}) for h in self.at.list("errors")]
 
     def drop_errors(self, handles) -> None:
-        self._drop(handles)
+        for h in handles:
+            self.at.drop(h)
 
     def count_errors(self) -> int:
-        return len(self._list("errors"))
+        return len(self.at.list("errors"))
 
 
-def place(store, name: str) -> ArrayState:
-    """Where the array writing ``name`` of ``store`` (a :class:`~.store.FeatureStore`) keeps its state."""
-    return ArrayState(store, name)
+place = ArrayState   # where the array writing NAME of a store keeps its state: ``place(store, NAME)``
 
 
 def local_dir(name: str) -> Path:

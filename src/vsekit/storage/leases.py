@@ -1,31 +1,16 @@
-"""The one ttl and the one takeover rule of every write guard, and block leases (which task of a job
-array is writing which row block, and until when) on a POSIX disk.
+"""The one lease of every write guard (a set's writer lock or lease, the store's, the ``tokens``', a
+job array's hold of a set, a block's lease in a job array): one class, :class:`Lease` (take, take
+over, renew, hold, release), over a small :class:`Backend` (create if absent, read with a version
+and an expiry, replace if still at that version, delete while it holds the holder's token), one ttl
+(:data:`DEFAULT_TTL_S`, ``VSEKIT_LEASE_TTL_S``) and one takeover rule (:func:`free_reason`).
+Backends: a lock file (:class:`.lock.LockFile`), a block's generations of files
+(:class:`GenerationFiles`) and an object (:class:`.objstore.LeaseObject`); docs/store.md, "Write
+guards: states and transitions", draws their states and transitions with their tests.
 
-Every guard (a set's writer lock or lease, the store's, a block's lease, a job array's hold of a set)
-expires ``ttl`` seconds (:data:`DEFAULT_TTL_S`, ``VSEKIT_LEASE_TTL_S``) after its holder last renewed
-it; holders renew every ttl/3. :func:`free_reason` is the one rule by which another run may take a
-guard over (docs/store.md, "Write guards: states and transitions").
-
-The lease of block K is a sequence of small files ``DIR/b000042.g0.lease``, ``...g1.lease``, ...;
-the *current* lease is the highest generation present. Each file is a JSON record: the owner's job,
-array task, host, pid, a random token and the time-to-live, or ``{"free": true}`` for a released
-lease. A lease's *expiry* is its file's modification time plus ``ttl``: the holder renews it by
-touching its own file through the descriptor it keeps open (``os.utime(fd)``).
-
-* **Claim, take over, release** are all the same atomic step: hard-link a complete record into the
-  next generation's name (``os.link`` fails when the name exists, atomically on local disks and on
-  NFS v3+/Lustre/GPFS). A free block (no file, or a free record) or one whose current lease has
-  expired is claimed by linking generation n+1; of any number of contenders for generation n+1
-  exactly one succeeds. Nothing is ever renamed over or deleted while it may be current, so no
-  contender can remove or replace a winner's file.
-* **Holding** (:meth:`LeaseDir.held`): no generation after the holder's exists, and more than
-  ``margin`` seconds remain before its lease expires. A block is committed only after this check
-  (and the block's own status check); a holder that lost its lease drops the block.
-
-A takeover needs the current lease to have expired, and a holder only commits with ``margin``
-seconds left, so a holder and the task that takes its block over never both pass the check before
-committing, provided the hosts' clocks agree to well under ``margin`` and a holder is never frozen
-(SIGSTOP) for longer than that between its check and the end of its commit.
+A holder commits only while :meth:`Lease.held` (no later record, more than ``margin`` seconds left),
+so a holder and the task that takes its block over never both pass the check before committing,
+provided the hosts' clocks agree to well under ``margin`` and a holder is never frozen (SIGSTOP) for
+longer than that between its check and the end of its commit.
 """
 
 from __future__ import annotations
@@ -35,18 +20,18 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..schedulers import get as get_scheduler, this_task
-from .base import DEFAULT_STALE_S, STALE_ENV
+from .base import DEFAULT_STALE_S, STALE_ENV, StoreError
 
 DEFAULT_TTL_S = 60.0
 TTL_ENV = "VSEKIT_LEASE_TTL_S"
-_NAME = re.compile(r"^b(\d+)\.g(\d+)\.lease$")
 
 
 def default_ttl() -> float:
@@ -135,24 +120,113 @@ def holder_words(info: dict, expires: float) -> str | None:
             f"lease expires in {left:.0f} s unless renewed. Wait for it to finish, or rerun once it has stopped")
 
 
-@dataclass
-class Lease:
-    """A lease this process holds: its block, generation, file, open descriptor and token."""
+# --- the one lease ----------------------------------------------------------------------------------
+class Backend:
+    """Where a lease's record lives (see the module's docstring); the defaults suit a backend whose
+    renewal is a replacement (object storage)."""
 
-    key: int
-    gen: int
-    path: Path
-    fd: int
-    token: str
-    ttl: float
-    stolen_from: dict | None = None
+    def free_reason(self, info: dict, expires: float, now: float) -> str | None:
+        return free_reason(info, expires, now)
+
+    def touch(self, body: dict, expires: float, version: Any) -> Any:
+        return self.replace(body, expires, version)
+
+    def lost(self, version: Any) -> bool:
+        return False
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        self.fd = -1
+        pass
 
 
+class Lease:
+    """A guard this process takes and holds over ``backend``: ``record`` (what the holder says of
+    itself) plus a ``token`` and the ``ttl``. ``free_record``: a release leaves a free record (a
+    block's lease: its history stays) rather than deleting it. ``clock``: where the time comes from."""
+
+    def __init__(self, backend: Backend, record: dict | None = None, ttl: float | None = None,
+                 token: str | None = None, free_record: bool = False, clock: Any = time):
+        self.backend, self.record, self.clock, self.free_record = backend, dict(record or {}), clock, free_record
+        self.ttl = default_ttl() if ttl is None else float(ttl)
+        self.token = token or uuid.uuid4().hex
+        self.version: Any = None
+        self.expires = 0.0
+        self.stolen_from: dict | None = None
+        self.key: Any = None   # what it guards, for its users (a block's index)
+        self.lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def body(self) -> dict:
+        return {**self.record, "token": self.token, "ttl": self.ttl}
+
+    def take(self, now: float | None = None, tries: int = 1) -> dict | None:
+        """Take the guard: None when taken; else the record of the holder that keeps it (``{}``:
+        others took it at the same moment ``tries`` times). A free or expired guard (the backend's
+        :meth:`Backend.free_reason`) is taken over by a replacement of the version just read."""
+        now = self.clock.time() if now is None else now
+        for _ in range(tries):
+            version = self.backend.create(self.body(), now + self.ttl)
+            if version is None:
+                got = self.backend.read()
+                if got is None:   # released meanwhile
+                    continue
+                info, seen, expires = got
+                if self.backend.free_reason(info, expires, now) is None:
+                    return info
+                version = self.backend.replace(self.body(), now + self.ttl, seen)
+                if version is None:
+                    continue
+                self.stolen_from = None if info.get("free") else info
+            self.version, self.expires = version, now + self.ttl
+            return None
+        return {}
+
+    def renew(self) -> bool:
+        """Push the expiry to ``ttl`` from now; False once another record replaced the holder's."""
+        with self.lock:
+            if self.version is None:
+                return False
+            now = self.clock.time()
+            version = self.backend.touch(self.body(), now + self.ttl, self.version)
+            if version is not None:
+                self.expires = now + self.ttl
+            self.version = version
+            return version is not None
+
+    def held(self, margin: float = 0.0) -> bool:
+        """Whether this process still holds the guard, with more than ``margin`` seconds left."""
+        with self.lock:
+            return (self.version is not None and not self.backend.lost(self.version)
+                    and self.clock.time() + margin < self.expires)
+
+    def release(self) -> None:
+        """Give the guard up while it is still this holder's: a free record, or no record."""
+        self._stop.set()
+        with self.lock:
+            if self.version is None:
+                return
+            try:
+                if self.free_record:
+                    self.backend.replace({"free": True, "released_by": self.token}, 0.0, self.version)
+                else:
+                    self.backend.delete(self.token)
+            finally:
+                self.version = None
+                self.backend.close()
+
+    def keep_renewed(self, every: float, errors: tuple = (OSError,)) -> "Lease":
+        """Renew every ``every`` seconds from a daemon thread until released (or a renewal fails)."""
+        def loop() -> None:
+            while not self._stop.wait(every):
+                try:
+                    self.renew()
+                except errors:
+                    return
+
+        threading.Thread(target=loop, name="vsekit-lease", daemon=True).start()
+        return self
+
+
+# --- a job array's block leases ---------------------------------------------------------------------
 @dataclass
 class LeaseState:
     """The current lease of a block, as any process sees it (for ``vsekit info`` and takeovers)."""
@@ -171,122 +245,146 @@ class LeaseState:
         return time.time() > self.expires
 
 
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+class BlockLeases:
+    """The leases of one feature set's blocks, one :class:`Lease` per block over ``backend(key)``;
+    ``keys()`` lists the blocks that have a record (:func:`LeaseDir` on a disk,
+    :func:`.objleases.ObjectLeaseDir` on object storage)."""
 
-
-class LeaseDir:
-    """The leases of one feature set's blocks, in folder ``root`` (created if missing)."""
-
-    def __init__(self, root: str | os.PathLike, ttl: float | None = None, owner: dict | None = None):
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, backend: Callable[[int], Backend], keys: Callable[[], Iterable[int]],
+                 ttl: float | None = None, owner: dict | None = None, clock: Any = time):
+        self.backend, self.keys, self.clock = backend, keys, clock
         self.ttl = float(ttl if ttl is not None else default_ttl())
         self.owner = owner if owner is not None else owner_record()
-
-    def path(self, key: int, gen: int) -> Path:
-        return self.root / f"b{int(key):06d}.g{int(gen)}.lease"
-
-    def current(self, key: int) -> int:
-        """The highest generation present for ``key`` (-1: none)."""
-        gen = -1
-        while os.path.exists(self.path(key, gen + 1)):
-            gen += 1
-        return gen
-
-    # --- taking --------------------------------------------------------------------------------
-    def _record(self, key: int, body: dict) -> tuple[Path, int]:
-        """``body`` in a private temporary file (kept open); returns (path, fd)."""
-        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-        os.write(fd, json.dumps(body).encode())
-        os.fsync(fd)
-        return tmp, fd
 
     def claim(self, key: int) -> Lease | None:
         """Take the lease of ``key`` if it is free or expired; None if another task holds it (or
         won it at the same moment)."""
-        gen = self.current(key)
-        before = self.state(key, gen) if gen >= 0 else None
-        if before is not None and free_reason(before.owner, before.expires) is None:
+        now = self.clock.time()
+        lease = Lease(self.backend(key), dict(self.owner, block=int(key), taken=now), self.ttl,
+                      free_record=True, clock=self.clock)
+        if lease.take(now) is not None:
+            lease.backend.close()
             return None
-        token = uuid.uuid4().hex
-        tmp, fd = self._record(key, dict(self.owner, token=token, ttl=self.ttl, block=int(key),
-                                         taken=time.time()))
-        try:
-            os.link(tmp, self.path(key, gen + 1))
-        except FileExistsError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        finally:
-            tmp.unlink(missing_ok=True)
-        os.utime(fd)   # the expiry counts from the link
-        stolen = before.owner if before is not None and not before.free else None
-        return Lease(key, gen + 1, self.path(key, gen + 1), fd, token, self.ttl, stolen_from=stolen)
+        lease.key = int(key)
+        return lease
 
-    # --- holding -------------------------------------------------------------------------------
     def renew(self, lease: Lease) -> None:
-        """Push the expiry of ``lease`` to ``ttl`` seconds from now (touches only the holder's file)."""
-        if lease.fd >= 0:
-            os.utime(lease.fd)
+        """Push the expiry of ``lease`` to ``ttl`` seconds from now, if nobody else took it since (a
+        server that does not answer leaves it to run out, unless a later renewal works)."""
+        with contextlib.suppress(StoreError):
+            lease.renew()
 
     def held(self, lease: Lease, margin: float | None = None) -> bool:
         """Whether ``lease`` is still this process's, with more than ``margin`` seconds left."""
-        if lease.fd < 0:
-            return False
-        margin = self.ttl / 4 if margin is None else margin
-        if os.path.exists(self.path(lease.key, lease.gen + 1)):
-            return False           # released, or taken over after it expired
-        return time.time() + margin < os.fstat(lease.fd).st_mtime + lease.ttl
+        return lease.held(self.ttl / 4 if margin is None else margin)
 
     def release(self, lease: Lease) -> None:
-        """Mark the block free (the next generation, unless a takeover already made it), and close."""
-        if lease.fd < 0:
-            return
-        try:
-            tmp, fd = self._record(lease.key, {"free": True, "released_by": lease.token})
-            os.close(fd)
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, self.path(lease.key, lease.gen + 1))
-            tmp.unlink(missing_ok=True)
-        finally:
-            lease.close()
+        """Mark the block free, only if the lease is still this process's (unreachable: it expires)."""
+        with contextlib.suppress(StoreError):
+            lease.release()
 
-    # --- looking -------------------------------------------------------------------------------
-    def state(self, key: int, gen: int | None = None) -> LeaseState | None:
-        """The lease of ``key`` at generation ``gen`` (default: the current one); None if absent."""
-        gen = self.current(key) if gen is None else gen
-        path = self.path(key, gen)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
+    def state(self, key: int) -> LeaseState | None:
+        """The current lease of ``key``; None if it has none."""
+        got = self.backend(key).read()
+        if got is None:
             return None
-        info = _read(path)
-        return LeaseState(key, gen, info, st.st_mtime + float(info.get("ttl") or self.ttl))
+        info, version, expires = got
+        return LeaseState(int(key), version if isinstance(version, int) else 0, info, expires)
 
     def states(self) -> Iterator[LeaseState]:
         """The current lease of every block that has one and is not free (live or expired)."""
-        try:
-            names = os.listdir(self.root)
-        except FileNotFoundError:
-            return
-        top: dict[int, int] = {}
-        for n in names:
-            m = _NAME.match(n)
-            if m:
-                k, g = int(m.group(1)), int(m.group(2))
-                top[k] = max(top.get(k, -1), g)
-        for k in sorted(top):
-            s = self.state(k, top[k])
+        for k in sorted(set(self.keys())):
+            s = self.state(k)
             if s is not None and not s.free:
                 yield s
 
 
-__all__ = ["DEFAULT_TTL_S", "Lease", "LeaseDir", "LeaseState", "TTL_ENV", "default_ttl", "free_reason", "gone_here",
-           "owner_record"]
+class GenerationFiles(Backend):
+    """A block's lease on a POSIX disk: files ``DIR/b000042.g0.lease``, ``...g1.lease``, ..., the
+    current one the highest generation present, its expiry its modification time plus its ttl. Every
+    write hard-links a complete record under the next generation's name (``os.link`` fails when the
+    name exists, atomically on local disks and on NFS v3+/Lustre/GPFS), so of any number of
+    contenders exactly one wins and nothing is ever renamed over or deleted while it may be current.
+    The holder renews by touching its own file through the descriptor it keeps open."""
+
+    def __init__(self, root: Path, key: int):
+        self.root, self.key, self.fd = root, int(key), -1
+
+    def path(self, gen: int) -> Path:
+        return self.root / f"b{self.key:06d}.g{int(gen)}.lease"
+
+    def current(self) -> int:
+        gen = -1
+        while os.path.exists(self.path(gen + 1)):
+            gen += 1
+        return gen
+
+    def _link(self, body: dict, gen: int) -> int | None:
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        try:
+            os.write(fd, json.dumps(body).encode())
+            os.fsync(fd)
+            os.link(tmp, self.path(gen))
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, FileExistsError):
+                return None
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+        os.utime(fd)   # the expiry counts from the link
+        self.close()
+        self.fd = fd
+        return gen
+
+    def create(self, body: dict, expires: float) -> int | None:
+        return self._link(body, 0)
+
+    def read(self) -> tuple[dict, int, float] | None:
+        gen = self.current()
+        try:
+            st = os.stat(self.path(gen))
+            info = json.loads(self.path(gen).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            info = {}
+        return info, gen, st.st_mtime + float(info.get("ttl") or default_ttl())
+
+    def replace(self, body: dict, expires: float, version: int) -> int | None:
+        return self._link(body, version + 1)
+
+    def touch(self, body: dict, expires: float, version: int) -> int:
+        if self.fd >= 0:
+            os.utime(self.fd)
+        return version
+
+    def lost(self, version: int) -> bool:
+        return self.fd < 0 or os.path.exists(self.path(version + 1))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.fd >= 0:
+                os.close(self.fd)
+        self.fd = -1
+
+
+_NAME = re.compile(r"^b(\d+)\.g(\d+)\.lease$")
+
+
+def LeaseDir(root: str | os.PathLike, ttl: float | None = None, owner: dict | None = None) -> BlockLeases:
+    """The block leases of one feature set in folder ``root`` (created if missing)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+
+    def keys() -> list[int]:
+        with contextlib.suppress(FileNotFoundError):
+            return [int(m.group(1)) for m in map(_NAME.match, os.listdir(root)) if m]
+        return []
+
+    return BlockLeases(lambda key: GenerationFiles(root, key), keys, ttl, owner)
+
+
+__all__ = ["Backend", "BlockLeases", "DEFAULT_TTL_S", "GenerationFiles", "Lease", "LeaseDir", "LeaseState",
+           "TTL_ENV", "default_ttl", "free_reason", "gone_here", "owner_record"]

@@ -1,29 +1,13 @@
-"""One writer per feature set: a lock file written complete and linked into place.
+"""One writer per feature set on a disk: the lock file backend of the one lease (:class:`LockFile`)
+and the store's locks (docs/store.md, "Write guards: states and transitions").
 
-Every stage that writes (extract, standardize, discretize, fne, tokenize, ``info --repair``) holds
-the lock of what it writes for the whole run: ``STORE/.vsekit/locks/NAME.lock``. The content is
-written to a temporary file and fsync'd, then ``link()``ed to the lock's name: a link is atomic and
-fails if the name exists, on local disks and on NFS v3+/Lustre/GPFS, so the lock works on a
-cluster's shared filesystem and is never seen half-written (a full disk leaves no lock at all). The
-file holds the writer's host, pid, the pid's start time and the run's start time. An empty or torn
-lock file (damage) is stale at once.
-
-A lock is *stale*, and broken by the next writer, by the one takeover rule of every guard
-(:func:`.leases.free_reason`): its holder ran on this host and is gone (or the pid now belongs to
-another process: what a ``kill -9`` or a crash leaves behind), or it expired: its holder has not
-refreshed it for a ttl (``VSEKIT_LEASE_TTL_S``, default 60 s; the lock's expiry is its file's
-modification time plus the ttl it records). A holder refreshes it every ttl/3 from a daemon thread.
-One exception, on a disk only: a holder that runs on this host now keeps its lock past its expiry (a
-stopped or suspended process, Ctrl-Z), since ``tokenize``, ``split`` and ``info --repair`` write without
-checking their guard before each block (``tests/test_lock.py::test_a_live_holder_on_this_host_keeps_its_lock_past_its_expiry``).
-
-``VSEKIT_BREAK_LOCK=1`` breaks any lock (when you know the other writer is dead). The lock is
-released when the run ends, also on an exception or Ctrl-C. A process that holds a lock can take it
-again (``fne`` writes two sets), and the lock only counts once.
-
-A store has locks of its own: ``ingest`` holds ``.S.ingest.lock`` beside the store ``S`` while it
-creates it (one ingest per path), and ``ingest --overwrite`` holds ``S/.vsekit/locks/.store.lock``
-while it replaces ``S`` (refused while any writer holds a lock in ``S``; writers refused meanwhile).
+Every stage that writes holds the lock of what it writes for the whole run,
+``STORE/.vsekit/locks/NAME.lock``, refreshed every ttl/3 and released when the run ends (also on an
+exception or Ctrl-C); a process that holds a lock can take it again (``fne`` writes two sets) and it
+counts once. ``VSEKIT_BREAK_LOCK=1`` breaks any lock. A store has locks of its own: ``ingest`` holds
+``.S.ingest.lock`` beside the store ``S`` while it creates it (one ingest per path), and ``ingest
+--overwrite`` holds ``S/.vsekit/locks/.store.lock`` while it replaces ``S`` (refused while any writer
+holds a lock in ``S``; writers refused meanwhile).
 """
 
 from __future__ import annotations
@@ -42,7 +26,8 @@ from typing import Iterator
 
 from .fserrors import naming
 from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
-from .leases import DEFAULT_TTL_S, default_ttl, free_reason, gone_here, holder_words, proc_start
+from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
+from .objstore import SERVED_BY, is_object_url, public_url
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
@@ -189,53 +174,88 @@ def _break(path: Path, seen: dict) -> None:
     aside.unlink(missing_ok=True)
 
 
+class LockFile(Backend):
+    """The POSIX-file backend of the one lease (:class:`.leases.Lease`): a lock file linked into
+    place complete (create), read with its content as its version and its modification time plus
+    its ttl as its expiry, replaced by moving the stale one aside and linking a new one, renewed by
+    touching it, deleted while it holds the holder's token. Its takeover rule is
+    :func:`stale_reason`: the one rule, except that a live holder on this host keeps its lock."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def free_reason(self, info: dict, expires: float, now: float) -> str | None:
+        return stale_reason(self.path, info)
+
+    def create(self, body: dict, expires: float) -> dict | None:
+        return body if _try_create(self.path, body) else None
+
+    def read(self) -> tuple[dict, dict, float] | None:
+        info = _read(self.path)
+        if info is None:
+            return None
+        try:
+            return info, info, _expires(self.path, info)
+        except FileNotFoundError:
+            return None
+
+    def replace(self, body: dict, expires: float, version: dict) -> dict | None:
+        _break(self.path, version)
+        return self.create(body, expires)
+
+    def touch(self, body: dict, expires: float, version: dict) -> dict:
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+        return version
+
+    def delete(self, token: str) -> None:
+        current = _read(self.path)
+        if current and current.get("token") == token:
+            self.path.unlink(missing_ok=True)
+
+
 def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:
     """A lock file cannot live on object storage: a writer that has no lease protocol yet is refused
     there (a library call or a `vsekit run` recipe), rather than making a local folder named ``s3:``."""
-    from .objstore import SERVED_BY, is_object_url, public_url
-
     if is_object_url(os.fspath(store_path)):
         raise StoreError(f"{public_url(os.fspath(store_path))}: {stage} does not serve stores on object storage "
                          f"yet; they are served by {SERVED_BY} (issue 35)")
 
 
-def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
-    """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
+def _take(path: Path, what: str, stage: str, rule: str) -> Lease:
+    """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
+    lease = Lease(LockFile(path), {"host": socket.gethostname(), "pid": os.getpid(),
+                                   "proc_start": _proc_start(os.getpid()), "started": time.time(), "stage": stage})
+    seen = lease.take(tries=5)
+    if seen is None:
+        return lease
+    if not seen:
+        raise LockHeld(f"could not take the lock {path}: other runs keep taking it")
+    if seen.get("array_job") or seen.get("slurm_array"):
+        raise LockHeld(f"{what} is being written by {holder_words(seen, _expires(path, seen))}")
+    raise LockHeld(f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
+                   f"run is dead on another host, remove {path} or rerun with {BREAK_ENV}=1")
+
+
+def _renewed(lease: Lease) -> Lease:
+    """``lease`` refreshed every ttl/3 (or :data:`HEARTBEAT_S`) while held, so other runs keep waiting."""
+    return lease.keep_renewed(min(HEARTBEAT_S, lease.ttl / 3))
+
+
+def _take_in(store_path: str | os.PathLike, name: str, stage: str) -> Lease:
     refuse_url(store_path)
     _ensure_dir(Path(store_path))
-    return acquire_file(lock_path(store_path, name), f"{name!r} in {store_path}", stage,
-                        "one writer per feature set")
+    return _take(lock_path(store_path, name), f"{name!r} in {store_path}", stage, "one writer per feature set")
 
 
-def acquire_file(path: Path, what: str, stage: str, rule: str) -> dict:
-    """Take the lock file ``path`` (of ``what``) or raise :class:`LockHeld` naming its holder."""
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "proc_start": _proc_start(os.getpid()),
-            "started": time.time(), "stage": stage, "token": uuid.uuid4().hex, "ttl": default_ttl()}
-    for _ in range(5):
-        if _try_create(path, info):
-            return info
-        seen = _read(path)
-        if seen is None:
-            continue
-        if stale_reason(path, seen) is None and (seen.get("array_job") or seen.get("slurm_array")):
-            raise LockHeld(f"{what} is being written by {holder_words(seen, _expires(path, seen))}")
-        if stale_reason(path, seen) is None:
-            raise LockHeld(
-                f"{what} is being written by {describe(seen)}; wait for it to finish ({rule}). If that "
-                f"run is dead on another host, remove {path} or rerun with {BREAK_ENV}=1")
-        _break(path, seen)
-    raise LockHeld(f"could not take the lock {path}: other runs keep taking it")
+def acquire(store_path: str | os.PathLike, name: str, stage: str) -> dict:
+    """Take the lock of ``name`` or raise :class:`LockHeld`; returns what was written in it."""
+    return _take_in(store_path, name, stage).body()
 
 
 def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
     """Remove the lock file if it is still ours."""
-    release_file(lock_path(store_path, name), info)
-
-
-def release_file(path: Path, info: dict) -> None:
-    current = _read(path)
-    if current and current.get("token") == info.get("token"):
-        path.unlink(missing_ok=True)
+    LockFile(lock_path(store_path, name)).delete(info.get("token"))
 
 
 # the store's own locks ------------------------------------------------------------------------------
@@ -255,12 +275,11 @@ def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") 
     path = creation_lock_path(store_path)
     with naming(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
-    info = acquire_file(path, f"{Path(store_path)}", stage, "one ingest per store path")
+    lease = _renewed(_take(path, f"{Path(store_path)}", stage, "one ingest per store path"))
     try:
-        with _refreshed(path):
-            yield
+        yield
     finally:
-        release_file(path, info)
+        lease.release()
 
 
 @contextlib.contextmanager
@@ -268,86 +287,66 @@ def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest -
     """Hold the store lock of an existing store while it is replaced; refuse if any writer holds a lock
     in it. Writers check this lock after taking theirs (:func:`writer_lock`), and this checks theirs
     after taking it, so of two that start at once at least one sees the other."""
-    info = acquire(store_path, STORE_LOCK, stage)
+    lease = _take_in(store_path, STORE_LOCK, stage)
     try:
         for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
             name = other.name[:-len(".lock")]
-            seen = _read(other)
-            if name == STORE_LOCK or not seen or seen.get("torn") or stale_reason(other, seen) is not None:
+            seen = _live(other)
+            if name == STORE_LOCK or seen is None:
                 continue
             raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
                            f"wait for it to finish (a store is not replaced under a running writer)")
-        with _refreshed(lock_path(store_path, STORE_LOCK)):
-            yield
+        _renewed(lease)
+        yield
     finally:
-        release(store_path, STORE_LOCK, info)
+        lease.release()
 
 
 def _check_not_replaced(store_path: str | os.PathLike) -> None:
     """Refuse to write in a store that ``ingest --overwrite`` is replacing."""
-    path = lock_path(store_path, STORE_LOCK)
-    seen = _read(path)
-    if seen and not seen.get("torn") and seen.get("pid") != os.getpid() and stale_reason(path, seen) is None:
+    seen = holder(store_path, STORE_LOCK)
+    if seen and seen.get("pid") != os.getpid():
         raise LockHeld(f"{store_path} is being replaced by {describe(seen)}; wait for it to finish, then run "
                        f"this again on the new store")
-
-
-def _heartbeat(path: Path, stop: threading.Event) -> None:
-    while not stop.wait(min(HEARTBEAT_S, default_ttl() / 3)):
-        with contextlib.suppress(OSError):
-            os.utime(path)
-
-
-@contextlib.contextmanager
-def _refreshed(path: Path) -> Iterator[None]:
-    """Refresh the lock file ``path`` every ttl/3 while the block runs (so other runs keep waiting)."""
-    stop = threading.Event()
-    threading.Thread(target=_heartbeat, args=(path, stop), name=f"vsekit-lock-{path.name}", daemon=True).start()
-    try:
-        yield
-    finally:
-        stop.set()
 
 
 @contextlib.contextmanager
 def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit") -> Iterator[None]:
     """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block."""
     refuse_url(store_path, f"`{stage}`")
-    taken: list[tuple[str, dict | None]] = []
-    stop = threading.Event()
+    taken: list[tuple[str, Lease | None]] = []
     try:
         for name in sorted(set(names)):
             key = str(lock_path(store_path, name).resolve())
             with _held_lock:
                 if key in _held:
                     _held[key] += 1
-                    taken.append((name, None))
+                    taken.append((key, None))
                     continue
-            info = acquire(store_path, name, stage)
+            lease = _take_in(store_path, name, stage)
             with _held_lock:
                 _held[key] = 1
-            taken.append((name, info))
+            taken.append((key, lease))
             _check_not_replaced(store_path)
-            threading.Thread(target=_heartbeat, args=(lock_path(store_path, name), stop),
-                             name=f"vsekit-lock-{name}", daemon=True).start()
+            _renewed(lease)
         yield
     finally:
-        stop.set()
-        for name, info in reversed(taken):
-            key = str(lock_path(store_path, name).resolve())
+        for key, lease in reversed(taken):
             with _held_lock:
                 _held[key] -= 1
                 last = _held[key] == 0
                 if last:
                     del _held[key]
-            if last and info is not None:
-                release(store_path, name, info)
+            if last and lease is not None:
+                lease.release()
 
 
 def holder(store_path: str | os.PathLike, name: str) -> dict | None:
     """The live holder of ``name``'s lock, or None (a stale lock counts as none)."""
-    path = lock_path(store_path, name)
+    return _live(lock_path(store_path, name))
+
+
+def _live(path: Path) -> dict | None:
+    """The record of the lock file ``path`` while its holder keeps it, else None."""
     info = _read(path)
-    if not info or info.get("torn") or stale_reason(path, info) is not None:
-        return None
-    return info
+    return None if not info or stale_reason(path, info) is not None else info

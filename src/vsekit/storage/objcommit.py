@@ -1,26 +1,13 @@
-"""The commit protocol of a feature set on object storage (docs/store.md, "Stores on object storage").
-
-On a POSIX disk a set is created by a rename and a block is committed by its status chunk, written
-after its data and its checksums. Object storage has no rename and no lock file, so the same promises
-rest on conditional writes (:mod:`.objstore`):
-
-1. one writer per set: the run holds the set's lease (:class:`~.objstore.SetLease`);
-2. a new set is built where it will live, every array's metadata first, and **published** by one
-   create-if-absent of its group's ``zarr.json`` (:func:`publish`): before it the set does not exist
-   for any reader (Zarr lists only members with metadata), after it it is whole. A second creator's
-   publish fails and it compares the settings hash with the published one (resume, or refuse);
-3. a block is **committed** by one create-if-absent record,
-   ``.vsekit/commits/NAME/GENERATION/BLOCK.json``, written after the block's chunks and right after
-   the writer checked its lease (:func:`write_record`): it holds the CRC-32 and size of each chunk
-   object as the provider holds it and the rows' status codes. A block has at most one record;
-   a second writer's record is refused and it leaves the block alone;
-4. the status chunk is written after the record, as a cache of it: a run that starts under the
-   lease first restores the status of every block that has a record (:func:`reconcile`), so a writer
-   killed between its record and its status loses nothing and nothing is written twice.
-
-``info --verify`` re-reads every committed block's chunks and compares them with the record
-(:func:`verify`); a finished block without a record is damage, as a finished block without checksums
-is on disk.
+"""The commit protocol of a feature set on object storage, which has no rename and no lock file
+(docs/store.md, "Stores on object storage", where each promise names its test): one writer per set
+under the set's lease (:class:`~.objstore.SetLease`); a new set **published** by one create-if-absent
+of its group's ``zarr.json`` after every array's metadata; a block **committed** by one
+create-if-absent record ``.vsekit/commits/NAME/GENERATION/BLOCK.json`` (the CRC-32 and size of each
+chunk object, the rows' status codes), written after its chunks and right after the writer checked
+its lease (:func:`write_record`); the status chunk written after it as a cache, restored from the
+records by the next run under the lease (:func:`reconcile`); ``info --verify`` against the records
+(:func:`verify`), ``--repair`` voiding them (:func:`repair`); and the swaps (:func:`swap_in`, its POSIX
+twin :func:`swap_dir`).
 """
 
 from __future__ import annotations

@@ -102,11 +102,6 @@ def parse_options(pairs: Any) -> dict[str, str]:
     return out
 
 
-def shown_options(options: Mapping[str, str]) -> str:
-    """The storage options as they may be shown: secret-looking values replaced by ``***``."""
-    return ", ".join(f"{k}={'***' if _SECRET.search(k) else v}" for k, v in sorted(options.items()))
-
-
 def shown_argv(argv: list[str]) -> list[str]:
     """A command line as it may be printed or recorded (`vsekit run`'s plan and stage records): each
     ``--storage-option`` with a secret-looking key as ``KEY=***``, each URL without credentials."""
@@ -389,77 +384,47 @@ def require_conditions(objects: Objects, what: str, multi: bool = False) -> None
 
 
 # --- the set lease --------------------------------------------------------------------------------
-from .leases import DEFAULT_TTL_S, TTL_ENV, default_ttl, free_reason, holder_words  # noqa: E402,F401 (one ttl, one rule)
+from .leases import DEFAULT_TTL_S, TTL_ENV, Backend, Lease, default_ttl, free_reason, holder_words  # noqa: E402,F401 (one ttl, one rule)
 
 
 def lease_key(name: str) -> str:
     return f".vsekit/leases/{re.sub(r'[^A-Za-z0-9._-]', '_', name)}.json"
 
 
-class ObjectLease:
-    """The object-storage backend of the one lease (docs/store.md, "Write guards"): ONE object per
-    guard (a set's, the store's, a block's), holding its owner, a token, the ttl and ``expires``.
+class LeaseObject(Backend):
+    """The object-storage backend of the one lease (:class:`.leases.Lease`): ONE object per guard (a
+    set's, the store's, a block's) holding the holder's record and ``expires``; created with
+    create-if-absent, replaced (taken over, renewed, or freed) by compare-and-swap on the ETag read or
+    last written, so once anyone else wrote it the holder knows it lost it for good; deleted while it
+    holds the holder's token (a delete cannot be conditional on every provider)."""
 
-    Taken with create-if-absent, or over a free or expired one (:func:`.leases.free_reason`, the one
-    takeover rule) by compare-and-swap on the ETag just read; renewed by compare-and-swap from the
-    holder's last ETag, so once anyone else wrote it the holder knows it lost it for good; released by
-    a compare-and-swap to a free record (a delete cannot be conditional on every provider). Its POSIX
-    twin is :class:`.leases.LeaseDir` (a file linked under the next generation)."""
+    def __init__(self, objects: Objects, key: str):
+        self.objects, self.key = objects, key
 
-    def __init__(self, objects: Objects, key: str, owner: Mapping[str, Any], ttl: float | None = None,
-                 token: str | None = None):
-        self.objects, self.path, self.owner = objects, key, dict(owner)
-        self.ttl = default_ttl() if ttl is None else float(ttl)
-        self.token = token or uuid.uuid4().hex
-        self.etag: str | None = None
-        self.expires = 0.0
-        self.stolen_from: dict | None = None
-        self.lock = threading.Lock()
+    def create(self, body: dict, expires: float) -> str | None:
+        return self.objects.create(self.key, dumps({**body, "expires": expires}))
 
-    def _body(self, now: float) -> bytes:
-        self.expires = now + self.ttl
-        return dumps({**self.owner, "token": self.token, "ttl": self.ttl, "expires": self.expires})
+    def read(self) -> tuple[dict, str | None, float] | None:
+        got = self.objects.get_json(self.key)
+        return None if got is None else (got[0], got[1], float(got[0].get("expires", 0)))
 
-    def take(self, now: float | None = None) -> dict | None:
-        """Take the lease: None when taken; else the record of the holder that keeps it (``{}``: another
-        taker won at the same moment). ``now``: the caller's clock (a block lease's)."""
-        now = time.time() if now is None else now
-        etag = self.objects.create(self.path, self._body(now))
-        if etag is None:
-            got = self.objects.get_json(self.path)
-            if got is None:   # released and deleted meanwhile: one more try
-                etag = self.objects.create(self.path, self._body(now))
-            else:
-                info, seen = got
-                if free_reason(info, float(info.get("expires", 0)), now) is None:
-                    return info
-                etag = self.objects.swap(self.path, self._body(now), seen) if seen else None
-                self.stolen_from = None if info.get("free") else info
-        if etag is None:
-            return {}
-        self.etag = etag
-        return None
+    def replace(self, body: dict, expires: float, version: str | None) -> str | None:
+        if not version:
+            return None
+        return self.objects.swap(self.key, dumps({**body, "expires": expires} if expires else body), version)
 
-    def swap_body(self, now: float | None = None) -> bool:
-        """Renew: rewrite the body from the last ETag; False (lost for good) when anyone else wrote it."""
-        etag = self.objects.swap(self.path, self._body(time.time() if now is None else now), self.etag) \
-            if self.etag else None
-        self.etag = etag
-        return etag is not None
-
-    def free(self) -> None:
-        """Release: a free record, only while the lease is still this holder's (compare-and-swap)."""
-        if self.etag is not None:
-            self.objects.swap(self.path, dumps({"free": True, "released_by": self.token}), self.etag)
-            self.etag = None
+    def delete(self, token: str) -> None:
+        got = self.objects.get_json(self.key)
+        if got is not None and got[0].get("token") == token:
+            self.objects.delete(self.key)
 
 
-class SetLease(ObjectLease):
-    """One writer per feature set (and per store: ``.store``) on object storage: an :class:`ObjectLease`
-    renewed every ``ttl / 3`` from a daemon thread. :meth:`check` renews it at once and raises
-    :class:`LeaseLost` when the object changed (another run took it over after it expired) or when less
-    than half the ttl would be left: every commit record is written right after a successful check, so
-    a holder paused past its expiry never commits (``tests/test_objstore.py``).
+class SetLease(Lease):
+    """One writer per feature set (and per store: ``.store``) on object storage: the one lease over a
+    :class:`LeaseObject`, renewed every ``ttl / 3`` from a daemon thread. :meth:`check` renews it at
+    once and raises :class:`LeaseLost` when the object changed (another run took it over after it
+    expired) or when less than half the ttl would be left: every commit record is written right after
+    a successful check, so a holder paused past its expiry never commits (``tests/test_objstore.py``).
 
     ``joint``: the lease as the tasks of a job array hold it together, all under the array's token
     (:meth:`joint`): each renews by reading the object and compare-and-swapping it with a later expiry
@@ -468,9 +433,8 @@ class SetLease(ObjectLease):
 
     def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None,
                  token: str | None = None):
-        super().__init__(objects, lease_key(name), {}, ttl, token)   # one run's leases share its token
-        self.name, self.stage, self.key = name, stage, self.path
-        self._stop = threading.Event()
+        super().__init__(LeaseObject(objects, lease_key(name)), ttl=ttl, token=token)
+        self.objects, self.name, self.stage, self.key = objects, name, stage, lease_key(name)
         self.lost: str | None = None
         self.extra: dict[str, Any] = {}    # what a hand-over to a job array adds (:meth:`hand_over`)
         self.handed = self.is_joint = False
@@ -482,47 +446,47 @@ class SetLease(ObjectLease):
         lease.is_joint = True
         return lease
 
-    def _body(self, now: float) -> bytes:
-        self.owner = {"host": socket.gethostname(), "pid": os.getpid(), "stage": self.stage, **self.extra}
-        return super()._body(now)
+    def body(self) -> dict:
+        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "stage": self.stage, **self.extra}
+        return super().body()
 
     def acquire(self) -> "SetLease":
-        held = self.take()
+        held = self.take(tries=2)
         if held:
             raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url} is being written by "
                             f"{holder_live(held)}")
         if held is not None:
             raise LeaseHeld(f"feature set {self.name!r} in {self.objects.url}: another run took its "
                             f"lease at the same moment; rerun later")
-        threading.Thread(target=self._renew_loop, name="vsekit-lease", daemon=True).start()
-        return self
+        return self.keep_renewed(self.ttl / 3, errors=(StoreError,))
 
     def _lose(self, why: str) -> LeaseLost:
         self.lost = why
         return LeaseLost(why)
 
-    def renew(self) -> None:
+    def renew(self) -> bool:
+        if self.lost:
+            raise LeaseLost(self.lost)
+        if not self.is_joint:
+            if not super().renew():
+                raise self._lose(f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
+                                 f"expired and another run took it over); this run stops without "
+                                 f"committing more blocks")
+            return True
         with self.lock:
-            if self.lost:
-                raise LeaseLost(self.lost)
-            if not self.is_joint:
-                if not self.swap_body():
-                    raise self._lose(f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
-                                     f"expired and another run took it over); this run stops without "
-                                     f"committing more blocks")
-                return
             for _ in range(20):
-                got = self.objects.get_json(self.path)
+                got = self.backend.read()
                 if got is None or got[0].get("token") != self.token:
                     raise self._lose(f"the lease of feature set {self.name!r} in {self.objects.url} is no longer "
                                      f"this job array's (another run took it over); not committing")
-                info, etag = got
+                info, etag, _ = got
                 self.ttl = float(info.get("ttl") or DEFAULT_TTL_S)
                 expires = time.time() + self.ttl
-                if etag and self.objects.swap(self.path, dumps(dict(info, expires=expires)), etag) is not None:
+                if self.backend.replace(info, expires, etag) is not None:
                     self.expires = expires
-                    return
+                    return True
                 time.sleep(0.05)   # a sibling task renewed it in between: read it again
+        return False
 
     def check(self) -> None:
         """Renew now; raise :class:`LeaseLost` unless this run still holds the lease for half a ttl."""
@@ -531,35 +495,24 @@ class SetLease(ObjectLease):
             raise LeaseLost(f"the lease of {self.name!r} in {self.objects.url} is about to expire; "
                             f"not committing")
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self.renew()
-            except StoreError:
-                return
-
     def hand_over(self, token: str, extra: Mapping[str, Any], handed: bool = True) -> None:
         """Rewrite the lease (compare-and-swap) as a job array's: its ``token`` and ``extra`` (the job
         id and scheduler, ``pid: 0`` so that this process ending does not free it). ``handed``: this
         process no longer releases it (the array's tasks renew it jointly: :meth:`joint`); False hands
         it back (a refused submission)."""
-        with self.lock:
-            before = (self.token, self.extra, self.etag)
-            self.token, self.extra = token, dict(extra)
-            if self.lost or not self.swap_body():
-                self.token, self.extra, self.etag = before
-                raise LeaseLost(self.lost or f"lost the lease of feature set {self.name!r} in {self.objects.url} "
-                                             f"before handing it to the job array")
-            self.handed = handed
+        before = (self.token, self.extra, self.version)
+        self.token, self.extra = token, dict(extra)
+        if self.lost or not Lease.renew(self):
+            self.token, self.extra, self.version = before
+            raise LeaseLost(self.lost or f"lost the lease of feature set {self.name!r} in {self.objects.url} "
+                                         f"before handing it to the job array")
+        self.handed = handed
 
     def release(self) -> None:
-        self._stop.set()
-        with self.lock:
-            if self.lost or self.etag is None or self.handed:
-                return
-            got = self.objects.get_json(self.path)
-            if got is not None and got[0].get("token") == self.token:
-                self.objects.delete(self.path)
+        if self.lost or self.handed:
+            self._stop.set()
+            return
+        super().release()
 
 
 def holder_live(info: Mapping[str, Any]) -> str | None:
@@ -572,14 +525,12 @@ def lease_valid(objects: Objects, name: str, token: str | None, margin: float | 
     """Whether the run holding ``token`` still holds the lease of ``name`` for ``margin`` seconds more
     (default: a third of its ttl; a dask task checks its driver's lease this way, only the driver
     renews it). No token: no lease was taken, nothing may be committed."""
-    if token is None:
-        return False
-    got = objects.get_json(lease_key(name))
+    got = None if token is None else LeaseObject(objects, lease_key(name)).read()
     if got is None:
         return False
-    info = got[0]
+    info, _, expires = got
     margin = float(info.get("ttl", DEFAULT_TTL_S)) / 3 if margin is None else margin
-    return info.get("token") == token and time.time() + margin < float(info.get("expires", 0))
+    return info.get("token") == token and time.time() + margin < expires
 
 
 #: a tokenize that replaces the tokens on object storage (tokenize/runner.py): its staged tokens are

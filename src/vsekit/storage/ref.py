@@ -12,12 +12,13 @@ their values (``tests/test_objstore_cluster.py``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import zarr
 
 from .base import StoreError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import FeatureStore
+from .objstore import is_object_url
+from .store import FeatureStore
 
 
 class StoreRef:
@@ -29,7 +30,7 @@ class StoreRef:
         self.path, self.token, self._options = str(path), token, dict(options or {})
 
     @classmethod
-    def of(cls, store: "FeatureStore") -> "StoreRef":
+    def of(cls, store: FeatureStore) -> "StoreRef":
         """``store`` as its tasks reach it (object storage: with this process's options and lease token)."""
         if store.remote:
             return cls(store.path, dict(store.objects.options), store.lease_token)
@@ -37,16 +38,10 @@ class StoreRef:
 
     @property
     def remote(self) -> bool:
-        from .objstore import is_object_url
-
         return is_object_url(self.path)
 
-    def open(self, mode: str = "r+") -> "FeatureStore":
+    def open(self, mode: str = "r+") -> FeatureStore:
         """The store, opened here; on object storage it commits under the carried lease token."""
-        import zarr
-
-        from .store import FeatureStore
-
         if self.remote:
             store = FeatureStore.open(self.path, mode=mode, storage_options=self._options)
             store.lease_token = self.token

@@ -31,7 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 import zarr
 
-from .store import SPLITS, FeatureSet, FeatureStore, StoreError, split_code
+from ..words import plural
+from .remake import remake_command
+from .store import FAILED, SPLITS, FeatureSet, FeatureStore, StoreError, split_code
 
 STALE = "stale"
 
@@ -49,8 +51,6 @@ class ResplitReport:
     dry_run: bool = False
 
     def summary(self) -> str:
-        from ..words import plural
-
         def counts(c: dict[str, int]) -> str:
             return ", ".join(f"{s} {n}" for s, n in c.items() if n) or "no images"
 
@@ -160,8 +160,6 @@ def refuse_stale(fs: FeatureSet) -> None:
     why = stale_reason(fs)
     if not why:
         return
-    from .remake import remake_command
-
     chain = [n for n in reversed(fs.lineage()) if fs.store.has_features(n)
              and stale_reason(fs.store.features(n))]
     cmds = " ; ".join(remake_command(fs.store, n, "--overwrite") for n in chain)
@@ -175,9 +173,6 @@ FEW = 10   # a val or test split this small gets a note at ingest (train warns b
 def split_notes(store: FeatureStore, name: str | None = None) -> list[str]:
     """What a researcher should hear right after ingest (a tiny val/test split) or extract (a split whose
     every image failed), with the command that changes the split and keeps the features."""
-    from ..words import plural
-    from .store import FAILED
-
     codes = store.image_splits()
     fix = f"`vsekit split --store {store.path} --val N --test N` re-splits, keeping every feature set"
     if name is None:
@@ -216,9 +211,6 @@ def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[f
             split_file: str | None = None, val: int | None = None, test: int | None = None, seed: int = 0,
             dry_run: bool = False) -> ResplitReport:
     """Assign the store's images to splits anew, keeping every feature set (see the module docstring)."""
-    from .remake import remake_command
-    from .store import FAILED
-
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     old = store.image_splits()
     new, how = assign(store, ratios=ratios, split_file=split_file, val=val, test=test, seed=seed)
