@@ -57,6 +57,7 @@ from ..storage import job_arrays as arrays
 from ..storage.faults import point
 from ..storage.leases import Lease, default_ttl, owner_record
 from ..storage.lock import lock_path
+from ..storage.sources.remote import image_url
 from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .rows import commit, compute_block
 
@@ -510,7 +511,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
         renewer = Renewer(leases, lock_path(spec["store"], spec["name"]), refresh_every=float(spec["ttl"]) / 3)
     committed, dropped = 0, 0
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
-        f"device {device}, {workers} decoding processes, {spec['name']!r}")
+        f"device {device}, {workers} decoding {'threads' if image_url(fs) else 'processes'}, {spec['name']!r}")
     try:
         with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
             point(f"array-task-{task}:start")
