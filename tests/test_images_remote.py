@@ -82,9 +82,16 @@ def test_webdataset_shards_on_s3_are_streamed_once_at_ingest_and_recorded_by_url
 
     assert b.image_file(0) == f"s3://{s3.bucket}/laion/{b.image_paths()[0]}"
     assert np.array_equal(np.asarray(load_thumbnail(b.image_file(0), 64)), truth[sorted(truth)[0]][0])
+    proxy = FaultyProxy(s3.endpoint)   # the same ingest through a proxy: counted at the server
+    r = CliRunner().invoke(main, ["ingest", "webdataset", f"s3://{s3.bucket}/laion/shard-{{0000..0002}}.tar",
+                                  "--store", str(tmp_path / "proxied.zarr"), "--split", "train",
+                                  "--image-option", f"endpoint={proxy.url}"])
+    proxy.server.shutdown()
+    assert r.exit_code == 0, r.output
+    assert (proxy.gets, proxy.bytes) == (3, shard_bytes)
 
 
-def test_extracting_shards_on_s3_gives_the_bits_of_disk_with_one_ranged_get_per_batch(shards_on_s3, counted):
+def test_extracting_shards_on_s3_gives_the_bits_of_disk_with_one_ranged_get_per_batch(s3, shards_on_s3, counted):
     from vsekit.extract import extract
 
     truth, disk, url = shards_on_s3
@@ -97,6 +104,12 @@ def test_extracting_shards_on_s3_gives_the_bits_of_disk_with_one_ranged_get_per_
     # 30 images in batches of 8 cut at shard ends: each batch's members of one shard are one GET
     images = counted.STATS["requests"]
     assert 0 < images <= 6, counted.STATS
+    proxy = FaultyProxy(s3.endpoint)   # once more, the images' GETs through a proxy: counted at the server
+    counted.use_options({"endpoint": proxy.url})
+    again = extract(url, name="g", workers=0, **EXTRACT)
+    proxy.server.shutdown()
+    assert again.failed == 0 and np.array_equal(a.data[:], FeatureStore.open(url).features("g").data[:])
+    assert 0 < proxy.gets <= 6 and proxy.bytes <= 1.05 * sum(v[0] for v in FeatureStore.open(url).attrs["image_objects"].values())
 
 
 def test_decoding_workers_and_threads_read_the_shards_on_s3_as_disk(shards_on_s3):
@@ -192,6 +205,7 @@ class FaultyProxy:
         from urllib.parse import urlparse
 
         self.fail, self.stall, self.hold, self.gets, lock = fail, stall, hold, 0, threading.Lock()
+        self.bytes = 0   # the body bytes of the shards' GETs it answered (what reached the client)
         up = urlparse(upstream)
         proxy = self
 
@@ -216,6 +230,9 @@ class FaultyProxy:
                 conn.request(self.command, self.path, body or None, dict(self.headers))
                 got = conn.getresponse()
                 data = got.read()
+                if self.command == "GET" and ".tar" in self.path and got.status < 300:
+                    with lock:
+                        proxy.bytes += len(data)
                 self.send_response(got.status)
                 for k, v in got.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
