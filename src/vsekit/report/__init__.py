@@ -229,12 +229,12 @@ def _attention_of(res: _RunExamples, model, feats: str, n: int, device: str, not
     from .attention import no_attention_reason, pair_attention
 
     res.no_attention = no_attention_reason(model, res.run.model_name)
-    vocab = model_io.vocabulary(res.data.store)
+    vocab = res.data.tokens.vocabulary if res.data.tokens is not None else []
     pairs = [(c.caption, c.image) for c in res.examples.captions][:n]
     try:
         for cap, img in pairs:
             f, counts = model_io.read_features(res.data.store, feats, res.data.image_rows[[img]])
-            tokens, lengths = model_io.read_tokens(res.data.store, res.data.caption_rows[[cap]], res.data.offsets)
+            tokens, lengths = model_io.read_tokens(res.data.store, res.data.caption_rows[[cap]], res.data.tokens)
             views = pair_attention(model, f.to(device), None if counts is None else counts.to(device),
                                    tokens.to(device), lengths.to(device))
             ids = tokens[0, :int(lengths[0])].tolist()

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..storage.base import no_tokens
 from ..storage.store import DONE, FeatureStore, StoreError
+from ..train.data import Tokens
 from .runs import RunInfo
 
 
@@ -43,7 +43,7 @@ class SplitData:
     caption_rows: np.ndarray     # store caption rows of the split (sorted)
     caption_image: np.ndarray    # local image index of each local caption
 
-    offsets: np.ndarray | None = None  # tokens/offsets, read once
+    tokens: Any = None           # the store's train.data.Tokens, read once (None: no tokens)
 
     @classmethod
     def of(cls, store: FeatureStore, split: str, features: str | None = None) -> "SplitData":
@@ -57,8 +57,8 @@ class SplitData:
         local[image_rows] = np.arange(len(image_rows))
         cap_img = local[store.caption_images()]
         caption_rows = np.flatnonzero(cap_img >= 0)
-        offsets = np.asarray(store.root["tokens/offsets"][:], dtype=np.int64) if store.has_tokens else None
-        return cls(store, split, image_rows, caption_rows, cap_img[caption_rows], offsets)
+        tokens = Tokens.from_store(store) if store.has_tokens else None
+        return cls(store, split, image_rows, caption_rows, cap_img[caption_rows], tokens)
 
     def caption_texts(self, local: np.ndarray) -> list[str]:
         """Texts of a few local captions (read one contiguous range per caption)."""
@@ -131,29 +131,10 @@ def read_features(store: FeatureStore, name: str, rows: np.ndarray):
     return torch.from_numpy(data), None if counts is None else torch.from_numpy(counts[rows - lo])
 
 
-def read_tokens(store: FeatureStore, caption_rows: np.ndarray, offsets: np.ndarray | None = None):
-    """Padded token ids (B, L) int64 and true lengths (B,) of store ``caption_rows``.
-
-    ``offsets`` (the whole ``tokens/offsets``, M+1 int64) may be passed in to avoid rereading it;
-    the ids are read as one range covering the rows (callers pass a block of nearby captions).
-    """
-    if not store.has_tokens:
-        raise StoreError(no_tokens(store.path))
-    rows = np.asarray(caption_rows, dtype=np.int64)
-    if offsets is None:
-        offsets = np.asarray(store.root["tokens/offsets"][:], dtype=np.int64)
-    starts, stops = offsets[rows], offsets[rows + 1]
-    lo, hi = int(starts.min()), int(stops.max())
-    ids = np.asarray(store.root["tokens/ids"][lo:hi], dtype=np.int64)
-    lengths = np.maximum(stops - starts, 1)
-    out = np.zeros((len(rows), int(lengths.max())), dtype=np.int64)
-    for i, (a, b) in enumerate(zip(starts, stops)):
-        out[i, :b - a] = ids[a - lo:b - lo]
-    return torch.from_numpy(out), torch.from_numpy(lengths)
-
-
-def vocabulary(store: FeatureStore) -> list[str]:
-    return [str(w) for w in store.root["tokens"].attrs.get("vocabulary", [])] if store.has_tokens else []
+def read_tokens(store: FeatureStore, caption_rows: np.ndarray, tokens: Any = None):
+    """Padded token ids (B, L) int64 and true lengths (B,) of store ``caption_rows``, as the trainer
+    batches them (``tokens``: the store's :class:`~vsekit.train.data.Tokens`, if already read)."""
+    return (tokens or Tokens.from_store(store)).batch(caption_rows)
 
 
 class ModelSource:
@@ -173,7 +154,7 @@ class ModelSource:
                                             None if counts is None else counts.to(self.device))
 
     def encode_captions(self, local: np.ndarray):
-        tokens, lengths = read_tokens(self.data.store, self.data.caption_rows[local], self.data.offsets)
+        tokens, lengths = read_tokens(self.data.store, self.data.caption_rows[local], self.data.tokens)
         with torch.no_grad():
             return self.model.encode_captions(tokens.to(self.device), lengths.to(self.device))
 
