@@ -1,9 +1,8 @@
 """Attention weights of a trained model for one image–caption pair, without touching its code.
 
 SEAM's hops × words matrices (Wehrmann et al., after Lin et al.), SMAN's grid and word softmaxes of
-steps 1 and 2 (Ji et al.) and SAF/SGR's text self-attention (Diao et al. eq. 3-4). A model's own
-``attention_maps(img, cap)`` is used first; otherwise every softmax of ``encode_images``,
-``encode_captions`` and ``score`` is recorded under a ``TorchFunctionMode``, and those over the
+steps 1 and 2 (Ji et al.) and SAF/SGR's text self-attention (Diao et al. eq. 3-4). Every softmax of
+``encode_images``, ``encode_captions`` and ``score`` is recorded under a ``TorchFunctionMode``, and those over the
 caption's words (their axis grows when the caption is padded by ``PROBE_PAD`` tokens) and over the
 G×G grid cells are kept. A model without such attention says why (:func:`no_attention_reason`).
 docs/report.md, "Where the numbers come from", says what each model shows.
@@ -12,7 +11,6 @@ docs/report.md, "Where the numbers come from", says what each model shows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -66,18 +64,16 @@ def _softmax_recorder(model):
     return Recorder(), handles
 
 
-def _run(model, feats, counts, tokens, lengths, score: bool):
+def _run(model, feats, counts, tokens, lengths) -> list[tuple[np.ndarray, str]]:
+    """The softmaxes :func:`_softmax_recorder` records while the pair is encoded and scored."""
     recorder, handles = _softmax_recorder(model)
     try:
         with torch.no_grad(), recorder:
-            img = model.encode_images(feats, counts)
-            cap = model.encode_captions(tokens, lengths)
-            if score:
-                model.score(img, cap)
+            model.score(model.encode_images(feats, counts), model.encode_captions(tokens, lengths))
     finally:
         for h in handles:
             h.remove()
-    return recorder.records, img, cap
+    return recorder.records
 
 
 def _word_title(model, module: str, index: int, n: int) -> str:
@@ -119,34 +115,14 @@ def module_in_words(module: str) -> str:
     return ", ".join(words)
 
 
-def _from_method(maps: dict[str, Any]) -> list[AttentionView]:
-    views = []
-    for title, w in maps.items():
-        arr = np.asarray(w.detach().float().cpu().numpy() if hasattr(w, "detach") else w, dtype=np.float64)
-        arr = np.squeeze(arr)
-        is_grid = "grid" in title.lower()
-        if is_grid and arr.ndim == 2 and arr.shape[0] == arr.shape[1]:
-            views.append(AttentionView("grid", title, arr))
-        elif is_grid and arr.ndim == 1 and int(round(np.sqrt(arr.size))) ** 2 == arr.size:
-            side = int(round(np.sqrt(arr.size)))
-            views.append(AttentionView("grid", title, arr.reshape(side, side)))
-        elif arr.ndim in (1, 2):
-            views.append(AttentionView("words", title, np.atleast_2d(arr)))
-    return views
-
-
 def pair_attention(model, feats, counts, tokens, lengths) -> list[AttentionView]:
     """Attention views of one (image, caption) pair: ``feats`` (1, ...), ``tokens`` (1, L)."""
     n_words = int(lengths[0])
     tokens = tokens[:, :n_words]
     grid_side = int(feats.shape[1]) if feats.dim() == 4 and feats.shape[1] == feats.shape[2] else None
-    if hasattr(model, "attention_maps"):
-        _, img, cap = _run(model, feats, counts, tokens, lengths, score=False)
-        with torch.no_grad():
-            return _from_method(model.attention_maps(img, cap))
-    first, _, _ = _run(model, feats, counts, tokens, lengths, score=True)
+    first = _run(model, feats, counts, tokens, lengths)
     padded = torch.nn.functional.pad(tokens, (0, PROBE_PAD))
-    second, _, _ = _run(model, feats, counts, padded, lengths, score=True)
+    second = _run(model, feats, counts, padded, lengths)
     if len(first) == len(second):
         # over words: the softmax axis grows with the padding, its rows do not (a words × words
         # matrix, such as SGR's graph edges without a global node, grows in both and is left out)
