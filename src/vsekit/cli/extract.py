@@ -18,10 +18,6 @@ from .options import CLUSTER, IMAGE_OPTION, STORAGE_OPTION, WORKERS, StorePath
 CLICK_TYPES = {"workers": WORKERS}
 
 
-def _as_int(ctx, param, value):
-    return None if value is None else int(value)
-
-
 def click_option(f: dataclasses.Field):
     """The Click option of one field of the job description (see :func:`vsekit.extract.job.option`)."""
     m = f.metadata
@@ -33,18 +29,13 @@ def click_option(f: dataclasses.Field):
         return click.option(*decls, f.name, is_flag=True, default=f.default,
                             show_default=bool(m["secondary"]), **kw)
     if m["choices"]:
-        kw["type"] = click.Choice([str(c) for c in m["choices"]])
-        if all(isinstance(c, int) for c in m["choices"]):
-            kw["callback"] = _as_int
-        default = None if f.default is None else str(f.default)
-    else:
-        if f.name in CLICK_TYPES:
-            kw["type"] = CLICK_TYPES[f.name]
-        elif m["type"] is not None:
-            kw["type"] = m["type"]
-        default = f.default
+        kw["type"] = click.Choice(list(m["choices"]))   # Click >= 8.2 returns the choice itself (an int)
+    elif f.name in CLICK_TYPES:
+        kw["type"] = CLICK_TYPES[f.name]
+    elif m["type"] is not None:
+        kw["type"] = m["type"]
     show = m["show_default"] and f.default is not None
-    return click.option(m["flag"], f.name, default=default, show_default=show, **kw)
+    return click.option(m["flag"], f.name, default=f.default, show_default=show, **kw)
 
 
 def job_options(command):
