@@ -199,17 +199,6 @@ def _split_status(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[n
     return rows, np.full(len(rows), DONE) if fs.fs is None else np.asarray(fs.fs.status[:])[rows]
 
 
-def _failed_rows_of(store: FeatureStore, fs: FeatureSource, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(every image row of ``split``, those whose features failed)."""
-    rows, status = _split_status(store, fs, split)
-    return rows, rows[status == FAILED]
-
-
-def _usable(store: FeatureStore, fs: FeatureSource, split: str) -> int:
-    """Images of ``split`` whose features are done (failed and pending ones are not usable)."""
-    return int(np.sum(_split_status(store, fs, split)[1] == DONE))
-
-
 def _first_failure(store: FeatureStore, fs: FeatureSource, failed: np.ndarray) -> str:
     if not len(failed) or fs.fs is None:
         return ""
@@ -222,7 +211,8 @@ def failed_note(store: FeatureStore, fs: FeatureSource, split: str) -> str | Non
     """"2 failed rows of split 'test' left out ..." when a command skips failed rows, else None."""
     from ..words import plural
 
-    rows, failed = _failed_rows_of(store, fs, split)
+    rows, status = _split_status(store, fs, split)
+    failed = rows[status == FAILED]
     if not len(failed):
         return None
     return (f"{plural(len(failed), 'failed row')} of split {split!r} in {fs.name!r} left out, with their "
@@ -245,10 +235,11 @@ def training_rows(store: FeatureStore, fs: FeatureSource, train_split: str, val_
         note = failed_note(store, fs, split)
         if note:
             log(f"note: {note}")
-    rows, failed = _failed_rows_of(store, fs, val_split)
-    usable = _usable(store, fs, val_split)
+    rows, status = _split_status(store, fs, val_split)
+    failed, usable = rows[status == FAILED], int(np.sum(status == DONE))
     if usable == 0:
-        others = [s for s in ("val", "test", "restval") if s != val_split and _usable(store, fs, s) > 0]
+        others = [s for s in ("val", "test", "restval")
+                  if s != val_split and (_split_status(store, fs, s)[1] == DONE).any()]
         choose = f"choose other rows with --val-split {others[0]}, or " if others else ""
         raise StoreError(
             f"{store.path}: the validation split {val_split!r} has no usable images in {fs.name!r} "
