@@ -40,22 +40,11 @@ def _store_root(path: str, mode: str = "r"):
         return None
 
 
-class Output:
-    """Something a stage makes: can say whether it exists and hold the stage's record."""
+class _AttrsOutput:
+    """An output whose record lives in a Zarr group's attrs (``_group``: the store, a set, the tokens).
 
-    def exists(self) -> bool:
-        raise NotImplementedError
-
-    def read(self, key: str) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-    def write(self, key: str, record: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-
-class _AttrsOutput(Output):
-    def _group(self, mode: str = "r"):
-        raise NotImplementedError
+    Every output (these and :class:`PathOutput`) says whether it ``exists`` and ``read``s and
+    ``write``s the stage's record."""
 
     def read(self, key: str) -> dict[str, Any] | None:
         g = self._group()
@@ -127,7 +116,7 @@ class TokensOutput(_AttrsOutput):
 
 
 @dataclass
-class PathOutput(Output):
+class PathOutput:
     """A folder (record inside it) or a file (record in its folder, keyed by the file's name)."""
 
     path: str
@@ -174,7 +163,7 @@ class PathOutput(Output):
 class StageIO:
     """What a stage makes and which feature sets it reads (stores normalised to absolute paths)."""
 
-    outputs: list[Output]
+    outputs: list[Any]                  # _AttrsOutput or PathOutput
     makes: list[tuple[str, str]]        # (store, feature set name)
     reads: list[tuple[str, str, str]]   # (store, feature set name, the option that names it)
     resumable: bool = True              # rerunning over a partial output continues it
