@@ -34,13 +34,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A running one-node SLURM on 127.0.0.1; yields the environment its clients need."""
-    why = slurm_local.unavailable()
-    if why:
-        pytest.skip(why)
-    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
-        yield {"env": env}
+def slurm(local_slurm):
+    """A running one-node SLURM on 127.0.0.1 (the session's, tests/conftest.py): ``{"env": ...}``."""
+    return local_slurm
 
 
 @pytest.fixture()
@@ -293,14 +289,15 @@ def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo
 
 def test_jobs_past_their_walltime_are_replaced_and_the_run_completes(on_slurm, commit_log, demo_store, reference,
                                                                      monkeypatch):
-    """Finding 2: walltime 1 minute and about two minutes of work (every batch sleeps 10 s) on
-    slurm:2. Workers retire before their walltime (--lifetime), adapt submits new jobs, and the run
-    completes bit-equal to the in-process one, every block committed once. The old code hung
-    forever once both jobs hit TIMEOUT."""
+    """Finding 2: walltime 1 minute on slurm:2, so each job's worker lives 40 s ± 5 (the walltime less
+    its 20-s margin), and 12 batches of 7 s of sleep: the first two workers' lives hold at most 11 of
+    them, so at least one job is replaced. Workers retire before their walltime (--lifetime), adapt
+    submits new jobs, and the run completes bit-equal to the in-process one, every block committed
+    once. The old code hung forever once both jobs hit TIMEOUT."""
     from vsekit.extract import extract
 
     _set_config(monkeypatch, walltime="00:01:00")
-    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "10")
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "7")
     result: dict = {}
 
     def run():
