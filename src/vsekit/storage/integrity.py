@@ -29,9 +29,7 @@ import numpy as np
 
 from .base import PENDING, Block, StoreError
 from .faults import point
-from .objcommit import chunk_key, committed, records
-from .objcommit import repair as repair_records
-from .objcommit import verify as verify_records
+from .objcommit import chunk_key, records
 from .remake import remake_command
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,7 +112,7 @@ def repair_command(store_path: str | os.PathLike, name: str) -> str:
             f"then rerun the command that made {name!r} with the same options to rewrite them")
 
 
-def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
+def status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
     try:
         return np.asarray(fs.status[block.start:block.stop])
     except Exception as exc:  # a truncated or garbled chunk: zarr's codec error
@@ -122,16 +120,19 @@ def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
 
 
 def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
-    """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
-    if fs.store.objects is not None:   # object storage: against the blocks' commit records
-        return verify_records(fs, Report(fs.name, len(fs.blocks()), full=not quick), _status_block, quick=quick)
+    """Check every finished block of ``fs`` against its records: its checksums on a disk (see module
+    doc), its commit records on object storage (:func:`.objcommit.verify`)."""
+    return fs.store.sets.verify(fs, quick)
 
+
+def verify_sums(fs: "FeatureSet", *, quick: bool = False) -> Report:
+    """:func:`verify` on a disk."""
     blocks = fs.blocks()
     report = Report(fs.name, len(blocks), full=not quick)
     names = fs.group.attrs.get("checksummed") or []
     has_sums = bool(names) and fs.has_array(SUMS)
     for b in blocks:
-        status = _status_block(fs, b)
+        status = status_block(fs, b)
         if isinstance(status, str):
             report.damaged[b.index] = f"{status} (rows {b.start}-{b.stop - 1})"
             continue
@@ -171,9 +172,13 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
 
 
 def repair(fs: "FeatureSet", report: Report) -> int:
-    """Mark the damaged blocks of ``report`` pending (status and checksums reset); returns how many."""
-    if fs.store.objects is not None:
-        return repair_records(fs, report)
+    """Mark the damaged blocks of ``report`` pending (on a disk: status and checksums reset; on object
+    storage: :func:`.objcommit.repair`); returns how many."""
+    return fs.store.sets.repair(fs, report)
+
+
+def repair_sums(fs: "FeatureSet", report: Report) -> int:
+    """:func:`repair` on a disk."""
     blocks = fs.blocks()
     for i in sorted(report.damaged):
         b = blocks[i]
@@ -211,10 +216,12 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     A block with an unreadable status chunk or missing/truncated files counts as not committed.
     On object storage: whether it has its commit record (:mod:`.objcommit`).
     """
-    if fs.store.objects is not None:
-        return committed(fs, block)
+    return fs.store.sets.committed(fs, block)
 
-    status = _status_block(fs, block)
+
+def sums_committed(fs: "FeatureSet", block: "Block") -> bool:
+    """:func:`block_committed` on a disk."""
+    status = status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
         return False
     names = fs.group.attrs.get("checksummed") or []

@@ -1,0 +1,254 @@
+"""How a store keeps its feature sets and tokens: one small interface, :class:`SetStorage`, with two
+implementations chosen once, where the store is opened (:class:`~.store.FeatureStore`'s ``sets``):
+:class:`DiskSets` on a POSIX disk (lock files, atomic renames, checksums in ``blocksums``) and
+:class:`~.objsets.ObjectSets` on object storage (leases, create-if-absent commit records, marked,
+lease-checked copies). Callers say what they want done (take the writer guard, commit a block's
+records, swap a built set in, verify, repair, delete) and never ask which one they have; where the
+two protocols differ, the difference lives in the two classes (docs/store.md, "One swap").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from . import integrity
+from .base import STAGED, Block, read_generation
+from .faults import point
+from .lock import holder, replacing_store, writer_lock
+from .objcommit import swap_dir
+from .objstore import LeaseLost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import FeatureSet, FeatureStore
+
+
+class SetStorage:
+    """What a :class:`~.store.FeatureStore` asks of its backend (see the module's docstring)."""
+
+    remote = False
+    guard = "writer lock"   # what a writer holds, in messages
+
+    def __init__(self, store: "FeatureStore"):
+        self.store = store
+
+    def options(self) -> dict[str, str]:
+        """The storage options a task in another process opens the store with (none on a disk)."""
+        return {}
+
+    def check_cluster(self, cluster: Any, what: str, arrays: bool = False) -> Any:
+        """``cluster`` as ``what`` may run on it here (object storage refuses clusters whose workers
+        cannot reach the store: :func:`~.ref.check_object_storage`)."""
+        return cluster
+
+    def task_path(self) -> str:
+        """Where a task in another process opens the store (an absolute path, or the URL)."""
+        return str(Path(self.store.path).resolve())
+
+    # the writer guards (docs/store.md, "Write guards: states and transitions") -----------------------
+    def holds(self, name: str, token: str | None) -> bool:
+        """Whether the run whose token is ``token`` still holds ``name``'s guard (read, not renewed)."""
+        raise NotImplementedError
+
+    def token(self, name: str) -> str | None:
+        """The token of the guard of ``name`` this run holds (what its tasks commit under)."""
+        raise NotImplementedError
+
+    def check_lease(self, name: str) -> None:
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``."""
+        raise NotImplementedError
+
+    def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> contextlib.AbstractContextManager:
+        """Hold the one-writer guard of each of ``names``."""
+        raise NotImplementedError
+
+    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
+        """Hold the whole store's guard, refused while any set's guard is live."""
+        raise NotImplementedError
+
+    # a set's life ----------------------------------------------------------------------------------
+    def generation(self, name: str) -> str | None:
+        """The generation of set ``name`` as its metadata says now (``"absent"``: no such set)."""
+        raise NotImplementedError
+
+    def staged(self, name: str) -> bool:
+        """Whether the hidden set ``name`` (built by a writer, not yet swapped in) is there."""
+        raise NotImplementedError
+
+    def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
+        """A new set ``name`` built from ``spec`` (:meth:`~.store.FeatureStore._build`'s arguments);
+        ``replace``: a set of that name exists and goes; ``beside``: keep it until :meth:`swap`."""
+        raise NotImplementedError
+
+    def swap(self, name: str, staging: str) -> None:
+        """Put the complete hidden set ``staging`` in place as ``name`` (the old one goes)."""
+        raise NotImplementedError
+
+    def discard(self, fs: "FeatureSet") -> None:
+        """Drop the staged set ``fs`` (never one a swap under way needs)."""
+        raise NotImplementedError
+
+    def remove_leftovers(self, name: str) -> list[str]:
+        """Remove the hidden sets of ``name`` killed runs left (under ``name``'s guard)."""
+        raise NotImplementedError
+
+    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool,
+                 **create_kw: Any) -> contextlib.AbstractContextManager:
+        """A set built under a hidden name and swapped in when the block succeeds (ingest)."""
+        raise NotImplementedError
+
+    # a block's records -----------------------------------------------------------------------------
+    def may_write(self, fs: "FeatureSet", block: Block) -> bool:
+        """Before a block's chunks are written: False when they must not be (committed already)."""
+        raise NotImplementedError
+
+    def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
+        """Record ``block`` (its chunks are written) as committed; False when another writer did first."""
+        raise NotImplementedError
+
+    def committed(self, fs: "FeatureSet", block: Block) -> bool:
+        """Whether ``block`` is committed and whole (a dask task asks before computing and writing)."""
+        raise NotImplementedError
+
+    def reconcile(self, fs: "FeatureSet") -> int:
+        """Restore the status of committed blocks whose status was not written; returns how many."""
+        return 0
+
+    def verify(self, fs: "FeatureSet", quick: bool) -> "integrity.Report":
+        raise NotImplementedError
+
+    def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
+        raise NotImplementedError
+
+    # tokens ----------------------------------------------------------------------------------------
+    def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
+        """Replace the group ``dst`` (``tokens``) by the complete group ``staging`` under ``guard``."""
+        raise NotImplementedError
+
+    def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
+        """Finish a swap of ``dst`` a killed run left (before anything else is staged)."""
+
+
+class DiskSets(SetStorage):
+    """Feature sets in folders: lock files guard them, a set is built under a hidden name and renamed
+    into place, a block is committed by its checksums and then its status."""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.store.path)
+
+    def check_lease(self, name: str) -> None:
+        """The lock file still holds this run's token (a lock another run took over after it expired
+        does not); a process that holds no lock and carries no run's token (a library call writing
+        outside any writer) is not checked."""
+        if not self.holds(name, self.store.locks.get(name) or self.store.lease_token):
+            raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
+                            f"it over (this run was paused or cut off past its expiry); not writing")
+
+    def holds(self, name: str, token: str | None) -> bool:
+        """The lock file of ``name`` is live and holds ``token`` (no token: nothing to check)."""
+        info = holder(self.path, name) if token is not None else {"token": None}
+        return bool(info) and info.get("token") == token
+
+    def token(self, name: str) -> str | None:
+        return (holder(self.path, name) or {}).get("token")
+
+    @contextlib.contextmanager
+    def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> Iterator[None]:
+        locks = self.store.locks
+        with writer_lock(self.path, *names, stage=stage):
+            taken = [n for n in set(names) if n not in locks]
+            for n in taken:
+                locks[n] = self.token(n)
+            try:
+                yield
+            finally:
+                for n in taken:
+                    locks.pop(n, None)
+
+    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
+        return replacing_store(self.path, stage=stage)
+
+    def generation(self, name: str) -> str | None:
+        return read_generation(self.path, name)
+
+    def staged(self, name: str) -> bool:
+        return STAGED in name and (self.path / "features" / name / "zarr.json").exists()
+
+    def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
+        later = beside and replace
+        staging = f".{name}.{STAGED if later else 'creating-'}{uuid.uuid4().hex[:8]}"
+        g = self.store.root.require_group("features").create_group(staging)
+        try:
+            self.store._build(g, staging, *spec)
+        except BaseException:
+            shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
+            raise
+        if later:
+            return self.store.feature_set(staging, target=name)
+        point("create_features:rename")
+        self.swap(name, staging)
+        return self.store.feature_set(name)
+
+    def swap(self, name: str, staging: str) -> None:
+        """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
+        base = self.path / "features"
+        swap_dir(base / staging, base / name, step=lambda: point("create_features:swap"))
+
+    def discard(self, fs: "FeatureSet") -> None:
+        shutil.rmtree(self.path / "features" / fs.name, ignore_errors=True)
+
+    def remove_leftovers(self, name: str) -> list[str]:
+        base = self.path / "features"
+        if not base.is_dir():
+            return []
+        gone = []
+        for p in base.iterdir():
+            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-",
+                                  f".{name}.{STAGED}")):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p.name)
+        return gone
+
+    @contextlib.contextmanager
+    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool, **create_kw: Any) -> Iterator[Any]:
+        with writer_lock(self.path, name, stage="vsekit ingest"):
+            self.store.refuse_existing(name, overwrite)
+            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+            fs = self.store.create_features(staging, row_shape, dtype, **create_kw)
+            try:
+                yield fs
+                self.swap(name, staging)
+                fs.name, fs.group = name, self.store.root[f"features/{name}"]
+            except BaseException:
+                shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
+                raise
+
+    def may_write(self, fs: "FeatureSet", block: Block) -> bool:
+        self.check_lease(fs.target)   # a lock another run took over: nothing written
+        return True
+
+    def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
+        self.check_lease(fs.target)   # again right before the commit (checksums, then status)
+        point("write_block:sums")
+        integrity.record(fs, block)
+        return True
+
+    def committed(self, fs: "FeatureSet", block: Block) -> bool:
+        return integrity.sums_committed(fs, block)
+
+    def verify(self, fs: "FeatureSet", quick: bool) -> "integrity.Report":
+        return integrity.verify_sums(fs, quick=quick)
+
+    def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
+        return integrity.repair_sums(fs, report)
+
+    def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
+        swap_dir(self.path / staging, self.path / dst, trash=self.path / f".{dst}-old-{uuid.uuid4().hex[:8]}")
+
+    def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
+        for old in self.path.glob(f".{dst}-old-*"):   # a killed swap's old group, moved aside
+            shutil.rmtree(old, ignore_errors=True)
