@@ -235,6 +235,24 @@ class ObjectSets(SetStorage):
                 store.leases.pop(lease.name, None)
                 lease.release()
 
+    def hand_over(self, name: str, token: str, extra: dict) -> Any:
+        """The set's lease rewritten (compare-and-swap) as the array's, ``pid: 0`` so that this process
+        ending does not free it; the tasks renew it jointly (:meth:`join`)."""
+        lease = self.store.leases[name]
+        own = lease.token
+        lease.hand_over(token, {"pid": 0, "host": None, **extra})
+
+        def back() -> None:
+            with contextlib.suppress(StoreError):
+                lease.hand_over(own, {}, handed=False)
+        return back
+
+    def join(self, name: str, token: str, ttl: float) -> SetLease:
+        lease = SetLease.joint(self.objects, name, token)
+        self.store.leases[name] = lease   # every commit record checks it (check_lease)
+        self.store.lease_token = token
+        return lease
+
     def _check_not_resplit(self) -> None:
         """Refuse to write while `vsekit split` holds this store's lease (on disk the store lock file
         does this: :func:`vsekit.storage.lock.writer_lock`)."""

@@ -13,12 +13,13 @@ import contextlib
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import integrity
 from .base import STAGED, Block, read_generation
 from .faults import point
-from .lock import holder, replacing_store, writer_lock
+from .leases import Lease
+from .lock import JointLock, hand_over, holder, replacing_store, writer_lock
 from .objcommit import swap_dir
 from .objstore import LeaseLost
 
@@ -67,6 +68,16 @@ class SetStorage:
 
     def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
         """Hold the whole store's guard, refused while any set's guard is live."""
+        raise NotImplementedError
+
+    def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
+        """Hand ``name``'s guard (held by this run) to a job array: its ``token`` and ``extra`` (job id,
+        scheduler, stage); returns what hands it back (a refused submission)."""
+        raise NotImplementedError
+
+    def join(self, name: str, token: str, ttl: float) -> Lease:
+        """``name``'s guard as a job array's task holds it with its siblings, under the array's
+        ``token``: ``renew()`` and ``check()`` raise :class:`~.objstore.LeaseLost` once it is not theirs."""
         raise NotImplementedError
 
     # a set's life ----------------------------------------------------------------------------------
@@ -171,6 +182,12 @@ class DiskSets(SetStorage):
 
     def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
         return replacing_store(self.path, stage=stage)
+
+    def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
+        return hand_over(self.path, name, token, extra)
+
+    def join(self, name: str, token: str, ttl: float) -> Lease:
+        return JointLock(self.path, name, token, ttl)
 
     def generation(self, name: str) -> str | None:
         return read_generation(self.path, name)
