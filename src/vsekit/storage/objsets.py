@@ -18,7 +18,7 @@ from .faults import point
 from .leases import free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 from .objcommit import group_meta, swap_in
-from .objstore import (LeaseHeld, LeaseLost, LeaseObject, Objects, SetLease, dumps, holder_live, lease_key,
+from .objstore import (TOKENS_SWAP, LeaseHeld, LeaseLost, LeaseObject, Objects, SetLease, dumps, holder_live, lease_key,
                        lease_valid, parse_options, require_conditions)
 from .sets import SetStorage
 
@@ -451,6 +451,17 @@ class ObjectSets(SetStorage):
 
     def repair(self, fs: "FeatureSet", report: Any) -> int:
         return objcommit.repair(fs, report)
+
+    def replace_array(self, key: str, values: Any) -> None:
+        """No rename here: the array's chunks are put in place (docs/store.md, "vsekit split")."""
+        self.store.root[key][:] = values
+
+    def swaps(self) -> tuple[bool, list[str]]:
+        """Whether a tokenize is swapping the tokens in, and the sets an --overwrite is swapping in (or
+        a killed one left half-swapped), for ``vsekit info``."""
+        prefix = ".vsekit/swaps/features/"
+        return (self.objects.get(TOKENS_SWAP) is not None,
+                sorted(k[len(prefix):-len(".json")] for k in self.objects.keys(prefix) if k.endswith(".json")))
 
     # tokens ----------------------------------------------------------------------------------------
     def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:

@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+import zarr
+
 from . import integrity
 from .base import STAGED, Block, read_generation
 from .faults import point
@@ -28,7 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class SetStorage:
-    """What a :class:`~.store.FeatureStore` asks of its backend (see the module's docstring)."""
+    """What a :class:`~.store.FeatureStore` asks of its backend (see the module's docstring); each
+    implementation defines every method that has no body here."""
 
     remote = False
     guard = "writer lock"   # what a writer holds, in messages
@@ -52,92 +55,81 @@ class SetStorage:
     # the writer guards (docs/store.md, "Write guards: states and transitions") -----------------------
     def holds(self, name: str, token: str | None) -> bool:
         """Whether the run whose token is ``token`` still holds ``name``'s guard (read, not renewed)."""
-        raise NotImplementedError
 
     def token(self, name: str) -> str | None:
         """The token of the guard of ``name`` this run holds (what its tasks commit under)."""
-        raise NotImplementedError
 
     def check_lease(self, name: str) -> None:
         """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``."""
-        raise NotImplementedError
 
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> contextlib.AbstractContextManager:
         """Hold the one-writer guard of each of ``names``."""
-        raise NotImplementedError
 
     def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
         """Hold the whole store's guard, refused while any set's guard is live."""
-        raise NotImplementedError
 
     def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
         """Hand ``name``'s guard (held by this run) to a job array: its ``token`` and ``extra`` (job id,
         scheduler, stage); returns what hands it back (a refused submission)."""
-        raise NotImplementedError
 
     def join(self, name: str, token: str, ttl: float) -> Lease:
         """``name``'s guard as a job array's task holds it with its siblings, under the array's
         ``token``: ``renew()`` and ``check()`` raise :class:`~.objstore.LeaseLost` once it is not theirs."""
-        raise NotImplementedError
 
     # a set's life ----------------------------------------------------------------------------------
     def generation(self, name: str) -> str | None:
         """The generation of set ``name`` as its metadata says now (``"absent"``: no such set)."""
-        raise NotImplementedError
 
     def staged(self, name: str) -> bool:
         """Whether the hidden set ``name`` (built by a writer, not yet swapped in) is there."""
-        raise NotImplementedError
 
     def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
         """A new set ``name`` built from ``spec`` (:meth:`~.store.FeatureStore._build`'s arguments);
         ``replace``: a set of that name exists and goes; ``beside``: keep it until :meth:`swap`."""
-        raise NotImplementedError
 
     def swap(self, name: str, staging: str) -> None:
         """Put the complete hidden set ``staging`` in place as ``name`` (the old one goes)."""
-        raise NotImplementedError
 
     def discard(self, fs: "FeatureSet") -> None:
         """Drop the staged set ``fs`` (never one a swap under way needs)."""
-        raise NotImplementedError
 
     def remove_leftovers(self, name: str) -> list[str]:
         """Remove the hidden sets of ``name`` killed runs left (under ``name``'s guard)."""
-        raise NotImplementedError
 
     def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool,
                  **create_kw: Any) -> contextlib.AbstractContextManager:
         """A set built under a hidden name and swapped in when the block succeeds (ingest)."""
-        raise NotImplementedError
 
     # a block's records -----------------------------------------------------------------------------
     def may_write(self, fs: "FeatureSet", block: Block) -> bool:
         """Before a block's chunks are written: False when they must not be (committed already)."""
-        raise NotImplementedError
 
     def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
         """Record ``block`` (its chunks are written) as committed; False when another writer did first."""
-        raise NotImplementedError
 
     def committed(self, fs: "FeatureSet", block: Block) -> bool:
         """Whether ``block`` is committed and whole (a dask task asks before computing and writing)."""
-        raise NotImplementedError
 
     def reconcile(self, fs: "FeatureSet") -> int:
         """Restore the status of committed blocks whose status was not written; returns how many."""
         return 0
 
     def verify(self, fs: "FeatureSet", quick: bool) -> "integrity.Report":
-        raise NotImplementedError
+        """Every finished block of ``fs`` against its records (:func:`.integrity.verify`)."""
 
     def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
-        raise NotImplementedError
+        """Mark the damaged blocks of ``report`` pending (:func:`.integrity.repair`)."""
+
+    def replace_array(self, key: str, values: Any) -> None:
+        """Replace the whole small array ``key`` of the store (``images/split``) by ``values``."""
+
+    def swaps(self) -> tuple[bool, list[str]]:
+        """Swaps a killed run left to finish (object storage: its marks; a disk has none)."""
+        return False, []
 
     # tokens ----------------------------------------------------------------------------------------
     def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
         """Replace the group ``dst`` (``tokens``) by the complete group ``staging`` under ``guard``."""
-        raise NotImplementedError
 
     def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
         """Finish a swap of ``dst`` a killed run left (before anything else is staged)."""
@@ -262,6 +254,16 @@ class DiskSets(SetStorage):
 
     def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
         return integrity.repair_sums(fs, report)
+
+    def replace_array(self, key: str, values: Any) -> None:
+        """Written beside the old one and renamed into place: a reader sees the old array or the new
+        one, never a half-written one."""
+        tag = uuid.uuid4().hex[:8]
+        staged = self.path / f".{key.replace('/', '-')}-next-{tag}"
+        zarr.create_array(str(staged), shape=values.shape, dtype=values.dtype,
+                          chunks=tuple(self.store.root[key].chunks), zarr_format=3)[:] = values
+        swap_dir(staged, self.path / key, trash=self.path / f".{key.replace('/', '-')}-old-{tag}")
+        self.store.root = zarr.open_group(str(self.path), mode="r+", zarr_format=3)
 
     def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
         swap_dir(self.path / staging, self.path / dst, trash=self.path / f".{dst}-old-{uuid.uuid4().hex[:8]}")
