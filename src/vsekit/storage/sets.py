@@ -35,6 +35,7 @@ class SetStorage:
 
     remote = False
     guard = "writer lock"   # what a writer holds, in messages
+    chunk_word = "file"     # what a chunk is, in messages
 
     def __init__(self, store: "FeatureStore"):
         self.store = store
@@ -114,8 +115,13 @@ class SetStorage:
         """Restore the status of committed blocks whose status was not written; returns how many."""
         return 0
 
-    def verify(self, fs: "FeatureSet", quick: bool) -> "integrity.Report":
-        """Every finished block of ``fs`` against its records (:func:`.integrity.verify`)."""
+    def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
+        """Block index → the (CRC, size) recorded of each of ``fs``'s checksummed arrays, or why the
+        block has no record (:func:`.integrity.verify`, :class:`.integrity.BlockCheck`); ``etags``:
+        filled with the records' versions where a repair must not void a later one."""
+
+    def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+        """(CRC-32, size) of chunk ``index`` of ``array`` as stored now (``crc``: else 0)."""
 
     def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
         """Mark the damaged blocks of ``report`` pending (:func:`.integrity.repair`)."""
@@ -249,8 +255,11 @@ class DiskSets(SetStorage):
     def committed(self, fs: "FeatureSet", block: Block) -> bool:
         return integrity.sums_committed(fs, block)
 
-    def verify(self, fs: "FeatureSet", quick: bool) -> "integrity.Report":
-        return integrity.verify_sums(fs, quick=quick)
+    def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
+        return integrity.recorded_sums(fs)
+
+    def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+        return integrity.file_sum(fs, array, index, crc)
 
     def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
         return integrity.repair_sums(fs, report)
