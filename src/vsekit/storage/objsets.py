@@ -334,28 +334,6 @@ class ObjectSets(SetStorage):
                     f"pass --name to write a new set")
         return self.store.feature_set(name)
 
-    @contextlib.contextmanager
-    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool, **create_kw: Any) -> Iterator[Any]:
-        """No rename here: under the set's lease the set is built and committed under a hidden name
-        (``.NAME.partial-*``), then swapped in as an ``--overwrite`` is (:meth:`swap`); a failure
-        before the swap deletes it."""
-        store = self.store
-        with store.writer(name, stage="vsekit ingest"):
-            # a set a killed ingest had built new and this run's lease published is made again, not refused
-            if not store.finished_swaps.get(name, {}).get("new"):
-                store.refuse_existing(name, overwrite)
-            self.remove_leftovers(name)
-            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
-            fs = store.create_features(staging, row_shape, dtype, **create_kw)
-            fs.target = name   # its blocks are committed under NAME's lease
-            try:
-                yield fs
-                self.swap(name, staging)
-                fs.name, fs.target, fs.group = name, name, store.root[f"features/{name}"]
-            except BaseException:
-                self.discard(fs)
-                raise
-
     def swap(self, name: str, staging: str) -> None:
         """Swap the complete hidden set ``staging`` in as ``name`` (no rename here), under NAME's lease:
         write the swap mark (``.vsekit/swaps/features/NAME.json``: the staged set and its generation),

@@ -97,9 +97,26 @@ class SetStorage:
     def remove_leftovers(self, name: str) -> list[str]:
         """Remove the hidden sets of ``name`` killed runs left (under ``name``'s guard)."""
 
-    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool,
-                 **create_kw: Any) -> contextlib.AbstractContextManager:
-        """A set built under a hidden name and swapped in when the block succeeds (ingest)."""
+    @contextlib.contextmanager
+    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool, **create_kw: Any) -> Iterator[Any]:
+        """A set built under ``name``'s guard and a hidden name (``.NAME.partial-*``, its blocks committed
+        under NAME's guard), then swapped in (:meth:`swap`) when the block succeeds; a failure before
+        the swap drops it (ingest)."""
+        store = self.store
+        with store.writer(name, stage="vsekit ingest"):
+            # a set a killed ingest had built new and this run's lease published is made again, not refused
+            if not store.finished_swaps.get(name, {}).get("new"):
+                store.refuse_existing(name, overwrite)
+            self.remove_leftovers(name)
+            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+            fs = store.create_features(staging, row_shape, dtype, **create_kw)
+            try:
+                yield fs
+                self.swap(name, staging)
+                fs.name, fs.target, fs.group = name, name, store.root[f"features/{name}"]
+            except BaseException:
+                self.discard(fs)
+                raise
 
     # a block's records -----------------------------------------------------------------------------
     def may_write(self, fs: "FeatureSet", block: Block) -> bool:
@@ -227,20 +244,6 @@ class DiskSets(SetStorage):
                 shutil.rmtree(p, ignore_errors=True)
                 gone.append(p.name)
         return gone
-
-    @contextlib.contextmanager
-    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool, **create_kw: Any) -> Iterator[Any]:
-        with writer_lock(self.path, name, stage="vsekit ingest"):
-            self.store.refuse_existing(name, overwrite)
-            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
-            fs = self.store.create_features(staging, row_shape, dtype, **create_kw)
-            try:
-                yield fs
-                self.swap(name, staging)
-                fs.name, fs.group = name, self.store.root[f"features/{name}"]
-            except BaseException:
-                shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
-                raise
 
     def may_write(self, fs: "FeatureSet", block: Block) -> bool:
         self.check_lease(fs.target)   # a lock another run took over: nothing written
