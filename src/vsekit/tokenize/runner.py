@@ -19,7 +19,7 @@ import zarr
 
 from ..storage.faults import point
 from ..storage.ref import StoreRef
-from ..storage.objstore import TOKENS_SWAP as SWAP_MARK   # on object storage: a swap to finish (`info` says so)
+from ..storage.objstore import TOKENS_SWAP as SWAP_MARK  # noqa: F401 (on object storage: a swap to finish; tests name it)
 from ..storage.base import no_tokens
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
