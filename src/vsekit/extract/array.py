@@ -225,9 +225,9 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
 
 
 def task_spec(store: FeatureStore, fs: FeatureSet, job, tasks: int, token: str) -> dict:
-    """What every array task reads: the set, its plan and the whole Execution (``run``: every field,
-    each task resolves it on its node, :func:`task_execution`)."""
-    return {"store": store.sets.task_path(), "name": fs.name, "plan": job.plan.to_dict(),
+    """What every array task reads: the set (the store as the job's tasks open it), its plan and the
+    whole Execution (``run``: every field, each task resolves it on its node, :func:`task_execution`)."""
+    return {"store": job.store, "name": fs.name, "plan": job.plan.to_dict(),
             "run": dataclasses.asdict(job.run), "tasks": tasks, "ttl": default_ttl(),
             "config_hash": fs.attrs.get("config_hash"), "lock_token": token, "job_id": None,
             "submitted": time.time()}

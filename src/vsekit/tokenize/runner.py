@@ -175,8 +175,8 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
                                     "tokenizer": _nltk_version()}),
     })
     del staging["stage"]
-    point("tokenize:swap")
-    _swap_into_place(store)
+    point("tokenize:swap")   # a rename on a disk; a marked copy the next tokenize finishes on object storage
+    store.sets.swap_group(STAGING, "tokens", "tokens", "tokenize")
     return TokenizeSummary(store=str(store.path), captions=n_captions, tokens=n_tokens,
                            vocabulary=len(vocab), vocab_splits=splits, vocab_captions=vocab_captions,
                            empty=empty, truncated=truncated, unknown=unknown, min_count=int(min_count))
@@ -323,11 +323,6 @@ class _AlignedWriter:
             self.pos += len(data)
         self.buffer, self.held = [], 0
 
-
-def _swap_into_place(store: FeatureStore) -> None:
-    """Replace ``tokens/`` by the complete ``tokens_partial/`` only now: a rename on a disk, a marked,
-    lease-checked copy the next tokenize finishes on object storage (:meth:`.sets.SetStorage.swap_group`)."""
-    store.sets.swap_group(STAGING, "tokens", "tokens", "tokenize")
 
 
 def _nltk_version() -> str:
