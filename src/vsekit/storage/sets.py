@@ -46,7 +46,7 @@ class SetStorage:
 
     def check_cluster(self, cluster: Any, what: str, arrays: bool = False) -> Any:
         """``cluster`` as ``what`` may run on it here (object storage refuses clusters whose workers
-        cannot reach the store: :func:`~.ref.check_object_storage`)."""
+        cannot reach the store: :meth:`.objsets.ObjectSets.check_cluster`)."""
         return cluster
 
     def task_path(self) -> str:
