@@ -339,14 +339,14 @@ def test_replace_marks_name_what_they_swap(s3):
     rows = np.zeros((5, 3), np.float32)
     with st.writer("f", stage="test"):
         _write_set(st, rows)
-    monkey = store_mod.FeatureStore._finish_remote_replace
+    monkey = objsets.ObjectSets.finish_swap
     try:
-        store_mod.FeatureStore._finish_remote_replace = lambda self, name: False
+        objsets.ObjectSets.finish_swap = lambda self, name: False
         with st.writer("f", stage="test"):
             new = _write_set(st, rows + 1, overwrite=True, seed=1)
             st.commit(new)
     finally:
-        store_mod.FeatureStore._finish_remote_replace = monkey
+        objsets.ObjectSets.finish_swap = monkey
     mark = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=f"x.zarr/{replace_mark('f')}")["Body"].read())
     assert mark["staging"] == new.name and mark["generation"] == new.attrs["generation"]
     assert new.name.startswith(".f.next-")

@@ -27,8 +27,9 @@ blocks still pending, or reports the set done.
 
 On object storage (``--store s3://...``) the spec, the block leases (:mod:`vsekit.storage.objleases`),
 the failure reasons and the merge lease are objects of the store (:func:`vsekit.storage.job_arrays.place`),
-the set's lease object is handed to the array instead of the lock file (:func:`_hand_set_lease`; the
-tasks renew it together, :meth:`~vsekit.storage.objstore.SetLease.joint`), each task runs
+the set's lease object is handed to the array instead of the lock file (both through
+:meth:`~vsekit.storage.sets.SetStorage.hand_over`; the tasks renew it together,
+:meth:`~vsekit.storage.sets.SetStorage.join`), each task runs
 ``python -m vsekit.extract.array URL NAME``, and the ``--storage-option`` values reach it in the
 environment of the sbatch / qsub process only (:data:`OPTIONS_ENV`). Job scripts and logs stay in a
 local folder (:func:`vsekit.storage.job_arrays.local_dir`). docs/store.md, "Job arrays on object storage".
@@ -43,7 +44,6 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -56,7 +56,6 @@ from ..schedulers import get
 from ..storage import job_arrays as arrays
 from ..storage.faults import point
 from ..storage.leases import Lease, default_ttl, owner_record
-from ..storage.lock import lock_path
 from ..storage.sources.remote import image_url
 from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .rows import commit, compute_block
@@ -154,22 +153,6 @@ def _take_storage_options() -> None:
         use_options(json.loads(raw))
 
 
-def _hand_set_lease(store: FeatureStore, name: str, token: str, job_id: str | None, scheduler: str) -> None:
-    """Object storage: rewrite the set's lease (held by this process) as the array's (compare-and-swap)."""
-    store.leases[name].hand_over(token, {
-        "pid": 0, "host": None, "array_job": job_id, "array_scheduler": scheduler,
-        "stage": f"vsekit extract --cluster {scheduler}-array:N"})
-
-
-def _hand_lock(store_path: Path, name: str, token: str, job_id: str | None, scheduler: str = "slurm") -> dict:
-    """Rewrite the set's writer lock (held by this process) as the array's; returns what it held."""
-    path = lock_path(store_path, name)
-    before = json.loads(path.read_text())
-    arrays.write_json(path, dict(before, token=token, array_job=job_id, array_scheduler=scheduler,
-                                 stage=f"vsekit extract --cluster {scheduler}-array (job {job_id or 'being submitted'})"))
-    return before
-
-
 def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> ArraySubmitted:
     """Submit the job array for ``fs``'s pending blocks (the caller holds the set's writer lock).
 
@@ -200,7 +183,7 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     sbatch = sched.tool(what=f"{cluster.kind}:{tasks}")
     where.clear_leases()   # a previous array has ended: we hold the set's lock (or lease)
     # scripts and logs: in the store's folder on a disk; a local folder for a store on object storage
-    adir = arrays.local_dir(fs.name) if store.remote else arrays.array_dir(store.path, fs.name)
+    adir = where.scripts
     log_dir = Path(settings.get("log_directory") or adir / "logs").absolute()
     log_dir.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
@@ -212,13 +195,13 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
                                  scheduler))
     where.write_spec(spec)
     hand = {IMAGE_OPTIONS_ENV: json.dumps(job.image_options)} if job.image_options else {}
-    if store.remote:
-        own_token = store.leases[fs.name].token
-        _hand_set_lease(store, fs.name, token, None, scheduler)
-        if job.storage_options:   # for the sbatch / qsub process only: see OPTIONS_ENV
-            hand[OPTIONS_ENV] = json.dumps(job.storage_options)
-    else:
-        before = _hand_lock(store.path, fs.name, token, None, scheduler)
+    if job.storage_options:   # object storage, for the sbatch / qsub process only: see OPTIONS_ENV
+        hand[OPTIONS_ENV] = json.dumps(job.storage_options)
+
+    def held_by(job_id: str | None) -> dict:   # the set's guard as the array's
+        return {"array_job": job_id, "array_scheduler": scheduler,
+                "stage": f"vsekit extract --cluster {scheduler}-array (job {job_id or 'being submitted'})"}
+    hand_back = store.sets.hand_over(fs.name, token, held_by(None))
     try:
         out = subprocess.run([sbatch, *sched.array_flags, str(script)], capture_output=True, text=True,
                              timeout=SBATCH_TIMEOUT_S, env=dict(os.environ, **hand) if hand else None)
@@ -228,11 +211,7 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
             raise ValueError(f"--cluster {cluster.kind}:{tasks}: {sched.submit} refused the job array: {why}")
         job_id = sched.array_job_id(out.stdout)
     except BaseException as exc:
-        if store.remote:   # the lease back to this run, which releases it as usual
-            with contextlib.suppress(StoreError):
-                store.leases[fs.name].hand_over(own_token, {}, handed=False)
-        else:
-            arrays.write_json(lock_path(store.path, fs.name), before)  # the caller releases it as usual
+        hand_back()   # the caller releases it as usual
         where.drop_spec()
         script.unlink(missing_ok=True)
         if isinstance(exc, subprocess.TimeoutExpired):
@@ -240,19 +219,15 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
         raise
     spec["job_id"] = job_id
     where.write_spec(spec)
-    if store.remote:
-        _hand_set_lease(store, fs.name, token, job_id, scheduler)
-    else:
-        _hand_lock(store.path, fs.name, token, job_id, scheduler)
+    store.sets.hand_over(fs.name, token, held_by(job_id))
     result.job_id, result.log_dir = job_id, str(log_dir)
     return result
 
 
 def task_spec(store: FeatureStore, fs: FeatureSet, job, tasks: int, token: str) -> dict:
-    """What every array task reads: the set, its plan and the whole Execution (``run``: every field,
-    each task resolves it on its node, :func:`task_execution`)."""
-    where = store.path if store.remote else str(Path(store.path).resolve())
-    return {"store": where, "name": fs.name, "plan": job.plan.to_dict(),
+    """What every array task reads: the set (the store as the job's tasks open it), its plan and the
+    whole Execution (``run``: every field, each task resolves it on its node, :func:`task_execution`)."""
+    return {"store": job.store, "name": fs.name, "plan": job.plan.to_dict(),
             "run": dataclasses.asdict(job.run), "tasks": tasks, "ttl": default_ttl(),
             "config_hash": fs.attrs.get("config_hash"), "lock_token": token, "job_id": None,
             "submitted": time.time()}
@@ -276,48 +251,6 @@ def task_execution(spec: dict, cpus: int):
 # --- an array task ---------------------------------------------------------------------------------
 def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] vsekit array task: {message}", file=sys.stderr, flush=True)
-
-
-class LockLost(Exception):
-    """The set's writer lock was taken from the array: no task may commit any more."""
-
-
-class Renewer:
-    """A daemon thread that renews the lease in progress and refreshes the set's writer lock (on a
-    disk: touches ``lock_file``; on object storage: ``refresh``, the array's set lease) every
-    ``refresh_every`` seconds (a third of the ttl)."""
-
-    def __init__(self, leases, lock_file: Path | None = None, refresh=None, refresh_every: float = 60.0):
-        self.leases, self.lock_file = leases, lock_file
-        self.refresh, self.refresh_every = refresh, refresh_every
-        self.current: Lease | None = None
-        self.mutex = threading.Lock()
-        self.stop = threading.Event()
-        self.every = max(0.05, min(leases.ttl / 4, refresh_every / 2, 60.0))
-        self.thread = threading.Thread(target=self._run, name="vsekit-lease", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        last_lock = 0.0
-        while not self.stop.wait(self.every):
-            with self.mutex:
-                if self.current is not None:
-                    with contextlib.suppress(OSError):
-                        self.leases.renew(self.current)
-            if time.time() - last_lock > self.refresh_every:
-                with contextlib.suppress(OSError, StoreError):   # a lost set lease: the next commit sees it
-                    self.refresh() if self.refresh is not None else os.utime(self.lock_file)
-                last_lock = time.time()
-
-    def hold(self, lease: Lease | None) -> None:
-        with self.mutex:
-            self.current = lease
-
-    def release(self) -> None:
-        with self.mutex:
-            if self.current is not None:
-                self.leases.release(self.current)
-                self.current = None
 
 
 class Claimer:
@@ -372,22 +305,16 @@ def _restored(fs: FeatureSet, block: Block) -> bool:
 
 class LeaseGuard:
     """An array task may write a block while it holds the block's lease, the block is still pending,
-    and the array still holds the set's writer lock (the spec's token; on object storage the set's
-    lease held jointly, :meth:`~vsekit.storage.objstore.SetLease.joint`, checked again before the commit record)."""
+    and the array still holds the set's guard (``hold``, :meth:`~vsekit.storage.sets.SetStorage.join`:
+    its writer lock under the spec's token, or its lease on object storage, checked again before the
+    commit record); a guard the array lost raises :class:`~vsekit.storage.objstore.LeaseLost`."""
 
-    def __init__(self, leases, lease, spec: dict | None = None, set_lease=None):
-        self.leases, self.lease, self.spec, self.set_lease = leases, lease, spec, set_lease
+    def __init__(self, leases, lease, hold=None):
+        self.leases, self.lease, self.hold = leases, lease, hold
 
     def refuses(self, fs: FeatureSet, block: Block) -> str | None:
-        if self.set_lease is not None:
-            from ..storage.objstore import LeaseLost
-
-            try:
-                self.set_lease.check()
-            except LeaseLost as exc:
-                raise LockLost(str(exc)) from None
-        elif self.spec is not None and not _holds_lock(self.spec):
-            raise LockLost(f"the writer lock of {fs.name!r} is no longer this array's (broken by another run?)")
+        if self.hold is not None:
+            self.hold.check()
         self.leases.renew(self.lease)
         if not self.leases.held(self.lease):
             return "its lease was lost (expired and taken over)"
@@ -442,14 +369,6 @@ def record_notes(fs: FeatureSet, notes) -> None:
         time.sleep(0.1)
 
 
-def _holds_lock(spec: dict) -> bool:
-    try:
-        info = json.loads(lock_path(spec["store"], spec["name"]).read_text())
-    except (OSError, ValueError):
-        return False
-    return info.get("token") == spec["lock_token"]
-
-
 def _open_remote(url: str, name: str) -> tuple[FeatureStore, dict | None]:
     """An array task on object storage: the store (this command's storage options from the
     environment, :data:`OPTIONS_ENV`, over the standard AWS_* ones) and the spec object."""
@@ -464,24 +383,15 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     the set's (the spec is an object of the store). ``task``: the task's number as its scheduler
     numbers it (default: from the environment), the number its log lines, lease records and fault
     points (``array-task-K``) use, so that ``scancel JOB_K`` / ``qdel JOB -t K`` and the log agree."""
-    from ..storage.objstore import LeaseLost, SetLease, is_object_url
+    from ..storage.objstore import LeaseLost, is_object_url
     from .job import Job, Site
     from .plan import Plan
 
-    set_lease = None
     if is_object_url(str(spec_file)):
         store, spec = _open_remote(str(spec_file), str(name))
         if spec is None:
             say(f"no job array spec for {name!r} in {store.path}; stopping")
             return 2
-        set_lease = SetLease.joint(store.objects, spec["name"], spec["lock_token"])
-        try:
-            set_lease.renew()
-        except LeaseLost as exc:
-            say(f"{exc}; stopping")
-            return 2
-        store.leases[spec["name"]] = set_lease   # every commit record checks it (FeatureStore.check_lease)
-        store.lease_token = spec["lock_token"]
     else:
         _take_storage_options()   # the images' options, where they are on object storage
         spec = json.loads(Path(spec_file).read_text())
@@ -490,9 +400,13 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     if fs.attrs.get("config_hash") != spec["config_hash"]:
         say(f"{spec['name']!r} has other settings now (config_hash {fs.attrs.get('config_hash')}); stopping")
         return 2
-    if set_lease is None and not _holds_lock(spec):
-        say(f"the writer lock of {spec['name']!r} is no longer this array's; stopping")
+    hold = store.sets.join(spec["name"], spec["lock_token"], float(spec["ttl"]))   # the array's, with its siblings
+    try:
+        hold.renew()
+    except LeaseLost as exc:
+        say(f"{exc}; stopping")
         return 2
+    hold.keep_renewed(hold.ttl / 3, errors=(OSError, StoreError))
     sched = get(spec.get("scheduler"))
     if task is None:
         task = sched.task_number()
@@ -505,11 +419,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     record_notes(fs, resolved.notes)
     job = Job(spec["store"], spec["name"], Plan.from_dict(spec["plan"]), run, site=Site("array"))
     leases = arrays.place(store, spec["name"]).leases(ttl=spec["ttl"], owner=owner_record())
-    if set_lease is not None:
-        renewer = Renewer(leases, refresh=set_lease.renew, refresh_every=set_lease.ttl / 3)
-    else:
-        renewer = Renewer(leases, lock_path(spec["store"], spec["name"]), refresh_every=float(spec["ttl"]) / 3)
-    committed, dropped = 0, 0
+    committed, dropped, lease = 0, 0, None
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
         f"device {device}, {workers} decoding {'threads' if image_url(fs) else 'processes'}, {spec['name']!r}")
     try:
@@ -521,14 +431,14 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
                 if got is None:
                     break
                 lease, block = got
-                renewer.hold(lease)
+                lease.keep_renewed(max(0.05, min(leases.ttl / 6, 60.0)), errors=(OSError, StoreError))
                 if lease.stolen_from:
                     o = lease.stolen_from
                     say(f"block {block.index}: took over the expired lease of job {o.get('job')} task {o.get('task')}")
                 point(f"array-task-{task}:claimed")
                 buf = compute_block(job, block, store=store, resolved=resolved)
                 with signals.deferred():
-                    why = commit(fs, buf, LeaseGuard(leases, lease, spec, set_lease))
+                    why = commit(fs, buf, LeaseGuard(leases, lease, hold))
                     if why is None:
                         committed += 1
                         say(f"committed block {block.index} (rows {block.start}-{block.stop - 1}), decoded by "
@@ -536,19 +446,19 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
                     else:
                         dropped += 1
                         say(f"block {block.index} not committed: {why}")
-                    renewer.release()
-    except (LockLost, LeaseLost) as exc:
+                    leases.release(lease)
+    except LeaseLost as exc:
         say(f"{exc}; stopping without committing")
         return 2
     except Interrupted as exc:
-        renewer.release()
         what = "SIGTERM" if exc.exit_code == 143 else f"signal {exc.signum}"
         verb = "terminated" if exc.exit_code == 143 else "interrupted"
         say(f"{verb} ({what}) after committing {committed} block(s); the block in progress stays pending")
         return exc.exit_code
     finally:
-        renewer.release()
-        renewer.stop.set()
+        if lease is not None:
+            leases.release(lease)   # the block in progress stays pending
+        hold.release()   # stops renewing it: the array's guard outlives its tasks
     merge_errors(fs)
     say(f"no block left pending: committed {committed}, dropped {dropped}")
     return 0

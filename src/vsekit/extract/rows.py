@@ -210,16 +210,6 @@ class DriverGone(RuntimeError):
     """The run that handed out a block no longer holds its set's writer lock: the block is not written."""
 
 
-def lock_held(store_path: str | os.PathLike, name: str, token: str | None) -> bool:
-    """Whether the writer lock of ``name`` is still held, live, by the run whose lock token is ``token``."""
-    if token is None:
-        return True
-    from ..storage.lock import holder
-
-    info = holder(store_path, name)
-    return bool(info) and info.get("token") == token
-
-
 class LockGuard:
     """Entitled to write while the run holding the set's writer lock (``token``) still holds it.
 
@@ -237,17 +227,12 @@ class LockGuard:
 
         if self.skip_committed and integrity.block_committed(fs, block):
             return "already committed"
-        if fs.store.remote:   # object storage: the driver's lease, read (only the driver renews it)
-            from ..storage.objstore import lease_valid
-
-            held = lease_valid(fs.store.objects, self.job.lock_name or self.job.name, self.job.lock_token)
-        else:
-            held = lock_held(self.job.store, self.job.lock_name or self.job.name, self.job.lock_token)
+        # the driver's guard, read (only the driver renews it)
+        held = fs.store.sets.holds(self.job.lock_name or self.job.name, self.job.lock_token)
         if not held and self.record_errors:   # this process is the run: it lost the set itself
             from ..storage.objstore import LeaseLost
 
-            guard = "lease" if fs.store.remote else "writer lock"
-            raise LeaseLost(f"lost the {guard} of feature set {self.job.name!r} in {fs.store.path}: another run "
+            raise LeaseLost(f"lost the {fs.store.sets.guard} of feature set {self.job.name!r} in {fs.store.path}: another run "
                             f"took it over (this run was paused or cut off past its expiry); block "
                             f"{block.index} was not written")
         if not held:

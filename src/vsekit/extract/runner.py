@@ -24,12 +24,10 @@ from typing import Any
 import numpy as np
 
 from ..clusters import ClusterSpec, parse_cluster
-from ..storage.ref import check_object_storage
 from ..words import plural
 from ..devices import FLOAT32_RECORD
 from ..interrupts import Interrupted, handling, interrupted
 from ..storage import integrity
-from ..storage.lock import holder
 from ..storage.store import FAILED, PENDING, FeatureSet, FeatureStore, StoreError
 from ..storage.sources import remote
 from .images import UNRECORDED_DECODER, decoder_attrs
@@ -185,8 +183,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     # connection; a job array's tasks in the environment of the sbatch / qsub process only, see
     # extract/array.py) and the rest of the credentials from their own environment (sbatch and qsub -V
     # pass the submitter's); nothing is written into a job script.
-    if store.remote:
-        check_object_storage(cluster, store.path, "extraction", arrays=True)
+    store.sets.check_cluster(cluster, "extraction", arrays=True)
     images_url = remote.image_url(store)
     if images_url:   # bad credentials or a missing bucket: one line, before any block runs
         remote.check_root(images_url)
@@ -210,13 +207,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             fs.update_attrs(decoding=decoder_attrs(plan.decoder))
         blocks = fs.pending_blocks()
         skipped = len(fs.blocks()) - len(blocks)
-        if store.remote:   # the tasks open the URL with the same options and write under the lease's token
-            job = Job(store.path, fs.name, plan, run, lock_name=name, lock_token=store.lease_token,
-                      storage_options=dict(store.objects.options))
-        else:
-            lock = holder(store.path, name)
-            job = Job(str(store.path.resolve()), fs.name, plan, run, lock_name=name,
-                      lock_token=lock.get("token") if lock else None)
+        # the tasks open the store as they reach it (on object storage with the same options) and write
+        # under the token of this run's guard
+        job = Job(store.sets.task_path(), fs.name, plan, run, lock_name=name, lock_token=store.sets.token(name),
+                  storage_options=store.sets.options())
         if images_url:
             job = dataclasses.replace(job, image_options=remote.options())
         t0, reads = time.perf_counter(), dict(remote.STATS) if images_url else {}

@@ -28,12 +28,10 @@ def fne(store: FeatureStore | str | os.PathLike, features: str, *, split: str = 
         allow_standardized: bool = False) -> tuple[derived.Result, derived.Result]:
     """Write ``<features>.z`` and ``<features>.z.fne``; returns both stages' results."""
     from ..clusters import cluster_client
-    from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)
     disc.check_thresholds(thresholds)
-    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
-        cluster = check_object_storage(cluster, store.path, "fne")
+    cluster = store.sets.check_cluster(cluster, "fne")   # on object storage: clusters that reach it
     with store.writer(*output_names(features), stage="vsekit fne", multi=bool(cluster)), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "fne")
         parent, zset, zfn, info = stdz.prepare(store, features, split=split, stats_from=stats_from,

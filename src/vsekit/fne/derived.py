@@ -50,8 +50,7 @@ class Pin:
 
     @classmethod
     def of(cls, parent: FeatureSet, stage: str) -> "Pin":
-        options = dict(parent.store.objects.options) if parent.store.remote else {}
-        return cls(str(parent.store.path), parent.name, parent.generation, stage, options)
+        return cls(str(parent.store.path), parent.name, parent.generation, stage, parent.store.sets.options())
 
     def _now(self) -> str | None:
         from ..storage.objstore import is_object_url, objects_for
@@ -142,21 +141,11 @@ def pending_indices(fs: FeatureSet) -> frozenset:
     """The blocks still to write; damaged blocks (missing or truncated chunk files) count as pending.
     On object storage a block with its commit record but no status yet (a writer killed between the
     two) gets its status from the record first: it is done, never written twice."""
-    reconcile(fs)
+    fs.store.sets.reconcile(fs)
     report = integrity.verify(fs, quick=True)
     if report.damaged:
         integrity.repair(fs, report)
     return frozenset(b.index for b in fs.pending_blocks())
-
-
-def reconcile(fs: FeatureSet) -> int:
-    """Object storage: restore the status of ``fs``'s blocks that have their commit record (see
-    :func:`vsekit.storage.objcommit.reconcile`); run by the driver, under the set's lease."""
-    if not fs.store.remote:
-        return 0
-    from ..storage import objcommit
-
-    return objcommit.reconcile(fs)
 
 
 @dataclass

@@ -98,7 +98,6 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
                allow_raw: bool = False) -> derived.Result:
     """Discretize feature set ``features`` into ``<features>.fne`` (or ``name``); see the module docstring."""
     from ..clusters import cluster_client
-    from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)
     parent = store.features(features)
@@ -107,8 +106,7 @@ def discretize(store: FeatureStore | str | os.PathLike, features: str, *,
     check_standardized(parent, allow_raw)
     refuse_stale(parent)
     parent.check(complete=True)
-    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
-        cluster = check_object_storage(cluster, store.path, "discretize")
+    cluster = store.sets.check_cluster(cluster, "discretize")   # on object storage: clusters that reach it
     with store.writer(output_name(features, name), stage="vsekit discretize", multi=bool(cluster)):
         fs, fn = prepare(store, features, thresholds=thresholds, pack_bits=pack, name=name,
                          overwrite=overwrite, parent=parent, allow_raw=allow_raw)

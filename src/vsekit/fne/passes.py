@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -46,23 +45,18 @@ def row_codes(status: np.ndarray, use_rows: np.ndarray | None) -> np.ndarray:
 
 
 def _source_array(fs: FeatureSet, client: Any = None):
-    """``fs``'s data as a dask array, one chunk per row block. On object storage with a cluster,
-    each block is read by its task, which opens the URL with the options it carries (:class:`StoreRef`)."""
+    """``fs``'s data as a dask array, one chunk per row block. With a cluster each block is read by its
+    task, which opens the store as it carries it (:class:`StoreRef`: on object storage with its options)."""
     import dask.array as da
 
-    ref = _task_ref(fs.store, client)
-    if ref is None:
+    if client is None:
         return da.from_zarr(fs.data, chunks=(fs.chunk_rows, *fs.shape[1:]))
     import dask
 
     read = dask.delayed(_read_rows, pure=False)
+    ref = StoreRef.of(fs.store)
     return da.concatenate([da.from_delayed(read(ref, fs.name, b.start, b.stop), shape=(len(b), *fs.shape[1:]),
                                            dtype=fs.data.dtype) for b in fs.blocks()], axis=0)
-
-
-def _task_ref(store: FeatureStore, client: Any) -> StoreRef | None:
-    """How tasks in other processes reach a store on object storage (None: they use the driver's arrays)."""
-    return StoreRef.of(store) if store.remote and client is not None else None
 
 
 def _read_rows(ref: StoreRef, name: str, start: int, stop: int) -> np.ndarray:
@@ -155,14 +149,14 @@ class Output:
     target: str | None = None   # the name it takes when committed (a staged set's; None: ``name``)
 
 
-def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "str | FeatureStore | StoreRef",
+def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "FeatureStore | StoreRef",
                  stages: Sequence[Output], flags: Sequence[bool], check: bool, pin: Any = None) -> tuple[int, list]:
     """Run the chain of stages on one block and write the pending outputs; report non-finite values instead.
 
     ``pin`` (``derived.Pin``): the block ``x`` was read from the parent generation it names, or this raises.
     ``path``: the driver's own store (in-process threads), or how a task in another process opens it
-    (a local path; a :class:`StoreRef` on object storage, whose lease token each commit is checked
-    against, storage/objcommit.py).
+    (a :class:`StoreRef`; on object storage its lease token each commit is checked against,
+    storage/objcommit.py).
     """
     if pin is not None:
         pin.check()
@@ -172,14 +166,7 @@ def _write_block(x: np.ndarray, status: np.ndarray, block: Block, path: "str | F
         if bad.any():
             where = np.argwhere(bad)
             return int(bad.sum()), [(block.start + int(r), int(c), float(x[r, c])) for r, c in where[:1000]]
-    import zarr
-
-    if isinstance(path, FeatureStore):   # in-process threads: the driver's store (on object storage, its leases)
-        store = path
-    elif isinstance(path, StoreRef):     # a task in another process, on object storage: the driver's token
-        store = path.open()
-    else:
-        store = FeatureStore(zarr.open_group(path, mode="r+", zarr_format=3), path)
+    store = path.open() if isinstance(path, StoreRef) else path   # a task in another process; or the driver's
     out_status = np.where(ok, DONE, FAILED).astype(np.uint8)
     values = x
     for stage, flag in zip(stages, flags):
@@ -208,19 +195,16 @@ def write_pass(src: FeatureSet, outputs: Sequence[Output], client: Any = None, *
     status = np.asarray(src.status[:])
     stages = [Output(o.name, o.fn, target=o.target) for o in outputs]
     shared = dask.delayed(stages, pure=True, traverse=False)
-    ref = _task_ref(src.store, client)
-    path = (ref if ref is not None else src.store) if src.store.remote else str(Path(src.store.path).resolve())
+    path = src.store if client is None else StoreRef.of(src.store)
     tasks = [dask.delayed(_write_block, pure=False)(
         parts[i], status[blocks[i].start:blocks[i].stop], blocks[i], path, shared,
         tuple(i in o.pending for o in outputs), check, pin) for i in todo]
     results = _compute(client, *tasks)
-    if src.store.remote and client is not None:   # a task (another process) killed between a block's
-        # record and its status: the record says done (in-process, that failure stops the run, and the
-        # next run's pending_indices restores it)
-        from .derived import reconcile
-
+    if client is not None:   # a task (another process) killed between a block's record and its status, on
+        # object storage: the record says done (in-process, that failure stops the run, and the next run's
+        # pending_indices restores it)
         for o in outputs:
-            reconcile(FeatureSet(src.store, o.name, o.target))
+            src.store.sets.reconcile(FeatureSet(src.store, o.name, o.target))
     total = sum(r[0] for r in results)
     if total:
         positions = [p for r in results for p in r[1]]

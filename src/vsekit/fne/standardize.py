@@ -230,11 +230,9 @@ def standardize(store: FeatureStore | str | os.PathLike, features: str, *, split
                 overwrite: bool = False, allow_standardized: bool = False) -> derived.Result:
     """Standardize feature set ``features`` into ``<features>.z`` (or ``name``); see the module docstring."""
     from ..clusters import cluster_client
-    from ..storage.ref import check_object_storage
 
     store = passes.open_store(store)
-    if store.remote:   # its tasks open the URL with the options handed to them (storage/ref.py)
-        cluster = check_object_storage(cluster, store.path, "standardize")
+    cluster = store.sets.check_cluster(cluster, "standardize")   # on object storage: clusters that reach it
     with store.writer(output_name(features, name), stage="vsekit standardize", multi=bool(cluster)), cluster_client(cluster) as client:
         pin = derived.Pin.of(store.features(features), "standardize")
         parent, fs, fn, info = prepare(store, features, split=split, stats_from=stats_from, name=name,

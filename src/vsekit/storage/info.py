@@ -12,7 +12,6 @@ from ..words import plural
 from . import integrity
 from .interop import retry_advice
 from .job_arrays import progress_lines
-from .objstore import TOKENS_SWAP
 from .remake import remake_command
 from .splits import refuse_stale
 from .store import FAILED, SPLITS, FeatureStore
@@ -62,16 +61,11 @@ def describe(store: FeatureStore, name: str | None = None) -> str:
             lines.append(f"  tokens: vocabulary {len(vocab)} words, min_count {tok.attrs.get('min_count')}")
             for key in sorted(tok.array_keys()):
                 lines.append(_array_line(key, tok[key], "    "))
-        if store.remote:
-            if store.objects.get(TOKENS_SWAP) is not None:
-                lines.append(f"  tokens: being replaced (a tokenize stopped in its swap); `vsekit tokenize --store "
-                             f"{store.path}` finishes it first")
-        names = store.feature_names()
-        swapping = []
-        if store.remote:   # sets an --overwrite is swapping in (or a killed one left half-swapped)
-            prefix = ".vsekit/swaps/features/"
-            swapping = sorted(k[len(prefix):-len(".json")] for k in store.objects.keys(prefix) if k.endswith(".json"))
-            names = [n for n in names if n not in swapping]
+        tokens_swap, swapping = store.sets.swaps()
+        if tokens_swap:
+            lines.append(f"  tokens: being replaced (a tokenize stopped in its swap); `vsekit tokenize --store "
+                         f"{store.path}` finishes it first")
+        names = [n for n in store.feature_names() if n not in swapping]
         lines.append(f"  features: {len(names) + len(swapping) or 'none'}")
         for fname in names:
             lines.extend(_describe_set(store, fname, brief=True))

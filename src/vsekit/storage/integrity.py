@@ -23,15 +23,12 @@ import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .base import PENDING, Block, StoreError
 from .faults import point
-from .objcommit import chunk_key, committed, records
-from .objcommit import repair as repair_records
-from .objcommit import verify as verify_records
 from .remake import remake_command
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,7 +111,7 @@ def repair_command(store_path: str | os.PathLike, name: str) -> str:
             f"then rerun the command that made {name!r} with the same options to rewrite them")
 
 
-def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
+def status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
     try:
         return np.asarray(fs.status[block.start:block.stop])
     except Exception as exc:  # a truncated or garbled chunk: zarr's codec error
@@ -122,58 +119,82 @@ def _status_block(fs: "FeatureSet", block: "Block") -> np.ndarray | str:
 
 
 def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
-    """Check every finished block of ``fs`` against its recorded checksums (see module doc)."""
-    if fs.store.objects is not None:   # object storage: against the blocks' commit records
-        return verify_records(fs, Report(fs.name, len(fs.blocks()), full=not quick), _status_block, quick=quick)
-
+    """Check every finished block of ``fs`` against its records (see module doc): on a disk its
+    checksums, on object storage its commit record; the store's :class:`~.sets.SetStorage` gives the
+    records (``recorded``) and the chunks' sums (``chunk_sum``)."""
+    sets = fs.store.sets
     blocks = fs.blocks()
     report = Report(fs.name, len(blocks), full=not quick)
-    names = fs.group.attrs.get("checksummed") or []
-    has_sums = bool(names) and fs.has_array(SUMS)
+    recorded = sets.recorded(fs, report.etags)   # with the ETags it saw: a repair voids only those records
     for b in blocks:
-        status = _status_block(fs, b)
+        rows = f" (rows {b.start}-{b.stop - 1})"
+        status = status_block(fs, b)
         if isinstance(status, str):
-            report.damaged[b.index] = f"{status} (rows {b.start}-{b.stop - 1})"
+            report.damaged[b.index] = f"{status}{rows}"
             continue
         if np.any(status > 2):
             report.damaged[b.index] = (f"status chunk holds invalid codes {sorted(set(status[status > 2].tolist()))}"
-                                       f" (rows {b.start}-{b.stop - 1})")
+                                       f"{rows}")
             continue
         if np.any(status == PENDING):
             continue  # not finished: the next run writes it anyway
-        rows = f" (rows {b.start}-{b.stop - 1})"
-        if not has_sums:   # every set records checksums: its records are gone
-            report.damaged[b.index] = f"its rows are finished but {_missing_sums(names)}{rows}"
+        want = recorded(b.index)
+        if isinstance(want, str):   # a finished block without its record lost it (it is written first)
+            report.damaged[b.index] = f"{want}{rows}"
             continue
-        try:
-            want = np.asarray(fs.group[SUMS][b.index])
-        except Exception as exc:
-            report.damaged[b.index] = f"checksum chunk unreadable ({type(exc).__name__}){rows}"
-            continue
-        if np.all(want == UNRECORDED):
-            # the writer records a block's checksums before its status: a finished block without
-            # them lost its checksum chunk (and its data chunks may be gone with it)
-            report.damaged[b.index] = f"its rows are finished but no checksum is recorded{rows}"
-            continue
-        for k, name in enumerate(names):
-            crc, size = _file_sum(_chunk_file(fs, name, b.index), crc=not quick)
-            wcrc, wsize = int(want[2 * k]), int(want[2 * k + 1])
+        for name, (wcrc, wsize) in want.items():
+            crc, size = sets.chunk_sum(fs, name, b.index, crc=not quick)
             if size != wsize:
                 what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
                 if wsize == ABSENT:
                     what = f"{size} bytes where none were written"
-                report.damaged[b.index] = f"{name} chunk file {what}{rows}"
+                report.damaged[b.index] = f"{name} chunk {sets.chunk_word} {what}{rows}"
                 break
             if not quick and crc != wcrc:
-                report.damaged[b.index] = f"{name} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}{rows}"
+                report.damaged[b.index] = (f"{name} chunk {sets.chunk_word}'s CRC-32 {crc:08x} != recorded "
+                                           f"{wcrc:08x}{rows}")
                 break
     return report
 
 
+def recorded_sums(fs: "FeatureSet") -> Callable[[int], "dict[str, tuple[int, int]] | str"]:
+    """On a disk: block index → the (CRC, size) recorded of each checksummed array, or why there is
+    none (the set lost its ``blocksums`` array or its list of arrays, an unreadable checksum chunk, or
+    nothing recorded for a finished block)."""
+    names = fs.group.attrs.get("checksummed") or []
+    if not names or not fs.has_array(SUMS):
+        why = f"its rows are finished but {_missing_sums(names)}"
+        return lambda index: why
+    sums = fs.group[SUMS]
+    try:
+        table = np.asarray(sums[:])
+    except Exception:   # an unreadable checksum chunk: each block's read alone, so the others are checked
+        table = None
+
+    def at(index: int) -> "dict[str, tuple[int, int]] | str":
+        try:
+            want = table[index] if table is not None else np.asarray(sums[index])
+        except Exception as exc:
+            return f"checksum chunk unreadable ({type(exc).__name__})"
+        if np.all(want == UNRECORDED):
+            return "its rows are finished but no checksum is recorded"
+        return {name: (int(want[2 * k]), int(want[2 * k + 1])) for k, name in enumerate(names)}
+    return at
+
+
+def file_sum(fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+    """On a disk: (CRC-32, size) of chunk ``index`` of ``array`` (``crc``: else 0 and a stat only)."""
+    return _file_sum(_chunk_file(fs, array, index), crc=crc)
+
+
 def repair(fs: "FeatureSet", report: Report) -> int:
-    """Mark the damaged blocks of ``report`` pending (status and checksums reset); returns how many."""
-    if fs.store.objects is not None:
-        return repair_records(fs, report)
+    """Mark the damaged blocks of ``report`` pending (on a disk: status and checksums reset; on object
+    storage: :func:`.objcommit.repair`); returns how many."""
+    return fs.store.sets.repair(fs, report)
+
+
+def repair_sums(fs: "FeatureSet", report: Report) -> int:
+    """:func:`repair` on a disk."""
     blocks = fs.blocks()
     for i in sorted(report.damaged):
         b = blocks[i]
@@ -211,10 +232,12 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     A block with an unreadable status chunk or missing/truncated files counts as not committed.
     On object storage: whether it has its commit record (:mod:`.objcommit`).
     """
-    if fs.store.objects is not None:
-        return committed(fs, block)
+    return fs.store.sets.committed(fs, block)
 
-    status = _status_block(fs, block)
+
+def sums_committed(fs: "FeatureSet", block: "Block") -> bool:
+    """:func:`block_committed` on a disk."""
+    status = status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
         return False
     names = fs.group.attrs.get("checksummed") or []
@@ -246,10 +269,7 @@ class BlockCheck:
         self.blocks = fs.blocks()
         names = list(fs.group.attrs.get("checksummed") or [])
         self.columns = {a: names.index(a) for a in arrays if a in names}
-        self.remote = fs.store.objects is not None
-        if self.remote:
-            self.commits = records(fs)
-        self.sums = np.asarray(fs.group[SUMS][:]) if names and fs.has_array(SUMS) and not self.remote else None
+        self.recorded = fs.store.sets.recorded(fs)
         self.records = bool(names)
         self.status = fs.status_values()
         self.generation = fs.generation
@@ -260,19 +280,11 @@ class BlockCheck:
             return None   # an array the set does not have (no per-row count)
         block = self.blocks[index]
         unfinished = bool(np.any(self.status[block.start:block.stop] == PENDING))
-        if self.remote:
-            rec = self.commits.get(index)
-            if rec is None:
-                return None if unfinished else self.refuse(index, "its rows are finished but it has no commit record")
-            crc, size = rec.get("sums", {}).get(array, (0, ABSENT))
-            return int(crc), int(size)
-        if self.sums is None:
-            return None if unfinished else self.refuse(index, _missing_sums(self.columns))
-        want = self.sums[index]
-        if np.all(want == UNRECORDED):
-            return None if unfinished else self.refuse(index, "its rows are finished but no checksum is recorded")
-        k = self.columns[array]
-        return int(want[2 * k]), int(want[2 * k + 1])
+        want = self.recorded(index)
+        if isinstance(want, str):
+            return None if unfinished else self.refuse(index, want)
+        crc, size = want.get(array, (0, ABSENT))
+        return int(crc), int(size)
 
     def check_sum(self, index: int, array: str, crc: int, size: int) -> None:
         """Refuse block ``index`` unless ``crc``/``size`` (of the bytes just read) match the record."""
@@ -288,13 +300,8 @@ class BlockCheck:
 
     def check_file(self, index: int, array: str) -> None:
         """Re-read chunk file ``index`` of ``array`` and check it (readers that decode through zarr)."""
-        if self.expected(index, array) is None:
-            return
-        if self.remote:
-            got = self.fs.store.objects.get(chunk_key(self.fs, array, index))
-            self.check_sum(index, array, *((0, ABSENT) if got is None else (crc_of(got[0]), len(got[0]))))
-            return
-        self.check_sum(index, array, *_file_sum(_chunk_file(self.fs, array, index), crc=True))
+        if self.expected(index, array) is not None:
+            self.check_sum(index, array, *self.fs.store.sets.chunk_sum(self.fs, array, index, crc=True))
 
     def check_generation(self) -> None:
         """Refuse to go on if the set was replaced (``--overwrite``) since the reader opened it."""

@@ -119,8 +119,10 @@ class ArrayState:
 
     def __init__(self, store, name: str):
         objects = getattr(store, "objects", None)
-        self.at = (_Files(array_dir(store.path, name)) if objects is None else
-                   _Objects(objects, "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])))
+        # the job scripts and task logs: in the store's folder on a disk, in a local folder otherwise
+        self.at, self.scripts = ((_Files(array_dir(store.path, name)), array_dir(store.path, name)) if objects is None
+                                 else (_Objects(objects, "/".join([*ARRAY_DIR, re.sub(r"[^A-Za-z0-9._-]", "_", name)])),
+                                       local_dir(name)))
 
     def read_spec(self) -> dict | None:
         return self.at.read("spec.json")

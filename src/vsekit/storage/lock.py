@@ -22,12 +22,13 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .fserrors import naming
+from .job_arrays import write_json
 from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
 from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
-from .objstore import SERVED_BY, is_object_url, public_url
+from .objstore import SERVED_BY, LeaseLost, is_object_url, public_url
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
@@ -212,6 +213,38 @@ class LockFile(Backend):
         current = _read(self.path)
         if current and current.get("token") == token:
             self.path.unlink(missing_ok=True)
+
+
+class JointLock(Lease):
+    """A set's lock file as the tasks of a job array hold it together, under the array's ``token``
+    (handed to it by :meth:`.sets.SetStorage.hand_over`): each task renews it by touching it while it
+    holds that token; :meth:`check` raises :class:`~.objstore.LeaseLost` once it does not (another
+    run broke it). A task never releases it: the array's lock expires after its job has ended."""
+
+    def __init__(self, store_path: str | os.PathLike, name: str, token: str, ttl: float):
+        super().__init__(LockFile(lock_path(store_path, name)), token=token, ttl=ttl)
+        self.name, self.version = name, {}
+
+    def check(self) -> None:
+        info = _read(self.backend.path)
+        if not info or info.get("token") != self.token:
+            raise LeaseLost(f"the writer lock of {self.name!r} is no longer this array's (broken by another run?)")
+
+    def renew(self) -> bool:
+        self.check()
+        return super().renew()
+
+    def release(self) -> None:
+        self._stop.set()
+
+
+def hand_over(store_path: str | os.PathLike, name: str, token: str, extra: dict) -> Callable[[], None]:
+    """Rewrite the lock of ``name`` (held by this process) as a job array's: its ``token`` and
+    ``extra`` (job id, scheduler, stage); returns what writes the lock back as it was."""
+    path = lock_path(store_path, name)
+    before = json.loads(path.read_text())
+    write_json(path, dict(before, token=token, **extra))
+    return lambda: write_json(path, before)
 
 
 def refuse_url(store_path: str | os.PathLike, stage: str = "this stage") -> None:

@@ -6,7 +6,7 @@ create-if-absent record ``.vsekit/commits/NAME/GENERATION/BLOCK.json`` (the CRC-
 chunk object, the rows' status codes), written after its chunks and right after the writer checked
 its lease (:func:`write_record`); the status chunk written after it as a cache, restored from the
 records by the next run under the lease (:func:`reconcile`); ``info --verify`` against the records
-(:func:`verify`), ``--repair`` voiding them (:func:`repair`); and the swaps (:func:`swap_in`, its POSIX
+(:func:`vsekit.storage.integrity.verify`), ``--repair`` voiding them (:func:`repair`); and the swaps (:func:`swap_in`, its POSIX
 twin :func:`swap_dir`).
 """
 
@@ -133,41 +133,9 @@ def reconcile(fs: "FeatureSet") -> int:
     return fixed
 
 
-def verify(fs: "FeatureSet", report, status_block, *, quick: bool = False):
-    """Every finished block against its record (``quick``: sizes only), into ``report`` (an empty
-    ``integrity.Report``; ``status_block(fs, block)`` reads a block's status or says why it cannot):
-    what :func:`vsekit.storage.integrity.verify` returns for a set on object storage."""
-    blocks = fs.blocks()
-    recs = records(fs, report.etags)   # with the ETags this check saw: a repair voids only those records
-    for b in blocks:
-        rows = f" (rows {b.start}-{b.stop - 1})"
-        status = status_block(fs, b)
-        if isinstance(status, str):
-            report.damaged[b.index] = f"{status}{rows}"
-            continue
-        if np.any(status == PENDING):
-            continue
-        rec = recs.get(b.index)
-        if rec is None:
-            report.damaged[b.index] = f"its rows are finished but it has no commit record{rows}"
-            continue
-        for name, (wcrc, wsize) in rec.get("sums", {}).items():
-            got = _objects(fs).get(chunk_key(fs, name, b.index))
-            size = -1 if got is None else len(got[0])
-            if size != wsize:
-                what = "missing" if size == -1 else f"{size} bytes, expected {wsize}"
-                report.damaged[b.index] = f"{name} chunk object {what}{rows}"
-                break
-            crc = zlib.crc32(got[0]) & 0xFFFFFFFF if got is not None else 0
-            if not quick and crc != wcrc:
-                report.damaged[b.index] = f"{name} chunk object's CRC-32 {crc:08x} != recorded {wcrc:08x}{rows}"
-                break
-    return report
-
-
 def repair(fs: "FeatureSet", report) -> int:
     """Mark damaged blocks pending, so a rerun commits them again. A record is never deleted: the repair
-    voids it by compare-and-swap from the ETag :func:`verify` saw, keeping its body (the rerun's record
+    voids it by compare-and-swap from the ETag ``info --verify`` saw, keeping its body (the rerun's record
     replaces the void one the same way). A record that changed since the check (another writer's) is
     left as it is, and so is its block. Its callers hold the set's lease; returns the blocks marked pending."""
     blocks = fs.blocks()

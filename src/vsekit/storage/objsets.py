@@ -1,28 +1,32 @@
 """Feature sets and whole stores on object storage (no rename): creating, publishing, opening and
 replacing them (docs/store.md, "Stores on object storage", "Replacing a set or a store on object
-storage"), as :class:`ObjectSets`, the object-storage half of :class:`~.store.FeatureStore`."""
+storage"), and their guards: :class:`ObjectSets`, the object-storage :class:`~.sets.SetStorage`."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+import zlib
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-import numpy as np
 import zarr
 import zarr.storage
 
-from .base import STAGED, STAGING_NAME, ProvenanceError, StoreError, not_a_store
+from . import objcommit
+from .base import STAGED, STAGING_NAME, Block, ProvenanceError, StoreError, not_a_store
 from .faults import point
-from .guards import STORE_LEASE
-from .objcommit import group_meta, swap_in
-from .objstore import Objects, dumps, parse_options, require_conditions
+from .leases import free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
+from .objcommit import group_meta, swap_in
+from .objstore import (TOKENS_SWAP, LeaseHeld, LeaseLost, LeaseObject, Objects, SetLease, dumps, holder_live, lease_key,
+                       lease_valid, parse_options, require_conditions)
+from .sets import SetStorage
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet, FeatureStore
 
+STORE_LEASE = ".store"   # the lease `vsekit split` holds on object storage (lock.STORE_LOCK on disk)
 STORE_SWAP = ".vsekit/swaps/store.json"   # an `ingest --overwrite` swapping a new store in (object storage)
 
 
@@ -64,101 +68,254 @@ def _ingesting(store: "FeatureStore", objects: Objects, prefix: str) -> Iterator
         raise
 
 
-class ObjectSets:
-    """The object-storage side of a :class:`~.store.FeatureStore` (``self.objects`` set)."""
 
-    @classmethod
-    def _create_remote(cls, url: str, storage_options: Any, *, dataset: str, image_root: Any,
-                       source_files: Sequence[str], overwrite: bool) -> "FeatureStore":
-        """A new store at an object-store URL: its root ``zarr.json`` created with create-if-absent (one
-        ingest per URL), ``complete: false`` until the ingest finishes (:meth:`building`)."""
-        objects = Objects(url, parse_options(storage_options))
+# --- whole stores: created, opened, built by an ingest, replaced (FeatureStore's classmethods call these)
+def create_store(cls: type, url: str, storage_options: Any, *, dataset: str, image_root: Any,
+                 source_files: Sequence[str], overwrite: bool) -> "FeatureStore":
+    """A new store at an object-store URL: its root ``zarr.json`` created with create-if-absent (one
+    ingest per URL), ``complete: false`` until the ingest finishes (:func:`building_store`)."""
+    objects = Objects(url, parse_options(storage_options))
+    refuse_if_store_replaced(objects)
+    require_conditions(objects, "vsekit ingest")   # one ingest per URL rests on create-if-absent
+    if overwrite and objects.get("zarr.json") is not None:   # only ingest replaces one (building)
+        raise StoreError(f"--store {objects.url}: a store on object storage is replaced by `vsekit ingest "
+                         f"... --overwrite` only")
+    if objects.create("zarr.json", group_meta(root_attrs(dataset, image_root, source_files))) is None:
+        raise StoreError(f"{objects.url} already exists (it has a zarr.json); ingest into a new URL, or "
+                         f"delete its objects first")
+    root = zarr.open_group(objects.zarr_store(), mode="r+", zarr_format=3)
+    return cls(root, objects.url, objects)
+
+
+def open_store(cls: type, url: str, mode: str, storage_options: Any) -> "FeatureStore":
+    objects = Objects(url, parse_options(storage_options))
+    got = objects.get_json("zarr.json")
+    if got is None:   # a store's objects are deleted only after its zarr.json (finish_store_replace)
         refuse_if_store_replaced(objects)
-        require_conditions(objects, "vsekit ingest")   # one ingest per URL rests on create-if-absent
-        if overwrite and objects.get("zarr.json") is not None:   # only ingest replaces one (building)
-            raise StoreError(f"--store {objects.url}: a store on object storage is replaced by `vsekit ingest "
-                             f"... --overwrite` only")
-        if objects.create("zarr.json", group_meta(root_attrs(dataset, image_root, source_files))) is None:
-            raise StoreError(f"{objects.url} already exists (it has a zarr.json); ingest into a new URL, or "
-                             f"delete its objects first")
-        root = zarr.open_group(objects.zarr_store(), mode="r+", zarr_format=3)
-        return cls(root, objects.url, objects)
+        raise StoreError(not_a_store(objects.url))
+    attrs = got[0].get("attributes") or {}
+    check_format(objects.url, attrs)
+    if attrs.get("complete") is False:
+        raise StoreError(f"{objects.url}: its ingest has not finished (or was killed before it did); rerun "
+                         f"the ingest into a new URL, or delete these objects and ingest again")
+    root = zarr.open_group(objects.zarr_store(read_only=mode == "r"), mode=mode, zarr_format=3)
+    return cls(root, objects.url, objects)
 
-    @classmethod
-    def _open_remote(cls, url: str, mode: str, storage_options: Any) -> "FeatureStore":
-        objects = Objects(url, parse_options(storage_options))
-        got = objects.get_json("zarr.json")
-        if got is None:   # a store's objects are deleted only after its zarr.json (finish_store_replace)
-            refuse_if_store_replaced(objects)
-        if got is None:
-            raise StoreError(not_a_store(objects.url))
-        attrs = got[0].get("attributes") or {}
-        check_format(objects.url, attrs)
-        if attrs.get("complete") is False:
-            raise StoreError(f"{objects.url}: its ingest has not finished (or was killed before it did); rerun "
-                             f"the ingest into a new URL, or delete these objects and ingest again")
-        root = zarr.open_group(objects.zarr_store(read_only=mode == "r"), mode=mode, zarr_format=3)
-        return cls(root, objects.url, objects)
 
-    @classmethod
-    @contextlib.contextmanager
-    def _building_remote(cls, url: str, *, overwrite: bool, drop_features: bool = False,
-                         **create_kw: Any) -> Iterator["FeatureStore"]:
-        """An ingest into an object-store URL: the store's root is created first (create-if-absent: one
-        ingest per URL) and marked complete last; a failed ingest deletes what it wrote. An existing
-        store is replaced only with ``overwrite`` (:meth:`_replacing_remote`)."""
-        objects = Objects(url, parse_options(create_kw.get("storage_options")))
-        if overwrite and (objects.get("zarr.json") is not None or objects.get(STORE_SWAP) is not None):
-            with cls._replacing_remote(objects, drop_features=drop_features, **create_kw) as store:
-                yield store
-            return
-        store = cls.create(url, **create_kw)
-        with _ingesting(store, store.objects, ""):
+@contextlib.contextmanager
+def building_store(cls: type, url: str, *, overwrite: bool, drop_features: bool = False,
+                   **create_kw: Any) -> Iterator["FeatureStore"]:
+    """An ingest into an object-store URL: the store's root is created first (create-if-absent: one
+    ingest per URL) and marked complete last; a failed ingest deletes what it wrote. An existing
+    store is replaced only with ``overwrite`` (:func:`_replacing_store`)."""
+    objects = Objects(url, parse_options(create_kw.get("storage_options")))
+    if overwrite and (objects.get("zarr.json") is not None or objects.get(STORE_SWAP) is not None):
+        with _replacing_store(cls, objects, drop_features=drop_features, **create_kw) as store:
             yield store
+        return
+    store = cls.create(url, **create_kw)
+    with _ingesting(store, store.objects, ""):
+        yield store
 
-    @classmethod
+
+@contextlib.contextmanager
+def _replacing_store(cls: type, objects: Any, *, drop_features: bool, **create_kw: Any) -> Iterator["FeatureStore"]:
+    """``ingest --overwrite`` of a store on object storage, under the store's lease: the new store is
+    built whole under the hidden prefix ``.vsekit/next-*`` of the URL, the old one untouched until
+    then; then the swap mark is written and :func:`finish_store_replace` swaps it in. A failed
+    ingest deletes the nested store; a swap a killed run left is finished by the next ``ingest
+    --overwrite`` of the URL (docs/store.md, "Replacing a set or a store on object storage")."""
+    if objects.url.startswith("memory://"):
+        raise StoreError(f"--store {objects.url}: --overwrite of a memory:// store is not supported (it has "
+                         f"no nested prefixes); ingest into a new memory:// URL")
+    holder = cls(None, objects.url, objects)
+    with holder.store_writer("vsekit ingest --overwrite", what="replace"):
+        finish_store_replace(objects, holder)   # a killed replacement is finished first
+        if not drop_features:
+            refuse_dropping(objects.url, [c for c in objects.children("features/") if not c.startswith(".")
+                                          and objects.get(f"features/{c}/zarr.json") is not None])
+        for child in objects.children(".vsekit/"):   # nested stores killed ingests left
+            if child.startswith("next-"):
+                _delete_keys(objects, f".vsekit/{child}/")
+        staging = f".vsekit/next-{uuid.uuid4().hex[:8]}"
+        store = cls.create(f"{objects.url}/{staging}", **create_kw)
+        with _ingesting(store, objects, f"{staging}/"):
+            yield store
+        holder.check_lease(STORE_LEASE)
+        point("ingest:replace:mark")
+        objects.put(STORE_SWAP, dumps({"staging": staging, "token": holder.lease_token}))
+        finish_store_replace(objects, holder)
+        store.objects, store.path = objects, objects.url
+        store.root = zarr.open_group(objects.zarr_store(), mode="r+", zarr_format=3)
+
+
+class ObjectSets(SetStorage):
+    """The feature sets of a store on object storage (``store.objects``): leases guard them, a set is
+    published by create-if-absent, a block committed by its record (:mod:`.objcommit`), a set
+    replaced by a marked, lease-checked copy the next writer finishes (:meth:`swap`)."""
+
+    remote = True
+    guard = "lease"
+    chunk_word = "object"
+
+    @property
+    def objects(self) -> Objects:
+        return self.store.objects
+
+    @property
+    def path(self) -> str:
+        return self.store.path
+
+    def options(self) -> dict[str, str]:
+        return dict(self.objects.options)
+
+    def task_path(self) -> str:
+        return self.path
+
+    def check_cluster(self, cluster: Any, what: str, arrays: bool = False) -> Any:
+        """Refuse ``cluster`` for ``what`` (a stage), in one line, where its workers cannot reach this
+        store; returns the parsed spec. ``arrays``: the stage serves ``slurm-array:N`` / ``sge-array:N``
+        here (extraction: extract/array.py)."""
+        from ..clusters import OBJECT_STORAGE_ARRAYS, OBJECT_STORAGE_KINDS, parse_cluster
+
+        spec = parse_cluster(cluster)
+        if spec is None:
+            return None
+        if self.path.startswith("memory://"):
+            raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
+                             f"process can reach it; run without --cluster")
+        served = OBJECT_STORAGE_KINDS + (OBJECT_STORAGE_ARRAYS if arrays else ())
+        if spec.kind not in served:
+            kinds = " / ".join(("tcp://" if k == "tcp" else f"{k}:N") for k in served)
+            raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({self.path}) runs "
+                             f"in-process or on --cluster {kinds} for now (issue 35); run it with one of those")
+        return spec
+
+    # the guards ------------------------------------------------------------------------------------
+    def check_lease(self, name: str) -> None:
+        """The set's lease, renewed now (the run that holds it), or the driver's lease still valid for
+        its token (a dask task, which never renews it)."""
+        leases = self.store.leases
+        if name in leases:
+            leases[name].check()
+        elif not self.holds(name, self.store.lease_token):
+            raise LeaseLost(f"the run that writes {name!r} in {self.path} no longer holds its lease; "
+                            f"not committing")
+
+    def holds(self, name: str, token: str | None) -> bool:
+        return lease_valid(self.objects, name, token)
+
+    def token(self, name: str) -> str | None:
+        return self.store.lease_token
+
     @contextlib.contextmanager
-    def _replacing_remote(cls, objects: Any, *, drop_features: bool, **create_kw: Any) -> Iterator["FeatureStore"]:
-        """``ingest --overwrite`` of a store on object storage, under the store's lease: the new store is
-        built whole under the hidden prefix ``.vsekit/next-*`` of the URL, the old one untouched until
-        then; then the swap mark is written and :func:`finish_store_replace` swaps it in. A failed
-        ingest deletes the nested store; a swap a killed run left is finished by the next ``ingest
-        --overwrite`` of the URL (docs/store.md, "Replacing a set or a store on object storage")."""
-        if objects.url.startswith("memory://"):
-            raise StoreError(f"--store {objects.url}: --overwrite of a memory:// store is not supported (it has "
-                             f"no nested prefixes); ingest into a new memory:// URL")
-        holder = cls(None, objects.url, objects)
-        with holder.store_writer("vsekit ingest --overwrite", what="replace"):
-            finish_store_replace(objects, holder)   # a killed replacement is finished first
-            if not drop_features:
-                refuse_dropping(objects.url, [c for c in objects.children("features/") if not c.startswith(".")
-                                              and objects.get(f"features/{c}/zarr.json") is not None])
-            for child in objects.children(".vsekit/"):   # nested stores killed ingests left
-                if child.startswith("next-"):
-                    _delete_keys(objects, f".vsekit/{child}/")
-            staging = f".vsekit/next-{uuid.uuid4().hex[:8]}"
-            store = cls.create(f"{objects.url}/{staging}", **create_kw)
-            with _ingesting(store, objects, f"{staging}/"):
-                yield store
-            holder.check_lease(STORE_LEASE)
-            point("ingest:replace:mark")
-            objects.put(STORE_SWAP, dumps({"staging": staging, "token": holder.lease_token}))
-            finish_store_replace(objects, holder)
-            store.objects, store.path = objects, objects.url
-            store.root = zarr.open_group(objects.zarr_store(), mode="r+", zarr_format=3)
+    def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> Iterator[None]:
+        """The sets' leases (on a provider that ignores conditional writes every writer is refused
+        unless the user says it is the only one: :func:`~.objstore.require_conditions`)."""
+        store = self.store
+        require_conditions(self.objects, f"{stage} with more than one writer" if multi else stage, multi=multi)
+        taken = []
+        # one token for the leases this run holds at once (its dask tasks carry it and commit any of its
+        # sets); a fresh one for a run that holds none, so tasks of an earlier run never commit for it
+        token = next(iter(store.leases.values())).token if store.leases else uuid.uuid4().hex
+        try:
+            for name in sorted(set(names) - set(store.leases)):   # sorted: two runs never deadlock
+                lease = SetLease(self.objects, name, stage, token=token).acquire()
+                store.leases[name] = lease
+                taken.append(lease)
+                store.lease_token = lease.token
+            if taken and STORE_LEASE not in names:
+                self._check_not_resplit()
+            for lease in taken:   # a replacement of a set a killed run left half-done: finished first
+                if lease.name != STORE_LEASE:
+                    mark = self.finish_swap(lease.name)
+                    if mark:
+                        store.finished_swaps[lease.name] = mark
+            yield
+        finally:
+            for lease in taken:
+                store.leases.pop(lease.name, None)
+                lease.release()
 
-    def _create_remote_set(self, name: str, n_rows: int, row_shape: tuple, dtype: np.dtype, block_rows: int,
-                           extra: Any, compressors: Any, attrs: dict[str, Any],
-                           init: Callable[[Any], None] | None = None) -> Any:
-        """A new set on object storage: its arrays' metadata written where the set lives, then the set
-        published by one create-if-absent of its ``zarr.json`` (storage/objcommit.py). A set published
-        meanwhile by another run is compared by its settings hash: reopened, or refused."""
-        
+    def hand_over(self, name: str, token: str, extra: dict) -> Any:
+        """The set's lease rewritten (compare-and-swap) as the array's, ``pid: 0`` so that this process
+        ending does not free it; the tasks renew it jointly (:meth:`join`)."""
+        lease = self.store.leases[name]
+        own = lease.token
+        lease.hand_over(token, {"pid": 0, "host": None, **extra})
+
+        def back() -> None:
+            with contextlib.suppress(StoreError):
+                lease.hand_over(own, {}, handed=False)
+        return back
+
+    def join(self, name: str, token: str, ttl: float) -> SetLease:
+        lease = SetLease.joint(self.objects, name, token)
+        self.store.leases[name] = lease   # every commit record checks it (check_lease)
+        self.store.lease_token = token
+        return lease
+
+    def _check_not_resplit(self) -> None:
+        """Refuse to write while `vsekit split` holds this store's lease (on disk the store lock file
+        does this: :func:`vsekit.storage.lock.writer_lock`)."""
+        got = LeaseObject(self.objects, lease_key(STORE_LEASE)).read()
+        if got is None:
+            return
+        info, _, expires = got
+        if free_reason(info, expires) is None:
+            stage = str(info.get("stage", "vsekit split"))
+            doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
+            raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
+                            f"{info.get('host')}); wait for it to finish, then run this again")
+
+    @contextlib.contextmanager
+    def store_writer(self, stage: str, what: str) -> Iterator[None]:
+        """The store's lease ``.store``, refused while any set's lease is live; set writers check it
+        after taking theirs (:meth:`writer`), so of two that start at once at least one sees the other."""
+        with self.writer((STORE_LEASE,), stage, False):
+            for key in self.objects.keys(".vsekit/leases/"):
+                name = key.rsplit("/", 1)[-1][:-len(".json")]
+                got = self.objects.get_json(key)
+                if name == STORE_LEASE or got is None:
+                    continue
+                info = got[0]
+                if holder_live(info) is None:   # a job array's lease counts while its job is queued or running
+                    continue
+                who = (holder_live(info) if "array_scheduler" in info else
+                       f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); wait for it "
+                       f"to finish")
+                raise LeaseHeld(f"cannot {what} {self.path}: {name!r} in it is being written by {who}")
+            yield
+
+    # a set's life ----------------------------------------------------------------------------------
+    def generation(self, name: str) -> str | None:
+        got = self.objects.get_json(f"features/{name}/zarr.json")
+        return "absent" if got is None else (got[0].get("attributes") or {}).get("generation")
+
+    def staged(self, name: str) -> bool:
+        self.refuse_if_replacing(name)
+        return bool(STAGING_NAME.match(name)) and self.objects.get(f"features/{name}/zarr.json") is not None
+
+    def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
+        store = self.store
+        held = store._new_store_leases
+        if held is not None and name not in store.leases:   # a set of a store its ingest is building
+            held.enter_context(store.writer(name, stage="vsekit ingest"))
+        if not replace:
+            return self._publish(name, spec)
+        staging = f".{name}.{STAGED}{uuid.uuid4().hex[:8]}"   # built beside it, swapped in by commit()
+        self._publish(staging, spec)
+        fs = store.feature_set(staging, target=name)
+        return fs if beside else store.commit(fs)
+
+    def _publish(self, name: str, spec: tuple) -> "FeatureSet":
+        """A new set: its arrays' metadata written where the set lives, then the set published by one
+        create-if-absent of its ``zarr.json`` (storage/objcommit.py). A set published meanwhile by
+        another run is compared by its settings hash: reopened, or refused."""
         mem = zarr.open_group(zarr.storage.MemoryStore(), mode="w", zarr_format=3)
-        g = mem.create_group("set")
-        self._build(g, name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, init)
-        objects = self.objects
-        self.root.require_group("features")
+        self.store._build(mem.create_group("set"), name, *spec)
+        attrs = spec[-2]
+        self.store.root.require_group("features")
         meta = None
         for key, buf in sorted(mem.store._store_dict.items()):
             if not key.startswith("set/"):
@@ -166,46 +323,22 @@ class ObjectSets:
             if key == "set/zarr.json":
                 meta = json.loads(buf.to_bytes())
                 continue
-            objects.put(f"features/{name}/{key[4:]}", buf.to_bytes())
+            self.objects.put(f"features/{name}/{key[4:]}", buf.to_bytes())
         point("create_features:publish")
-        if objects.create(f"features/{name}/zarr.json", group_meta(meta["attributes"])) is None:
-            have = (objects.get_json(f"features/{name}/zarr.json") or ({}, None))[0].get("attributes") or {}
+        if self.objects.create(f"features/{name}/zarr.json", group_meta(meta["attributes"])) is None:
+            have = (self.objects.get_json(f"features/{name}/zarr.json") or ({}, None))[0].get("attributes") or {}
             if have.get("config_hash") != attrs.get("config_hash"):
                 raise ProvenanceError(
                     f"feature set {name!r} was just created in {self.path} by another run with different "
                     f"settings ({'; '.join(settings_diff(have, attrs)) or 'another vsekit version'}); "
                     f"pass --name to write a new set")
-        return self.feature_set(name)
+        return self.store.feature_set(name)
 
-    @contextlib.contextmanager
-    def _building_features_remote(self, name: str, row_shape: Sequence[int], dtype: Any, *,
-                                  overwrite: bool = False, **create_kw: Any) -> Iterator[FeatureSet]:
-        """:meth:`building_features` on object storage, which has no rename: under the set's lease the
-        set is built and committed under a hidden name (``.NAME.partial-*``), then swapped in as an
-        ``--overwrite`` is (:meth:`_replace_remote`); a failure before the swap deletes it."""
-        with self.writer(name, stage="vsekit ingest"):
-            # a set a killed ingest had built new and this run's lease published is made again, not refused
-            if self.has_features(name) and not overwrite and not self.finished_swaps.get(name, {}).get("new"):
-                raise StoreError(f"feature set {name!r} already exists in {self.path}; "
-                                 f"pass --overwrite to replace it or --name to write a new set")
-            self.remove_leftovers(name)
-            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
-            fs = self.create_features(staging, row_shape, dtype, **create_kw)
-            fs.target = name   # its blocks are committed under NAME's lease
-            try:
-                yield fs
-                self._replace_remote(name, staging)
-                fs.name, fs.target, fs.group = name, name, self.root[f"features/{name}"]
-            except BaseException:
-                if self.objects.get(replace_mark(name)) is None:   # not yet handed to the swap
-                    self._delete_remote_set(staging)
-                raise
-
-    def _replace_remote(self, name: str, staging: str) -> None:
-        """Swap the complete hidden set ``staging`` in as ``name`` on object storage (no rename), under
-        NAME's lease: write the swap mark (``.vsekit/swaps/features/NAME.json``: the staged set and its
-        generation), then :meth:`_finish_remote_replace`. From the mark on the swap is finished by this
-        run, or by the next writer of NAME if this one is killed (docs/store.md, "Replacing a set")."""
+    def swap(self, name: str, staging: str) -> None:
+        """Swap the complete hidden set ``staging`` in as ``name`` (no rename here), under NAME's lease:
+        write the swap mark (``.vsekit/swaps/features/NAME.json``: the staged set and its generation),
+        then :meth:`finish_swap`. From the mark on the swap is finished by this run, or by the next
+        writer of NAME if this one is killed (docs/store.md, "Replacing a set")."""
         got = self.objects.get_json(f"features/{staging}/zarr.json")
         if got is None:
             raise StoreError(f"feature set {staging!r} in {self.path} is gone; it cannot replace {name!r}")
@@ -213,10 +346,10 @@ class ObjectSets:
         point("replace:mark")
         self.objects.put(replace_mark(name), dumps({
             "staging": staging, "generation": (got[0].get("attributes") or {}).get("generation"),
-            "new": not self.has_features(name), "token": self.lease_token}))
-        self._finish_remote_replace(name)
+            "new": not self.store.has_features(name), "token": self.store.lease_token}))
+        self.finish_swap(name)
 
-    def _finish_remote_replace(self, name: str) -> dict | None:
+    def finish_swap(self, name: str) -> dict | None:
         """Finish the swap the mark of ``name`` describes (under NAME's lease); returns the mark, or None
         without one. Every step can be done again, so a run killed here leaves the mark and the next
         writer of NAME calls this again (the steps: docs/store.md, "Replacing a set or a store on
@@ -241,38 +374,114 @@ class ObjectSets:
                 raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
         point("replace:cleanup")
         objects.delete(replace_mark(name))
-        self._delete_remote_set(staging)
+        self._delete(staging)
         return mark[0] or {"finished": True}
 
     def refuse_if_replacing(self, name: str) -> None:
-        """One clear error while feature set ``name`` is being replaced on object storage (its swap mark
-        is there): a reader never gets a mix of the old and the new set, or fill values for the old
-        set's deleted chunks."""
-        got = self.objects.get_json(replace_mark(name))
-        if got is None:
+        """One clear error while feature set ``name`` is being replaced (its swap mark is there): a
+        reader never gets a mix of the old and the new set, or fill values for the old set's deleted
+        chunks."""
+        if self.objects.get_json(replace_mark(name)) is None:
             return
         raise StoreError(f"feature set {name!r} in {self.path} is being replaced (an --overwrite is swapping "
                          f"the new set in, or one was killed while it did); wait for it to finish, or if it "
                          f"was killed, run any command that writes {name!r} (the same one with --overwrite): "
                          f"it finishes the swap first")
 
-    def _delete_remote_set(self, name: str) -> None:
-        """Delete every object of the (hidden) set ``name`` on object storage: its zarr.json first, so
-        it is listed by no reader from then on, then its arrays and its commit records."""
+    def discard(self, fs: "FeatureSet") -> None:
+        if self.objects.get(replace_mark(fs.target)) is None:   # never one a swap mark names
+            self._delete(fs.name)
+
+    def _delete(self, name: str) -> None:
+        """Delete every object of the (hidden) set ``name``: its zarr.json first, so it is listed by no
+        reader from then on, then its arrays and its commit records."""
         self.objects.delete(f"features/{name}/zarr.json")
         for prefix in (f"features/{name}/", f".vsekit/commits/{name}/"):
             for key in self.objects.keys(prefix):
                 self.objects.delete(key)
 
-    def _remove_remote_staged(self, name: str) -> list[str]:
-        """Delete the hidden ``.NAME.partial-*`` / ``.NAME.next-*`` sets killed runs left (under NAME's
-        lease, after a half-done swap is finished: no live run builds one then)."""
+    def remove_leftovers(self, name: str) -> list[str]:
+        """The hidden ``.NAME.partial-*`` / ``.NAME.next-*`` sets killed runs left, deleted only under
+        NAME's lease (after a half-done swap is finished: no live run builds one then)."""
+        if name not in self.store.leases:
+            return []
         gone = [c for c in self.objects.children("features/")
                 if c.startswith((f".{name}.partial-", f".{name}.{STAGED}")) and STAGING_NAME.match(c)]
         for child in gone:
-            self._delete_remote_set(child)
+            self._delete(child)
         return gone
 
+    # a block's records -----------------------------------------------------------------------------
+    def may_write(self, fs: "FeatureSet", block: Block) -> bool:
+        return not objcommit.committed(fs, block)   # committed already: its chunks are never written again
+
+    def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
+        return objcommit.write_record(fs, block, status)   # False: committed by another writer first
+
+    def committed(self, fs: "FeatureSet", block: Block) -> bool:
+        return objcommit.committed(fs, block)
+
+    def reconcile(self, fs: "FeatureSet") -> int:
+        return objcommit.reconcile(fs)
+
+    def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Any:
+        recs = objcommit.records(fs, etags)   # one listing of the generation's commit records
+
+        def at(index: int) -> Any:
+            rec = recs.get(index)
+            if rec is None:
+                return "its rows are finished but it has no commit record"
+            return {name: (int(c), int(n)) for name, (c, n) in rec.get("sums", {}).items()}
+        return at
+
+    def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+        got = self.objects.get(objcommit.chunk_key(fs, array, index))
+        return (0, -1) if got is None else (zlib.crc32(got[0]) & 0xFFFFFFFF if crc else 0, len(got[0]))
+
+    def repair(self, fs: "FeatureSet", report: Any) -> int:
+        return objcommit.repair(fs, report)
+
+    def replace_array(self, key: str, values: Any) -> None:
+        """No rename here: the array's chunks are put in place (docs/store.md, "vsekit split")."""
+        self.store.root[key][:] = values
+
+    def swaps(self) -> tuple[bool, list[str]]:
+        """Whether a tokenize is swapping the tokens in, and the sets an --overwrite is swapping in (or
+        a killed one left half-swapped), for ``vsekit info``."""
+        prefix = ".vsekit/swaps/features/"
+        return (self.objects.get(TOKENS_SWAP) is not None,
+                sorted(k[len(prefix):-len(".json")] for k in self.objects.keys(prefix) if k.endswith(".json")))
+
+    # tokens ----------------------------------------------------------------------------------------
+    def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
+        """Write the swap mark (``.vsekit/swaps/DST.json``): from it on, the swap is finished by
+        whichever run comes next (this one, or the next writer of ``dst`` if this one is killed)."""
+        self.objects.put(f".vsekit/swaps/{dst}.json", dumps({"staging": staging, "token": self.store.lease_token}))
+        self.finish_group_swap(dst, guard, fault, staging)
+
+    def finish_group_swap(self, dst: str, guard: str, fault: str, staging: str | None = None) -> None:
+        """Replace ``dst/`` by the complete staged group the mark names, under ``guard``'s lease. Readers
+        see the old group, then none (its ``zarr.json`` is deleted first: never a mix of two), then the
+        new one, published by one create-if-absent of ``DST/zarr.json`` as a feature set is. Every step
+        can be done again, so a run killed anywhere here leaves the mark and the next writer finishes
+        the swap first; the mark is deleted before the staged objects, so it never outlives them
+        (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
+        objects, mark_key = self.objects, f".vsekit/swaps/{dst}.json"
+        mark = objects.get_json(mark_key)
+        if mark is None:
+            return
+        staging = str(mark[0].get("staging") or staging)
+        staged = objects.keys(f"{staging}/")
+        meta = objects.get_json(f"{staging}/zarr.json")
+        if meta is None:
+            raise StoreError(f"{self.path}: {mark_key} says {staging}/ replaces {dst}/, but {staging}/ has no "
+                             f"zarr.json; delete {mark_key} and {staging}/ and run it again")
+        if not swap_in(objects, [(f"{staging}/", f"{dst}/")], group_meta(meta[0].get("attributes") or {}),
+                       step=lambda at: point(f"{fault}:{at}"), check=lambda: self.check_lease(guard)):
+            raise StoreError(f"{self.path}: another run published {dst} meanwhile")
+        objects.delete(mark_key)
+        for key in staged:
+            objects.delete(key)
 
 def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
     """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names (under the store's

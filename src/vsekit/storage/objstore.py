@@ -509,7 +509,7 @@ class SetLease(Lease):
         self.handed = handed
 
     def release(self) -> None:
-        if self.lost or self.handed:
+        if self.lost or self.handed or self.is_joint:   # a job array's: it expires after its job has ended
             self._stop.set()
             return
         super().release()

@@ -11,13 +11,6 @@ their values (``tests/test_objstore_cluster.py``).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import zarr
-
-from .base import StoreError
-from .objstore import is_object_url
 from .store import FeatureStore
 
 
@@ -32,21 +25,13 @@ class StoreRef:
     @classmethod
     def of(cls, store: FeatureStore) -> "StoreRef":
         """``store`` as its tasks reach it (object storage: with this process's options and lease token)."""
-        if store.remote:
-            return cls(store.path, dict(store.objects.options), store.lease_token)
-        return cls(str(Path(store.path).resolve()))
-
-    @property
-    def remote(self) -> bool:
-        return is_object_url(self.path)
+        return cls(store.sets.task_path(), store.sets.options(), store.lease_token)
 
     def open(self, mode: str = "r+") -> FeatureStore:
         """The store, opened here; on object storage it commits under the carried lease token."""
-        if self.remote:
-            store = FeatureStore.open(self.path, mode=mode, storage_options=self._options)
-            store.lease_token = self.token
-            return store
-        return FeatureStore(zarr.open_group(self.path, mode=mode, zarr_format=3), self.path)
+        store = FeatureStore.open(self.path, mode=mode, storage_options=self._options or None)
+        store.lease_token = self.token
+        return store
 
     def __repr__(self) -> str:   # never the options' values
         return f"StoreRef({self.path!r})"
@@ -57,22 +42,3 @@ class StoreRef:
     def __setstate__(self, state: tuple) -> None:
         self.path, self.token, self._options = state
 
-
-def check_object_storage(spec: Any, url: str, what: str, arrays: bool = False) -> Any:
-    """Refuse ``spec`` for ``what`` (a stage) on the store at ``url`` on object storage, in one
-    line, where its workers cannot reach that store; returns the parsed spec. ``arrays``: the stage
-    serves ``slurm-array:N`` / ``sge-array:N`` there (extraction: extract/array.py)."""
-    from ..clusters import OBJECT_STORAGE_ARRAYS, OBJECT_STORAGE_KINDS, parse_cluster
-
-    spec = parse_cluster(spec)
-    if spec is None:
-        return None
-    if url.startswith("memory://"):
-        raise StoreError(f"--cluster {spec}: a memory:// store lives in this process only, where no worker "
-                         f"process can reach it; run without --cluster")
-    served = OBJECT_STORAGE_KINDS + (OBJECT_STORAGE_ARRAYS if arrays else ())
-    if spec.kind not in served:
-        kinds = " / ".join(("tcp://" if k == "tcp" else f"{k}:N") for k in served)
-        raise StoreError(f"--cluster {spec}: {what} into a store on object storage ({url}) runs in-process or "
-                         f"on --cluster {kinds} for now (issue 35); run it with one of those")
-    return spec

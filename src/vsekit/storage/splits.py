@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import zarr
 
 from ..words import plural
 from .remake import remake_command
@@ -234,10 +232,7 @@ def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[f
         return report
     # no writer runs meanwhile: the store lock on disk, the store's lease on object storage
     with store.store_writer("vsekit split"):
-        if store.remote:   # no rename there: the split array's chunks are put in place (see the docs)
-            store.root["images/split"][:] = new
-        else:
-            _swap_split_array(store, new)
+        store.sets.replace_array("images/split", new)
         record = {"at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **how,
                   "before": report.before, "after": report.after, "moved": report.moved,
                   "stale": sorted(stale)}
@@ -249,20 +244,3 @@ def resplit(store: FeatureStore | str | os.PathLike, *, ratios: str | Sequence[f
         if tokens_stale:
             store.root["tokens"].attrs[STALE] = tokens_stale
     return report
-
-
-def _swap_split_array(store: FeatureStore, codes: np.ndarray) -> None:
-    """Write ``images/split`` beside the old one and rename it into place: a reader sees the old
-    array or the new one, never a half-written one."""
-    images = store.path / "images"
-    tag = uuid.uuid4().hex[:8]
-    staged = store.path / f".split-next-{tag}"
-    old = images / "split"
-    arr = zarr.create_array(str(staged), shape=codes.shape, dtype=np.uint8,
-                            chunks=tuple(store.root["images/split"].chunks), zarr_format=3)
-    arr[:] = codes
-    trash = store.path / f".split-old-{tag}"
-    os.rename(old, trash)
-    os.rename(staged, old)
-    shutil.rmtree(trash, ignore_errors=True)
-    store.root = zarr.open_group(str(store.path), mode="r+", zarr_format=3)

@@ -31,18 +31,18 @@ import zarr
 import zarr.storage
 
 from ..version import __version__
-from . import integrity, lock, objcommit
+from . import integrity, lock, objsets
 from .base import (DONE, FAILED, PENDING, STAGED, STAGING_NAME, STATUS_NAMES, Block,  # noqa: F401
                    FormatVersionError, ProvenanceError, StoreError, no_feature_set, not_a_store, owner_of,
                    read_generation)
 from .dataset import STRING_CHUNK, DatasetRows, split_code, write_array, write_strings  # noqa: F401
 from .faults import point
 from .fserrors import names_set_path, names_store_path
-from .guards import STORE_LEASE, StoreGuards  # noqa: F401
 from .meta import (FORMAT_VERSION, SPLIT_CODES, SPLITS, _jsonable, check_format, config_hash,  # noqa: F401
                    refuse_dropping, root_attrs, settings_diff)
-from .objcommit import reconcile, swap_dir
-from .objsets import STORE_SWAP, ObjectSets, replace_mark  # noqa: F401
+from .objcommit import swap_dir
+from .objsets import STORE_LEASE, STORE_SWAP, ObjectSets, replace_mark  # noqa: F401
+from .sets import DiskSets, SetStorage
 from .objstore import SERVED_BY, Objects, is_object_url, public_url
 
 
@@ -60,7 +60,7 @@ class FeatureSet:
         self.name = name
         # the name it takes when committed (see FeatureStore.commit); on object storage a task that opens a
         # staged set by its hidden name commits its blocks under the lease of the set it will replace
-        self.target = target or (owner_of(name) if store.remote else name)
+        self.target = target or owner_of(name)
         self.group = store.root[f"features/{name}"]
 
     @property
@@ -71,10 +71,7 @@ class FeatureSet:
     @property
     def generation(self) -> str | None:
         """The id made when this set was created; a set made again (``--overwrite``) has a new one."""
-        if self.store.objects is not None:
-            got = self.store.objects.get_json(f"features/{self.name}/zarr.json")
-            return "absent" if got is None else (got[0].get("attributes") or {}).get("generation")
-        return read_generation(self.store.path, self.name)
+        return self.store.sets.generation(self.name)
 
     # arrays ---------------------------------------------------------------------------------------
     @property
@@ -144,16 +141,15 @@ class FeatureSet:
         """Write one row block: its data and auxiliary arrays first, then its status.
 
         ``status`` defaults to all done. The status is written last so that a block interrupted
-        half-way is still pending on the next run. False (nothing written) on object storage when
-        another writer committed the block first; True otherwise.
+        half-way is still pending on the next run. The guard is checked before the chunks and again
+        right before the block's records (:meth:`.sets.SetStorage.commit_block`: checksums on a disk, a
+        commit record on object storage). False (nothing written) when another writer committed the
+        block first; True otherwise.
         """
         if isinstance(block, int):
             block = self.blocks()[block]
-        if self.store.objects is not None:
-            if objcommit.committed(self, block):   # committed already: its chunks are never written again
-                return False
-        else:
-            self.store.check_lease(self.target)   # a lock another run took over: nothing written
+        if not self.store.sets.may_write(self, block):
+            return False
         for name, values in arrays.items():
             point("write_block:aux")
             self.array(name)[block.start:block.stop] = values
@@ -162,13 +158,8 @@ class FeatureSet:
             self.data[block.start:block.stop] = data
         if status is None:
             status = np.full(len(block), DONE, dtype=np.uint8)
-        if self.store.objects is not None:   # object storage: the record commits it (storage/objcommit.py)
-            if not objcommit.write_record(self, block, status):
-                return False   # committed already by another writer: its status is restored from its record
-        else:
-            self.store.check_lease(self.target)   # again right before the commit (checksums, then status)
-            point("write_block:sums")
-            integrity.record(self, block)
+        if not self.store.sets.commit_block(self, block, status):
+            return False   # committed already by another writer: its status is restored from its record
         point("write_block:status")
         self.status[block.start:block.stop] = np.asarray(status, dtype=np.uint8)
         return True
@@ -272,10 +263,10 @@ def local_path(path: str | os.PathLike) -> Path:
                      f"local or shared-filesystem path, or s3://, gs://, az:// object storage")
 
 
-class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
-    """A vsekit store: one Zarr v3 group per dataset. Its dataset's rows (:class:`.dataset.DatasetRows`),
-    its write guards (:class:`.guards.StoreGuards`) and its object-storage side
-    (:class:`.objsets.ObjectSets`) live in their own modules; opening, creating and the feature sets here."""
+class FeatureStore(DatasetRows):
+    """A vsekit store: one Zarr v3 group per dataset. Its dataset's rows (:class:`.dataset.DatasetRows`)
+    and how its sets are kept and guarded (``sets``: a :class:`.sets.SetStorage`, on a disk or on object
+    storage, chosen here once) live in their own modules; opening, creating and the feature sets here."""
 
     def __init__(self, root: zarr.Group, path: str | os.PathLike, objects: Any = None):
         self.root = root
@@ -286,6 +277,7 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
         self.lease_token: str | None = None   # the driver's lease token a dask task writes under
         self._new_store_leases: Any = None   # while an ingest builds this store on object storage
         self.finished_swaps: dict[str, dict] = {}   # set name → the mark of a killed run's swap this one finished
+        self.sets: SetStorage = DiskSets(self) if objects is None else ObjectSets(self)
 
     def feature_set(self, name: str, target: str | None = None) -> FeatureSet:
         """The set ``name`` (a staged one: ``target``, the set it is built for), unchecked."""
@@ -302,8 +294,8 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
                source_files: Sequence[str] = (), overwrite: bool = False,
                storage_options: Any = None) -> "FeatureStore":
         if is_object_url(os.fspath(path)):
-            return cls._create_remote(os.fspath(path), storage_options, dataset=dataset, image_root=image_root,
-                                      source_files=source_files, overwrite=overwrite)
+            return objsets.create_store(cls, os.fspath(path), storage_options, dataset=dataset,
+                                        image_root=image_root, source_files=source_files, overwrite=overwrite)
         path = local_path(path)
         if path.exists() and not overwrite:
             raise StoreError(f"{path} already exists; pass --overwrite to replace it")
@@ -314,7 +306,7 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
     @classmethod
     def open(cls, path: str | os.PathLike, mode: str = "r", storage_options: Any = None) -> "FeatureStore":
         if is_object_url(os.fspath(path)):
-            return cls._open_remote(os.fspath(path), mode, storage_options)
+            return objsets.open_store(cls, os.fspath(path), mode, storage_options)
         path = local_path(path)
         if not (path / "zarr.json").exists():
             raise StoreError(not_a_store(path))
@@ -336,8 +328,8 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
         ``overwrite``: a new split alone is ``vsekit split``, which keeps them.
         """
         if is_object_url(os.fspath(path)):
-            with cls._building_remote(os.fspath(path), overwrite=overwrite, drop_features=drop_features,
-                                      **create_kw) as store:
+            with objsets.building_store(cls, os.fspath(path), overwrite=overwrite, drop_features=drop_features,
+                                        **create_kw) as store:
                 yield store
             return
         path = local_path(path)
@@ -386,12 +378,7 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
 
     def features(self, name: str, expect: Mapping[str, Any] | None = None, *,
                  complete: bool = False) -> FeatureSet:
-        if self.remote:
-            self.refuse_if_replacing(name)
-            staged = (bool(STAGING_NAME.match(name))
-                      and self.objects.get(f"features/{name}/zarr.json") is not None)
-        else:
-            staged = STAGED in name and (self.path / "features" / name / "zarr.json").exists()
+        staged = self.sets.staged(name)
         if not self.has_features(name) and not staged:   # a staged set is opened by its writers only
             raise StoreError(no_feature_set(name, self.path, self.feature_names()))
         return FeatureSet(self, name).check(expect, complete=complete)
@@ -443,8 +430,7 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
             same = (existing.attrs.get("config_hash") == attrs["config_hash"]
                     and existing.shape == (n_rows, *row_shape) and existing.data.dtype == dtype)
             if same and not overwrite:
-                if self.remote:   # a writer killed between a block's record and its status
-                    reconcile(existing)
+                self.sets.reconcile(existing)   # a writer killed between a block's record and its status
                 return existing
             if not overwrite:
                 diff = settings_diff(existing.attrs, attrs)
@@ -459,31 +445,8 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
-        if self.remote:
-            held = getattr(self, "_new_store_leases", None)
-            if held is not None and name not in self.leases:   # a set of a store its ingest is building
-                held.enter_context(self.writer(name, stage="vsekit ingest"))
-            if overwrite and self.has_features(name):   # built beside it, swapped in by commit()
-                staging = f".{name}.{STAGED}{uuid.uuid4().hex[:8]}"
-                fs = self._create_remote_set(staging, n_rows, row_shape, dtype, block_rows, extra, compressors,
-                                             attrs, init)
-                fs = FeatureSet(self, staging, target=name)
-                return fs if beside else self.commit(fs)
-            return self._create_remote_set(name, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs,
-                                           init)
-        replace_later = beside and self.has_features(name)
-        staging = f".{name}.{STAGED if replace_later else 'creating-'}{uuid.uuid4().hex[:8]}"
-        g = self.root.require_group("features").create_group(staging)
-        try:
-            fs = self._build(g, staging, n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, init)
-        except BaseException:
-            shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
-            raise
-        if replace_later:
-            return FeatureSet(self, staging, target=name)
-        point("create_features:rename")
-        self._replace(name, staging)
-        return FeatureSet(self, name)
+        spec = (n_rows, row_shape, dtype, block_rows, extra, compressors, attrs, init)
+        return self.sets.create(name, spec, replace=self.has_features(name), beside=beside)
 
     def _build(self, g: zarr.Group, staging: str, n_rows: int, row_shape: tuple, dtype: np.dtype,
                block_rows: int, extra: Mapping[str, tuple[Sequence[int], Any]] | None, compressors: Any,
@@ -511,79 +474,55 @@ class FeatureStore(DatasetRows, StoreGuards, ObjectSets):
         return fs
 
     def commit(self, fs: FeatureSet) -> FeatureSet:
-        """Swap a staged set (built beside the one it replaces) into place; returns the set by its name."""
+        """Swap a staged set (built beside the one it replaces) into place; returns the set by its name.
+        The one swap entry point; the two protocols behind it: :meth:`.sets.SetStorage.swap`."""
         if not fs.staged:
             return fs
-        if self.remote:
-            self._replace_remote(fs.target, fs.name)
-        else:
-            self._replace(fs.target, fs.name)
+        self.sets.swap(fs.target, fs.name)
         return FeatureSet(self, fs.target)
 
     def discard(self, fs: FeatureSet) -> None:
         """Drop a staged set that was not finished: the set it would have replaced stays as it was."""
-        if fs.staged and self.remote:
-            if self.objects.get(replace_mark(fs.target)) is None:   # never one a swap mark names
-                self._delete_remote_set(fs.name)
-        elif fs.staged:
-            shutil.rmtree(self.path / "features" / fs.name, ignore_errors=True)
+        if fs.staged:
+            self.sets.discard(fs)
 
-    @contextlib.contextmanager
     def building_features(self, name: str, row_shape: Sequence[int], dtype: Any, *,
-                          overwrite: bool = False, **create_kw: Any) -> Iterator[FeatureSet]:
-        """Create feature set ``name`` under a hidden staging name and rename it into place on success.
+                          overwrite: bool = False, **create_kw: Any) -> contextlib.AbstractContextManager:
+        """Create feature set ``name`` under a hidden staging name and swap it into place on success.
 
         Ingesters that add a set to an existing store use this, so a failure part-way leaves no
         half-written set behind (the store's other contents are untouched).
         """
-        if self.remote:
-            with self._building_features_remote(name, row_shape, dtype, overwrite=overwrite, **create_kw) as fs:
-                yield fs
-            return
-        with lock.writer_lock(self.path, name, stage="vsekit ingest"):
-            if self.has_features(name) and not overwrite:
-                raise StoreError(f"feature set {name!r} already exists in {self.path}; "
-                                 f"pass --overwrite to replace it or --name to write a new set")
-            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
-            fs = self.create_features(staging, row_shape, dtype, **create_kw)
-            try:
-                yield fs
-                self._replace(name, staging)
-                fs.name, fs.group = name, self.root[f"features/{name}"]
-            except BaseException:
-                shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
-                raise
+        return self.sets.building(name, row_shape, dtype, overwrite, **create_kw)
 
-    # replacing a set on object storage ------------------------------------------------------------
+    def refuse_existing(self, name: str, overwrite: bool) -> None:
+        if self.has_features(name) and not overwrite:
+            raise StoreError(f"feature set {name!r} already exists in {self.path}; "
+                             f"pass --overwrite to replace it or --name to write a new set")
 
     def delete_features(self, name: str) -> None:
         if self.has_features(name):
             del self.root["features"][name]
 
-    def _replace(self, name: str, staging: str) -> None:
-        """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
-        base = self.path / "features"
-        swap_dir(base / staging, base / name, step=lambda: point("create_features:swap"))
-
     def remove_leftovers(self, name: str) -> list[str]:
-        """Remove hidden ``.NAME.creating-*`` / ``.old-*`` / ``.partial-*`` / ``.next-*`` folders a killed run left.
+        """Remove the hidden sets of ``name`` killed runs left (``.NAME.creating-*`` / ``.old-*`` /
+        ``.partial-*`` / ``.next-*``). Call only while holding ``name``'s writer guard."""
+        return self.sets.remove_leftovers(name)
 
-        Call only while holding ``name``'s writer lock (no live run is then building it).
-        """
-        if self.remote:
-            if name not in self.leases:   # only under NAME's lease (no live run builds one then)
-                return []
-            return self._remove_remote_staged(name)
-        base = self.path / "features"
-        if not base.is_dir():
-            return []
-        gone = []
-        for p in base.iterdir():
-            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-",
-                                  f".{name}.{STAGED}")):
-                shutil.rmtree(p, ignore_errors=True)
-                gone.append(p.name)
-        return gone
+    # the write guards (docs/store.md, "Write guards: states and transitions") ------------------------
+    def check_lease(self, name: str) -> None:
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``:
+        the one check of every guard before a block is written."""
+        self.sets.check_lease(name)
+
+    def writer(self, *names: str, stage: str, multi: bool = False) -> contextlib.AbstractContextManager:
+        """Hold the one-writer guard of each of ``names`` (lock files on a disk, leases on object
+        storage); a name this store holds already is held once (``fne`` holds both its sets)."""
+        return self.sets.writer(names, stage, multi)
+
+    def store_writer(self, stage: str, what: str = "re-split") -> contextlib.AbstractContextManager:
+        """Hold the whole store's guard ``.store``, refused while any set's guard is live."""
+        return self.sets.store_writer(stage, what)
 
     # tokens ---------------------------------------------------------------------------------------
 

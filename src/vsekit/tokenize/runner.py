@@ -10,11 +10,8 @@ Everything is built in ``tokens_partial/`` and swapped into ``tokens/`` only whe
 from __future__ import annotations
 
 import os
-import shutil
-import uuid
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -22,7 +19,7 @@ import zarr
 
 from ..storage.faults import point
 from ..storage.ref import StoreRef
-from ..storage.objstore import TOKENS_SWAP as SWAP_MARK   # on object storage: a swap to finish (`info` says so)
+from ..storage.objstore import TOKENS_SWAP as SWAP_MARK  # noqa: F401 (on object storage: a swap to finish; tests name it)
 from ..storage.base import no_tokens
 from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
 from ..version import __version__
@@ -89,15 +86,12 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     ``progress(done, total)`` is called after each chunk of captions.
     """
     if isinstance(store, FeatureStore):
-        options = store.objects.options if store.remote else None
-        store = FeatureStore.open(store.path, mode="r+", storage_options=options)
+        store = FeatureStore.open(store.path, mode="r+", storage_options=store.sets.options())
     else:
         store = FeatureStore.open(store, mode="r+")
-    if store.remote and cluster:   # its tasks open the URL with the options handed to them (storage/ref.py)
-        from ..storage.ref import check_object_storage
-
-        cluster = check_object_storage(cluster, store.path, "tokenize")
-    if store.remote and workers > 1 and store.path.startswith("memory://"):
+    if cluster:   # on object storage its tasks open the URL with the options handed to them (storage/ref.py)
+        cluster = store.sets.check_cluster(cluster, "tokenize")
+    if workers > 1 and str(store.path).startswith("memory://"):
         raise StoreError(f"--workers {workers}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --workers")
     with store.writer("tokens", stage="vsekit tokenize", multi=bool(cluster) or workers > 1):
@@ -126,23 +120,17 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
                 "max_len": None if max_len is None else int(max_len)}
 
     root = store.root
-    if store.remote and store.objects.get(SWAP_MARK) is not None:
-        _finish_remote_swap(store)   # a run killed while it replaced the tokens: finish its swap first
+    store.sets.finish_group_swap("tokens", "tokens", "tokenize")   # a run killed while it replaced the tokens
     point("tokenize:staging")
     if STAGING in root:   # left by a killed run (no live one: we hold the lock)
         del root[STAGING]
-    for old in ([] if store.remote else Path(store.path).glob(".tokens-old-*")):
-        shutil.rmtree(old, ignore_errors=True)
     staging = root.create_group(STAGING)
     staging.create_group("stage")
     bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
     codes = [split_code(s) for s in splits]
-    # workers may run elsewhere (same shared filesystem); on object storage tasks in other processes open
-    # the URL with the options and the lease token they carry (storage/ref.py), in-process ones use its zarr store
-    if not store.remote:
-        where: Any = str(Path(store.path).resolve())
-    else:
-        where = StoreRef.of(store) if cluster or workers > 1 else store.root.store
+    # tasks in other processes open the store as they reach it (its absolute path; on object storage the URL
+    # with the options and the lease token they carry: storage/ref.py), in-process ones use its zarr store
+    where: Any = StoreRef.of(store) if cluster or workers > 1 else store.root.store
     tasks = [{"store": where, "index": i, "start": a, "stop": b, "codes": codes, **settings}
              for i, (a, b) in enumerate(bounds)]
 
@@ -187,8 +175,8 @@ def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowe
                                     "tokenizer": _nltk_version()}),
     })
     del staging["stage"]
-    point("tokenize:swap")
-    _swap_into_place(store)
+    point("tokenize:swap")   # a rename on a disk; a marked copy the next tokenize finishes on object storage
+    store.sets.swap_group(STAGING, "tokens", "tokens", "tokenize")
     return TokenizeSummary(store=str(store.path), captions=n_captions, tokens=n_tokens,
                            vocabulary=len(vocab), vocab_splits=splits, vocab_captions=vocab_captions,
                            empty=empty, truncated=truncated, unknown=unknown, min_count=int(min_count))
@@ -230,7 +218,7 @@ def count_chunk(task: dict[str, Any]) -> dict[str, Any]:
     local = {w: i for i, w in enumerate(dict.fromkeys(kept_words))}   # first-appearance order
     local_ids = list(map(local.__getitem__, kept_words))
 
-    if store is not None and store.remote:
+    if store is not None:   # another process: its driver must still hold the lease (on a disk: never lost)
         store.check_lease("tokens")
     g = root[f"{STAGING}/stage"].create_group(f"{task['index']:06d}", overwrite=True)
     g.attrs["words"] = list(local)
@@ -335,47 +323,6 @@ class _AlignedWriter:
             self.pos += len(data)
         self.buffer, self.held = [], 0
 
-
-def _swap_into_place(store: FeatureStore) -> None:
-    """Move ``tokens_partial/`` to ``tokens/``, replacing the old tokens only now. On object storage
-    (no rename) see :func:`_finish_remote_swap`."""
-    if store.remote:
-        from ..storage.objstore import dumps
-
-        # the staged tokens are complete: from this record on, the swap is finished by whichever run
-        # comes next (this one, or the next tokenize if this one is killed)
-        store.objects.put(SWAP_MARK, dumps({"staging": STAGING, "token": store.lease_token}))
-        _finish_remote_swap(store)
-        return
-    from ..storage.objcommit import swap_dir
-
-    base = Path(store.path)
-    swap_dir(base / STAGING, base / "tokens", trash=base / f".tokens-old-{uuid.uuid4().hex[:8]}")
-
-
-def _finish_remote_swap(store: FeatureStore) -> None:
-    """Replace ``tokens/`` by the complete ``tokens_partial/`` on object storage, which has no rename
-    (run under the ``tokens`` lease, after :data:`SWAP_MARK` is written). Readers see the old tokens,
-    then none (the group's ``zarr.json`` is deleted first: a reader is told there are no tokens, never
-    given a mix of two tokenizations), then the new ones, published by one create-if-absent of
-    ``tokens/zarr.json`` as a feature set is (storage/objcommit.py). Every step can be done again, so
-    a run killed anywhere here leaves the mark, and the next tokenize finishes this swap first; the
-    mark is deleted before the staged objects, so it never outlives them
-    (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
-    from ..storage.objcommit import group_meta, swap_in
-
-    objects = store.objects
-    staged = objects.keys(f"{STAGING}/")
-    meta = objects.get_json(f"{STAGING}/zarr.json")
-    if meta is None:
-        raise StoreError(f"{store.path}: {SWAP_MARK} says staged tokens replace tokens/, but {STAGING}/ has no "
-                         f"zarr.json; delete {SWAP_MARK} and {STAGING}/ and tokenize again")
-    if not swap_in(objects, [(f"{STAGING}/", "tokens/")], group_meta(meta[0].get("attributes") or {}),
-                   step=lambda at: point(f"tokenize:{at}"), check=lambda: store.check_lease("tokens")):
-        raise StoreError(f"{store.path}: another run published tokens meanwhile")
-    objects.delete(SWAP_MARK)
-    for key in staged:
-        objects.delete(key)
 
 
 def _nltk_version() -> str:

@@ -1,0 +1,285 @@
+"""How a store keeps its feature sets and tokens: one small interface, :class:`SetStorage`, with two
+implementations chosen once, where the store is opened (:class:`~.store.FeatureStore`'s ``sets``):
+:class:`DiskSets` on a POSIX disk (lock files, atomic renames, checksums in ``blocksums``) and
+:class:`~.objsets.ObjectSets` on object storage (leases, create-if-absent commit records, marked,
+lease-checked copies). Callers say what they want done (take the writer guard, commit a block's
+records, swap a built set in, verify, repair, delete) and never ask which one they have; where the
+two protocols differ, the difference lives in the two classes (docs/store.md, "One swap").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import zarr
+
+from . import integrity
+from .base import STAGED, Block, read_generation
+from .faults import point
+from .leases import Lease
+from .lock import JointLock, hand_over, holder, replacing_store, writer_lock
+from .objcommit import swap_dir
+from .objstore import LeaseLost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import FeatureSet, FeatureStore
+
+
+class SetStorage:
+    """What a :class:`~.store.FeatureStore` asks of its backend (see the module's docstring); each
+    implementation defines every method that has no body here."""
+
+    remote = False
+    guard = "writer lock"   # what a writer holds, in messages
+    chunk_word = "file"     # what a chunk is, in messages
+
+    def __init__(self, store: "FeatureStore"):
+        self.store = store
+
+    def options(self) -> dict[str, str]:
+        """The storage options a task in another process opens the store with (none on a disk)."""
+        return {}
+
+    def check_cluster(self, cluster: Any, what: str, arrays: bool = False) -> Any:
+        """``cluster`` as ``what`` may run on it here (object storage refuses clusters whose workers
+        cannot reach the store: :meth:`.objsets.ObjectSets.check_cluster`)."""
+        return cluster
+
+    def task_path(self) -> str:
+        """Where a task in another process opens the store (an absolute path, or the URL)."""
+        return str(Path(self.store.path).resolve())
+
+    # the writer guards (docs/store.md, "Write guards: states and transitions") -----------------------
+    def holds(self, name: str, token: str | None) -> bool:
+        """Whether the run whose token is ``token`` still holds ``name``'s guard (read, not renewed)."""
+
+    def token(self, name: str) -> str | None:
+        """The token of the guard of ``name`` this run holds (what its tasks commit under)."""
+
+    def check_lease(self, name: str) -> None:
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``."""
+
+    def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> contextlib.AbstractContextManager:
+        """Hold the one-writer guard of each of ``names``."""
+
+    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
+        """Hold the whole store's guard, refused while any set's guard is live."""
+
+    def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
+        """Hand ``name``'s guard (held by this run) to a job array: its ``token`` and ``extra`` (job id,
+        scheduler, stage); returns what hands it back (a refused submission)."""
+
+    def join(self, name: str, token: str, ttl: float) -> Lease:
+        """``name``'s guard as a job array's task holds it with its siblings, under the array's
+        ``token``: ``renew()`` and ``check()`` raise :class:`~.objstore.LeaseLost` once it is not theirs."""
+
+    # a set's life ----------------------------------------------------------------------------------
+    def generation(self, name: str) -> str | None:
+        """The generation of set ``name`` as its metadata says now (``"absent"``: no such set)."""
+
+    def staged(self, name: str) -> bool:
+        """Whether the hidden set ``name`` (built by a writer, not yet swapped in) is there."""
+
+    def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
+        """A new set ``name`` built from ``spec`` (:meth:`~.store.FeatureStore._build`'s arguments);
+        ``replace``: a set of that name exists and goes; ``beside``: keep it until :meth:`swap`."""
+
+    def swap(self, name: str, staging: str) -> None:
+        """Put the complete hidden set ``staging`` in place as ``name`` (the old one goes)."""
+
+    def discard(self, fs: "FeatureSet") -> None:
+        """Drop the staged set ``fs`` (never one a swap under way needs)."""
+
+    def remove_leftovers(self, name: str) -> list[str]:
+        """Remove the hidden sets of ``name`` killed runs left (under ``name``'s guard)."""
+
+    @contextlib.contextmanager
+    def building(self, name: str, row_shape: Any, dtype: Any, overwrite: bool, **create_kw: Any) -> Iterator[Any]:
+        """A set built under ``name``'s guard and a hidden name (``.NAME.partial-*``, its blocks committed
+        under NAME's guard), then swapped in (:meth:`swap`) when the block succeeds; a failure before
+        the swap drops it (ingest)."""
+        store = self.store
+        with store.writer(name, stage="vsekit ingest"):
+            # a set a killed ingest had built new and this run's lease published is made again, not refused
+            if not store.finished_swaps.get(name, {}).get("new"):
+                store.refuse_existing(name, overwrite)
+            self.remove_leftovers(name)
+            staging = f".{name}.partial-{uuid.uuid4().hex[:8]}"
+            fs = store.create_features(staging, row_shape, dtype, **create_kw)
+            try:
+                yield fs
+                self.swap(name, staging)
+                fs.name, fs.target, fs.group = name, name, store.root[f"features/{name}"]
+            except BaseException:
+                self.discard(fs)
+                raise
+
+    # a block's records -----------------------------------------------------------------------------
+    def may_write(self, fs: "FeatureSet", block: Block) -> bool:
+        """Before a block's chunks are written: False when they must not be (committed already)."""
+
+    def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
+        """Record ``block`` (its chunks are written) as committed; False when another writer did first."""
+
+    def committed(self, fs: "FeatureSet", block: Block) -> bool:
+        """Whether ``block`` is committed and whole (a dask task asks before computing and writing)."""
+
+    def reconcile(self, fs: "FeatureSet") -> int:
+        """Restore the status of committed blocks whose status was not written; returns how many."""
+        return 0
+
+    def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
+        """Block index → the (CRC, size) recorded of each of ``fs``'s checksummed arrays, or why the
+        block has no record (:func:`.integrity.verify`, :class:`.integrity.BlockCheck`); ``etags``:
+        filled with the records' versions where a repair must not void a later one."""
+
+    def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+        """(CRC-32, size) of chunk ``index`` of ``array`` as stored now (``crc``: else 0)."""
+
+    def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
+        """Mark the damaged blocks of ``report`` pending (:func:`.integrity.repair`)."""
+
+    def replace_array(self, key: str, values: Any) -> None:
+        """Replace the whole small array ``key`` of the store (``images/split``) by ``values``."""
+
+    def swaps(self) -> tuple[bool, list[str]]:
+        """Swaps a killed run left to finish (object storage: its marks; a disk has none)."""
+        return False, []
+
+    # tokens ----------------------------------------------------------------------------------------
+    def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
+        """Replace the group ``dst`` (``tokens``) by the complete group ``staging`` under ``guard``."""
+
+    def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
+        """Finish a swap of ``dst`` a killed run left (before anything else is staged)."""
+
+
+class DiskSets(SetStorage):
+    """Feature sets in folders: lock files guard them, a set is built under a hidden name and renamed
+    into place, a block is committed by its checksums and then its status."""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.store.path)
+
+    def check_lease(self, name: str) -> None:
+        """The lock file still holds this run's token (a lock another run took over after it expired
+        does not); a process that holds no lock and carries no run's token (a library call writing
+        outside any writer) is not checked."""
+        if not self.holds(name, self.store.locks.get(name) or self.store.lease_token):
+            raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
+                            f"it over (this run was paused or cut off past its expiry); not writing")
+
+    def holds(self, name: str, token: str | None) -> bool:
+        """The lock file of ``name`` is live and holds ``token`` (no token: nothing to check)."""
+        info = holder(self.path, name) if token is not None else {"token": None}
+        return bool(info) and info.get("token") == token
+
+    def token(self, name: str) -> str | None:
+        return (holder(self.path, name) or {}).get("token")
+
+    @contextlib.contextmanager
+    def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> Iterator[None]:
+        locks = self.store.locks
+        with writer_lock(self.path, *names, stage=stage):
+            taken = [n for n in set(names) if n not in locks]
+            for n in taken:
+                locks[n] = self.token(n)
+            try:
+                yield
+            finally:
+                for n in taken:
+                    locks.pop(n, None)
+
+    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
+        return replacing_store(self.path, stage=stage)
+
+    def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
+        return hand_over(self.path, name, token, extra)
+
+    def join(self, name: str, token: str, ttl: float) -> Lease:
+        return JointLock(self.path, name, token, ttl)
+
+    def generation(self, name: str) -> str | None:
+        return read_generation(self.path, name)
+
+    def staged(self, name: str) -> bool:
+        return STAGED in name and (self.path / "features" / name / "zarr.json").exists()
+
+    def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
+        later = beside and replace
+        staging = f".{name}.{STAGED if later else 'creating-'}{uuid.uuid4().hex[:8]}"
+        g = self.store.root.require_group("features").create_group(staging)
+        try:
+            self.store._build(g, staging, *spec)
+        except BaseException:
+            shutil.rmtree(self.path / "features" / staging, ignore_errors=True)
+            raise
+        if later:
+            return self.store.feature_set(staging, target=name)
+        point("create_features:rename")
+        self.swap(name, staging)
+        return self.store.feature_set(name)
+
+    def swap(self, name: str, staging: str) -> None:
+        """Rename the complete hidden set ``staging`` to ``name``; an old ``name`` is moved aside first."""
+        base = self.path / "features"
+        swap_dir(base / staging, base / name, step=lambda: point("create_features:swap"))
+
+    def discard(self, fs: "FeatureSet") -> None:
+        shutil.rmtree(self.path / "features" / fs.name, ignore_errors=True)
+
+    def remove_leftovers(self, name: str) -> list[str]:
+        base = self.path / "features"
+        if not base.is_dir():
+            return []
+        gone = []
+        for p in base.iterdir():
+            if p.name.startswith((f".{name}.creating-", f".{name}.old-", f".{name}.partial-",
+                                  f".{name}.{STAGED}")):
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p.name)
+        return gone
+
+    def may_write(self, fs: "FeatureSet", block: Block) -> bool:
+        self.check_lease(fs.target)   # a lock another run took over: nothing written
+        return True
+
+    def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
+        self.check_lease(fs.target)   # again right before the commit (checksums, then status)
+        point("write_block:sums")
+        integrity.record(fs, block)
+        return True
+
+    def committed(self, fs: "FeatureSet", block: Block) -> bool:
+        return integrity.sums_committed(fs, block)
+
+    def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
+        return integrity.recorded_sums(fs)
+
+    def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+        return integrity.file_sum(fs, array, index, crc)
+
+    def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
+        return integrity.repair_sums(fs, report)
+
+    def replace_array(self, key: str, values: Any) -> None:
+        """Written beside the old one and renamed into place: a reader sees the old array or the new
+        one, never a half-written one."""
+        tag = uuid.uuid4().hex[:8]
+        staged = self.path / f".{key.replace('/', '-')}-next-{tag}"
+        zarr.create_array(str(staged), shape=values.shape, dtype=values.dtype,
+                          chunks=tuple(self.store.root[key].chunks), zarr_format=3)[:] = values
+        swap_dir(staged, self.path / key, trash=self.path / f".{key.replace('/', '-')}-old-{tag}")
+        self.store.root = zarr.open_group(str(self.path), mode="r+", zarr_format=3)
+
+    def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
+        swap_dir(self.path / staging, self.path / dst, trash=self.path / f".{dst}-old-{uuid.uuid4().hex[:8]}")
+
+    def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
+        for old in self.path.glob(f".{dst}-old-*"):   # a killed swap's old group, moved aside
+            shutil.rmtree(old, ignore_errors=True)
