@@ -94,6 +94,58 @@ def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path)
     assert np.array_equal(a.data[:], b.data[:])
 
 
+def test_a_tcp_dask_cluster_reads_shards_on_s3_as_disk_with_the_image_options_in_memory(s3, shards_on_s3, counted,
+                                                                                        tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from distributed import Client
+    from test_extract_cluster import BIN, _free_port, _start
+    from test_images_remote import EXTRACT, FaultyProxy
+
+    from vsekit.extract import extract
+    from vsekit.storage.store import FeatureStore
+
+    import torch
+
+    _truth, disk, url = shards_on_s3   # the store on S3, its images only on S3
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as dask workers run: the same float32 sums
+    try:
+        extract(str(disk), name="f", workers=0, **EXTRACT)
+    finally:
+        torch.set_num_threads(threads)
+    proxy = FaultyProxy(s3.endpoint)   # the images' endpoint, given to the task in memory only
+    counted.use_options({"endpoint": proxy.url})
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    log = open(tmp_path / "dask.log", "w")
+    procs = [_start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], log)]
+    try:
+        time.sleep(2)
+        procs.append(_start([str(BIN / "dask"), "worker", addr, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                             "--host", "127.0.0.1"], log))
+        with Client(addr, timeout=60) as c:
+            c.wait_for_workers(1, timeout=60)
+        got = extract(url, name="f", cluster=addr, device="cpu", **EXTRACT)
+    finally:
+        proxy.server.shutdown()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:   # a worker stuck closing its comms
+                os.killpg(p.pid, signal.SIGKILL)
+        log.close()
+    assert got.failed == 0 and got.done == 30
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(url).features("f")
+    assert np.array_equal(a.data[:], b.data[:])
+    assert proxy.gets > 0   # the worker's GETs went where the options in memory said
+
+
 def test_webdataset_shards_on_azure_ingest_once_and_extract_as_disk(az, tmp_path, monkeypatch):
     import obstore
     from click.testing import CliRunner
