@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from ..base import ImageError
 from ..objstore import DEFAULT_OPTIONS, _open_obstore, _reason, is_object_url, parse_options, public_url
@@ -228,6 +228,18 @@ class Ranged(io.RawIOBase):
         return len(data)
 
 
+class Where(NamedTuple):
+    """Where a parquet file on object storage is read from: its size and ETag at ingest and the options
+    (hashable: :mod:`.shards` keeps the file open by it)."""
+
+    size: int | None
+    etag: str | None
+    opts: tuple
+
+    def reader(self, url: str) -> Ranged:
+        return Ranged(url, self.size, self.etag, dict(self.opts))
+
+
 def _runs(items: list[tuple]) -> list[list[tuple]]:
     """Tar members of one shard, sorted, cut into runs whose ranges lie within GAP (a run ≤ SPAN)."""
     runs: list[list[tuple]] = []
@@ -288,7 +300,7 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
         try:
             if shards.is_ref(p):   # a parquet cell: its row group's column chunk (kept for the next rows)
                 url = shards.parse_ref(p)[0]
-                where = (*(expected.get(url) or (None, None))[:2], tuple(sorted(opts.items())))
+                where = Where(*(expected.get(url) or (None, None))[:2], tuple(sorted(opts.items())))
                 with _PARQUET:
                     return [(p, shards.read_bytes(p, where))]
             return [(p, get(p, opts=opts)[0])]

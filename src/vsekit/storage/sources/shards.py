@@ -55,14 +55,11 @@ def parse_ref(path: str | Path) -> tuple[str, str, str]:
     return container, entry, location
 
 
-def read_bytes(path: str | Path, where: tuple = ()) -> bytes:
+def read_bytes(path: str | Path, where=None) -> bytes:
     """The encoded image bytes a reference points at (a container on disk; a tar shard on object
-    storage: :func:`.remote.fetch`; a parquet file there: ``where``, its (size, ETag, options) as
-    :func:`.remote.fetch` passes them)."""
-    from . import remote
-
+    storage: :func:`.remote.fetch`; a parquet file there: ``where``, a :class:`.remote.Where`)."""
     container, entry, location = parse_ref(path)
-    if not remote.is_url(container) and not Path(container).is_file():
+    if where is None and not Path(container).is_file():
         raise ImageError(f"missing container file {container} (for {entry})")
     if container.lower().endswith(".tar"):
         try:
@@ -101,27 +98,23 @@ def check_member(shard: str, member: str, offset: int, size: int, head: bytes, d
     return data
 
 
-def _parquet(file: str, where: tuple = ()):
-    """A parquet file opened by pyarrow: by path, or on object storage by ranged GETs, kept open
-    (``where``: its size, ETag and options as tuples, hashable for the caches)."""
+def _parquet(file: str, where=None):
+    """A parquet file opened by pyarrow: by path, or on object storage (``where``: a hashable
+    :class:`.remote.Where`) by ranged GETs, kept open for the next rows."""
     import pyarrow.parquet as pq
 
-    from . import remote
-
-    return _remote_parquet(file, *where) if remote.is_url(file) else pq.ParquetFile(file)
+    return _remote_parquet(file, where) if where is not None else pq.ParquetFile(file)
 
 
 @lru_cache(maxsize=4)
-def _remote_parquet(file: str, size=None, etag=None, opts: tuple = ()):
+def _remote_parquet(file: str, where):
     import pyarrow.parquet as pq
 
-    from . import remote
-
-    return pq.ParquetFile(remote.Ranged(file, size, etag, dict(opts)))
+    return pq.ParquetFile(where.reader(file))
 
 
 @lru_cache(maxsize=16)
-def _parquet_layout(file: str, where: tuple = ()) -> tuple[int, ...]:
+def _parquet_layout(file: str, where=None) -> tuple[int, ...]:
     """Cumulative row counts of a parquet file's row groups (first row of each, then the total)."""
     meta = _parquet(file, where).metadata
     starts = [0]
@@ -131,14 +124,14 @@ def _parquet_layout(file: str, where: tuple = ()) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=1)
-def _row_group_column(file: str, column: str, group: int, where: tuple = ()):
+def _row_group_column(file: str, column: str, group: int, where=None):
     """One row group of one column (a struct field as ``column.field``), as a pyarrow array."""
     top, _, field = column.partition(".")
     arr = _parquet(file, where).read_row_group(group, columns=[top]).column(top).combine_chunks()
     return arr.field(field) if field else arr
 
 
-def _read_parquet_cell(file: str, column: str, row: int, where: tuple = ()) -> bytes:
+def _read_parquet_cell(file: str, column: str, row: int, where=None) -> bytes:
     from bisect import bisect_right
 
     starts = _parquet_layout(file, where)
