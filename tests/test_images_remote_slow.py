@@ -73,6 +73,23 @@ def test_slurm_and_grid_engine_arrays_read_images_only_on_s3_as_disk(local_slurm
         assert IMAGE_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
 
 
+def test_slurm_jobs_read_images_only_on_s3_with_their_options_in_memory(local_slurm, s3, demo_dir, reference,
+                                                                        tmp_path, monkeypatch):
+    """`slurm:2` (dask-jobqueue, as `sge:N`): no AWS variable in the jobs' environment; the store's and
+    the images' options reach them with their tasks only, and no file holds either secret."""
+    import sys
+
+    from test_objstore_slurm import _extract_equals_disk_and_leaks_nothing, _options_only_with_the_tasks
+
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
+    _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
+                                                   "log_directory": str(tmp_path / "jobs")})
+    url = _images_on_s3(s3, demo_dir, monkeypatch)
+    _extract_equals_disk_and_leaks_nothing(s3, url, "slurm:2", reference, [tmp_path / "jobs", local_slurm["dir"]])
+    for p in [*tmp_path.rglob("*"), *local_slurm["dir"].rglob("*")]:
+        assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
+
+
 def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path):
     from test_images_remote import EXTRACT
 

@@ -360,7 +360,7 @@ def _first(items):
 
 PARENT_CHECK_S = 1.0   # how often a decoding worker checks that its parent is alive (the fallback)
 #: what a fork server imports once, so that a worker it forks starts in milliseconds
-PRELOAD = ["torch", "torchvision.io", "PIL.Image", "vsekit.extract.reader", "vsekit.extract.images", "vsekit.storage.sources.remote"]
+PRELOAD = ["torch", "torchvision.io", "PIL.Image", "vsekit.extract.reader", "vsekit.storage.sources.remote"]
 
 
 def workers_of(dataset) -> dict:
@@ -397,10 +397,8 @@ def _gone(parent: int) -> bool:
         return False
     try:
         os.kill(parent, 0)
-    except ProcessLookupError:
+    except OSError:   # no such process (or another user's: its pid was reused)
         return True
-    except PermissionError:
-        pass
     return False
 
 
