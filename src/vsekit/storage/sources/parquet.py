@@ -30,9 +30,9 @@ from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
+from ..base import ImageError
 from ..store import SPLITS, FeatureStore, split_code
 from . import remote
-from ..base import ImageError
 from .common import IngestError, IngestReport
 from .folder import parse_ratios
 from .shards import parquet_ref
@@ -53,13 +53,15 @@ def expand_files(items: Sequence[str | os.PathLike]) -> list:
     for item in items:
         for p in braceexpand(str(item)):
             path = Path(p)
-            if remote.is_url(p):
-                folder, _, name = p.rpartition("/")
-                found = sorted(f"{folder}/{k}" for k in remote.listing(folder) if "/" not in k
-                               and fnmatch(k, name or "*.parquet")) if any(c in name for c in "*?[") or not name else [p]
+            folder, _, name = p.rpartition("/")
+            if remote.is_url(p) and (not name or any(c in name for c in "*?[")):   # a folder or a glob
+                found = sorted(f"{folder}/{k}" for k in remote.listing(folder)
+                               if "/" not in k and fnmatch(k, name or "*.parquet"))
                 if not found:
-                    raise IngestError(f"{p}: no such parquet file")
+                    raise IngestError(f"{p}: no parquet file matches it")
                 out += found
+            elif remote.is_url(p):   # one file, read at ingest
+                out.append(p)
             elif path.is_dir():
                 found = sorted(path.glob("*.parquet"))
                 if not found:
@@ -127,8 +129,7 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
         if len(urls) != len(paths) or image_root:
             raise IngestError("ingest parquet: give files all on disk or all on object storage (their image "
                               "bytes inside them: no --image-root)")
-        root = os.path.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] for u in urls])
-        root = f"{urls[0].split('://', 1)[0]}://{root}"
+        root = remote.common_root(urls)
         remote.check_root(root)
     else:
         root = Path(image_root).resolve() if image_root else paths[0].resolve().parent

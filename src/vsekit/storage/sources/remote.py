@@ -70,6 +70,12 @@ def join(root: str, rel: str) -> str:
     return f"{root.rstrip('/')}/{rel}" if is_url(root) else str(root).rstrip("/") + "/" + rel
 
 
+def common_root(urls: list[str]) -> str:
+    """The folder on object storage that holds every one of ``urls`` (one scheme and bucket)."""
+    scheme = urls[0].split("://", 1)[0]
+    return f"{scheme}://" + os.path.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] for u in urls])
+
+
 def _split(url: str) -> tuple[str, str]:
     m = re.match(r"^([A-Za-z0-9+.-]+://[^/]*)/?(.*)$", public_url(url))
     return m.group(1), m.group(2)
