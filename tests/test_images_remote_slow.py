@@ -90,6 +90,27 @@ def test_slurm_jobs_read_images_only_on_s3_with_their_options_in_memory(local_sl
         assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
 
 
+def test_grid_engine_jobs_read_images_only_on_s3_with_their_options_in_memory(local_sge, s3, demo_dir, reference,
+                                                                              tmp_path, monkeypatch):
+    """`sge:2`, as `slurm:2` above (its jobs see the submitting environment through ``qsub -V``, which
+    holds no AWS variable)."""
+    import sys
+
+    import sge_local
+    from test_objstore_slurm import _extract_equals_disk_and_leaks_nothing, _options_only_with_the_tasks
+
+    for key in ("SGE_ROOT", "SGE_CELL"):
+        monkeypatch.setenv(key, local_sge["env"][key])
+    (tmp_path / "jobs").mkdir()
+    _options_only_with_the_tasks(s3, monkeypatch, {"memory_resource": "h_rss", "queue": sge_local.QUEUE,
+                                                   "python": sys.executable, "log_directory": str(tmp_path / "jobs")})
+    url = _images_on_s3(s3, demo_dir, monkeypatch)
+    _extract_equals_disk_and_leaks_nothing(s3, url, "sge:2", reference, [tmp_path / "jobs"])
+    _wait(lambda: not sge_local.jobs(local_sge["env"]), 60, "the run's Grid Engine jobs to leave the queue")
+    for p in tmp_path.rglob("*"):
+        assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
+
+
 def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path):
     from test_images_remote import EXTRACT
 
