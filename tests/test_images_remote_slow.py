@@ -210,3 +210,31 @@ def test_webdataset_shards_on_azure_ingest_once_and_extract_as_disk(az, tmp_path
         assert extract(str(tmp_path / dest), name="f", workers=0, **EXTRACT).done == 12
     a, b = (FeatureStore.open(tmp_path / d).features("f").data[:] for d in ("disk.zarr", "az.zarr"))
     assert np.array_equal(a, b)
+
+
+def test_decoding_processes_of_images_on_s3_end_when_the_main_process_is_killed(s3, demo_dir, tmp_path):
+    """As tests/test_decoding_workers.py on disk: after ``kill -9`` of the extract, its fork server and
+    the decoding processes it started end by themselves."""
+    import signal
+    import time
+
+    from test_decoding_workers import alive, held_mid_run
+
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    upload(s3, demo_dir / "images", "demo/images")
+    store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", f"s3://{s3.bucket}/demo", tmp_path / "k.zarr")
+    proc, children = held_mid_run(store.path, tmp_path / "go", "--input-size", "128", "--resize", "128")
+    assert any("forkserver" in " ".join(p.cmdline()) for p in children), [p.cmdline() for p in children]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30   # a bound, not a timing claim
+    try:
+        while alive(children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive(children) == []
+    finally:
+        for p in alive(children):
+            p.kill()
+        proc.stdout.close()
+        proc.stderr.close()
