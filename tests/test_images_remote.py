@@ -112,14 +112,20 @@ def test_extracting_shards_on_s3_gives_the_bits_of_disk_with_one_ranged_get_per_
     assert 0 < proxy.gets <= 6 and proxy.bytes <= 1.05 * sum(v[0] for v in FeatureStore.open(url).attrs["image_objects"].values())
 
 
-def test_decoding_workers_and_threads_read_the_shards_on_s3_as_disk(shards_on_s3):
+def test_decoding_processes_read_the_shards_on_s3_as_disk_with_the_options_in_memory(s3, shards_on_s3, counted):
     from vsekit.extract import extract
 
     _truth, disk, url = shards_on_s3
     extract(str(disk), name="f", workers=0, **EXTRACT)
-    extract(url, name="w", workers=2, **EXTRACT)
+    proxy = FaultyProxy(s3.endpoint)   # reached only through --image-option endpoint=..., held in memory
+    counted.use_options({"endpoint": proxy.url})
+    got = extract(url, name="w", workers=2, **{**EXTRACT, "block_rows": 16})
+    proxy.server.shutdown()
     a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(url).features("w")
     assert b.counts()["done"] == 30 and np.array_equal(a.data[:], b.data[:])
+    # decoded by two worker processes (a fork server's: obstore's runtime does not survive a fork), not threads
+    assert got.decoding == {"decoders": 2, "processes": 2, "threads": 0}
+    assert 0 < proxy.gets == got.image_reads["requests"]   # the workers' GETs reach the run's summary
 
 
 def test_fetch_coalesces_adjacent_members_and_checks_each_header(shards_on_s3, counted):
@@ -151,12 +157,13 @@ def _extract_cli(store, *more):
     return CliRunner().invoke(main, args)
 
 
+@pytest.mark.parametrize("store_on", ["disk", "s3"])
 def test_a_deleted_and_a_rewritten_shard_fail_their_rows_by_url_and_member_and_retry_failed_fills_them(
-        s3, shards_on_s3, tmp_path):
+        s3, shards_on_s3, tmp_path, store_on):
     from vsekit.extract import extract
 
-    _truth, disk, _url = shards_on_s3
-    url = tmp_path / "mixed.zarr"   # the store on disk, its images on S3
+    _truth, disk, on_s3 = shards_on_s3
+    url = tmp_path / "mixed.zarr" if store_on == "disk" else on_s3   # its images on S3 either way
     extract(str(disk), name="f", workers=0, **EXTRACT)
     key = lambda i: f"laion/shard-{i:04d}.tar"   # noqa: E731
     s3.client.delete_object(Bucket=s3.bucket, Key=key(1))
@@ -195,10 +202,13 @@ def test_a_missing_image_bucket_is_one_error_line_before_any_block(s3, shards_on
 
 
 class FaultyProxy:
-    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a shard with 503
-    and holds the next ``stall`` ones for ``hold`` seconds before answering (a stalled response)."""
+    """An HTTP proxy in front of the S3 server that answers the first ``fail`` GETs of a shard (an
+    object whose key has ``kind`` in it) with 503 and holds the next ``stall`` ones for ``hold`` seconds
+    before answering (a stalled response); with ``deny``, every request with 403 InvalidAccessKeyId,
+    as S3 answers a wrong key."""
 
-    def __init__(self, upstream: str, fail: int = 0, stall: int = 0, hold: float = 0.0):
+    def __init__(self, upstream: str, fail: int = 0, stall: int = 0, hold: float = 0.0, kind: str = ".tar",
+                 deny: bool = False):
         import http.client
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -215,7 +225,15 @@ class FaultyProxy:
 
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.command == "GET" and ".tar" in self.path:
+                if deny:
+                    error = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InvalidAccessKeyId</Code><Message>"
+                             b"The AWS Access Key Id you provided does not exist in our records.</Message></Error>")
+                    self.send_response(403)
+                    self.send_header("Content-Length", str(len(error)))
+                    self.end_headers()
+                    self.wfile.write(error)
+                    return
+                if self.command == "GET" and kind in self.path:
                     with lock:
                         proxy.gets += 1
                         n = proxy.gets
@@ -230,14 +248,15 @@ class FaultyProxy:
                 conn.request(self.command, self.path, body or None, dict(self.headers))
                 got = conn.getresponse()
                 data = got.read()
-                if self.command == "GET" and ".tar" in self.path and got.status < 300:
+                if self.command == "GET" and kind in self.path and got.status < 300:
                     with lock:
                         proxy.bytes += len(data)
                 self.send_response(got.status)
                 for k, v in got.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                head = self.command == "HEAD"   # no body: the object's own length
+                self.send_header("Content-Length", got.getheader("Content-Length", "0") if head else str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
 
@@ -297,3 +316,66 @@ def test_a_folder_and_a_karpathy_image_root_on_s3_are_listed_once_and_extract_as
     assert r.exit_code == 0, r.output
     k = FeatureStore.open(tmp_path / "k.zarr")
     assert k.attrs["image_root"] == f"s3://{s3.bucket}/demo" and k.n_images == len(rels)
+
+
+def test_wrong_credentials_for_the_images_are_one_error_line_naming_the_image_root(s3, shards_on_s3, tmp_path):
+    _truth, disk, _url = shards_on_s3
+    mixed = tmp_path / "mixed.zarr"   # the store on disk; its images behind a server refusing the key
+    proxy = FaultyProxy(s3.endpoint, deny=True)
+    bad = ["--image-option", f"endpoint={proxy.url}", "--image-option", "access_key_id=wrong-key"]
+    r = _extract_cli(mixed, *bad)
+    ingest = CliRunner().invoke(main, ["ingest", "webdataset", f"s3://{s3.bucket}/laion/shard-0000.tar", "--store",
+                                       str(tmp_path / "again.zarr"), *bad])
+    proxy.server.shutdown()
+    why = "the access key is not known to the provider (wrong credentials)"
+    for got in (r, ingest):
+        assert got.exit_code != 0
+        assert [ln for ln in got.output.splitlines() if ln.strip()] == [
+            f"Error: image root s3://{s3.bucket}/laion: {why}"], got.output
+    assert "f" not in FeatureStore.open(mixed).feature_names() and not (tmp_path / "again.zarr").exists()
+
+
+def test_parquet_files_on_s3_by_glob_are_read_once_at_ingest_and_extract_as_disk(s3, tmp_path, counted):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_formats_parquet import _jpeg
+
+    from vsekit.extract import extract
+
+    rng = np.random.default_rng(3)
+    (tmp_path / "hf").mkdir()
+    for f in range(2):   # img2dataset's layout: bytes in a binary column, several row groups a file
+        jpgs = [_jpeg(rng, 24) for _ in range(9)]
+        jpgs[2] = None   # a failed download
+        table = pa.table({"key": [f"{f}{i:03d}" for i in range(9)], "caption": [f"c {f} {i}" for i in range(9)],
+                          "jpg": pa.array(jpgs, type=pa.binary())})
+        pq.write_table(table, tmp_path / "hf" / f"part-{f}.parquet", row_group_size=4)
+    (tmp_path / "hf" / "notes.txt").write_text("not a parquet file")
+    upload(s3, tmp_path / "hf", "hf")
+    sizes = {f.name: f.stat().st_size for f in (tmp_path / "hf").glob("*.parquet")}
+    proxy = FaultyProxy(s3.endpoint, kind=".parquet")
+    stores = {"disk": tmp_path / "disk.zarr", "s3": tmp_path / "s3.zarr"}
+    for where, src, more in (("disk", str(tmp_path / "hf" / "part-{0..1}.parquet"), []),
+                             ("s3", f"s3://{s3.bucket}/hf/*.parquet", ["--image-option", f"endpoint={proxy.url}"])):
+        r = CliRunner().invoke(main, ["ingest", "parquet", src, "--store", str(stores[where]), "--split", "test",
+                                      *more])
+        assert r.exit_code == 0, r.output
+    assert (proxy.gets, proxy.bytes) == (2, sum(sizes.values()))   # each file read once, whole, at ingest
+    a, b = FeatureStore.open(stores["disk"]), FeatureStore.open(stores["s3"])
+    assert b.attrs["image_root"] == f"s3://{s3.bucket}/hf" and sorted(b.attrs["image_objects"]) == sorted(sizes)
+    assert list(a.image_ids()) == list(b.image_ids()) and len(a.image_ids()) == 16
+    assert list(a.image_paths()) == list(b.image_paths()) and list(a.caption_text()) == list(b.caption_text())
+    from vsekit.report.images import load_thumbnail   # the report's thumbnails, from a parquet cell on S3
+
+    for row in (0, 9):
+        assert np.array_equal(np.asarray(load_thumbnail(b.image_file(row), 64)),
+                              np.asarray(load_thumbnail(a.image_file(row), 64)))
+    proxy.gets = proxy.bytes = 0
+    for where in ("disk", "s3"):
+        got = extract(str(stores[where]), name="f", workers=0, **EXTRACT)
+        assert got.failed == 0, got.errors
+    proxy.server.shutdown()
+    assert np.array_equal(a.features("f").data[:], FeatureStore.open(stores["s3"]).features("f").data[:])
+    # by ranged GETs: each file's footer (pyarrow reads the last 64 KiB: here the whole file), then the image
+    # column of each of its 3 row groups once (+ 2: a retried GET on a loaded machine)
+    assert 2 * (1 + 3) <= proxy.gets <= 2 * (1 + 3) + 2 and proxy.bytes <= 2 * sum(sizes.values())

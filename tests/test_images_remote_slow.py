@@ -73,6 +73,44 @@ def test_slurm_and_grid_engine_arrays_read_images_only_on_s3_as_disk(local_slurm
         assert IMAGE_SECRET.encode() not in s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), key
 
 
+def test_slurm_jobs_read_images_only_on_s3_with_their_options_in_memory(local_slurm, s3, demo_dir, reference,
+                                                                        tmp_path, monkeypatch):
+    """`slurm:2` (dask-jobqueue, as `sge:N`): no AWS variable in the jobs' environment; the store's and
+    the images' options reach them with their tasks only, and no file holds either secret."""
+    import sys
+
+    from test_objstore_slurm import _extract_equals_disk_and_leaks_nothing, _options_only_with_the_tasks
+
+    monkeypatch.setenv("SLURM_CONF", local_slurm["env"]["SLURM_CONF"])
+    _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
+                                                   "log_directory": str(tmp_path / "jobs")})
+    url = _images_on_s3(s3, demo_dir, monkeypatch)
+    _extract_equals_disk_and_leaks_nothing(s3, url, "slurm:2", reference, [tmp_path / "jobs", local_slurm["dir"]])
+    for p in [*tmp_path.rglob("*"), *local_slurm["dir"].rglob("*")]:
+        assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
+
+
+def test_grid_engine_jobs_read_images_only_on_s3_with_their_options_in_memory(local_sge, s3, demo_dir, reference,
+                                                                              tmp_path, monkeypatch):
+    """`sge:2`, as `slurm:2` above (its jobs see the submitting environment through ``qsub -V``, which
+    holds no AWS variable)."""
+    import sys
+
+    import sge_local
+    from test_objstore_slurm import _extract_equals_disk_and_leaks_nothing, _options_only_with_the_tasks
+
+    for key in ("SGE_ROOT", "SGE_CELL"):
+        monkeypatch.setenv(key, local_sge["env"][key])
+    (tmp_path / "jobs").mkdir()
+    _options_only_with_the_tasks(s3, monkeypatch, {"memory_resource": "h_rss", "queue": sge_local.QUEUE,
+                                                   "python": sys.executable, "log_directory": str(tmp_path / "jobs")})
+    url = _images_on_s3(s3, demo_dir, monkeypatch)
+    _extract_equals_disk_and_leaks_nothing(s3, url, "sge:2", reference, [tmp_path / "jobs"])
+    _wait(lambda: not sge_local.jobs(local_sge["env"]), 60, "the run's Grid Engine jobs to leave the queue")
+    for p in tmp_path.rglob("*"):
+        assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
+
+
 def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path):
     from test_images_remote import EXTRACT
 
@@ -92,6 +130,58 @@ def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path)
     assert got.failed == 0 and got.done == 30
     a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
     assert np.array_equal(a.data[:], b.data[:])
+
+
+def test_a_tcp_dask_cluster_reads_shards_on_s3_as_disk_with_the_image_options_in_memory(s3, shards_on_s3, counted,
+                                                                                        tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from distributed import Client
+    from test_extract_cluster import BIN, _free_port, _start
+    from test_images_remote import EXTRACT, FaultyProxy
+
+    from vsekit.extract import extract
+    from vsekit.storage.store import FeatureStore
+
+    import torch
+
+    _truth, disk, url = shards_on_s3   # the store on S3, its images only on S3
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as dask workers run: the same float32 sums
+    try:
+        extract(str(disk), name="f", workers=0, **EXTRACT)
+    finally:
+        torch.set_num_threads(threads)
+    proxy = FaultyProxy(s3.endpoint)   # the images' endpoint, given to the task in memory only
+    counted.use_options({"endpoint": proxy.url})
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    log = open(tmp_path / "dask.log", "w")
+    procs = [_start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], log)]
+    try:
+        time.sleep(2)
+        procs.append(_start([str(BIN / "dask"), "worker", addr, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                             "--host", "127.0.0.1"], log))
+        with Client(addr, timeout=60) as c:
+            c.wait_for_workers(1, timeout=60)
+        got = extract(url, name="f", cluster=addr, device="cpu", **EXTRACT)
+    finally:
+        proxy.server.shutdown()
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:   # a worker stuck closing its comms
+                os.killpg(p.pid, signal.SIGKILL)
+        log.close()
+    assert got.failed == 0 and got.done == 30
+    a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(url).features("f")
+    assert np.array_equal(a.data[:], b.data[:])
+    assert proxy.gets > 0   # the worker's GETs went where the options in memory said
 
 
 def test_webdataset_shards_on_azure_ingest_once_and_extract_as_disk(az, tmp_path, monkeypatch):
@@ -120,3 +210,31 @@ def test_webdataset_shards_on_azure_ingest_once_and_extract_as_disk(az, tmp_path
         assert extract(str(tmp_path / dest), name="f", workers=0, **EXTRACT).done == 12
     a, b = (FeatureStore.open(tmp_path / d).features("f").data[:] for d in ("disk.zarr", "az.zarr"))
     assert np.array_equal(a, b)
+
+
+def test_decoding_processes_of_images_on_s3_end_when_the_main_process_is_killed(s3, demo_dir, tmp_path):
+    """As tests/test_decoding_workers.py on disk: after ``kill -9`` of the extract, its fork server and
+    the decoding processes it started end by themselves."""
+    import signal
+    import time
+
+    from test_decoding_workers import alive, held_mid_run
+
+    from vsekit.storage.sources.karpathy import ingest_karpathy
+
+    upload(s3, demo_dir / "images", "demo/images")
+    store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", f"s3://{s3.bucket}/demo", tmp_path / "k.zarr")
+    proc, children = held_mid_run(store.path, tmp_path / "go", "--input-size", "128", "--resize", "128")
+    assert any("forkserver" in " ".join(p.cmdline()) for p in children), [p.cmdline() for p in children]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30   # a bound, not a timing claim
+    try:
+        while alive(children) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert alive(children) == []
+    finally:
+        for p in alive(children):
+            p.kill()
+        proc.stdout.close()
+        proc.stderr.close()

@@ -35,6 +35,7 @@ class Item:
     scale: tuple[float, float] = (1.0, 1.0)  # input pixels per original pixel (x, y)
     decoder: str = ""                # the process:thread that decoded it (how parallel decoding was)
     encoded: Any = None              # --decoder nvjpeg: the JPEG, decoded by the driving process (gpu_decode)
+    reads: Any = None                # a decoding process's image GETs since its last batch (remote.STATS)
 
 
 class RowDataset:
@@ -51,7 +52,7 @@ class RowDataset:
         self.expected = expected or {}   # images on object storage: each shard's [size, ETag] at ingest
         from ..storage.sources import remote
 
-        # the options they are read with, in memory (None: none is remote; then threads decode: decoded())
+        # the options they are read with, in memory (None: none is remote; else a fork server starts the workers)
         self.options = remote.options() if any(remote.is_url(p) for p in self.paths) else None
 
     def __len__(self) -> int:
@@ -66,9 +67,18 @@ class RowDataset:
         return remote.fetch(urls, self.expected, self.options) if urls else {}
 
     def __getitems__(self, indices: Sequence[int]) -> list[Item]:
-        """A batch's items (a DataLoader asks so): their remote images fetched at once first."""
+        """A batch's items (a DataLoader asks so): their remote images fetched at once first; in a
+        decoding process, its GETs so far ride on the first item to the run's summary (:func:`iter_batches`)."""
+        from torch.utils.data import get_worker_info
+
+        from ..storage.sources import remote
+
         got = self.fetch(indices)
-        return [self.item(i, got) for i in indices]
+        items = [self.item(i, got) for i in indices]
+        if items and remote.STATS and get_worker_info() is not None:
+            items[0].reads = dict(remote.STATS)
+            remote.STATS.clear()
+        return items
 
     def __getitem__(self, i: int) -> Item:
         return self.item(i, self.fetch([i]))
@@ -303,14 +313,18 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
             continue
         from torch.utils.data import DataLoader
 
+        from ..storage.sources import remote
+
         # each worker's batches in a ring of prefetch + 1 shared buffers (BufferRing), held mapped here
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=functools.partial(collate, ring=prefetch + 1), prefetch_factor=prefetch,
-                            worker_init_fn=die_with(os.getpid()))
+                            **workers_of(dataset))
         receiver = Receiver((prefetch + 1) * workers)
         try:
             for items in loader:
                 receiver.hold(items)
+                if items and items[0].reads:
+                    remote.STATS.update(items[0].reads)
                 yield items
                 pos += 1
         except RuntimeError as exc:
@@ -330,7 +344,7 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
     while rest:
         try:
             loader = DataLoader(dataset, batch_sampler=[[i] for i in rest], num_workers=1,
-                                collate_fn=lambda x: x[0], prefetch_factor=1, worker_init_fn=die_with(os.getpid()))
+                                collate_fn=_first, prefetch_factor=1, **workers_of(dataset))
             for item in loader:
                 got[rest.pop(0)] = item
         except RuntimeError as exc:
@@ -340,21 +354,58 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
     return [got[i] for i in indices]
 
 
+def _first(items):
+    return items[0]
+
+
 PARENT_CHECK_S = 1.0   # how often a decoding worker checks that its parent is alive (the fallback)
+#: what a fork server imports once, so that a worker it forks starts in milliseconds
+PRELOAD = ["torch", "torchvision.io", "PIL.Image", "vsekit.extract.reader", "vsekit.storage.sources.remote"]
 
 
-def die_with(parent: int):
-    """The ``worker_init_fn`` that makes a decoding worker end when process ``parent`` ends.
+def workers_of(dataset) -> dict:
+    """The DataLoader arguments that start ``dataset``'s decoding workers: forked, or, where its images
+    are on object storage, forked by a fork server (obstore's runtime does not survive a fork of a
+    process that used it: a forked worker's first request hangs), which is given this process's
+    environment (the credentials obstore reads there; the options travel on the dataset)."""
+    if getattr(dataset, "options", None) is None:
+        return {"worker_init_fn": die_with(os.getpid())}
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return {"worker_init_fn": die_with(os.getpid(), dict(os.environ)), "multiprocessing_context": ctx}
+
+
+def die_with(parent: int, env: dict | None = None):
+    """The ``worker_init_fn`` that makes a decoding worker end when process ``parent`` ends (and,
+    with ``env``, gives it that environment).
 
     However the main process ends (SIGTERM, ``kill -9``, OOM killer), its decoding workers must not
     live on: one blocked writing to a full result pipe never reaches torch's own parent check. On
-    Linux the kernel sends the worker SIGKILL when its parent dies (``PR_SET_PDEATHSIG``); as a
-    fallback everywhere, a daemon thread in the worker exits it once its parent pid changes.
+    Linux the kernel sends the worker SIGKILL when its parent dies (``PR_SET_PDEATHSIG``; a fork
+    server's child: when the server dies, which it does when ``parent`` does); as a fallback
+    everywhere, a daemon thread in the worker exits it once ``parent`` is gone.
     """
-    return functools.partial(_die_with_parent, parent)
+    return functools.partial(_die_with_parent, parent, env)
 
 
-def _die_with_parent(parent: int, worker_id: int = 0) -> None:
+def _gone(parent: int) -> bool:
+    """Whether process ``parent`` has ended (a forked worker's parent changes; a fork server's child
+    has the server as its parent, so it asks after ``parent`` itself)."""
+    if os.getppid() == parent:
+        return False
+    try:
+        os.kill(parent, 0)
+    except OSError:   # no such process (or another user's: its pid was reused)
+        return True
+    return False
+
+
+def _die_with_parent(parent: int, env: dict | None = None, worker_id: int = 0) -> None:
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -363,7 +414,7 @@ def _die_with_parent(parent: int, worker_id: int = 0) -> None:
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # 1 = PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
-    if os.getppid() != parent:   # the parent died before the line above took effect
+    if _gone(parent):   # the parent died before the line above took effect
         os._exit(1)
     threading.Thread(target=_watch_parent, args=(parent,), name="vsekit-parent-check", daemon=True).start()
 
@@ -371,7 +422,7 @@ def _die_with_parent(parent: int, worker_id: int = 0) -> None:
 def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(PARENT_CHECK_S)
-        if os.getppid() != parent:
+        if _gone(parent):
             os._exit(1)
 
 
@@ -407,9 +458,8 @@ def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool =
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
     batches pinned by the DataLoader's pin thread with ``pin``), or by threads with ``threads`` (a
     dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
-    says so) and where the images are on object storage (obstore's runtime does not survive a fork: a
-    forked worker's first request hangs; threads share this process's)."""
-    if workers > 0 and (threads or getattr(dataset, "options", None) is not None):
+    says so)."""
+    if workers > 0 and threads:
         yield from decoded_by_threads(dataset, batches, workers, prefetch)
     else:
         yield from iter_batches(dataset, batches, workers, pin, prefetch)

@@ -26,10 +26,13 @@ then dropped), so memory is bounded by a row group, never by the file.
 from __future__ import annotations
 
 import os
+from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any, Sequence
 
+from ..base import ImageError
 from ..store import SPLITS, FeatureStore, split_code
+from . import remote
 from .common import IngestError, IngestReport
 from .folder import parse_ratios
 from .shards import parquet_ref
@@ -41,14 +44,25 @@ CAPTION_COLUMNS = ("caption", "captions", "sentences", "text", "txt")
 ID_COLUMNS = ("key", "image_id", "id", "cocoid", "img_id", "imgid")
 
 
-def expand_files(items: Sequence[str | os.PathLike]) -> list[Path]:
+def expand_files(items: Sequence[str | os.PathLike]) -> list:
+    """Parquet files (paths; URLs on object storage, a glob there matched against one listing of its
+    folder) from paths, folders and brace patterns, in order."""
     from braceexpand import braceexpand
 
-    out: list[Path] = []
+    out: list = []
     for item in items:
         for p in braceexpand(str(item)):
             path = Path(p)
-            if path.is_dir():
+            folder, _, name = p.rpartition("/")
+            if remote.is_url(p) and (not name or any(c in name for c in "*?[")):   # a folder or a glob
+                found = sorted(f"{folder}/{k}" for k in remote.listing(folder)
+                               if "/" not in k and fnmatch(k, name or "*.parquet"))
+                if not found:
+                    raise IngestError(f"{p}: no parquet file matches it")
+                out += found
+            elif remote.is_url(p):   # one file, read at ingest
+                out.append(p)
+            elif path.is_dir():
                 found = sorted(path.glob("*.parquet"))
                 if not found:
                     raise IngestError(f"{path}: no .parquet files in this folder")
@@ -110,13 +124,29 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
         split_code(split)
     ratios = parse_ratios(ratios)
     report = IngestReport(strict=strict)
-    root = Path(image_root).resolve() if image_root else paths[0].resolve().parent
+    urls = [p for p in paths if isinstance(p, str)]   # on object storage: each file read whole, once
+    if urls:
+        if len(urls) != len(paths) or image_root:
+            raise IngestError("ingest parquet: give files all on disk or all on object storage (their image "
+                              "bytes inside them: no --image-root)")
+        root = remote.common_root(urls)
+        remote.check_root(root)
+    else:
+        root = Path(image_root).resolve() if image_root else paths[0].resolve().parent
     paths_to = _ImagePaths(root, image_root is not None, allow_outside_root, check_files, report)
     row_of: dict[str, int] = {}
-    ids, refs, given, texts, owners = [], [], [], [], []
+    ids, refs, given, texts, owners, objects = [], [], [], [], [], {}
     for file in paths:
         try:
-            pf = pq.ParquetFile(file)
+            if urls:
+                import pyarrow as pa
+
+                data, meta = remote.get(file)
+                objects[file[len(root) + 1:]] = [int(meta["size"]), meta.get("e_tag")]
+            pf = pq.ParquetFile(pa.BufferReader(data) if urls else file)
+        except (ImageError, FileNotFoundError) as exc:
+            why = "no such object" if isinstance(exc, FileNotFoundError) else exc
+            raise IngestError(f"{file}: cannot read it: {why}") from None
         except Exception as exc:  # pyarrow raises several types for a non-parquet file
             raise IngestError(f"{file}: not a parquet file ({exc})") from None
         schema = pf.schema_arrow
@@ -129,7 +159,10 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
         id_col = _pick(schema, id_column, ID_COLUMNS, "id", "--id-column", file)
         split_col = _pick(schema, split_column, ("split",), "split", "--split-column", file)
         kind = _image_kind(schema.field(img_col), file)
-        rel_file = os.path.relpath(file.resolve(), root)
+        if urls and kind == "path":
+            raise IngestError(f"{file}: image column {img_col!r} holds paths; parquet files on object storage "
+                              f"are read with their image bytes inside them")
+        rel_file = file[len(root) + 1:] if urls else os.path.relpath(file.resolve(), root)
         read_cols = [c for c in {cap_col, id_col, split_col} if c]
         if kind == "path":
             read_cols.append(img_col)
@@ -159,7 +192,7 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
                 elif "::" not in ref:
                     image_id = str(PurePosixPath(ref).with_suffix(""))
                 else:
-                    image_id = f"{file.stem}:{row}"
+                    image_id = f"{PurePosixPath(str(file)).stem}:{row}"
                 s = cols[split_col][i] if split_col else None
                 s = {"dev": "val"}.get(s, s)
                 if split_col and s not in SPLITS:
@@ -188,9 +221,12 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
     else:
         splits, ids, refs, texts, owners = _splits(ids, refs, texts, owners, split_file, split, ratios, seed,
                                                    report)
-    name = dataset or paths[0].parent.name or "parquet"
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=root,
-                               source_files=[str(p.resolve()) for p in paths]) as store:
+    name = dataset or (root.rsplit("/", 1)[-1] if urls else paths[0].parent.name) or "parquet"
+    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name,
+                               image_root="" if urls else root,
+                               source_files=urls or [str(p.resolve()) for p in paths]) as store:
+        if urls:   # a URL, kept as given, and each file's size and ETag (extraction reads them with If-Match)
+            store.root.attrs.update({"image_root": root, "image_objects": objects})
         store.write_images(ids, refs, splits)
         store.write_captions(texts, owners)
         store.root.attrs["image_source"] = "parquet"

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from ..base import ImageError
 from ..objstore import DEFAULT_OPTIONS, _open_obstore, _reason, is_object_url, parse_options, public_url
@@ -39,6 +39,7 @@ SPAN = 64 << 20              # at most this many bytes in one GET
 #: requests, bytes and retries of this process (a worker returns its own; the run sums them)
 STATS: Counter = Counter()
 _LOCK = threading.Lock()
+_PARQUET = threading.Lock()   # the parquet files this process keeps open (shards._parquet): one reader at a time
 _STORES: dict = {}
 _TRANSIENT = re.compile(r"\b50[0-4]\b|timed? ?out|reset|connection|broken pipe|unavailable|slow ?down", re.I)
 
@@ -67,6 +68,12 @@ def image_url(store) -> str | None:
 def join(root: str, rel: str) -> str:
     """An image's location: ``rel`` under ``root`` (a URL or a folder)."""
     return f"{root.rstrip('/')}/{rel}" if is_url(root) else str(root).rstrip("/") + "/" + rel
+
+
+def common_root(urls: list[str]) -> str:
+    """The folder on object storage that holds every one of ``urls`` (one scheme and bucket)."""
+    scheme = urls[0].split("://", 1)[0]
+    return f"{scheme}://" + os.path.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] for u in urls])
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -193,6 +200,52 @@ class Stream(io.RawIOBase):
         return n
 
 
+class Ranged(io.RawIOBase):
+    """An object read where it is asked, one ranged GET a read (pyarrow reads a parquet file's footer,
+    then the column chunks it needs), with ``If-Match`` where its ETag is known."""
+
+    def __init__(self, url: str, size: int | None = None, etag: str | None = None, opts=None):
+        import obstore
+
+        if size is None:
+            size = obstore.head(*store_of(url, opts))["size"]
+        self.url, self.size, self.etag, self.opts, self.pos = url, int(size), etag, opts, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = (pos, self.pos + pos, self.size + pos)[whence]
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.size - self.pos)
+        if n <= 0:
+            return 0
+        data = get(self.url, (self.pos, self.pos + n), self.etag, self.opts)[0]
+        buf[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+class Where(NamedTuple):
+    """Where a parquet file on object storage is read from: its size and ETag at ingest and the options
+    (hashable: :mod:`.shards` keeps the file open by it)."""
+
+    size: int | None
+    etag: str | None
+    opts: tuple
+
+    def reader(self, url: str) -> Ranged:
+        return Ranged(url, self.size, self.etag, dict(self.opts))
+
+
 def _runs(items: list[tuple]) -> list[list[tuple]]:
     """Tar members of one shard, sorted, cut into runs whose ranges lie within GAP (a run ≤ SPAN)."""
     runs: list[list[tuple]] = []
@@ -251,13 +304,15 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
 
     def one_loose(p):
         try:
-            if shards.is_ref(p):
-                raise ImageError("images inside parquet files are read from disk only (ingest parquet takes "
-                                 "local files)")
+            if shards.is_ref(p):   # a parquet cell: its row group's column chunk (kept for the next rows)
+                url = shards.parse_ref(p)[0]
+                where = Where(*(expected.get(url) or (None, None))[:2], tuple(sorted(opts.items())))
+                with _PARQUET:
+                    return [(p, shards.read_bytes(p, where))]
             return [(p, get(p, opts=opts)[0])]
         except FileNotFoundError:
             return [(p, ImageError(f"cannot read {public_url(p)}: no such object"))]
-        except ImageError as exc:
+        except Exception as exc:   # ImageError, or pyarrow's error around it
             return [(p, ImageError(f"cannot read {public_url(p)}: {exc}"))]
 
     jobs = [(url, run) for url, items in shard_items.items() for run in _runs(items)]

@@ -11,7 +11,9 @@ Tar members are read with one seek and one read at the data offset recorded at i
 ``offset_data``); the 512-byte header before the data is checked against the member's size and name
 so that a shard rewritten since ingest is reported, not decoded as some other image. Parquet cells
 are read one row group of one column at a time; each process keeps the last row group it read, so
-reading rows in store order (as extraction's row blocks do) reads every row group once.
+reading rows in store order (as extraction's row blocks do) reads every row group once. A parquet
+file on object storage is read the same way, by pyarrow over ranged GETs (:class:`.remote.Ranged`):
+its footer once per process, then each row group's column chunk.
 """
 
 from __future__ import annotations
@@ -53,11 +55,11 @@ def parse_ref(path: str | Path) -> tuple[str, str, str]:
     return container, entry, location
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """The encoded image bytes a reference points at (a container on disk; on object storage see
-    :func:`.remote.image_bytes`)."""
+def read_bytes(path: str | Path, where=None) -> bytes:
+    """The encoded image bytes a reference points at (a container on disk; a tar shard on object
+    storage: :func:`.remote.fetch`; a parquet file there: ``where``, a :class:`.remote.Where`)."""
     container, entry, location = parse_ref(path)
-    if not Path(container).is_file():
+    if where is None and not Path(container).is_file():
         raise ImageError(f"missing container file {container} (for {entry})")
     if container.lower().endswith(".tar"):
         try:
@@ -69,7 +71,7 @@ def read_bytes(path: str | Path) -> bytes:
         row = int(location)
     except ValueError:
         raise ImageError(f"{path}: malformed parquet row {location!r}") from None
-    return _read_parquet_cell(container, entry, row)
+    return _read_parquet_cell(container, entry, row, where)
 
 
 def _read_tar_member(shard: str, member: str, offset: int, size: int) -> bytes:
@@ -96,12 +98,25 @@ def check_member(shard: str, member: str, offset: int, size: int, head: bytes, d
     return data
 
 
-@lru_cache(maxsize=16)
-def _parquet_layout(file: str) -> tuple[int, ...]:
-    """Cumulative row counts of a parquet file's row groups (first row of each, then the total)."""
+def _parquet(file: str, where=None):
+    """A parquet file opened by pyarrow: by path, or on object storage (``where``: a hashable
+    :class:`.remote.Where`) by ranged GETs, kept open for the next rows."""
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(file).metadata
+    return _remote_parquet(file, where) if where is not None else pq.ParquetFile(file)
+
+
+@lru_cache(maxsize=4)
+def _remote_parquet(file: str, where):
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(where.reader(file))
+
+
+@lru_cache(maxsize=16)
+def _parquet_layout(file: str, where=None) -> tuple[int, ...]:
+    """Cumulative row counts of a parquet file's row groups (first row of each, then the total)."""
+    meta = _parquet(file, where).metadata
     starts = [0]
     for g in range(meta.num_row_groups):
         starts.append(starts[-1] + meta.row_group(g).num_rows)
@@ -109,25 +124,23 @@ def _parquet_layout(file: str) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=1)
-def _row_group_column(file: str, column: str, group: int):
+def _row_group_column(file: str, column: str, group: int, where=None):
     """One row group of one column (a struct field as ``column.field``), as a pyarrow array."""
-    import pyarrow.parquet as pq
-
     top, _, field = column.partition(".")
-    arr = pq.ParquetFile(file).read_row_group(group, columns=[top]).column(top).combine_chunks()
+    arr = _parquet(file, where).read_row_group(group, columns=[top]).column(top).combine_chunks()
     return arr.field(field) if field else arr
 
 
-def _read_parquet_cell(file: str, column: str, row: int) -> bytes:
+def _read_parquet_cell(file: str, column: str, row: int, where=None) -> bytes:
     from bisect import bisect_right
 
-    starts = _parquet_layout(file)
+    starts = _parquet_layout(file, where)
     if not 0 <= row < starts[-1]:
         raise ImageError(f"{file}: row {row} is outside its {starts[-1]} rows; the file changed since "
                          f"it was ingested (ingest it again)")
     group = bisect_right(starts, row) - 1
     try:
-        value = _row_group_column(file, column, group)[row - starts[group]].as_py()
+        value = _row_group_column(file, column, group, where)[row - starts[group]].as_py()
     except KeyError:
         raise ImageError(f"{file}: no column {column!r} any more; the file changed since it was ingested") from None
     if not value:

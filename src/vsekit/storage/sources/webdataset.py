@@ -152,8 +152,7 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
     if urls and len(urls) != len(paths):
         raise IngestError("ingest webdataset: give shards all on disk or all on object storage, not both")
     if urls:   # the shards' common folder on object storage; each shard streamed once, its size and ETag kept
-        root = os.path.commonpath([u.split("://", 1)[1].rsplit("/", 1)[0] for u in urls])
-        root = f"{urls[0].split('://', 1)[0]}://{root}"
+        root = remote.common_root(urls)
         remote.check_root(root)
     else:
         root = Path(os.path.commonpath([str(p.resolve().parent) for p in paths]))
