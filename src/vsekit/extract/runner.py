@@ -106,14 +106,7 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
         if rows:
             status = np.asarray(fs.status[:])
             status[rows] = PENDING
-            if fs.store.objects is not None:   # a committed block is never written again: void its record
-                from ..storage import objcommit
-
-                report = integrity.Report(fs.name, len(fs.blocks()))
-                objcommit.records(fs, report.etags)
-                report.damaged = {b.index: "retrying its failed rows" for b in fs.blocks()
-                                  if np.any(status[b.start:b.stop] == PENDING)}
-                objcommit.repair(fs, report)   # (which marks the whole block pending: rewritten below)
+            fs.store.sets.reopen(fs, [b.index for b in fs.blocks() if np.any(status[b.start:b.stop] == PENDING)])
             for b in fs.blocks():   # whole status chunks, so the write never reads a chunk back
                 if np.any(status[b.start:b.stop] == PENDING):
                     fs.status[b.start:b.stop] = status[b.start:b.stop]

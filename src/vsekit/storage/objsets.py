@@ -16,6 +16,7 @@ import zarr.storage
 from . import objcommit
 from .base import STAGED, STAGING_NAME, Block, ProvenanceError, StoreError, not_a_store
 from .faults import point
+from .integrity import Report
 from .leases import free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 from .objcommit import group_meta, swap_in
@@ -440,6 +441,14 @@ class ObjectSets(SetStorage):
 
     def repair(self, fs: "FeatureSet", report: Any) -> int:
         return objcommit.repair(fs, report)
+
+    def reopen(self, fs: "FeatureSet", indices: list[int]) -> None:
+        """A committed block is never written again: its record is voided (as a repair does, which
+        marks the whole block pending: the caller writes the rows it keeps back)."""
+        report = Report(fs.name, len(fs.blocks()))
+        objcommit.records(fs, report.etags)
+        report.damaged = {i: "retrying its failed rows" for i in indices}
+        objcommit.repair(fs, report)
 
     def replace_array(self, key: str, values: Any) -> None:
         """No rename here: the array's chunks are put in place (docs/store.md, "vsekit split")."""

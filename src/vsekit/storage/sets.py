@@ -132,6 +132,10 @@ class SetStorage:
         """Restore the status of committed blocks whose status was not written; returns how many."""
         return 0
 
+    def reopen(self, fs: "FeatureSet", indices: list[int]) -> None:
+        """Before blocks with committed rows are written again (``--retry-failed``): on a disk nothing
+        to do (a block's checksums are recorded anew when it is written)."""
+
     def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
         """Block index → the (CRC, size) recorded of each of ``fs``'s checksummed arrays, or why the
         block has no record (:func:`.integrity.verify`, :class:`.integrity.BlockCheck`); ``etags``:
