@@ -439,15 +439,19 @@ def run_alternating(names: list[str], batch: int, steps: int, threads: int, tune
         for _ in range(warmup):
             stepper[n]()
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}   # the process's CPU seconds: less moved by a shared machine
     for r in range(steps):
         for n in (names if r % 2 == 0 else names[::-1]):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             stepper[n]()
             times[n].append(time.perf_counter() - t)
+            cpu[n].append(time.process_time() - c)
     ratios = [a / b for a, b in zip(times[names[0]], times[names[1]])]
-    return {"models": names, "batch": batch, "times": times,
+    return {"models": names, "batch": batch, "times": times, "cpu_s": cpu,
             "s_per_step": {n: statistics.median(v) for n, v in times.items()},
-            "ratio_first_over_second": statistics.median(ratios), "ratios": ratios}
+            "cpu_s_per_step": {n: statistics.median(v) for n, v in cpu.items()},
+            "ratio_first_over_second": statistics.median(ratios), "ratios": ratios,
+            "cpu_ratio_first_over_second": statistics.median(a / b for a, b in zip(cpu[names[0]], cpu[names[1]]))}
 
 
 def main() -> None:
