@@ -59,14 +59,14 @@ def run_one(name: str, rounds: int, threads: int, gemm: int) -> dict:
     import torch
 
     sys.path.insert(0, str(HERE))
-    import train_step as ts
+    from train_step import make_step
 
     torch.set_num_threads(threads)
     from vsekit.allocator import tune_allocator
 
     tune_allocator()    # as the vsekit command does
     batch = BATCH.get(name, 128)
-    step, _ = ts.make_step(name, batch)
+    step, _ = make_step(name, batch)
     step()                                  # warm-up: first allocations, the optimiser's state
     flops = matmul_flops(step)
     rates, times, eff = [], [], []
