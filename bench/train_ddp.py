@@ -25,13 +25,15 @@ the bytes on the wire per rank of ring algorithms, and the peak RSS of each rank
 on for SMAN and SGR only since issue 44): in one 2-rank gloo group, the model's step with the search
 off and a twin's with it on alternate step by step (the order swapped every step), so the machine's
 load hits both alike; reported per model: each median (the slowest rank's s/step) and the median of
-the per-step ratios off / on.
+the per-step ratios off / on. ``--ab`` does the same for issue 47's communication hook: off, DDP
+all-reduces every gradient whole (no hook, as before); on, a word embedding's gradient only in the
+rows some rank touched (``step.reduce_touched_rows``, the default); with the bytes all-reduced per step.
 
 ``--device cuda`` times one process on the GPU (the per-GPU step time the on-paper expectation for 8
 GPUs / 2 nodes starts from). Needs only torch and vsekit's models (no store, no zarr).
 
 Usage: ``python bench/train_ddp.py [--models vse,saf,sgr] [--batch 128] [--steps 3] [--warmup 1]
-[--ranks 2] [--device cpu] [--find-unused-ab] [--out bench/results/train_ddp.json]``.
+[--ranks 2] [--device cpu] [--find-unused-ab | --ab] [--out bench/results/train_ddp.json]``.
 """
 
 from __future__ import annotations
@@ -161,8 +163,20 @@ def run_cpu(name: str, world: int, batch: int, steps: int, warmup: int, threads:
     return [json.loads(Path(tmp, f"{name}-{world}-{r}.json").read_text()) for r in range(world)]
 
 
+def _wrap_without_hook(step_mod, net, group) -> None:
+    """``net``'s DDP wrapper as before issue 47: no communication hook, every bucket all-reduced whole."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    keep = DistributedDataParallel.register_comm_hook
+    DistributedDataParallel.register_comm_hook = lambda self, state, hook: None
+    try:
+        step_mod.data_parallel(net, group)
+    finally:
+        DistributedDataParallel.register_comm_hook = keep
+
+
 def _ab_worker(rank: int, world: int, port: int, name: str, batch: int, steps: int, warmup: int, out_dir: str,
-               threads: int) -> None:
+               threads: int, what: str) -> None:
     import torch
 
     torch.set_num_threads(threads)
@@ -173,39 +187,50 @@ def _ab_worker(rank: int, world: int, port: int, name: str, batch: int, steps: i
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     group = distributed.setup("cpu", timeout_s=1800)
     runs = {}
-    for key, unused in (("off", False), ("on", True)):
+    for key in ("off", "on"):
         net, tensors = build(name, batch, "cpu")
-        net.unused_parameters = unused          # what data_parallel passes to DDP's find_unused_parameters
+        if what == "find-unused":
+            net.unused_parameters = key == "on"     # what data_parallel passes to DDP's find_unused_parameters
+        elif key == "off":
+            _wrap_without_hook(step_mod, net, group)
         runs[key] = (net, _Batch(*tensors), torch.optim.Adam(net.parameters(), lr=2e-4))
     cfg, loss_fn = config.TrainConfig(model=name, grad_clip=2.0), HingeLoss(0.2, max_violation=True)
     times: dict = {"off": [], "on": []}
+    reduced: dict = {}
     try:
         for i in range(warmup + steps):
             for key in (("off", "on") if i % 2 == 0 else ("on", "off")):
                 net, b, optim = runs[key]
                 group.barrier()
+                before = group.traffic["reduce"]
                 t0 = time.perf_counter()
                 step_mod.train_step(net, b, loss_fn, optim, cfg, torch.device("cpu"), group)
                 if i >= warmup:
                     times[key].append(time.perf_counter() - t0)
+                # the bytes all-reduced: the hook counts its own; without it DDP sends every gradient
+                reduced[key] = (group.traffic["reduce"] - before if key == "on" or what == "find-unused"
+                                else sum(p.numel() * p.element_size() for p in net.parameters() if p.grad is not None))
         flags = {k: bool(step_mod.data_parallel(runs[k][0], group).find_unused_parameters) for k in runs}
     finally:
         group.close()
-    Path(out_dir, f"ab-{name}-{rank}.json").write_text(json.dumps({"times": times, "find_unused": flags}))
+    Path(out_dir, f"ab-{name}-{rank}.json").write_text(json.dumps({"times": times, "find_unused": flags,
+                                                                   "reduce_bytes": reduced}))
 
 
-def run_find_unused_ab(name: str, batch: int, steps: int, warmup: int, threads: int, tmp: str) -> dict:
-    """DDP's ``find_unused_parameters`` off against on, step by step in one 2-rank group (see above)."""
+def run_ab(name: str, batch: int, steps: int, warmup: int, threads: int, tmp: str, what: str) -> dict:
+    """Two variants of the step alternating step by step in one 2-rank group (see above): ``what`` is
+    ``"find-unused"`` (off / on: DDP's search) or ``"rows"`` (off: every embedding row all-reduced,
+    on: only the touched ones)."""
     import torch.multiprocessing as mp
 
     _, distributed, _ = _import_step()
-    mp.spawn(_ab_worker, args=(2, distributed.free_port(), name, batch, steps, warmup, tmp, threads), nprocs=2,
+    mp.spawn(_ab_worker, args=(2, distributed.free_port(), name, batch, steps, warmup, tmp, threads, what), nprocs=2,
              join=True)
     ranks = [json.loads(Path(tmp, f"ab-{name}-{r}.json").read_text()) for r in range(2)]
     off, on = ([max(t) for t in zip(*(r["times"][k] for r in ranks))] for k in ("off", "on"))
     return {"s_per_step_off": statistics.median(off), "s_per_step_on": statistics.median(on),
             "median_ratio_off_on": statistics.median(a / b for a, b in zip(off, on)),
-            "find_unused": ranks[0]["find_unused"], "off": off, "on": on}
+            "find_unused": ranks[0]["find_unused"], "reduce_bytes": ranks[0]["reduce_bytes"], "off": off, "on": on}
 
 
 def wire_bytes(traffic: dict, world: int) -> float:
@@ -225,6 +250,7 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--find-unused-ab", action="store_true")
+    ap.add_argument("--ab", action="store_true", help="the whole embedding all-reduced against its touched rows")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import tempfile
@@ -234,14 +260,17 @@ def main(argv=None) -> None:
     results = {"batch": args.batch, "ranks": args.ranks, "threads": args.threads, "device": args.device,
                "torch": torch.__version__, "cpus": os.cpu_count(), "load_before": os.getloadavg(), "models": {}}
     for name in args.models.split(","):
-        if args.find_unused_ab:
+        if args.find_unused_ab or args.ab:
+            what = "find-unused" if args.find_unused_ab else "rows"
             with tempfile.TemporaryDirectory() as tmp:
-                res = run_find_unused_ab(name, args.batch, args.steps, args.warmup, args.threads, tmp)
-            results["models"][name] = {"find_unused_ab": res}
+                res = run_ab(name, args.batch, args.steps, args.warmup, args.threads, tmp, what)
+            results["models"][name] = {f"{what}_ab": res}
             _write(args.out, results)
-            print(f"{name}: 2 ranks, find_unused_parameters off {res['s_per_step_off']:.3f} s/step, on "
+            label = "find_unused_parameters" if args.find_unused_ab else "touched embedding rows only"
+            print(f"{name}: 2 ranks, {label} off {res['s_per_step_off']:.3f} s/step, on "
                   f"{res['s_per_step_on']:.3f} s/step; median per-step ratio off / on "
-                  f"{res['median_ratio_off_on']:.3f}", flush=True)
+                  f"{res['median_ratio_off_on']:.3f}; all-reduced bytes per rank per step {res['reduce_bytes']}",
+                  flush=True)
             continue
         if args.device.startswith("cuda"):
             _, distributed, _ = _import_step()

@@ -31,7 +31,8 @@ The child also reports its system CPU time and minor page faults per step.
 Usage: ``python bench/train_step.py [--models reference-saf,saf,...] [--batch 128] [--steps 3]
 [--warmup 1] [--threads 2] [--out bench/results/train_step.md]``. On a loaded machine,
 ``--alternate reference-saf,saf`` runs the two in one process with their steps alternating (ABBA) and
-prints the median of the per-round ratios: the load, whatever it does, meets both alike.
+prints the median of the per-round ratios: the load, whatever it does, meets both alike
+(``vse-torchgru``: VSE++ with the caption GRU as before issue 47, torch's packed ``nn.GRU``).
 
 :func:`step_peak` gives the peak device memory of one training step on a device (``make gpu-check``).
 """
@@ -274,7 +275,7 @@ def inputs(name: str, batch: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     if name == "sman":
         feats = torch.randn(batch, GRID, GRID, IMG_DIM, generator=g)
-    elif name in ("vse", "reference-vse"):
+    elif name in ("vse", "reference-vse", "vse-torchgru"):
         feats = torch.randn(batch, IMG_DIM, generator=g)
     else:
         feats = torch.randn(batch, K, IMG_DIM, generator=g)
@@ -342,7 +343,15 @@ def make_step(name: str, batch: int, device: str = "cpu"):
     from vsekit.models.losses import HingeLoss
     from vsekit.train import presets
 
-    model = build_vsekit(name).to(device).train()
+    model = build_vsekit("vse" if name == "vse-torchgru" else name).to(device).train()
+    if name == "vse-torchgru":      # the caption GRU as before issue 47: torch's packed GRU (for --alternate)
+        from torch.nn.utils.rnn import pack_padded_sequence
+
+        from vsekit.models.encoders import l2norm
+
+        enc = model.txt_enc
+        enc.forward = lambda t, n: l2norm(enc.gru(pack_padded_sequence(
+            enc.embed(t), n.cpu().clamp(min=1), batch_first=True, enforce_sorted=False))[1][-1])
     sman = name == "sman"
     optim = presets.make_optimizer("adadelta" if sman else "adam", model.parameters(),
                                    0.05 if sman else 2e-4, 5e-4 if sman else 0.0)
@@ -430,15 +439,19 @@ def run_alternating(names: list[str], batch: int, steps: int, threads: int, tune
         for _ in range(warmup):
             stepper[n]()
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}   # the process's CPU seconds: less moved by a shared machine
     for r in range(steps):
         for n in (names if r % 2 == 0 else names[::-1]):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             stepper[n]()
             times[n].append(time.perf_counter() - t)
+            cpu[n].append(time.process_time() - c)
     ratios = [a / b for a, b in zip(times[names[0]], times[names[1]])]
-    return {"models": names, "batch": batch, "times": times,
+    return {"models": names, "batch": batch, "times": times, "cpu_s": cpu,
             "s_per_step": {n: statistics.median(v) for n, v in times.items()},
-            "ratio_first_over_second": statistics.median(ratios), "ratios": ratios}
+            "cpu_s_per_step": {n: statistics.median(v) for n, v in cpu.items()},
+            "ratio_first_over_second": statistics.median(ratios), "ratios": ratios,
+            "cpu_ratio_first_over_second": statistics.median(a / b for a, b in zip(cpu[names[0]], cpu[names[1]]))}
 
 
 def main() -> None:

@@ -92,6 +92,49 @@ BUCKET_MB: float | None = None
 _WRAPPED: "weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module]" = weakref.WeakKeyDictionary()
 
 
+def reduce_touched_rows(state: tuple[Group, frozenset[int]], bucket):   # no annotations: DDP checks them as objects
+    """DDP's communication hook: a bucket of gradients averaged over the ranks, a word embedding's
+    only in the rows some rank's gradient is not zero in (a batch touches a few hundred words).
+
+    The rows no rank touched are zero on every rank, so their average is zero and is not sent: the
+    result is the dense average's, value for value (each gradient divided by the rank count, then
+    summed, as DDP does without a hook). ``state``: the group, and the ``id`` of each embedding's
+    weight. Returns the future of the averaged bucket.
+    """
+    import torch.distributed as dist
+
+    group, tables = state
+    buf = bucket.buffer()
+
+    def at(g: torch.Tensor) -> int:   # a gradient's offset in the bucket
+        return (g.data_ptr() - buf.data_ptr()) // buf.element_size()
+
+    picked = sorted((g for p, g in zip(bucket.parameters(), bucket.gradients()) if id(p) in tables), key=at)
+    pieces, start = [], 0
+    for g in picked:
+        pieces.append(buf[start:at(g)])
+        start = at(g) + g.numel()
+    pieces.append(buf[start:])
+    if picked:
+        # the union over the ranks of the rows with a non-zero gradient (a byte per row)
+        picked = [g.view(len(g), -1) for g in picked]
+        touched = torch.cat([t.ne(0).any(1) for t in picked]).to(torch.uint8)
+        dist.all_reduce(touched, op=dist.ReduceOp.MAX)
+        group.traffic["reduce"] += touched.numel()
+        rows = [i.nonzero().squeeze(1) for i in touched.bool().split([len(t) for t in picked])]
+        picked = [(t, i, t.index_select(0, i)) for t, i in zip(picked, rows)]
+        pieces += [sel.view(-1) for _, _, sel in picked]
+    pieces = [x.div_(group.world) for x in pieces if x.numel()]
+    group.traffic["reduce"] += sum(x.numel() for x in pieces) * buf.element_size()
+    works = [dist.all_reduce(x, async_op=True).get_future() for x in pieces]
+
+    def scatter(_):
+        for t, i, sel in picked:
+            t.index_copy_(0, i, sel)
+        return buf
+    return torch.futures.collect_all(works).then(scatter)
+
+
 def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
     """``net``'s step wrapped in ``DistributedDataParallel`` (built once per model, on every rank at
     the same step: DDP's construction is a collective), or the plain step in one process."""
@@ -111,6 +154,8 @@ def data_parallel(net: RetrievalModel, group: Group) -> torch.nn.Module:
                                     find_unused_parameters=bool(getattr(net, "unused_parameters", False)),
                                     forward_sync_buffers=False, gradient_as_bucket_view=True,
                                     bucket_cap_mb=BUCKET_MB)
+        tables = frozenset(id(m.weight) for m in net.modules() if isinstance(m, torch.nn.Embedding))
+        _WRAPPED[net].register_comm_hook((group, tables), reduce_touched_rows)
     return _WRAPPED[net]
 
 
@@ -133,8 +178,6 @@ def train_step(net: RetrievalModel, batch, loss_fn, optim: torch.optim.Optimizer
         if group.distributed and _collective_error(exc):
             raise RankFailure(group.failure_message("a training step", exc)) from None
         raise
-    if group.distributed:
-        group.traffic["reduce"] += sum(p.numel() * p.element_size() for p in net.parameters() if p.grad is not None)
     if cfg.grad_clip and cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.grad_clip)
     optim.step()
