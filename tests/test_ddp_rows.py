@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]   # 8 s idle (two gloo ranks): over the 5-s rule
 
 V, D = 400, 5
 # name: (image features, factory arguments, the word embedding's parameter)
