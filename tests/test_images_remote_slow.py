@@ -85,9 +85,25 @@ def test_slurm_jobs_read_images_only_on_s3_with_their_options_in_memory(local_sl
     _options_only_with_the_tasks(s3, monkeypatch, {"queue": "vsekit", "python": sys.executable,
                                                    "log_directory": str(tmp_path / "jobs")})
     url = _images_on_s3(s3, demo_dir, monkeypatch)
+    # the session's SLURM also keeps other tests' jobs (an array's job environment, by design, holds
+    # its options: extract/array.py, OPTIONS_ENV): this test's files are those written since it began
+    before = _stamps(local_slurm["dir"])
     _extract_equals_disk_and_leaks_nothing(s3, url, "slurm:2", reference, [tmp_path / "jobs", local_slurm["dir"]])
-    for p in [*tmp_path.rglob("*"), *local_slurm["dir"].rglob("*")]:
+    slurm_files = [q for q, t in _stamps(local_slurm["dir"]).items() if before.get(q) != t]
+    for p in [*tmp_path.rglob("*"), *slurm_files]:
         assert not p.is_file() or IMAGE_SECRET.encode() not in p.read_bytes(), p
+
+
+def _stamps(folder) -> dict:
+    """Each file under ``folder`` with its modification time (SLURM's spool files come and go)."""
+    out = {}
+    for q in folder.rglob("*"):
+        try:
+            if q.is_file():
+                out[q] = q.stat().st_mtime_ns
+        except FileNotFoundError:
+            pass
+    return out
 
 
 def test_grid_engine_jobs_read_images_only_on_s3_with_their_options_in_memory(local_sge, s3, demo_dir, reference,

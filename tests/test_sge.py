@@ -235,14 +235,14 @@ def test_refused_submission_is_one_error_line_and_leaves_nothing(on_sge, demo_st
 def test_walltime_of_one_minute_jobs_are_replaced_and_the_run_completes(on_sge, commit_log, demo_store,
                                                                          reference, monkeypatch):
     """h_rt of 60 s on sge:2, so each job's worker lives 40 s ± 5 (h_rt less its 20-s margin), and 12
-    batches of 7 s of sleep: the first two workers' lives hold at most 11 of them. Workers retire
+    batches of 10 s of sleep: the first two workers' lives (two at a time) hold at most 10 of them. Workers retire
     before their walltime (--lifetime), new jobs take over, and the run completes bit-equal to the
     in-process one with every block committed once, by at least three jobs."""
     from vsekit.extract import extract
 
     cfg = json.loads(os.environ["VSEKIT_CLUSTER_CONFIG"])
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({**cfg, "walltime": "00:01:00"}))
-    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "7")
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "10")
     result: dict = {}
 
     def run():

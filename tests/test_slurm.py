@@ -290,14 +290,14 @@ def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo
 def test_jobs_past_their_walltime_are_replaced_and_the_run_completes(on_slurm, commit_log, demo_store, reference,
                                                                      monkeypatch):
     """Finding 2: walltime 1 minute on slurm:2, so each job's worker lives 40 s ± 5 (the walltime less
-    its 20-s margin), and 12 batches of 7 s of sleep: the first two workers' lives hold at most 11 of
-    them, so at least one job is replaced. Workers retire before their walltime (--lifetime), adapt
+    its 20-s margin), and 12 batches of 10 s of sleep: the first two workers' lives (two at a time)
+    hold at most 10 of them, so at least one job is replaced (7 s let two jobs finish it once). Workers retire before their walltime (--lifetime), adapt
     submits new jobs, and the run completes bit-equal to the in-process one, every block committed
     once. The old code hung forever once both jobs hit TIMEOUT."""
     from vsekit.extract import extract
 
     _set_config(monkeypatch, walltime="00:01:00")
-    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "7")
+    monkeypatch.setenv("VSEKIT_TEST_BATCH_DELAY", "10")
     result: dict = {}
 
     def run():

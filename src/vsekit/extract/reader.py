@@ -54,6 +54,8 @@ class RowDataset:
 
         # the options they are read with, in memory (None: none is remote; else a fork server starts the workers)
         self.options = remote.options() if any(remote.is_url(p) for p in self.paths) else None
+        self.batches: list[list[int]] | None = None   # the loader's batches, in order (iter_batches sets them)
+        self._ahead: tuple[list[int], Any] | None = None   # the next batch's fetch, running while this one decodes
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -73,12 +75,28 @@ class RowDataset:
 
         from ..storage.sources import remote
 
-        got = self.fetch(indices)
+        got = self._fetched(indices, get_worker_info())
         items = [self.item(i, got) for i in indices]
         if items and remote.STATS and get_worker_info() is not None:
-            items[0].reads = dict(remote.STATS)
-            remote.STATS.clear()
+            # a new counter, not a copy and a clear: the next batch's fetch may be counting meanwhile
+            items[0].reads, remote.STATS = remote.STATS, type(remote.STATS)()
         return items
+
+    def _fetched(self, indices: Sequence[int], worker: Any) -> dict:
+        """:meth:`fetch` of ``indices``; in a decoding process, with the images on object storage, the
+        fetch of its next batch starts before this one is decoded, so that the requests' latency
+        overlaps the decoding (the DataLoader hands each of its W processes every W-th batch; a
+        batch not in that order, as in a retry one image at a time, is fetched when asked)."""
+        ahead, self._ahead = self._ahead, None
+        got = ahead[1].result() if ahead is not None and ahead[0] == list(indices) else self.fetch(indices)
+        if worker is not None and self.batches is not None and self.options is not None:
+            if not hasattr(self, "_at"):
+                self._at = {tuple(b): k for k, b in enumerate(self.batches)}
+            k = self._at.get(tuple(indices))
+            if k is not None and k + worker.num_workers < len(self.batches):
+                nxt = self.batches[k + worker.num_workers]
+                self._ahead = (nxt, _fetcher().submit(self.fetch, nxt))
+        return got
 
     def __getitem__(self, i: int) -> Item:
         return self.item(i, self.fetch([i]))
@@ -315,6 +333,8 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
 
         from ..storage.sources import remote
 
+        if getattr(dataset, "options", None) is not None:
+            dataset.batches = batches[pos:]   # so that each worker fetches its next batch ahead
         # each worker's batches in a ring of prefetch + 1 shared buffers (BufferRing), held mapped here
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=functools.partial(collate, ring=prefetch + 1), prefetch_factor=prefetch,
@@ -352,6 +372,14 @@ def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]
             got[bad] = Item(dataset.rows[bad], None,
                             f"decoding {dataset.paths[bad]} crashed its worker process ({exc})")
     return [got[i] for i in indices]
+
+
+@functools.lru_cache(maxsize=None)
+def _fetcher():
+    """The one thread of a decoding process that fetches its next batch (:meth:`RowDataset._fetched`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(1, thread_name_prefix="vsekit-fetch-ahead")
 
 
 def _first(items):
