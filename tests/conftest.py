@@ -132,11 +132,10 @@ def s3(moto_endpoint, monkeypatch):
 
 
 # --- batch schedulers on this machine (tests/slurm_local.py, tests/sge_local.py) -------------------
-# Each is started once per session (a SLURM start and stop costs ~6 s, a Grid Engine one ~16 s, and six
-# modules use SLURM, four Grid Engine); a module's tests get it through the module-scoped fixture below,
-# which leaves no job of theirs queued for the next module.
-@pytest.fixture(scope="session")
-def _session_slurm(tmp_path_factory):
+@pytest.fixture(scope="module")
+def local_slurm(tmp_path_factory):
+    """A running one-node SLURM on 127.0.0.1 for a module's tests: ``{"env": its clients' environment,
+    "dir": its folder}``; skipped with the reason where it cannot run (no slurm-wlm, not root)."""
     import slurm_local
 
     why = slurm_local.unavailable()
@@ -148,18 +147,8 @@ def _session_slurm(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local_slurm(_session_slurm):
-    """A running one-node SLURM on 127.0.0.1 for a module's tests: ``{"env": its clients' environment,
-    "dir": its folder}``; skipped with the reason where it cannot run (no slurm-wlm, not root). The
-    session's one SLURM; the module's jobs are cancelled when it ends."""
-    import slurm_local
-
-    yield _session_slurm
-    slurm_local.cancel_all(_session_slurm["env"])
-
-
-@pytest.fixture(scope="session")
-def _session_sge():
+def local_sge():
+    """A running one-node Grid Engine for a module's tests: ``{"env": its clients' environment}``."""
     import sge_local
 
     why = sge_local.unavailable()
@@ -167,16 +156,6 @@ def _session_sge():
         pytest.skip(why)
     with sge_local.local_sge() as env:
         yield {"env": env}
-
-
-@pytest.fixture(scope="module")
-def local_sge(_session_sge):
-    """A running one-node Grid Engine for a module's tests: ``{"env": its clients' environment}``. The
-    session's one Grid Engine; the module's jobs are deleted when it ends."""
-    import sge_local
-
-    yield _session_sge
-    sge_local.delete_all(_session_sge["env"])
 
 
 def wait_until(cond, timeout: float, what: str, every: float = 0.1):

@@ -79,14 +79,6 @@ def jobs(env) -> list[str]:
     return out.stdout.split()
 
 
-def cancel_all(env, wait: float = 30) -> None:
-    """Cancel every job (all run as root here) and wait until squeue lists none."""
-    subprocess.run([which("scancel"), "--user", "root"], env=env, capture_output=True)
-    deadline = time.time() + wait
-    while jobs(env) and time.time() < deadline:
-        time.sleep(0.2)
-
-
 @contextlib.contextmanager
 def local_slurm(d: Path, cpus: int = 4, timeout: float = 60) -> Iterator[dict[str, str]]:
     """Start the daemons with their files in ``d``; yield the environment (SLURM_CONF) of clients."""

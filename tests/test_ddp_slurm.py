@@ -24,11 +24,12 @@ import slurm_local  # noqa: E402  (tests/slurm_local.py)
 
 
 @pytest.fixture(scope="module")
-def slurm(request):
-    """The session's one-node SLURM (tests/conftest.py): its clients' environment."""
-    if not slurm_local.which("srun"):
-        pytest.skip("srun is not installed here")
-    return request.getfixturevalue("local_slurm")["env"]
+def slurm(tmp_path_factory):
+    why = slurm_local.unavailable() or (None if slurm_local.which("srun") else "srun is not installed here")
+    if why:
+        pytest.skip(why)
+    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
 
 
 def test_two_srun_tasks_train_the_one_process_model(slurm, store_path, single, tmp_path):  # noqa: F811

@@ -34,9 +34,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sge(local_sge):
-    """A running one-node Grid Engine (the session's, tests/conftest.py): ``{"env": ...}``."""
-    return local_sge
+def sge():
+    """A running one-node Grid Engine; yields the environment its clients need."""
+    why = sge_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with sge_local.local_sge() as env:
+        yield {"env": env}
 
 
 @pytest.fixture()
@@ -234,8 +238,7 @@ def test_refused_submission_is_one_error_line_and_leaves_nothing(on_sge, demo_st
 
 def test_walltime_of_one_minute_jobs_are_replaced_and_the_run_completes(on_sge, commit_log, demo_store,
                                                                          reference, monkeypatch):
-    """h_rt of 60 s on sge:2, so each job's worker lives 40 s ± 5 (h_rt less its 20-s margin), and 12
-    batches of 10 s of sleep: the first two workers' lives (two at a time) hold at most 10 of them. Workers retire
+    """h_rt of 60 s and about two minutes of work (every batch sleeps 10 s) on sge:2: workers retire
     before their walltime (--lifetime), new jobs take over, and the run completes bit-equal to the
     in-process one with every block committed once, by at least three jobs."""
     from vsekit.extract import extract

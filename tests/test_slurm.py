@@ -34,9 +34,13 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def slurm(local_slurm):
-    """A running one-node SLURM on 127.0.0.1 (the session's, tests/conftest.py): ``{"env": ...}``."""
-    return local_slurm
+def slurm(tmp_path_factory):
+    """A running one-node SLURM on 127.0.0.1; yields the environment its clients need."""
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield {"env": env}
 
 
 @pytest.fixture()
@@ -289,11 +293,10 @@ def test_jobs_that_never_start_end_in_an_error_with_squeue_reason(on_slurm, demo
 
 def test_jobs_past_their_walltime_are_replaced_and_the_run_completes(on_slurm, commit_log, demo_store, reference,
                                                                      monkeypatch):
-    """Finding 2: walltime 1 minute on slurm:2, so each job's worker lives 40 s ± 5 (the walltime less
-    its 20-s margin), and 12 batches of 10 s of sleep: the first two workers' lives (two at a time)
-    hold at most 10 of them, so at least one job is replaced (7 s let two jobs finish it once). Workers retire before their walltime (--lifetime), adapt
-    submits new jobs, and the run completes bit-equal to the in-process one, every block committed
-    once. The old code hung forever once both jobs hit TIMEOUT."""
+    """Finding 2: walltime 1 minute and about two minutes of work (every batch sleeps 10 s) on
+    slurm:2. Workers retire before their walltime (--lifetime), adapt submits new jobs, and the run
+    completes bit-equal to the in-process one, every block committed once. The old code hung
+    forever once both jobs hit TIMEOUT."""
     from vsekit.extract import extract
 
     _set_config(monkeypatch, walltime="00:01:00")

@@ -257,9 +257,16 @@ def test_job_script_carries_the_slurm_settings(tmp_path):
 
 # --- on a real single-node SLURM -------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def slurm(local_slurm):
-    """A running one-node SLURM on 127.0.0.1 (the session's, tests/conftest.py); its clients' environment."""
-    return local_slurm["env"]
+def slurm(tmp_path_factory):
+    """A running one-node SLURM on 127.0.0.1 (tests/slurm_local.py); yields its clients' environment."""
+    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue not installed (pip install 'vsekit[slurm]')")
+    import slurm_local
+
+    why = slurm_local.unavailable()
+    if why:
+        pytest.skip(why)
+    with slurm_local.local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
 
 
 def _array_entries(env, job: str) -> list[str]:
@@ -282,7 +289,7 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
         "cores": 1, "memory": "1GB", "walltime": "00:01:00", "queue": "vsekit", "python": sys.executable,
         "log_directory": str(logs)}))
-    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "10")
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "20")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # task 0 commits one block, then holds the next; task 1 holds its first block past the time limit
     # task 2 starts once task 0 is cancelled (else it could do every block before task 0 starts)
