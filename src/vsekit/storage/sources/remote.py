@@ -44,6 +44,12 @@ _STORES: dict = {}
 _TRANSIENT = re.compile(r"\b50[0-4]\b|timed? ?out|reset|connection|broken pipe|unavailable|slow ?down", re.I)
 
 
+def _without_urls(exc: BaseException) -> str:
+    """An error's message less the URLs in it, whose bucket, key or port may hold any digits (a bucket
+    ``vsekit-416d…`` is not an HTTP 416): what is left says the status."""
+    return re.sub(r"\S+://\S+", "", str(exc))
+
+
 def is_url(path) -> bool:
     return is_object_url(str(path))
 
@@ -127,10 +133,11 @@ def get(url: str, rng: tuple[int, int] | None = None, etag: str | None = None, o
         except FileNotFoundError:
             raise
         except Exception as exc:
-            if "416" in str(exc):   # a range past its end: it is shorter than at ingest
+            said = _without_urls(exc)
+            if re.search(r"\b416\b", said):   # a range past its end: it is shorter than at ingest
                 raise ImageError("it is shorter than when it was ingested: it changed since it was ingested "
                                  "(ingest it again)") from None
-            if attempt == retries or not _TRANSIENT.search(str(exc)):
+            if attempt == retries or not _TRANSIENT.search(said):
                 raise ImageError(_reason(exc, url.split(':')[0])) from None
             with _LOCK:
                 STATS["retries"] += 1
