@@ -4,6 +4,7 @@ bit (CPU, fp32) and every row block must be reported done exactly once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -62,26 +63,45 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(args, log):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def _start(args, log, env=None):
+    env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
+@contextlib.contextmanager
+def tcp_cluster(log_path: Path, workers: int = 1, env: dict | None = None):
+    """A dask scheduler and ``workers`` single-threaded workers on loopback, as a user starts them
+    (``dask scheduler``, ``dask worker``; ``env``: their environment, else this process's); yields the
+    scheduler's address and the processes (scheduler first), and stops them all after."""
+    from distributed import Client
+
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"
-    log = open(tmp_path / "dask.log", "w")
+    log = open(log_path, "w")
     procs = [_start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                     "--no-dashboard"], log)]
+                     "--no-dashboard"], log, env)]
     try:
         time.sleep(2)
-        for _ in range(2):
+        for _ in range(workers):
             procs.append(_start([str(BIN / "dask"), "worker", addr, "--nthreads", "1", "--no-nanny",
-                                 "--no-dashboard", "--host", "127.0.0.1"], log))
-        from distributed import Client
-
+                                 "--no-dashboard", "--host", "127.0.0.1"], log, env))
         with Client(addr, timeout=60) as c:
-            c.wait_for_workers(2, timeout=60)
+            c.wait_for_workers(workers, timeout=60)
+        yield addr, procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:   # a worker stuck closing its comms
+                os.killpg(p.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
+    with tcp_cluster(tmp_path / "dask.log", workers=2) as (addr, procs):
         result: dict = {}
 
         def run():
@@ -115,16 +135,6 @@ def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
         assert np.array_equal(fs.data[:], reference)
         assert sorted(res.block_runs) == [b.index for b in fs.blocks()]
         assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        log.close()
 
 
 def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store, reference, monkeypatch, capfd):

@@ -391,3 +391,48 @@ def test_digits_in_a_url_are_not_a_status():
                                              "failed: HTTP status server error (503 Service Unavailable)"))
     assert not re.search(r"\b416\b", said) and remote._TRANSIENT.search(said)
     assert re.search(r"\b416\b", remote._without_urls(RuntimeError("status 416 Range Not Satisfiable")))
+
+
+def test_a_decoding_process_fetches_its_next_batch_before_it_is_asked_and_each_batch_once():
+    """docs/store.md: each decoding process fetches its next batch (every W-th of the loader's) while
+    it decodes the current one; nothing is fetched twice, nothing past its last batch."""
+    import threading
+    from types import SimpleNamespace
+
+    from vsekit.extract.reader import RowDataset
+
+    ds = object.__new__(RowDataset)   # the fetch-ahead alone: its fetch recorded, no image read
+    ds.options, ds.batches, ds._ahead, ds._at = {}, [[0, 1], [2, 3], [4, 5], [6, 7], [8]], None, None
+    asked, lock = [], threading.Lock()
+
+    def fetch(indices):
+        with lock:
+            asked.append(list(indices))
+        return {i: f"bytes of {i}" for i in indices}
+
+    ds.fetch = fetch
+    worker = SimpleNamespace(id=0, num_workers=2)   # this process is handed batches 0, 2 and 4
+    assert ds._fetched([0, 1], worker) == {0: "bytes of 0", 1: "bytes of 1"}
+    deadline = time.monotonic() + 30   # a bound, not a timing claim
+    while [4, 5] not in asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert asked == [[0, 1], [4, 5]]   # batch 2 fetched before it was asked
+    assert ds._fetched([4, 5], worker) == {4: "bytes of 4", 5: "bytes of 5"}
+    assert ds._fetched([8], worker) == {8: "bytes of 8"}
+    assert ds._ahead is None and asked == [[0, 1], [4, 5], [8]]   # each once, none past the last
+    assert ds._fetched([2, 3], worker) == {2: "bytes of 2", 3: "bytes of 3"}   # out of turn: fetched when asked
+
+
+def test_a_parquet_file_on_s3_whose_images_are_paths_is_refused_naming_it(s3, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "hf").mkdir()
+    pq.write_table(pa.table({"caption": ["a cat"], "image": ["images/a.jpg"]}), tmp_path / "hf" / "part-0.parquet")
+    upload(s3, tmp_path / "hf", "hf")
+    store = tmp_path / "s3.zarr"
+    r = CliRunner().invoke(main, ["ingest", "parquet", f"s3://{s3.bucket}/hf/*.parquet", "--store", str(store)])
+    assert r.exit_code != 0
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "part-0.parquet" in lines[0], r.output
+    assert "holds paths" in lines[0] and not store.exists()

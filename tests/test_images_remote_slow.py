@@ -133,15 +133,8 @@ def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path)
     from vsekit.extract import extract
     from vsekit.storage.store import FeatureStore
 
-    import torch
-
     _truth, disk, _url = shards_on_s3
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # as dask workers run: the same float32 sums
-    try:
-        extract(str(disk), name="f", workers=0, **EXTRACT)
-    finally:
-        torch.set_num_threads(threads)
+    _on_disk_at_one_thread(disk)
     got = extract(str(tmp_path / "mixed.zarr"), name="f", cluster="local:2", device="cpu", **EXTRACT)
     assert got.failed == 0 and got.done == 30
     a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(tmp_path / "mixed.zarr").features("f")
@@ -150,50 +143,21 @@ def test_a_local_dask_cluster_reads_shards_on_s3_as_disk(shards_on_s3, tmp_path)
 
 def test_a_tcp_dask_cluster_reads_shards_on_s3_as_disk_with_the_image_options_in_memory(s3, shards_on_s3, counted,
                                                                                         tmp_path):
-    import signal
-    import subprocess
-    import time
-
-    from distributed import Client
-    from test_extract_cluster import BIN, _free_port, _start
+    from test_extract_cluster import tcp_cluster
     from test_images_remote import EXTRACT, FaultyProxy
 
     from vsekit.extract import extract
     from vsekit.storage.store import FeatureStore
 
-    import torch
-
     _truth, disk, url = shards_on_s3   # the store on S3, its images only on S3
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # as dask workers run: the same float32 sums
-    try:
-        extract(str(disk), name="f", workers=0, **EXTRACT)
-    finally:
-        torch.set_num_threads(threads)
+    _on_disk_at_one_thread(disk)
     proxy = FaultyProxy(s3.endpoint)   # the images' endpoint, given to the task in memory only
     counted.use_options({"endpoint": proxy.url})
-    port = _free_port()
-    addr = f"tcp://127.0.0.1:{port}"
-    log = open(tmp_path / "dask.log", "w")
-    procs = [_start([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], log)]
     try:
-        time.sleep(2)
-        procs.append(_start([str(BIN / "dask"), "worker", addr, "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                             "--host", "127.0.0.1"], log))
-        with Client(addr, timeout=60) as c:
-            c.wait_for_workers(1, timeout=60)
-        got = extract(url, name="f", cluster=addr, device="cpu", **EXTRACT)
+        with tcp_cluster(tmp_path / "dask.log", workers=1) as (addr, _procs):
+            got = extract(url, name="f", cluster=addr, device="cpu", **EXTRACT)
     finally:
         proxy.server.shutdown()
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:   # a worker stuck closing its comms
-                os.killpg(p.pid, signal.SIGKILL)
-        log.close()
     assert got.failed == 0 and got.done == 30
     a, b = FeatureStore.open(disk).features("f"), FeatureStore.open(url).features("f")
     assert np.array_equal(a.data[:], b.data[:])
@@ -231,10 +195,7 @@ def test_webdataset_shards_on_azure_ingest_once_and_extract_as_disk(az, tmp_path
 def test_decoding_processes_of_images_on_s3_end_when_the_main_process_is_killed(s3, demo_dir, tmp_path):
     """As tests/test_decoding_workers.py on disk: after ``kill -9`` of the extract, its fork server and
     the decoding processes it started end by themselves."""
-    import signal
-    import time
-
-    from test_decoding_workers import alive, held_mid_run
+    from test_decoding_workers import held_mid_run, killed_leaves_no_child
 
     from vsekit.storage.sources.karpathy import ingest_karpathy
 
@@ -242,15 +203,20 @@ def test_decoding_processes_of_images_on_s3_end_when_the_main_process_is_killed(
     store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", f"s3://{s3.bucket}/demo", tmp_path / "k.zarr")
     proc, children = held_mid_run(store.path, tmp_path / "go", "--input-size", "128", "--resize", "128")
     assert any("forkserver" in " ".join(p.cmdline()) for p in children), [p.cmdline() for p in children]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    deadline = time.monotonic() + 30   # a bound, not a timing claim
+    killed_leaves_no_child(proc, children)
+
+
+def _on_disk_at_one_thread(disk) -> None:
+    """Set ``f`` of the store on disk, extracted in-process at one thread, as dask workers run (the same
+    float32 sums): the reference a cluster's extraction equals bit for bit."""
+    import torch
+    from test_images_remote import EXTRACT
+
+    from vsekit.extract import extract
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        while alive(children) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert alive(children) == []
+        extract(str(disk), name="f", workers=0, **EXTRACT)
     finally:
-        for p in alive(children):
-            p.kill()
-        proc.stdout.close()
-        proc.stderr.close()
+        torch.set_num_threads(threads)

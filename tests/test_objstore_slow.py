@@ -194,33 +194,14 @@ def test_a_server_gone_mid_run_is_one_error_after_bounded_retries_and_a_rerun_co
 def test_a_tcp_cluster_gets_the_storage_options_with_its_tasks(s3, demo_dir, reference, tmp_path, monkeypatch):
     """Workers started elsewhere (`dask worker`) with no AWS variables at all: the endpoint and the
     credentials reach them with the job (in memory), and the extraction equals the one on disk."""
-    import socket
-    from pathlib import Path
+    from test_extract_cluster import tcp_cluster
 
     from vsekit.extract import extract
     from vsekit.storage import objstore
 
     url = _ingest(s3, demo_dir)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    addr = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    bin_dir = Path(sys.executable).parent
-    log = open(tmp_path / "dask.log", "w")
-    start = dict(stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], **start)]
-    try:
-        time.sleep(2)
-        for _ in range(2):
-            procs.append(subprocess.Popen([str(bin_dir / "dask"), "worker", addr, "--nthreads", "1", "--no-nanny",
-                                           "--no-dashboard", "--host", "127.0.0.1"], **start))
-        from distributed import Client
-
-        with Client(addr, timeout=60) as c:
-            c.wait_for_workers(2, timeout=60)
+    with tcp_cluster(tmp_path / "dask.log", workers=2, env=env) as (addr, _procs):
         monkeypatch.setattr(objstore, "DEFAULT_OPTIONS", {   # as --storage-option gives them
             "endpoint": s3.endpoint, "access_key_id": "vsekit-test-key",
             "secret_access_key": s3.env["AWS_SECRET_ACCESS_KEY"], "region": "us-east-1"})
@@ -229,17 +210,7 @@ def test_a_tcp_cluster_gets_the_storage_options_with_its_tasks(s3, demo_dir, ref
         assert fs.counts() == {"pending": 0, "done": 24, "failed": 0}
         assert np.array_equal(fs.data[:], reference)
         assert _records_per_block(s3) == {b.index: 1 for b in fs.blocks()}
-        assert s3.env["AWS_SECRET_ACCESS_KEY"] not in (tmp_path / "dask.log").read_text()
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-        log.close()
+    assert s3.env["AWS_SECRET_ACCESS_KEY"] not in (tmp_path / "dask.log").read_text()
 
 
 def test_an_extract_overwrite_killed_in_its_swap_is_named_to_readers_and_finished_by_the_next_run(

@@ -56,6 +56,7 @@ class RowDataset:
         self.options = remote.options() if any(remote.is_url(p) for p in self.paths) else None
         self.batches: list[list[int]] | None = None   # the loader's batches, in order (iter_batches sets them)
         self._ahead: tuple[list[int], Any] | None = None   # the next batch's fetch, running while this one decodes
+        self._at: dict[tuple, int] | None = None   # a batch's position in ``batches`` (built where they are used)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -75,9 +76,10 @@ class RowDataset:
 
         from ..storage.sources import remote
 
-        got = self._fetched(indices, get_worker_info())
+        worker = get_worker_info()
+        got = self._fetched(indices, worker)
         items = [self.item(i, got) for i in indices]
-        if items and remote.STATS and get_worker_info() is not None:
+        if items and remote.STATS and worker is not None:
             # a new counter, not a copy and a clear: the next batch's fetch may be counting meanwhile
             items[0].reads, remote.STATS = remote.STATS, type(remote.STATS)()
         return items
@@ -90,7 +92,7 @@ class RowDataset:
         ahead, self._ahead = self._ahead, None
         got = ahead[1].result() if ahead is not None and ahead[0] == list(indices) else self.fetch(indices)
         if worker is not None and self.batches is not None and self.options is not None:
-            if not hasattr(self, "_at"):
+            if self._at is None:
                 self._at = {tuple(b): k for k, b in enumerate(self.batches)}
             k = self._at.get(tuple(indices))
             if k is not None and k + worker.num_workers < len(self.batches):
@@ -334,7 +336,7 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         from ..storage.sources import remote
 
         if getattr(dataset, "options", None) is not None:
-            dataset.batches = batches[pos:]   # so that each worker fetches its next batch ahead
+            dataset.batches, dataset._at = batches[pos:], None   # so that each worker fetches its next batch ahead
         # each worker's batches in a ring of prefetch + 1 shared buffers (BufferRing), held mapped here
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=functools.partial(collate, ring=prefetch + 1), prefetch_factor=prefetch,

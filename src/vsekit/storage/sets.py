@@ -9,6 +9,7 @@ two protocols differ, the difference lives in the two classes (docs/store.md, "O
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import shutil
 import uuid
@@ -29,9 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet, FeatureStore
 
 
-class SetStorage:
-    """What a :class:`~.store.FeatureStore` asks of its backend (see the module's docstring); each
-    implementation defines every method that has no body here."""
+class SetStorage(abc.ABC):
+    """What a :class:`~.store.FeatureStore` asks of its backend (see the module's docstring); an
+    implementation that leaves out an abstract method cannot be made (no method silently returns None)."""
 
     remote = False
     guard = "writer lock"   # what a writer holds, in messages
@@ -54,46 +55,59 @@ class SetStorage:
         return str(Path(self.store.path).resolve())
 
     # the writer guards (docs/store.md, "Write guards: states and transitions") -----------------------
+    @abc.abstractmethod
     def holds(self, name: str, token: str | None) -> bool:
         """Whether the run whose token is ``token`` still holds ``name``'s guard (read, not renewed)."""
 
+    @abc.abstractmethod
     def token(self, name: str) -> str | None:
         """The token of the guard of ``name`` this run holds (what its tasks commit under)."""
 
+    @abc.abstractmethod
     def check_lease(self, name: str) -> None:
         """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``."""
 
+    @abc.abstractmethod
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> contextlib.AbstractContextManager:
         """Hold the one-writer guard of each of ``names``."""
 
+    @abc.abstractmethod
     def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
         """Hold the whole store's guard, refused while any set's guard is live."""
 
+    @abc.abstractmethod
     def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
         """Hand ``name``'s guard (held by this run) to a job array: its ``token`` and ``extra`` (job id,
         scheduler, stage); returns what hands it back (a refused submission)."""
 
+    @abc.abstractmethod
     def join(self, name: str, token: str, ttl: float) -> Lease:
         """``name``'s guard as a job array's task holds it with its siblings, under the array's
         ``token``: ``renew()`` and ``check()`` raise :class:`~.objstore.LeaseLost` once it is not theirs."""
 
     # a set's life ----------------------------------------------------------------------------------
+    @abc.abstractmethod
     def generation(self, name: str) -> str | None:
         """The generation of set ``name`` as its metadata says now (``"absent"``: no such set)."""
 
+    @abc.abstractmethod
     def staged(self, name: str) -> bool:
         """Whether the hidden set ``name`` (built by a writer, not yet swapped in) is there."""
 
+    @abc.abstractmethod
     def create(self, name: str, spec: tuple, *, replace: bool, beside: bool) -> "FeatureSet":
         """A new set ``name`` built from ``spec`` (:meth:`~.store.FeatureStore._build`'s arguments);
         ``replace``: a set of that name exists and goes; ``beside``: keep it until :meth:`swap`."""
 
+    @abc.abstractmethod
     def swap(self, name: str, staging: str) -> None:
         """Put the complete hidden set ``staging`` in place as ``name`` (the old one goes)."""
 
+    @abc.abstractmethod
     def discard(self, fs: "FeatureSet") -> None:
         """Drop the staged set ``fs`` (never one a swap under way needs)."""
 
+    @abc.abstractmethod
     def remove_leftovers(self, name: str) -> list[str]:
         """Remove the hidden sets of ``name`` killed runs left (under ``name``'s guard)."""
 
@@ -119,12 +133,15 @@ class SetStorage:
                 raise
 
     # a block's records -----------------------------------------------------------------------------
+    @abc.abstractmethod
     def may_write(self, fs: "FeatureSet", block: Block) -> bool:
         """Before a block's chunks are written: False when they must not be (committed already)."""
 
+    @abc.abstractmethod
     def commit_block(self, fs: "FeatureSet", block: Block, status: Any) -> bool:
         """Record ``block`` (its chunks are written) as committed; False when another writer did first."""
 
+    @abc.abstractmethod
     def committed(self, fs: "FeatureSet", block: Block) -> bool:
         """Whether ``block`` is committed and whole (a dask task asks before computing and writing)."""
 
@@ -136,17 +153,21 @@ class SetStorage:
         """Before blocks with committed rows are written again (``--retry-failed``): on a disk nothing
         to do (a block's checksums are recorded anew when it is written)."""
 
+    @abc.abstractmethod
     def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
         """Block index → the (CRC, size) recorded of each of ``fs``'s checksummed arrays, or why the
         block has no record (:func:`.integrity.verify`, :class:`.integrity.BlockCheck`); ``etags``:
         filled with the records' versions where a repair must not void a later one."""
 
+    @abc.abstractmethod
     def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
         """(CRC-32, size) of chunk ``index`` of ``array`` as stored now (``crc``: else 0)."""
 
+    @abc.abstractmethod
     def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
         """Mark the damaged blocks of ``report`` pending (:func:`.integrity.repair`)."""
 
+    @abc.abstractmethod
     def replace_array(self, key: str, values: Any) -> None:
         """Replace the whole small array ``key`` of the store (``images/split``) by ``values``."""
 
@@ -155,9 +176,11 @@ class SetStorage:
         return False, []
 
     # tokens ----------------------------------------------------------------------------------------
+    @abc.abstractmethod
     def swap_group(self, staging: str, dst: str, guard: str, fault: str) -> None:
         """Replace the group ``dst`` (``tokens``) by the complete group ``staging`` under ``guard``."""
 
+    @abc.abstractmethod
     def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
         """Finish a swap of ``dst`` a killed run left (before anything else is staged)."""
 
