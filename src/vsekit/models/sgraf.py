@@ -473,7 +473,8 @@ class SGRAF(RetrievalModel):
         return scores
 
     def _contexts(self, v, grams, missing, u, u_mask) -> torch.Tensor:
-        """The attended contexts ``c_t`` of eq. 6 for every image and word of a caption group: (n_img, G, L, d).
+        """The attended contexts ``c_t`` of eq. 6 for every image and word of a caption group: (n_img, G, L, d),
+        the same with autograd (training) and without (evaluation).
 
         The local nodes up to ``W_sl``: attention ``s = LeakyReLU(V U^T)`` masked to the real words,
         l2-normalised over the words and scaled by lambda, softmax over the real regions, and the
@@ -486,7 +487,9 @@ class SGRAF(RetrievalModel):
         eps = 1e-8
         attn = (v.reshape(n_img * k, d) @ u.reshape(p, d).t()).view(n_img, k, g, w)
         attn = F.leaky_relu(attn, 0.1) * u_mask.view(1, 1, g, w).to(attn.dtype)
-        attn = l2norm(attn, dim=-1) * self.lambda_softmax + missing.view(n_img, k, 1, 1)
+        attn = l2norm(attn, dim=-1) * self.lambda_softmax
+        if missing is not None:   # None: every region is real
+            attn = attn + missing.view(n_img, k, 1, 1)
         alpha = torch.softmax(attn, dim=1).view(n_img, k, p)           # over the real regions
         if grams is not None:
             sq_norm = (torch.bmm(grams, alpha) * alpha).sum(1)         # |V^T alpha|^2, (n_img, p)
@@ -548,37 +551,16 @@ class SGRAF(RetrievalModel):
 
     # -- evaluation: the same scores as ``_score_train``, with less work and fewer memory passes ---
     def _local_nodes_eval(self, v, v_mask, u, u_mask, grams, out, all_regions=False) -> None:
-        """:meth:`_contexts` and ``W_sl`` without autograd, written into ``out`` (n_img, n_cap, L, sim_dim).
-
-        Two exact shortcuts: the norm of each attended context ``c = V^T alpha`` comes from the
-        region Gram matrix (``|c|^2 = alpha^T (V V^T) alpha``: K^2 per word instead of a pass over
-        the d-wide context), so the weights are rescaled before the context is formed; and
-        ``(c - u)^2`` is formed in place.
-        """
+        """The local nodes of :meth:`_contexts` and ``W_sl`` without autograd, written into ``out``
+        (n_img, n_cap, L, sim_dim); ``(c - u)^2`` is formed in place of the contexts."""
         n_img, k, d = v.shape
-        n_cap, n_words, _ = u.shape
-        p = n_cap * n_words
-        eps = 1e-8
-        attn = (v.reshape(n_img * k, d) @ u.reshape(p, d).t()).view(n_img, k, n_cap, n_words)
-        F.leaky_relu(attn, 0.1, inplace=True)
-        attn.mul_(u_mask.view(1, 1, n_cap, n_words))
-        norm = torch.linalg.vector_norm(attn, dim=-1, keepdim=True).clamp_min_(eps)
-        attn.div_(norm.div_(self.lambda_softmax))                # l2norm over the words, times lambda
-        if not all_regions:
-            missing = torch.zeros(v_mask.shape, dtype=attn.dtype, device=attn.device)
-            attn.add_(missing.masked_fill_(~v_mask, torch.finfo(attn.dtype).min).view(n_img, k, 1, 1))
-        alpha = torch.softmax(attn, dim=1).view(n_img, k, p)    # over the real regions
-        if d > 2 * k:   # the Gram form costs K^2 per word, the direct norm a pass over d
-            sq_norm = (torch.bmm(grams, alpha) * alpha).sum(1)      # |V^T alpha|^2, (n_img, p)
-            alpha.mul_(sq_norm.clamp_min_(eps * eps).rsqrt_()[:, None, :])
-            context = torch.bmm(alpha.transpose(1, 2), v)          # l2-normalised contexts (n_img, p, d)
-        else:
-            context = torch.bmm(alpha.transpose(1, 2), v)
-            context.div_(torch.linalg.vector_norm(context, dim=-1, keepdim=True).clamp_min_(eps))
-        context.view(n_img, p * d).sub_(u.reshape(1, p * d)).square_()
+        missing = None if all_regions else v.new_zeros(v_mask.shape).masked_fill_(~v_mask, torch.finfo(v.dtype).min)
+        # the Gram form of the context norms costs K^2 per word, the direct norm a pass over d
+        context = self._contexts(v, grams if d > 2 * k else None, missing, u, u_mask)
+        context.view(n_img, -1).sub_(u.reshape(1, -1)).square_()
         sims = torch.addmm(self.sim_loc_w.bias, context.view(-1, d), self.sim_loc_w.weight.t())
-        sims.div_(torch.linalg.vector_norm(sims, dim=-1, keepdim=True).clamp_min_(eps))
-        out.copy_(sims.view(n_img, n_cap, n_words, -1))
+        sims.div_(torch.linalg.vector_norm(sims, dim=-1, keepdim=True).clamp_min_(1e-8))
+        out.copy_(sims.view(out.shape))
 
     def _score_block_eval(self, img, cap, probes, grams, glo, all_regions=False) -> torch.Tensor:
         """``_score_train``'s scores for evaluation (no autograd), the local nodes from
