@@ -213,7 +213,7 @@ def bench_forward(size: dict, batch: int, repeats: int = 5) -> dict:
             m.score(img, cap)
             t_full = time.perf_counter() - t
             t = time.perf_counter()
-            m.global_node(m._global_image(img[0], img[1]), m._global_caption(cap[0], cap[1]))
+            m.global_node(m._global(img[0], img[1], image=True), m._global(cap[0], cap[1], image=False))
             t_glob = time.perf_counter() - t
             if r:  # the first round warms up
                 full[g].append(t_full)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from vsekit.cli import main
 from vsekit.clusters import ClusterSpec, parse_cluster
-from vsekit.clusters.jobqueue import slurm_kwargs
+from vsekit.clusters.jobqueue import jobqueue_kwargs
 from vsekit.cluster_pin import gpu_for
 
 FORMS = ("local:N", "slurm:N", "slurm-array:N", "tcp://HOST:PORT")
@@ -49,7 +49,7 @@ def slurm(settings):
 
 def _job_script(settings, device):
     jq = pytest.importorskip("dask_jobqueue")
-    with jq.SLURMCluster(**slurm_kwargs(settings, device, None)) as cluster:
+    with jq.SLURMCluster(**jobqueue_kwargs("slurm", settings, device, None)) as cluster:
         return cluster.job_script()
 
 

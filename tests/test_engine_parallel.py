@@ -190,9 +190,9 @@ def test_local_cluster_run_decodes_with_threads(demo_store, capfd):
 
 def _job_script(settings, device):
     jq = pytest.importorskip("dask_jobqueue")
-    from vsekit.clusters.jobqueue import slurm_kwargs
+    from vsekit.clusters.jobqueue import jobqueue_kwargs
 
-    with jq.SLURMCluster(**slurm_kwargs(settings, device, None)) as cluster:
+    with jq.SLURMCluster(**jobqueue_kwargs("slurm", settings, device, None)) as cluster:
         return cluster.job_script()
 
 

@@ -58,7 +58,7 @@ def test_slurm_without_dask_jobqueue_names_the_extra():
 def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     pytest.importorskip("dask_jobqueue")
     from vsekit.clusters import cluster_client, cluster_settings, parse_cluster
-    from vsekit.clusters.jobqueue import slurm_kwargs
+    from vsekit.clusters.jobqueue import jobqueue_kwargs
 
     assert (parse_cluster("slurm:3", {}).kind, parse_cluster("slurm:3", {}).n) == ("slurm", 3)
     with pytest.raises(ValueError, match="slurm:N with N >= 1"):
@@ -66,14 +66,14 @@ def test_cluster_settings_refuse_unknown_keys(monkeypatch):
     with pytest.raises(ValueError, match="valid: queue, account"):
         cluster_settings({"partition": "gpu"})
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", '{"queue": "gpu", "gpus": 1, "cores": 8, "memory": "64GB"}')
-    kw = slurm_kwargs(cluster_settings(), "cuda", {"GPU": 1})
+    kw = jobqueue_kwargs("slurm", cluster_settings(), "cuda", {"GPU": 1})
     # the job gets the 8 cores (--cpus-per-task); its one GPU worker is pinned and runs one task at a time
     assert kw["queue"] == "gpu" and kw["job_cpu"] == 8 and kw["memory"] == "64GB" and kw["processes"] == 1
     assert kw["cores"] == 1 and "--gres=gpu:1" in kw["job_extra_directives"]
     # no walltime set: dask-jobqueue's default (00:30:00) is the job's, and the worker retires before it
     assert kw["worker_extra_args"] == ["--preload", "vsekit.cluster_pin", "--resources", "GPU=1",
                                        "--lifetime", "1620s", "--lifetime-stagger", "45s"]
-    cpu = slurm_kwargs({"cores": 4}, "cpu", None)  # one single-threaded worker per core, no GPU
+    cpu = jobqueue_kwargs("slurm", {"cores": 4}, "cpu", None)  # one single-threaded worker per core, no GPU
     assert cpu["processes"] == 4 and not any("gres" in d for d in cpu["job_extra_directives"])
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ValueError, match="`sbatch` is not on the PATH"):

@@ -117,11 +117,6 @@ def _configured_walltime(kind: str) -> Any:
     return dask.config.get(f"jobqueue.{kind}.walltime", None)
 
 
-def slurm_kwargs(settings: Mapping[str, Any], device: str, resources: Mapping[str, float] | None) -> dict:
-    """``dask_jobqueue.SLURMCluster`` keyword arguments (:func:`jobqueue_kwargs` for SLURM)."""
-    return jobqueue_kwargs("slurm", settings, device, resources)
-
-
 def import_jobqueue(name: str = "SLURMCluster"):
     """The dask-jobqueue cluster class ``name``, without dask-jobqueue 0.9.0's ``signal.signal(SIGINT, ...)``.
 

@@ -320,26 +320,20 @@ class SGRAF(RetrievalModel):
         else:
             mask = length_mask(as_lengths(counts, feats.device), k)
         v = l2norm(self.img_fc(feats)) * mask[..., None].to(feats.dtype)
-        return v, mask, self._global_image(v, mask)
+        return v, mask, self._global(v, mask, image=True)
 
     def encode_captions(self, tokens: torch.Tensor, lengths: torch.Tensor):
         states, mask, _ = bidirectional_states(self.gru, self.word_drop(self.embed(tokens.long())), lengths)
         u = l2norm(states)   # padding stays zero
-        return u, mask, self._global_caption(u, mask)
+        return u, mask, self._global(u, mask, image=False)
 
-    def _global_image(self, v, mask):
+    def _global(self, x, mask, image: bool):
+        """The global vector of each image (its regions) or caption (its words); empty without one."""
         if self.global_module == "self-attention":
-            return self.v_att(v, mask)
+            return (self.v_att if image else self.t_att)(x, mask)
         if self.global_module == "t-emde":
-            return self.temde.encode_images(v, mask)
-        return v.new_zeros(v.shape[0], 0)
-
-    def _global_caption(self, u, mask):
-        if self.global_module == "self-attention":
-            return self.t_att(u, mask)
-        if self.global_module == "t-emde":
-            return self.temde.encode_captions(u, mask)
-        return u.new_zeros(u.shape[0], 0)
+            return (self.temde.encode_images if image else self.temde.encode_captions)(x, mask)
+        return x.new_zeros(x.shape[0], 0)
 
     # -- scoring ---------------------------------------------------------------------------------
     def score(self, img, cap) -> torch.Tensor:

@@ -263,13 +263,10 @@ def check_protocols(stages: list[ResolvedStage], checked: set[str], echo: Callab
         if "coco-1k" in protocols and n_images < 5:
             raise PipelineError(f"{stage.spec.label}: --protocol coco-1k needs at least 5 {split} images, "
                                 f"the {split} split of {store} has {n_images}; {fix}")
-        from ..train.evaluate_run import PROTOCOL_IMAGES
+        from ..train.evaluate_run import protocol_warnings
 
-        for p in protocols:
-            want = PROTOCOL_IMAGES.get(p)
-            if want is not None and want != n_images:
-                echo(f"warning: {stage.spec.label}: --protocol {p} is defined on {want} {split} images, "
-                     f"the {split} split of {store} has {n_images}: its figures are not the papers'; {fix}")
+        for warning in protocol_warnings(protocols, n_images, split):   # evaluate's own words
+            echo(f"warning: {stage.spec.label}: {warning}; or {fix}")
 
 
 def _invoke(cli: click.Group, step: Step, pipeline: str) -> None:

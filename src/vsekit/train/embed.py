@@ -21,11 +21,9 @@ from ..models.losses import similarity as similarity_fn
 from .scoring import take
 
 
-def _vectors(model, enc: Any) -> torch.Tensor:
+def _vectors(enc: Any) -> torch.Tensor:
     """The joint-space vectors of an embedding model's encoding (SEAM captions: (vector, penalty))."""
-    if isinstance(enc, (tuple, list)):
-        enc = enc[0]
-    return enc
+    return enc[0] if isinstance(enc, (tuple, list)) else enc
 
 
 def check_embeddable(model, name: str) -> str:
@@ -46,7 +44,7 @@ def check_embeddable(model, name: str) -> str:
 
 def _check_scores(model, img: torch.Tensor, cap_enc: Any, similarity: str) -> None:
     """The model's score on a block must equal the exported vectors' similarity."""
-    cap = _vectors(model, cap_enc)
+    cap = _vectors(cap_enc)
     k_i, k_c = min(16, len(img)), min(16, len(cap))
     want = model.score(img[:k_i], take(cap_enc, slice(0, k_c))).float()
     got = similarity_fn(similarity)(img[:k_i], cap[:k_c]).float()
@@ -77,7 +75,7 @@ def embed(run: str | Path, out: str | Path, *, split: str = "test", store: str |
     img_out = cap_out = None
     pos = 0
     for feats, counts in image_batches(source, es.rows, batch_size):
-        img = _vectors(model, model.encode_images(feats.to(device), None if counts is None else counts.to(device)))
+        img = _vectors(model.encode_images(feats.to(device), None if counts is None else counts.to(device)))
         if img_out is None:
             img_out = np.lib.format.open_memmap(out / "images.npy", mode="w+", dtype=np.float32,
                                                 shape=(len(es.rows), img.shape[1]))
@@ -87,7 +85,7 @@ def embed(run: str | Path, out: str | Path, *, split: str = "test", store: str |
         pos += len(img)
     for s in range(0, len(es.captions), batch_size):
         toks, lengths = tokens.batch(es.captions[s:s + batch_size])
-        cap = _vectors(model, model.encode_captions(toks.to(device), lengths.to(device)))
+        cap = _vectors(model.encode_captions(toks.to(device), lengths.to(device)))
         if cap_out is None:
             cap_out = np.lib.format.open_memmap(out / "captions.npy", mode="w+", dtype=np.float32,
                                                 shape=(len(es.captions), cap.shape[1]))

@@ -401,14 +401,13 @@ class Run:
                  "val": metrics, "time_s": round(time.perf_counter() - t0, 3)}
         state["epoch"] = epoch
         state["steps"] = self.steps_done
+        state["history"].append(entry)
         if metrics["rsum"] > state["best_rsum"]:
             state.update(best_rsum=metrics["rsum"], best_epoch=epoch, stall=0)
-            state["history"].append(entry)
             if main:
                 self.save(out / "checkpoint_best.pt", epoch=epoch)
         else:
             state["stall"] += 1
-            state["history"].append(entry)
         if state["phase"] == "sum" and state["stall"] >= cfg.patience:
             self.group.barrier("the best checkpoint's save")
             best = load_checkpoint(out / "checkpoint_best.pt", cfg.device if self.group.world == 1 else str(self.device))
@@ -594,7 +593,6 @@ def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, 
     return {"out": str(out), "epochs": state["epoch"], "best_epoch": state["best_epoch"],
             "best_rsum": state["best_rsum"], "untrained_rsum": state.get("untrained_rsum"),
             "switched_at": state.get("switched_at"), "model": cfg.model, "ranks": group.world}
-
 
 
 def _write_json(path: Path, doc: dict[str, Any]) -> None:
