@@ -13,7 +13,7 @@ from typing import Any
 # The built-in models register themselves when imported; importing them here by name (not through
 # importlib inside ``base``) keeps ``base`` free of imports of the modules that build on it.
 from . import seam, sgraf, sman, vse  # noqa: F401
-from .base import _MODELS, RetrievalModel, register_model  # noqa: F401
+from .base import _MODELS, RetrievalModel, lookup, register_model  # noqa: F401
 
 
 def model_names() -> list[str]:
@@ -21,8 +21,4 @@ def model_names() -> list[str]:
 
 
 def create_model(name: str, **kwargs: Any) -> RetrievalModel:
-    try:
-        factory = _MODELS[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(sorted(_MODELS))}") from None
-    return factory(**kwargs)
+    return lookup(_MODELS, "model", name)(**kwargs)

@@ -23,14 +23,27 @@ from torch import nn
 _MODELS: dict[str, Callable[..., "RetrievalModel"]] = {}
 
 
+def register(table: dict[str, Any], kind: str, name: str) -> Callable:
+    """A decorator that enters its object into the registry ``table`` (models, similarities, losses)
+    under ``name``; a duplicate name is an error."""
+    def add(obj):
+        if name in table:
+            raise ValueError(f"{kind} {name!r} is registered twice")
+        table[name] = obj
+        return obj
+    return add
+
+
+def lookup(table: dict[str, Any], kind: str, name: str) -> Any:
+    """The entry ``name`` of the registry ``table``; an unknown name lists the valid ones."""
+    if name not in table:
+        raise ValueError(f"unknown {kind} {name!r}; valid choices: {', '.join(sorted(table))}")
+    return table[name]
+
+
 def register_model(name: str) -> Callable:
     """Register a model factory under ``name``; a duplicate name is an error."""
-    def deco(factory: Callable[..., "RetrievalModel"]) -> Callable[..., "RetrievalModel"]:
-        if name in _MODELS:
-            raise ValueError(f"model {name!r} is already registered")
-        _MODELS[name] = factory
-        return factory
-    return deco
+    return register(_MODELS, "model", name)
 
 
 class RetrievalModel(nn.Module):

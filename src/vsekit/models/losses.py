@@ -24,27 +24,20 @@ from typing import Any, Callable
 
 import torch
 
+from .base import lookup, register
+
 _SIMILARITIES: dict[str, Callable] = {}
 _LOSSES: dict[str, Callable] = {}
 
 
-def _register(table: dict[str, Callable], kind: str, name: str):
-    def add(obj):
-        if name in table:
-            raise ValueError(f"{kind} {name!r} is registered twice")
-        table[name] = obj
-        return obj
-    return add
-
-
 def register_similarity(name: str):
     """Register a similarity ``(img, cap) -> (n_img, n_cap) scores`` under ``name``."""
-    return _register(_SIMILARITIES, "similarity", name)
+    return register(_SIMILARITIES, "similarity", name)
 
 
 def register_loss(name: str):
     """Register a loss factory (``margin=``, ``max_violation=`` keywords; returns ``loss(scores, images)``)."""
-    return _register(_LOSSES, "loss", name)
+    return register(_LOSSES, "loss", name)
 
 
 @register_similarity("cosine")
@@ -110,16 +103,12 @@ def _fused_ok(img: torch.Tensor, cap: torch.Tensor) -> bool:
 
 def similarity(name: str):
     """The registered similarity ``name``; an unknown name lists the valid ones."""
-    if name not in _SIMILARITIES:
-        raise ValueError(f"unknown similarity {name!r}; valid choices: {', '.join(_SIMILARITIES)}")
-    return _SIMILARITIES[name]
+    return lookup(_SIMILARITIES, "similarity", name)
 
 
 def create_loss(name: str, **kwargs: Any):
     """The registered loss ``name`` built with ``kwargs``; an unknown name lists the valid ones."""
-    if name not in _LOSSES:
-        raise ValueError(f"unknown loss {name!r}; valid choices: {', '.join(_LOSSES)}")
-    return _LOSSES[name](**kwargs)
+    return lookup(_LOSSES, "loss", name)(**kwargs)
 
 
 @register_loss("hinge")

@@ -31,7 +31,7 @@ from ..storage.objstore import store_ref
 from ..storage.store import FeatureStore, StoreError
 from ..version import __version__
 from . import presets
-from ..models import _MODELS, RetrievalModel, create_model
+from ..models import _MODELS, RetrievalModel, create_model, lookup
 from .checkpoint import load_checkpoint, plain as _plain, save_checkpoint as _save
 from .config import TrainConfig, parse_every, resolve_config
 from .distributed import SINGLE, Group, NodeShare
@@ -54,7 +54,7 @@ def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) 
     ``model_args`` key it does not take is dropped when it came from a preset meant for another model
     and is an error otherwise (checked by the CLI through ``check_model_args``).
     """
-    factory = _factory(cfg.model)
+    factory = lookup(_MODELS, "model", cfg.model)
     common = {"img_shape": tuple(int(s) for s in img_shape), "vocab_size": int(vocab_size),
               "embed_dim": cfg.embed_dim, "word_dim": cfg.word_dim, "similarity": cfg.similarity,
               "use_abs": cfg.use_abs}
@@ -65,16 +65,9 @@ def model_kwargs(cfg: TrainConfig, img_shape: tuple[int, ...], vocab_size: int) 
     return kw
 
 
-def _factory(model: str):
-    """The registered factory of ``model``; an unknown name raises the ValueError listing the valid ones."""
-    if model not in _MODELS:
-        create_model(model)
-    return _MODELS[model]
-
-
 def check_model_args(model: str, keys: list[str]) -> None:
     """Refuse ``--model-arg`` keys the model's factory does not take, listing the ones it does."""
-    params = inspect.signature(_factory(model)).parameters
+    params = inspect.signature(lookup(_MODELS, "model", model)).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     valid = [p for p in params if p not in COMMON_ARGS]
@@ -85,7 +78,7 @@ def check_model_args(model: str, keys: list[str]) -> None:
 
 def check_model_arg_types(model: str, args: dict[str, Any]) -> None:
     """Refuse a ``--model-arg`` value of another type than the factory's default (``hops=many``)."""
-    params = inspect.signature(_factory(model)).parameters
+    params = inspect.signature(lookup(_MODELS, "model", model)).parameters
     kinds = ((bool, bool, "true or false"), (int, int, "an integer"), (float, (int, float), "a number"),
              (str, str, "a string"))
     for key, value in args.items():
