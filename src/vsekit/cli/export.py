@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .options import STORAGE_OPTION, StorePath
+from .store import store_option
 
 
 @click.group("export")
@@ -35,28 +35,21 @@ def _precomp_options(f):
                      help="Leave the images whose features failed, and their captions, out of every file "
                           "(listed in dropped_failed.tsv); without it a set with failed rows is refused.")(f)
     f = OVERWRITE(f)
-    f = STORE(f)
+    f = store_option(f)
     return f
 
 
-_STORE = click.option("--store", "store_path", required=True, type=StorePath(exists=True, url_ok=True),
-                      help="The vsekit store (a .zarr folder, or s3://...).")
-
-
-def STORE(f):
-    """``--store`` (a path or an object-store URL) with its ``--storage-option``."""
-    return _STORE(STORAGE_OPTION(f))
 OVERWRITE = click.option("--overwrite", is_flag=True,
                          help="Replace an existing --out (whole: no file of the old one is kept).")
 
 
-def _run_precomp(layout, store_path, features, out, splits, captions_per_image, dtype, testall,
+def _run_precomp(layout, store, features, out, splits, captions_per_image, dtype, testall,
                  restval_into_train, vocab_name, overwrite, drop_failed):
     from ..storage.interop import export_precomp
     from ..words import plural
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
-    summary = export_precomp(store_path, features, out, layout=layout, splits=split_list,
+    summary = export_precomp(store, features, out, layout=layout, splits=split_list,
                              captions_per_image=captions_per_image, dtype=dtype, testall=testall,
                              restval_into_train=restval_into_train, vocab_name=vocab_name, overwrite=overwrite,
                              drop_failed=drop_failed)
@@ -86,35 +79,35 @@ _precomp_command("scan", "SCAN / SGRAF precomp files: {split}_ims.npy (N, K, C),
 
 
 @export.command("hdf5")
-@STORE
+@store_option
 @click.option("--features", multiple=True, help="Feature set(s) to include (default: all).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output .h5 file.")
 @click.option("--level", default=4, show_default=True, type=click.IntRange(0, 9), help="gzip level.")
 @OVERWRITE
-def hdf5(store_path, features, out, level, overwrite):
+def hdf5(store, features, out, level, overwrite):
     """One HDF5 file: a dataset per store array, provenance as attributes, chunked and compressed."""
     from ..storage.interop import export_hdf5
 
-    summary = export_hdf5(store_path, out, features=list(features) or None, level=level, overwrite=overwrite)
+    summary = export_hdf5(store, out, features=list(features) or None, level=level, overwrite=overwrite)
     click.echo(f"wrote {summary['out']} (feature sets: {', '.join(summary['features']) or 'none'})")
 
 
 @export.command("vocab")
-@STORE
+@store_option
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="Output vocab.json, or a .pkl for VSE++'s pickled Vocabulary.")
 @OVERWRITE
-def vocab(store_path, out, overwrite):
+def vocab(store, out, overwrite):
     """The store's tokenizer vocabulary as JSON (SCAN) or, for a .pkl --out, VSE++'s pickle."""
     from ..storage.interop import refuse_existing, vsepp_vocab_pickle
     from ..tokenize import Vocabulary, export_vocab_json
 
     refuse_existing(Path(out), overwrite)
-    vocab = Vocabulary.from_store(store_path)   # refuses a store without tokens, naming it
+    vocab = Vocabulary.from_store(store)   # refuses a store without tokens, naming it
     if str(out).lower().endswith(".pkl"):
         Path(out).write_bytes(vsepp_vocab_pickle(vocab.itos))
     else:
-        export_vocab_json(store_path, out)
+        export_vocab_json(store, out)
     click.echo(f"wrote {out}")
 
 

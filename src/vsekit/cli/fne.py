@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .options import CLUSTER, SPLITS, STORAGE_OPTION, StorePath
+from .options import CLUSTER, SPLITS
+from .store import store_option
 
 from ..clusters import SPEC_HELP as CLUSTER_HELP
 from ..fne import derived  # noqa: F401,E402 (registers how its sets are remade, for `vsekit info`)
@@ -25,14 +26,8 @@ _allow_standardized = click.option("--allow-standardized", is_flag=True,
 _overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing output set made with other settings.")
 
 
-def _store(f):
-    """``--store`` (a path or an object-store URL) with its ``--storage-option``."""
-    return click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
-                        help="The vsekit store (a .zarr folder, or s3://...).")(STORAGE_OPTION(f))
-
-
 @click.command("standardize")
-@_store
+@store_option
 @_features
 @_split
 @_stats_from
@@ -50,7 +45,7 @@ def standardize(store, features, split, stats_from, name, cluster, overwrite, al
 
 
 @click.command("discretize")
-@_store
+@store_option
 @_features
 @_thresholds
 @_pack
@@ -70,7 +65,7 @@ def discretize(store, features, thresholds, pack, name, cluster, overwrite, allo
 
 
 @click.command("fne")
-@_store
+@store_option
 @_features
 @_split
 @_stats_from

@@ -7,6 +7,12 @@ import click
 from .options import STORAGE_OPTION, StorePath
 
 
+def store_option(f):
+    """``--store``, an existing store (a path or an object-store URL), with its ``--storage-option``."""
+    return click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
+                        help="The vsekit store (a .zarr folder, or s3://...).")(STORAGE_OPTION(f))
+
+
 @click.command("info")
 @click.argument("store", type=StorePath(exists=True, url_ok=True))
 @STORAGE_OPTION
@@ -33,8 +39,7 @@ def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
 
 
 @click.command("split")
-@click.option("--store", "store", required=True, type=StorePath(exists=True, url_ok=True),
-              help="The vsekit store (a .zarr folder, or s3://...).")
+@store_option
 @click.option("--ratios", default=None,
               help="train,val,test ratios of a random split (as `ingest folder --ratios`, same --seed, same split).")
 @click.option("--split-file", "split_file", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -45,7 +50,6 @@ def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
               help="Images in test, chosen at random (the rest is train; without --val, val keeps its images).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--dry-run", is_flag=True, help="Print the new split and what it makes stale, and change nothing.")
-@STORAGE_OPTION
 def split(store, ratios, split_file, val, test, seed, dry_run):
     """Assign the store's images to train/val/test anew, keeping every feature set (no re-extraction).
 
