@@ -332,7 +332,7 @@ class SGRAF(RetrievalModel):
         if self.global_module == "self-attention":
             return (self.v_att if image else self.t_att)(x, mask)
         if self.global_module == "t-emde":
-            return (self.temde.encode_images if image else self.temde.encode_captions)(x, mask)
+            return (self.temde.image_coder if image else self.temde.text_coder)(x, mask)
         return x.new_zeros(x.shape[0], 0)
 
     # -- scoring ---------------------------------------------------------------------------------

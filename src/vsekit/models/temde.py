@@ -163,12 +163,6 @@ class TEMDEGlobal(nn.Module):
         self.text_coder = TEMDECoder(embed_dim, divisions, centroids, dim)
         self.fuse = nn.Linear(2 * divisions * centroids, sim_dim)
 
-    def encode_images(self, regions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.image_coder(regions, mask)
-
-    def encode_captions(self, words: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.text_coder(words, mask)
-
     def pair(self, img_sketch: torch.Tensor, cap_sketch: torch.Tensor) -> torch.Tensor:
         """ReLU(W [s_img; s_cap] + b) for every image x caption pair: (n_img, n_cap, sim_dim).
 
