@@ -116,3 +116,37 @@ def test_report_boxes_draws_over_images_on_s3_as_over_the_same_images_on_disk(s3
     for png in ("reg_0.png", "reg_5.png"):
         a, b = (np.asarray(Image.open(tmp_path / f"png-{w}" / png)) for w in ("disk", "s3"))
         assert a.shape == (64, 64, 3) and np.array_equal(a, b), png
+
+
+@pytest.mark.slow   # extracts twice and trains (minutes on a loaded 2-core machine)
+def test_report_shows_thumbnails_of_images_on_s3_as_of_the_same_images_on_disk(s3, demo_dir, tmp_path, counted):
+    """`vsekit report` of one run over two stores, the images of one on S3 behind a server reached only
+    through ``--image-option endpoint=...``: the same page, thumbnails included, but for the image root."""
+    upload(s3, demo_dir / "images", "demo/images")
+    fast = ["--model", "test_resnet", "--weights", "none", "--kind", "fne", "--crops", "1", "--input-size", "32",
+            "--resize", "36", "--batch-size", "8", "--block-rows", "8", "--workers", "0", "--no-progress"]
+    roots = {"disk": str(demo_dir), "s3": f"s3://{s3.bucket}/demo"}
+    for where, root in roots.items():
+        store = str(tmp_path / f"{where}.zarr")
+        for args in (["ingest", "karpathy", str(demo_dir / "dataset_demo.json"), "--image-root", root],
+                     ["extract", *fast], ["tokenize", "--min-count", "1"]):
+            r = CliRunner().invoke(main, [*args, "--store", store])
+            assert r.exit_code == 0, (args, r.output)
+    run = tmp_path / "run"
+    r = CliRunner().invoke(main, ["train", "--store", str(tmp_path / "disk.zarr"), "--out", str(run), "--features",
+                                  "test_resnet_fne", "--model", "vse", "--preset", "demo", "--embed-dim", "16",
+                                  "--word-dim", "8", "--batch-size", "8", "--epochs", "1", "--no-progress",
+                                  "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    proxy = FaultyProxy(s3.endpoint, kind="/demo/images/")
+    more = {"disk": [], "s3": ["--image-option", f"endpoint={proxy.url}"]}
+    pages = {}
+    for where in roots:
+        out = tmp_path / f"report-{where}"
+        r = CliRunner().invoke(main, ["report", str(run), "--out", str(out), "--store", str(tmp_path / f"{where}.zarr"),
+                                      "--device", "cpu", "--attention", "0", *more[where]])
+        assert r.exit_code == 0, r.output
+        pages[where] = (out / "index.html").read_text().replace(f"{where}.zarr", "STORE")
+    proxy.server.shutdown()
+    assert proxy.gets > 0 and pages["s3"].count("data:image/jpeg;base64,") > 0
+    assert pages["s3"].replace(roots["s3"], "ROOT") == pages["disk"].replace(roots["disk"], "ROOT")
