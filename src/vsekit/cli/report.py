@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..devices import resolve_device
-from .options import STORAGE_OPTION, RunPath, StorePath
+from .options import IMAGE_OPTION, STORAGE_OPTION, RunPath, StorePath
 
 
 @click.command("report")
@@ -25,6 +25,7 @@ from .options import STORAGE_OPTION, RunPath, StorePath
 @click.option("--store", default=None, type=StorePath(url_ok=True),
               help="Store to read, a path or s3://... (default: the one in each run's config.json).")
 @STORAGE_OPTION
+@IMAGE_OPTION
 @click.option("--device", default="auto", show_default=True,
               help="Device to score examples on: auto | cpu | cuda | cuda:N.")
 @click.option("--block", default=256, show_default=True, type=click.IntRange(min=1), help="Rows scored per block.")
@@ -50,6 +51,7 @@ def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, 
 @click.argument("store", type=StorePath(exists=True, url_ok=True))
 @click.argument("name")
 @STORAGE_OPTION
+@IMAGE_OPTION
 @click.option("--rows", default="0", show_default=True, help="Comma-separated image rows.")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Folder for the PNGs.")
 @click.option("--objects-vocab", type=click.Path(exists=True, dir_okay=False), default=None,

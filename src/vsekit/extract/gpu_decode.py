@@ -42,22 +42,21 @@ class Encoded:
     size: tuple[int, int]   # (w, h) after orientation
 
 
-def encoded(path: str, plan) -> Encoded | None:
-    """The file at ``path`` (or an image inside a shard) as an :class:`Encoded`, if it is an RGB or
-    grayscale JPEG within the decoded pixel budget; None for any other file (the worker decodes it).
-    An image over the resized budget raises ImageError with the CPU decoders' message."""
+def encoded(path: str, plan, data: bytes | None = None) -> Encoded | None:
+    """The file at ``path`` (or an image inside a shard; ``data``: its bytes, fetched already from
+    object storage by the batch's ranged GETs) as an :class:`Encoded`, if it is an RGB or grayscale
+    JPEG within the decoded pixel budget; None for any other file (the worker decodes it). An image
+    over the resized budget raises ImageError with the CPU decoders' message."""
     from ..storage.sources import shards
 
     if plan.interpolation not in TORCH_RESIZE:
         return None   # nearest / lanczos: PIL's resize, in the worker
-    if shards.is_ref(path):
+    if data is None and shards.is_ref(path):
         data = shards.read_bytes(path)
-    elif os.path.isfile(path):
+    elif data is None and os.path.isfile(path):
         data = Path(path).read_bytes()
-    else:
-        return None   # the CPU path says what is missing
     if not data:
-        return None
+        return None   # missing or empty: the CPU path says what is wrong
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -151,7 +150,7 @@ def batch_crops(items, ok: list, plan, device):
             elif decoded[id(it)] is None:   # refused: decoded alone on the CPU, where PIL names the fault
                 again = decode_crops(it.encoded.path, plan.resize, plan.crop_size, plan.crops, plan.resize_mode,
                                      plan.interpolation, "torchvision", plan.setting("max_decoded_pixels"),
-                                     plan.setting("max_resized_pixels"))
+                                     plan.setting("max_resized_pixels"), data=it.encoded.data.tobytes())
                 crops.append(torch.from_numpy(again).to(device))
             else:
                 hwc = _oriented(decoded[id(it)], it.encoded.orientation).permute(1, 2, 0)

@@ -126,7 +126,7 @@ class RowDataset:
             if p.decoder == "nvjpeg":   # a JPEG: its bytes, for the driving process to decode on the GPU
                 from .gpu_decode import encoded
 
-                enc = encoded(path, p)
+                enc = encoded(path, p, data)
                 if enc is not None:
                     return Item(row, None, encoded=enc)
             return Item(row, decode(path, p, *fetched))   # NHWC: no transpose here, the model reads channels-last

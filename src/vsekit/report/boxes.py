@@ -62,8 +62,9 @@ def draw_boxes(image, boxes: np.ndarray, captions: Sequence[str] | None = None):
 
 def regions_png(store, name: str, row: int, out: str | Path, *, objects_vocab: str | Path | None = None,
                 attributes_vocab: str | Path | None = None, max_boxes: int | None = None) -> Path:
-    """Write the image of ``row`` with the boxes (and labels, if stored) of regions set ``name``."""
-    from ..extract.images import load_image
+    """Write the image of ``row`` with the boxes (and labels, if stored) of regions set ``name``; an
+    image on object storage is fetched with this process's --image-option / --storage-option."""
+    from ..extract.reader import decode
     from ..storage.store import FeatureStore, StoreError
 
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store)
@@ -78,7 +79,7 @@ def regions_png(store, name: str, row: int, out: str | Path, *, objects_vocab: s
     labels = fs.array("labels")[row, :k] if fs.has_array("labels") else None
     attrs = fs.array("attrs")[row, :k] if fs.has_array("attrs") else None
     captions = box_captions(labels, attrs, read_vocab(objects_vocab), read_vocab(attributes_vocab))
-    img = draw_boxes(load_image(store.image_file(row)), boxes, captions)
+    img = draw_boxes(decode(str(store.image_file(row))), boxes, captions)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     img.save(out, format="PNG")

@@ -209,7 +209,8 @@ class Stream(io.RawIOBase):
 
 class Ranged(io.RawIOBase):
     """An object read where it is asked, one ranged GET a read (pyarrow reads a parquet file's footer,
-    then the column chunks it needs), with ``If-Match`` where its ETag is known."""
+    then the column chunks it needs), with ``If-Match`` where its ETag is known. Not obstore's
+    ``open_reader``: its ranged reads carry no ``If-Match`` and its retries are not counted."""
 
     def __init__(self, url: str, size: int | None = None, etag: str | None = None, opts=None):
         import obstore
