@@ -1,17 +1,18 @@
-"""Benchmark: VSE++'s training step as this checkout makes it against a git revision's, in one run.
+"""Benchmark: a model's training step as this checkout makes it against a git revision's, in one run.
 
 The revision's ``train/step.py`` and ``models/encoders.py`` are loaded from git beside this
 checkout's (its caption GRU, its optimiser factory ``train/presets.py``, its clip and DDP hook), and
 the two steps alternate (ABBA) on the same inputs at the papers' sizes (``train_ddp.py``'s: batch
-128, 2048-d images, 10,000 words): in one process (1 rank), and on 2 gloo ranks with one thread
-each (a barrier before each step). Reported per setting: each variant's median wall time (for the
+128, 2048-d images or 36 x 2048 regions, 10,000 words; ``--model vse`` or ``saf`` / ``sgr``): in one
+process with ``--threads`` threads, and on 2 gloo ranks with one thread each (a barrier before each
+step). Reported per setting: each variant's median wall time (for the
 ranks the slowest rank's), median process CPU time (the load changes it less than the wall time),
 and the medians of the per-step ratios revision / this checkout. The efficiency at 2 ranks moves by
 the 2-rank ratio over the 1-rank one (``efficiency_factor``): an idle run's efficiency times it is
 this checkout's.
 
-Usage: ``OMP_NUM_THREADS=1 python -P bench/train_ab_rev.py [--rev main] [--steps 10] [--warmup 1]
-[--out bench/results/train_ab_rev.json]``.
+Usage: ``OMP_NUM_THREADS=1 python -P bench/train_ab_rev.py [--rev main] [--model vse] [--batch 128]
+[--threads 1] [--steps 10] [--warmup 1] [--out bench/results/train_ab_rev.json]``.
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def _variants(rev: str, tmp: str):
             ("new", step.train_step, encoders.gru_last, presets.make_optimizer)]
 
 
-def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, out: str) -> None:
+def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, out: str, model: str = "vse",
+         batch: int = 128, threads: int = 1) -> None:
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     _, distributed, config = T._import_step()
     from vsekit.models import encoders
     from vsekit.models.losses import HingeLoss
@@ -80,9 +82,9 @@ def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, ou
         variants = _variants(rev, tmp)
     runs = []
     for name, train_step, gru_last, make_optimizer in variants:
-        net, tensors = T.build("vse", 128, "cpu")
+        net, tensors = T.build(model, batch, "cpu")
         runs.append((name, train_step, gru_last, net, T._Batch(*tensors), make_optimizer("adam", net.parameters(), 2e-4)))
-    cfg, loss_fn = config.TrainConfig(model="vse", grad_clip=2.0), HingeLoss(0.2, max_violation=True)
+    cfg, loss_fn = config.TrainConfig(model=model, grad_clip=2.0), HingeLoss(0.2, max_violation=True)
     times = {name: {"wall": [], "cpu": []} for name, *_ in runs}
     try:
         for i in range(warmup + steps):
@@ -99,15 +101,16 @@ def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, ou
     Path(out, f"ab-{world}-{rank}.json").write_text(json.dumps(times))
 
 
-def measure(world: int, rev: str, steps: int, warmup: int) -> dict:
+def measure(world: int, rev: str, steps: int, warmup: int, model: str, batch: int, threads: int) -> dict:
     import torch.multiprocessing as mp
 
     _, distributed, _ = T._import_step()
     with tempfile.TemporaryDirectory() as out:
         if world == 1:
-            _run(0, 1, 0, rev, steps, warmup, out)
+            _run(0, 1, 0, rev, steps, warmup, out, model, batch, threads)
         else:
-            mp.spawn(_run, args=(world, distributed.free_port(), rev, steps, warmup, out), nprocs=world, join=True)
+            mp.spawn(_run, args=(world, distributed.free_port(), rev, steps, warmup, out, model, batch), nprocs=world,
+                     join=True)
         ranks = [json.loads(Path(out, f"ab-{world}-{r}.json").read_text()) for r in range(world)]
     res = {}
     for kind in ("wall", "cpu"):
@@ -120,15 +123,20 @@ def measure(world: int, rev: str, steps: int, warmup: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="main")
+    ap.add_argument("--model", default="vse")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="the one process's threads (a rank has one)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=HERE.parent, check=True, capture_output=True,
                          text=True).stdout.strip()
-    results = {"rev": rev, "load_before": os.getloadavg()}
+    results = {"rev": rev, "model": args.model, "batch": args.batch, "threads_1": args.threads,
+               "load_before": os.getloadavg()}
     for world in (1, 2):
-        results[f"ranks_{world}"] = r = measure(world, args.rev, args.steps, args.warmup)
+        results[f"ranks_{world}"] = r = measure(world, args.rev, args.steps, args.warmup, args.model, args.batch,
+                                                args.threads)
         print(f"{world} rank(s): revision {rev} / this checkout, wall {r['wall']['rev_s']:.3f} / {r['wall']['new_s']:.3f} "
               f"s/step (ratio {r['wall']['ratio_rev_new']:.3f}), CPU {r['cpu']['rev_s']:.3f} / {r['cpu']['new_s']:.3f} "
               f"(ratio {r['cpu']['ratio_rev_new']:.3f})", flush=True)
