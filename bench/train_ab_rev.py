@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import train_ddp as T  # noqa: E402
+from train_ddp import _Batch, _import_step, build  # noqa: E402
 
 FILES = {"step": "src/vsekit/train/step.py", "encoders": "src/vsekit/models/encoders.py",
          "presets": "src/vsekit/train/presets.py"}
@@ -54,7 +54,7 @@ def _load_rev(rev: str, tmp: str) -> dict:
 
 def _variants(rev: str, tmp: str):
     """(name, step function, gru_last, optimiser factory) of the revision and of this checkout."""
-    step, _, _ = T._import_step()
+    step, _, _ = _import_step()
     from vsekit.models import encoders
     from vsekit.train import presets
 
@@ -68,7 +68,7 @@ def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, ou
     import torch
 
     torch.set_num_threads(threads)
-    _, distributed, config = T._import_step()
+    _, distributed, config = _import_step()
     from vsekit.models import encoders
     from vsekit.models.losses import HingeLoss
 
@@ -82,8 +82,8 @@ def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, ou
         variants = _variants(rev, tmp)
     runs = []
     for name, train_step, gru_last, make_optimizer in variants:
-        net, tensors = T.build(model, batch, "cpu")
-        runs.append((name, train_step, gru_last, net, T._Batch(*tensors), make_optimizer("adam", net.parameters(), 2e-4)))
+        net, tensors = build(model, batch, "cpu")
+        runs.append((name, train_step, gru_last, net, _Batch(*tensors), make_optimizer("adam", net.parameters(), 2e-4)))
     cfg, loss_fn = config.TrainConfig(model=model, grad_clip=2.0), HingeLoss(0.2, max_violation=True)
     times = {name: {"wall": [], "cpu": []} for name, *_ in runs}
     try:
@@ -104,7 +104,7 @@ def _run(rank: int, world: int, port: int, rev: str, steps: int, warmup: int, ou
 def measure(world: int, rev: str, steps: int, warmup: int, model: str, batch: int, threads: int) -> dict:
     import torch.multiprocessing as mp
 
-    _, distributed, _ = T._import_step()
+    _, distributed, _ = _import_step()
     with tempfile.TemporaryDirectory() as out:
         if world == 1:
             _run(0, 1, 0, rev, steps, warmup, out, model, batch, threads)
