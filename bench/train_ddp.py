@@ -108,9 +108,10 @@ def measure(name: str, batch: int, steps: int, warmup: int, device: str, group) 
     b = _Batch(*tensors)
     cfg = config.TrainConfig(model=name, grad_clip=2.0)
     from vsekit.models.losses import HingeLoss
+    from vsekit.train.presets import make_optimizer   # the trainer's (fused Adam)
 
     loss_fn = HingeLoss(0.2, max_violation=True)
-    optim = torch.optim.Adam(net.parameters(), lr=2e-4)
+    optim = make_optimizer("adam", net.parameters(), 2e-4)
     dev = torch.device(device)
     net.train()
     times, traffic = [], None
@@ -182,6 +183,7 @@ def _ab_worker(rank: int, world: int, port: int, name: str, batch: int, steps: i
     torch.set_num_threads(threads)
     step_mod, distributed, config = _import_step()
     from vsekit.models.losses import HingeLoss
+    from vsekit.train.presets import make_optimizer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
@@ -193,7 +195,7 @@ def _ab_worker(rank: int, world: int, port: int, name: str, batch: int, steps: i
             net.unused_parameters = key == "on"     # what data_parallel passes to DDP's find_unused_parameters
         elif key == "off":
             _wrap_without_hook(step_mod, net, group)
-        runs[key] = (net, _Batch(*tensors), torch.optim.Adam(net.parameters(), lr=2e-4))
+        runs[key] = (net, _Batch(*tensors), make_optimizer("adam", net.parameters(), 2e-4))
     cfg, loss_fn = config.TrainConfig(model=name, grad_clip=2.0), HingeLoss(0.2, max_violation=True)
     times: dict = {"off": [], "on": []}
     reduced: dict = {}

@@ -342,6 +342,7 @@ def make_step(name: str, batch: int, device: str = "cpu"):
 
     from vsekit.models.losses import HingeLoss
     from vsekit.train import presets
+    from vsekit.train.step import clip_grad_norm
 
     model = build_vsekit("vse" if name == "vse-torchgru" else name).to(device).train()
     if name == "vse-torchgru":      # the caption GRU as before issue 47: torch's packed GRU (for --alternate)
@@ -371,7 +372,7 @@ def make_step(name: str, batch: int, device: str = "cpu"):
             loss = loss + extra
         optim.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
+        clip_grad_norm(model.parameters(), clip, torch.device(device))   # the trainer's clip
         optim.step()
         return loss
     return step, model

@@ -56,6 +56,25 @@ class ImageEncoder(nn.Module):
         return x.abs() if self.use_abs else x
 
 
+class _HiddenBias(torch.autograd.Function):
+    """A GRU's hidden-to-hidden bias repeated for every row of the packed words, whose backward is
+    that bias's and its weight's gradient over every step at once: the weight's is one product of
+    (3H x words) by (words x H) instead of one product per step whose inner size is the step's
+    batch (128 or fewer: a thin product the CPU runs at a fraction of its sgemm rate, issue 47).
+    ``states``: a list that the forward loop fills with each step's incoming hidden state."""
+
+    @staticmethod
+    def forward(ctx, weight, bias, rows: int, states: list):
+        ctx.states, ctx.has_bias = states, bias is not None
+        return (bias if bias is not None else weight.new_zeros(len(weight))).expand(rows, -1).clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        h = torch.cat(ctx.states)
+        return grad.t().mm(h.to(grad.dtype)), (grad.sum(0) if ctx.has_bias else None), None, None
+
+
 def gru_last(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The hidden state of a one-layer ``gru`` after each sequence's last real step (``x``: (B, T, in),
     batch first; a length of 0 counts as 1): what ``gru`` returns for the packed sequences, the same
@@ -64,7 +83,8 @@ def gru_last(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     Why not ``gru`` itself: torch's CPU GRU over packed sequences projects every word's input at once
     and then slices that projection per step, and the backward of each slice writes a zero gradient
     the size of the whole projection (T fills and adds of words x 3H: a fifth of VSE++'s step at
-    batch 128, issue 47). Here the projection is split once, whose backward concatenates once.
+    batch 128, issue 47). Here the projection is split once, whose backward concatenates once, and
+    the hidden-to-hidden weight's gradient is one product over all steps (:class:`_HiddenBias`).
     """
     packed = pack_padded_sequence(x, lengths.cpu().clamp(min=1), batch_first=True, enforce_sorted=False)
     if x.device.type != "cpu":      # cuDNN's fused GRU has no such slices
@@ -72,13 +92,19 @@ def gru_last(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     sizes = packed.batch_sizes.tolist()
     # under autocast the products are bf16 and the state float32, as in torch's cell
     gates = F.linear(packed.data, gru.weight_ih_l0, gru.bias_ih_l0).split(sizes)
+    states: list[torch.Tensor] = []
+    hidden = _HiddenBias.apply(gru.weight_hh_l0, gru.bias_hh_l0, len(packed.data), states).split(sizes)
+    w = gru.weight_hh_l0.detach()   # its gradient comes from _HiddenBias, once
+    if torch.is_autocast_enabled(x.device.type):    # cast once, not at every step
+        w = w.to(torch.get_autocast_dtype(x.device.type))
     h, done = packed.data.new_zeros(sizes[0], gru.hidden_size), []
-    for gi, n in zip(gates, sizes):
+    for gi, bh, n in zip(gates, hidden, sizes):
         if n < len(h):          # the shortest sequences ended: their states are final
             done.append(h[n:])
             h = h[:n]
+        states.append(h.detach())
         ir, iz, i_n = gi.chunk(3, 1)
-        hr, hz, hn = F.linear(h, gru.weight_hh_l0, gru.bias_hh_l0).chunk(3, 1)
+        hr, hz, hn = F.linear(h, w, bh).chunk(3, 1)
         r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
         n_ = torch.tanh(i_n + r * hn)
         h = (h - n_) * z + n_   # torch's cell: (1 - z) * n + z * h, in its order of operations
