@@ -23,6 +23,14 @@ class StoreError(Exception):
     """A store cannot be used as asked; the message says why."""
 
 
+class LeaseLost(StoreError):
+    """This process no longer holds a write guard (it expired and another run took it)."""
+
+
+class LeaseHeld(StoreError):
+    """Another live run holds a set's lease; the message names it and when it expires."""
+
+
 class FormatVersionError(StoreError):
     """The store was written by a newer vsekit format."""
 

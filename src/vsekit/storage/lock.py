@@ -215,29 +215,6 @@ class LockFile(Backend):
             self.path.unlink(missing_ok=True)
 
 
-class JointLock(Lease):
-    """A set's lock file as the tasks of a job array hold it together, under the array's ``token``
-    (handed to it by :meth:`.sets.SetStorage.hand_over`): each task renews it by touching it while it
-    holds that token; :meth:`check` raises :class:`~.objstore.LeaseLost` once it does not (another
-    run broke it). A task never releases it: the array's lock expires after its job has ended."""
-
-    def __init__(self, store_path: str | os.PathLike, name: str, token: str, ttl: float):
-        super().__init__(LockFile(lock_path(store_path, name)), token=token, ttl=ttl)
-        self.name, self.version = name, {}
-
-    def check(self) -> None:
-        info = _read(self.backend.path)
-        if not info or info.get("token") != self.token:
-            raise LeaseLost(f"the writer lock of {self.name!r} is no longer this array's (broken by another run?)")
-
-    def renew(self) -> bool:
-        self.check()
-        return super().renew()
-
-    def release(self) -> None:
-        self._stop.set()
-
-
 def hand_over(store_path: str | os.PathLike, name: str, token: str, extra: dict) -> Callable[[], None]:
     """Rewrite the lock of ``name`` (held by this process) as a job array's: its ``token`` and
     ``extra`` (job id, scheduler, stage); returns what writes the lock back as it was."""

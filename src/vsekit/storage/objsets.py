@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 import zlib
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -17,11 +18,11 @@ from . import objcommit
 from .base import STAGED, STAGING_NAME, Block, ProvenanceError, StoreError, not_a_store
 from .faults import point
 from .integrity import Report
-from .leases import free_reason
+from .leases import JointLease, default_ttl, free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 from .objcommit import group_meta, swap_in
 from .objstore import (TOKENS_SWAP, LeaseHeld, LeaseLost, LeaseObject, Objects, SetLease, dumps, holder_live, lease_key,
-                       lease_valid, parse_options, require_conditions)
+                       parse_options, require_conditions)
 from .sets import SetStorage
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -204,7 +205,11 @@ class ObjectSets(SetStorage):
                             f"not committing")
 
     def holds(self, name: str, token: str | None) -> bool:
-        return lease_valid(self.objects, name, token)
+        """Read, not renewed: the lease holds ``token`` for a third of its ttl more (a dask task checks
+        its driver's lease so; only the driver renews it). No token: nothing may be committed."""
+        got = None if token is None else LeaseObject(self.objects, lease_key(name)).read()
+        return (got is not None and got[0].get("token") == token
+                and time.time() + float(got[0].get("ttl") or default_ttl()) / 3 < got[2])
 
     def token(self, name: str) -> str | None:
         return self.store.lease_token
@@ -250,8 +255,9 @@ class ObjectSets(SetStorage):
                 lease.hand_over(own, {}, handed=False)
         return back
 
-    def join(self, name: str, token: str, ttl: float) -> SetLease:
-        lease = SetLease.joint(self.objects, name, token)
+    def join(self, name: str, token: str, ttl: float) -> JointLease:
+        lease = JointLease(LeaseObject(self.objects, lease_key(name)),
+                           f"the lease of feature set {name!r} in {self.path}", token, ttl)
         self.store.leases[name] = lease   # every commit record checks it (check_lease)
         self.store.lease_token = token
         return lease

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .base import StoreError
+from .base import LeaseHeld, LeaseLost, StoreError  # noqa: F401 (re-exported)
 
 SCHEMES = ("s3", "gs", "az", "memory")
 #: where the refusals of storage send a user: what serves a store on object storage is the CLI's to say
@@ -48,14 +48,6 @@ SINGLE_WRITER = "single_writer"
 _OWN_KEYS = ("read_requests", SINGLE_WRITER)
 #: option names whose values are secrets (never shown; none is ever written anywhere)
 _SECRET = re.compile(r"(secret|token|password|key|credential|sas)", re.I)
-
-
-class LeaseLost(StoreError):
-    """This process no longer holds the set's lease (it expired and another run took it)."""
-
-
-class LeaseHeld(StoreError):
-    """Another live run holds the set's lease; the message names it and when it expires."""
 
 
 def scheme_of(path: Any) -> str | None:
@@ -425,11 +417,7 @@ class SetLease(Lease):
     once and raises :class:`LeaseLost` when the object changed (another run took it over after it
     expired) or when less than half the ttl would be left: every commit record is written right after
     a successful check, so a holder paused past its expiry never commits (``tests/test_objstore.py``).
-
-    ``joint``: the lease as the tasks of a job array hold it together, all under the array's token
-    (:meth:`joint`): each renews by reading the object and compare-and-swapping it with a later expiry
-    while it still holds that token (a sibling's renewal in between makes it read again; another run's
-    takeover changes the token, and the task stops)."""
+    A job array's tasks hold it jointly as a :class:`.leases.JointLease` (:meth:`hand_over`)."""
 
     def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None,
                  token: str | None = None):
@@ -437,14 +425,7 @@ class SetLease(Lease):
         self.objects, self.name, self.stage, self.key = objects, name, stage, lease_key(name)
         self.lost: str | None = None
         self.extra: dict[str, Any] = {}    # what a hand-over to a job array adds (:meth:`hand_over`)
-        self.handed = self.is_joint = False
-
-    @classmethod
-    def joint(cls, objects: Objects, name: str, token: str) -> "SetLease":
-        """The set lease as an array task holds it, with its siblings, under the array's ``token``."""
-        lease = cls(objects, name, "vsekit extract array task", token=token)
-        lease.is_joint = True
-        return lease
+        self.handed = False
 
     def body(self) -> dict:
         self.record = {"host": socket.gethostname(), "pid": os.getpid(), "stage": self.stage, **self.extra}
@@ -460,33 +441,13 @@ class SetLease(Lease):
                             f"lease at the same moment; rerun later")
         return self.keep_renewed(self.ttl / 3, errors=(StoreError,))
 
-    def _lose(self, why: str) -> LeaseLost:
-        self.lost = why
-        return LeaseLost(why)
-
     def renew(self) -> bool:
-        if self.lost:
-            raise LeaseLost(self.lost)
-        if not self.is_joint:
-            if not super().renew():
-                raise self._lose(f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
-                                 f"expired and another run took it over); this run stops without "
-                                 f"committing more blocks")
+        if not self.lost and super().renew():
             return True
-        with self.lock:
-            for _ in range(20):
-                got = self.backend.read()
-                if got is None or got[0].get("token") != self.token:
-                    raise self._lose(f"the lease of feature set {self.name!r} in {self.objects.url} is no longer "
-                                     f"this job array's (another run took it over); not committing")
-                info, etag, _ = got
-                self.ttl = float(info.get("ttl") or DEFAULT_TTL_S)
-                expires = time.time() + self.ttl
-                if self.backend.replace(info, expires, etag) is not None:
-                    self.expires = expires
-                    return True
-                time.sleep(0.05)   # a sibling task renewed it in between: read it again
-        return False
+        self.lost = self.lost or (f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
+                                  f"expired and another run took it over); this run stops without "
+                                  f"committing more blocks")
+        raise LeaseLost(self.lost)
 
     def check(self) -> None:
         """Renew now; raise :class:`LeaseLost` unless this run still holds the lease for half a ttl."""
@@ -498,8 +459,8 @@ class SetLease(Lease):
     def hand_over(self, token: str, extra: Mapping[str, Any], handed: bool = True) -> None:
         """Rewrite the lease (compare-and-swap) as a job array's: its ``token`` and ``extra`` (the job
         id and scheduler, ``pid: 0`` so that this process ending does not free it). ``handed``: this
-        process no longer releases it (the array's tasks renew it jointly: :meth:`joint`); False hands
-        it back (a refused submission)."""
+        process no longer releases it (the array's tasks renew it jointly); False hands it back (a
+        refused submission)."""
         before = (self.token, self.extra, self.version)
         self.token, self.extra = token, dict(extra)
         if self.lost or not Lease.renew(self):
@@ -509,7 +470,7 @@ class SetLease(Lease):
         self.handed = handed
 
     def release(self) -> None:
-        if self.lost or self.handed or self.is_joint:   # a job array's: it expires after its job has ended
+        if self.lost or self.handed:   # a job array's: it expires after its job has ended
             self._stop.set()
             return
         super().release()
@@ -519,18 +480,6 @@ def holder_live(info: Mapping[str, Any]) -> str | None:
     """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it
     (:func:`.leases.holder_words` over the one takeover rule)."""
     return holder_words(dict(info), float(info.get("expires", 0)))
-
-
-def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:
-    """Whether the run holding ``token`` still holds the lease of ``name`` for ``margin`` seconds more
-    (default: a third of its ttl; a dask task checks its driver's lease this way, only the driver
-    renews it). No token: no lease was taken, nothing may be committed."""
-    got = None if token is None else LeaseObject(objects, lease_key(name)).read()
-    if got is None:
-        return False
-    info, _, expires = got
-    margin = float(info.get("ttl", DEFAULT_TTL_S)) / 3 if margin is None else margin
-    return info.get("token") == token and time.time() + margin < expires
 
 
 #: a tokenize that replaces the tokens on object storage (tokenize/runner.py): its staged tokens are

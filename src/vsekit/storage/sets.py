@@ -21,8 +21,8 @@ import zarr
 from . import integrity
 from .base import STAGED, Block, read_generation
 from .faults import point
-from .leases import Lease
-from .lock import JointLock, hand_over, holder, replacing_store, writer_lock
+from .leases import JointLease, Lease
+from .lock import LockFile, hand_over, lock_path, holder, replacing_store, writer_lock
 from .objcommit import swap_dir
 from .objstore import LeaseLost
 
@@ -229,7 +229,8 @@ class DiskSets(SetStorage):
         return hand_over(self.path, name, token, extra)
 
     def join(self, name: str, token: str, ttl: float) -> Lease:
-        return JointLock(self.path, name, token, ttl)
+        return JointLease(LockFile(lock_path(self.path, name)), f"the writer lock of {name!r} in {self.path}",
+                          token, ttl)
 
     def generation(self, name: str) -> str | None:
         return read_generation(self.path, name)
