@@ -28,7 +28,7 @@ from .fserrors import naming
 from .job_arrays import write_json
 from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
 from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
-from .objstore import SERVED_BY, LeaseLost, is_object_url, public_url
+from .objstore import SERVED_BY, is_object_url, public_url
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"

@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 import zlib
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import zarr
 import zarr.storage
@@ -357,32 +357,11 @@ class ObjectSets(SetStorage):
         self.finish_swap(name)
 
     def finish_swap(self, name: str) -> dict | None:
-        """Finish the swap the mark of ``name`` describes (under NAME's lease); returns the mark, or None
-        without one. Every step can be done again, so a run killed here leaves the mark and the next
-        writer of NAME calls this again (the steps: docs/store.md, "Replacing a set or a store on
-        object storage")."""
-        objects = self.objects
-        mark = objects.get_json(replace_mark(name))
-        if mark is None:
-            return None
-        staging, gen = mark[0].get("staging"), mark[0].get("generation")
-        src, dst = f"features/{staging}/", f"features/{name}/"
-        rsrc, rdst = f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/"
-        have = objects.get_json(dst + "zarr.json")
-        if have is None or (have[0].get("attributes") or {}).get("generation") != gen or not gen:
-            meta = objects.get_json(src + "zarr.json")
-            if meta is None:
-                raise StoreError(f"{self.path}: {replace_mark(name)} says {staging!r} replaces feature set "
-                                 f"{name!r}, but {staging!r} has no zarr.json; delete that mark and run the "
-                                 f"command that makes {name!r} again with --overwrite")
-            swapped = swap_in(objects, [(src, dst), (rsrc, rdst)], group_meta(meta[0].get("attributes") or {}),
-                              step=lambda at: point(f"replace:{at}"), check=lambda: self.check_lease(name))
-            if not swapped:
-                raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
-        point("replace:cleanup")
-        objects.delete(replace_mark(name))
-        self._delete(staging)
-        return mark[0] or {"finished": True}
+        """Finish the swap the mark of ``name`` describes, under NAME's lease (:func:`finish_marked`)."""
+        return finish_marked(self.objects, replace_mark(name), lambda staging: [
+            (f"features/{staging}/", f"features/{name}/"), (f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/")],
+            f"feature set {name!r}", f"run the command that makes {name!r} again with --overwrite", "replace",
+            check=lambda: self.check_lease(name))
 
     def refuse_if_replacing(self, name: str) -> None:
         """One clear error while feature set ``name`` is being replaced (its swap mark is there): a
@@ -472,53 +451,48 @@ class ObjectSets(SetStorage):
         """Write the swap mark (``.vsekit/swaps/DST.json``): from it on, the swap is finished by
         whichever run comes next (this one, or the next writer of ``dst`` if this one is killed)."""
         self.objects.put(f".vsekit/swaps/{dst}.json", dumps({"staging": staging, "token": self.store.lease_token}))
-        self.finish_group_swap(dst, guard, fault, staging)
+        self.finish_group_swap(dst, guard, fault)
 
-    def finish_group_swap(self, dst: str, guard: str, fault: str, staging: str | None = None) -> None:
-        """Replace ``dst/`` by the complete staged group the mark names, under ``guard``'s lease. Readers
-        see the old group, then none (its ``zarr.json`` is deleted first: never a mix of two), then the
-        new one, published by one create-if-absent of ``DST/zarr.json`` as a feature set is. Every step
-        can be done again, so a run killed anywhere here leaves the mark and the next writer finishes
-        the swap first; the mark is deleted before the staged objects, so it never outlives them
-        (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
-        objects, mark_key = self.objects, f".vsekit/swaps/{dst}.json"
-        mark = objects.get_json(mark_key)
-        if mark is None:
-            return
-        staging = str(mark[0].get("staging") or staging)
-        staged = objects.keys(f"{staging}/")
-        meta = objects.get_json(f"{staging}/zarr.json")
-        if meta is None:
-            raise StoreError(f"{self.path}: {mark_key} says {staging}/ replaces {dst}/, but {staging}/ has no "
-                             f"zarr.json; delete {mark_key} and {staging}/ and run it again")
-        if not swap_in(objects, [(f"{staging}/", f"{dst}/")], group_meta(meta[0].get("attributes") or {}),
-                       step=lambda at: point(f"{fault}:{at}"), check=lambda: self.check_lease(guard)):
-            raise StoreError(f"{self.path}: another run published {dst} meanwhile")
-        objects.delete(mark_key)
-        for key in staged:
-            objects.delete(key)
+    def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
+        """Replace ``dst/`` by the complete staged group the mark names, under ``guard``'s lease: readers
+        see the old group, then none, then the new one (:func:`finish_marked`;
+        ``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
+        finish_marked(self.objects, f".vsekit/swaps/{dst}.json", lambda staging: [(f"{staging}/", f"{dst}/")],
+                      dst, "run it again", fault, check=lambda: self.check_lease(guard))
+
+
+def finish_marked(objects: Any, mark_key: str, moves: Callable[[str], list[tuple[str, str]]], what: str,
+                  redo: str, fault: str, check: Callable[[], None], keep: Sequence[str] = (),
+                  skip: Sequence[str] = ()) -> dict | None:
+    """The one finisher of every swap on object storage (a feature set's, the tokens', a whole store's):
+    the complete staged group that the mark ``mark_key`` names is put in place by :func:`.objcommit.swap_in`
+    (``moves(staging)``: its pairs, the group first), then the mark goes, then the staged objects.
+    Every step can be done again, so a run killed anywhere leaves the mark and the next writer of
+    ``what`` calls this again (docs/store.md, "Replacing a set or a store on object storage").
+    Returns the mark, or None without one."""
+    mark = objects.get_json(mark_key)
+    if mark is None:
+        return None
+    pairs = moves(str(mark[0].get("staging") or ""))
+    meta = objects.get(pairs[0][0] + "zarr.json")
+    if meta is None:
+        raise StoreError(f"{objects.url}: the new {what} a killed run was swapping in is gone; delete "
+                         f"{mark_key} and {redo}")
+    if not swap_in(objects, pairs, meta[0], step=lambda at: point(f"{fault}:{at}"), check=check,
+                   keep=(*(src for src, _ in pairs), *keep), skip=skip):
+        raise StoreError(f"{objects.url}: another run published {what} meanwhile")
+    point(f"{fault}:cleanup")
+    objects.delete(mark_key)
+    for src, _ in pairs:
+        _delete_keys(objects, src)
+    return mark[0] or {"finished": True}
+
 
 def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
-    """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names (under the store's
-    lease; False without a mark): the old store's objects go, but the nested store, the mark and the
-    store's lease. Every step can be done again, and a run killed here leaves the mark (docs/store.md,
-    "Replacing a set or a store on object storage")."""
-    mark = objects.get_json(STORE_SWAP)
-    if mark is None:
-        return False
-    staging = str(mark[0].get("staging") or "")
-    src = f"{staging}/"
-    meta = objects.get(src + "zarr.json")
-    if not staging.startswith(".vsekit/next-") or meta is None:
-        raise StoreError(f"{objects.url}: {STORE_SWAP} names a new store {staging!r} that is not there; "
-                         f"delete {STORE_SWAP} and ingest again with --overwrite")
-    # the old store's objects go, but the nested store, the mark and the lease this run holds
-    swapped = swap_in(objects, [(src, "")], meta[0], step=lambda at: point(f"ingest:replace:{at}"),
-                                check=lambda: holder.check_lease(STORE_LEASE),
-                                keep=(src, STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"), skip=(".vsekit/leases/",))
-    if not swapped:
-        raise StoreError(f"{objects.url}: another run created a store there meanwhile")
-    point("ingest:replace:cleanup")
-    objects.delete(STORE_SWAP)
-    _delete_keys(objects, src)
-    return True
+    """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names, under the store's
+    lease (:func:`finish_marked`; False without a mark): the old store's objects go, but the nested
+    store, the mark and the store's lease."""
+    return finish_marked(objects, STORE_SWAP, lambda staging: [(f"{staging}/", "")], "store",
+                         "ingest again with --overwrite", "ingest:replace", lambda: holder.check_lease(STORE_LEASE),
+                         keep=(STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"),
+                         skip=(".vsekit/leases/",)) is not None
