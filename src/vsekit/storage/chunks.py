@@ -134,12 +134,9 @@ class ChunkReader:
         count = None if not self.has_count else (np.concatenate(counts) if counts else np.zeros(0, np.int64))
         return data, count
 
-    def _array(self, name: str) -> Any:
-        return self._arrays[name]
-
     def _key(self, name: str, index: int) -> str:
         """The object key of chunk ``index`` of array ``name`` (as :func:`.objcommit.chunk_key`)."""
-        arr = self._array(name)
+        arr = self._arrays[name]
         return f"features/{self.fs.name}/{name}/{arr.metadata.encode_chunk_key((index,) + (0,) * (arr.ndim - 1))}"
 
     def _decode(self, name: str, payload: bytes | None, rows: int) -> np.ndarray:
@@ -147,7 +144,7 @@ class ChunkReader:
         key = (name, rows)
         decoder = self._decoders.get(key)
         if decoder is None:
-            decoder = self._decoders[key] = _ChunkDecoder(self._array(name), rows)
+            decoder = self._decoders[key] = _ChunkDecoder(self._arrays[name], rows)
         return decoder(payload)
 
 
@@ -205,20 +202,14 @@ def raw_codecs(array: Any) -> bool:
 def raw_layout(array: Any) -> tuple[str, Callable] | None:
     """(array folder, chunk-key encoder) if ``array``'s chunk files are raw little-endian float32 rows."""
     try:
-        from zarr.codecs import BytesCodec
         from zarr.storage import LocalStore
 
-        meta = array.metadata
         store = array.store_path.store
-        raw = (getattr(meta, "zarr_format", 3) == 3 and isinstance(store, LocalStore)
-               and array.dtype == np.dtype("<f4") and len(meta.codecs) == 1
-               and isinstance(meta.codecs[0], BytesCodec) and str(getattr(meta.codecs[0].endian, "value", "")) == "little"
-               and getattr(array, "shards", None) is None and tuple(array.chunks[1:]) == tuple(array.shape[1:])
-               and float(array.fill_value) == 0.0)
-        if not raw:
+        if not (isinstance(store, LocalStore) and array.dtype == np.dtype("<f4") and raw_codecs(array)
+                and float(array.fill_value) == 0.0):
             return None
         folder = os.path.join(str(store.root), *array.store_path.path.split("/"))
-        encoder = meta.chunk_key_encoding.encode_chunk_key
+        encoder = array.metadata.chunk_key_encoding.encode_chunk_key
         return folder, lambda coords: encoder(coords).replace("/", os.sep)
     except Exception:  # another zarr layout or version: zarr reads it
         return None

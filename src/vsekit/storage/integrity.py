@@ -142,32 +142,39 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
         if isinstance(want, str):   # a finished block without its record lost it (it is written first)
             report.damaged[b.index] = f"{want}{rows}"
             continue
-        for name, (wcrc, wsize) in want.items():
-            crc, size = sets.chunk_sum(fs, name, b.index, crc=not quick)
-            if size != wsize:
-                what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
-                if wsize == ABSENT:
-                    what = f"{size} bytes where none were written"
-                report.damaged[b.index] = f"{name} chunk {sets.chunk_word} {what}{rows}"
-                break
-            if not quick and crc != wcrc:
-                report.damaged[b.index] = (f"{name} chunk {sets.chunk_word}'s CRC-32 {crc:08x} != recorded "
-                                           f"{wcrc:08x}{rows}")
+        for name, recorded_sum in want.items():
+            why = mismatch(f"{name} chunk {sets.chunk_word}", sets.chunk_sum(fs, name, b.index, crc=not quick),
+                           recorded_sum, crc=not quick)
+            if why:
+                report.damaged[b.index] = f"{why}{rows}"
                 break
     return report
 
 
-def recorded_sums(fs: "FeatureSet") -> Callable[[int], "dict[str, tuple[int, int]] | str"]:
+def mismatch(what: str, got: tuple[int, int], want: tuple[int, int], crc: bool = True) -> str | None:
+    """How the chunk ``what`` (its CRC-32 and size ``got``) differs from its record ``want``, or None."""
+    (crc_now, size), (wcrc, wsize) = got, want
+    if size != wsize:
+        if wsize == ABSENT:
+            return f"{what} {size} bytes where none were written"
+        return f"{what} {'missing' if size == ABSENT else f'{size} bytes, expected {wsize}'}"
+    if crc and crc_now != wcrc:
+        return f"{what}'s CRC-32 {crc_now:08x} != recorded {wcrc:08x}"
+    return None
+
+
+def recorded_sums(fs: "FeatureSet", whole: bool = True) -> Callable[[int], "dict[str, tuple[int, int]] | str"]:
     """On a disk: block index → the (CRC, size) recorded of each checksummed array, or why there is
     none (the set lost its ``blocksums`` array or its list of arrays, an unreadable checksum chunk, or
-    nothing recorded for a finished block)."""
+    nothing recorded for a finished block). ``whole``: the table is read at once (else per block)."""
     names = fs.group.attrs.get("checksummed") or []
     if not names or not fs.has_array(SUMS):
-        why = f"its rows are finished but {_missing_sums(names)}"
+        why = ("its rows are finished but " + (f"the {SUMS} array is missing" if names else
+                                                "the set's list of checksummed arrays is missing"))
         return lambda index: why
     sums = fs.group[SUMS]
     try:
-        table = np.asarray(sums[:])
+        table = np.asarray(sums[:]) if whole else None
     except Exception:   # an unreadable checksum chunk: each block's read alone, so the others are checked
         table = None
 
@@ -219,11 +226,6 @@ def refuse_damaged(fs: "FeatureSet") -> None:
             f"`{remake_command(fs.store, fs.name)}`")
 
 
-def _missing_sums(names) -> str:
-    """Why a set has no checksum to compare with: its ``blocksums`` array or its list of arrays is gone."""
-    return f"the {SUMS} array is missing" if names else "the set's list of checksummed arrays is missing"
-
-
 def block_committed(fs: "FeatureSet", block: "Block") -> bool:
     """Whether ``block`` is finished (no pending row) and its chunk files match their recorded sizes.
 
@@ -236,21 +238,14 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
 
 
 def sums_committed(fs: "FeatureSet", block: "Block") -> bool:
-    """:func:`block_committed` on a disk."""
+    """:func:`block_committed` on a disk: finished, with its checksums recorded (before the status: a
+    finished block without them lost them) and its chunk files of the recorded sizes."""
     status = status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
         return False
-    names = fs.group.attrs.get("checksummed") or []
-    if not names or not fs.has_array(SUMS):
-        return False   # the set lost its checksum records: nothing shows the block is whole
-    try:
-        want = np.asarray(fs.group[SUMS][block.index])
-    except Exception:
-        return False
-    if np.all(want == UNRECORDED):
-        return False   # finished without its checksum (recorded before the status): lost, not committed
-    return all(_file_sum(_chunk_file(fs, name, block.index), crc=False)[1] == int(want[2 * k + 1])
-               for k, name in enumerate(names))
+    want = recorded_sums(fs, whole=False)(block.index)
+    return not isinstance(want, str) and all(file_sum(fs, name, block.index, crc=False)[1] == size
+                                             for name, (_, size) in want.items())
 
 
 class BlockCheck:
@@ -289,14 +284,9 @@ class BlockCheck:
     def check_sum(self, index: int, array: str, crc: int, size: int) -> None:
         """Refuse block ``index`` unless ``crc``/``size`` (of the bytes just read) match the record."""
         want = self.expected(index, array)
-        if want is None:
-            return
-        wcrc, wsize = want
-        if size != wsize:
-            what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
-            self.refuse(index, f"{array} chunk file {what}")
-        if crc != wcrc:
-            self.refuse(index, f"{array} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}")
+        why = None if want is None else mismatch(f"{array} chunk file", (crc, size), want)
+        if why:
+            self.refuse(index, why)
 
     def check_file(self, index: int, array: str) -> None:
         """Re-read chunk file ``index`` of ``array`` and check it (readers that decode through zarr)."""

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from .fserrors import naming
 from .job_arrays import write_json
-from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
+from .base import STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
 from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
 from .objstore import SERVED_BY, is_object_url, public_url
 
@@ -72,18 +72,15 @@ def stale_reason(path: Path, info: dict) -> str | None:
         return f"{BREAK_ENV}=1"
     if info.get("torn"):   # locks are linked into place complete, so no live writer left this
         return "the lock file is empty or torn (left by a run that failed while writing it)"
-    if _alive_here(info):   # on a disk, a live holder on this host keeps its lock, expired or not:
-        return None         # tokenize, split and info --repair write without a check per block
+    # on a disk, a live holder on this host (not a job array) keeps its lock, expired or not: tokenize,
+    # split and info --repair write without a check per block
+    if (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
+            and not (info.get("array_job") or info.get("slurm_array")) and gone_here(info) is None):
+        return None
     try:
         return free_reason(info, _expires(path, info))
     except FileNotFoundError:
         return "released"
-
-
-def _alive_here(info: dict) -> bool:
-    """A lock (not a job array's) whose holder runs on this host now: not gone by the one rule."""
-    return (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
-            and not (info.get("array_job") or info.get("slurm_array")) and gone_here(info) is None)
 
 
 def _expires(path: Path, info: dict) -> float:
@@ -272,17 +269,11 @@ def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
 STORE_LOCK = ".store"   # held inside a store while ``ingest --overwrite`` replaces it (set names never start with ".")
 
 
-def creation_lock_path(store_path: str | os.PathLike) -> Path:
-    """The lock beside a store that ``ingest`` holds while it creates (or replaces) the store."""
-    store_path = Path(store_path)
-    return store_path.parent / f".{store_path.name}.ingest.lock"
-
-
 @contextlib.contextmanager
 def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") -> Iterator[None]:
     """Hold the creation lock of the store at ``store_path``: one ingest at a time into one path
     (two ingests into the same new path would otherwise both succeed, the second replacing the first)."""
-    path = creation_lock_path(store_path)
+    path = Path(store_path).parent / f".{Path(store_path).name}.ingest.lock"
     with naming(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
     lease = _renewed(_take(path, f"{Path(store_path)}", stage, "one ingest per store path"))
