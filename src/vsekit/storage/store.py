@@ -210,6 +210,20 @@ class FeatureSet:
                     f"are pending; rerun the command that makes it to finish it")
         return self
 
+    def settings_changed(self, attrs: Mapping[str, Any], shape: tuple, dtype: Any,
+                         block_rows: int | None = None) -> str | None:
+        """None when this set was made as ``attrs``, ``shape``, ``dtype`` (and ``block_rows``) say, so a
+        rerun resumes it; else the refusal naming what differs."""
+        pairs = [("shape", self.shape, tuple(shape)), ("dtype", self.data.dtype, np.dtype(dtype))]
+        if block_rows is not None:
+            pairs.append(("rows per block", self.chunk_rows, block_rows))
+        moved = [f"{what} {have} → {want}" for what, have, want in pairs if have != want]
+        if self.attrs.get("config_hash") == attrs["config_hash"] and not moved:
+            return None
+        return (f"feature set {self.name!r} already exists in {self.store.path} with different settings "
+                f"({'; '.join(settings_diff(self.attrs, attrs) + moved) or 'another vsekit version'}); "
+                f"pass --overwrite to replace it or --name to write a new set")
+
     def lineage(self) -> list[str]:
         """This set's name followed by its ancestors' names."""
         names, attrs = [self.name], self.attrs
@@ -427,21 +441,12 @@ class FeatureStore(DatasetRows):
         self.remove_leftovers(name)
         if self.has_features(name):
             existing = FeatureSet(self, name)
-            same = (existing.attrs.get("config_hash") == attrs["config_hash"]
-                    and existing.shape == (n_rows, *row_shape) and existing.data.dtype == dtype)
-            if same and not overwrite:
+            changed = existing.settings_changed(attrs, (n_rows, *row_shape), dtype)
+            if changed is None and not overwrite:
                 self.sets.reconcile(existing)   # a writer killed between a block's record and its status
                 return existing
             if not overwrite:
-                diff = settings_diff(existing.attrs, attrs)
-                if existing.shape != (n_rows, *row_shape):
-                    diff.append(f"shape {existing.shape} → {(n_rows, *row_shape)}")
-                if existing.data.dtype != dtype:
-                    diff.append(f"dtype {existing.data.dtype} → {dtype}")
-                raise ProvenanceError(
-                    f"feature set {name!r} already exists in {self.path} with different settings "
-                    f"({'; '.join(diff) or 'another vsekit version'}); "
-                    f"pass --overwrite to replace it or --name to write a new set")
+                raise ProvenanceError(changed)
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
