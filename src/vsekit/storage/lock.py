@@ -108,39 +108,36 @@ def _try_create(path: Path, info: dict) -> bool:
     """Write the lock complete or not at all: a temporary file, fsync'd, then ``link()``ed into place.
 
     ``link`` is atomic and fails if the lock exists (also on NFS v3+), so the lock file never exists
-    half-written: a full disk fails on the temporary file, which is removed, and leaves no lock.
+    half-written: a full disk fails on the temporary file, which is removed, and leaves no lock. A
+    filesystem without hard links (vfat, some FUSE mounts) gets ``O_CREAT | O_EXCL``, then the
+    content: a lock another run reads in the instant between the two looks torn there, and a write
+    that fails removes the file again, so a full disk still leaves no lock.
     """
     tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with naming(path):
-            with open(tmp, "x") as f:
-                json.dump(info, f)
-                f.flush()
-                os.fsync(f.fileno())
+    with naming(path):
+        try:
+            _write_synced(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), info, tmp)
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
             try:
-                os.link(tmp, path)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            except OSError as exc:
-                if exc.errno not in _NO_LINKS:
-                    raise
-                return _create_exclusive(path, info)
-        return True
-    finally:
-        tmp.unlink(missing_ok=True)
+            _write_synced(fd, info, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return True
 
 
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
-def _create_exclusive(path: Path, info: dict) -> bool:
-    """For a filesystem without hard links (vfat, some FUSE mounts): ``O_CREAT | O_EXCL``, then the
-    content. A lock another run reads in the instant between the two looks torn there; a write that
-    fails removes the file again, so a full disk still leaves no lock."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
+def _write_synced(fd: int, info: dict, path: Path) -> None:
+    """``info`` as JSON into the new file ``fd``, fsync'd; on a failure ``path`` is removed."""
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(info, f)
@@ -149,7 +146,6 @@ def _create_exclusive(path: Path, info: dict) -> bool:
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return True
 
 
 def _break(path: Path, seen: dict) -> None:

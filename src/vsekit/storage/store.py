@@ -352,8 +352,11 @@ class FeatureStore(DatasetRows):
                 raise StoreError(f"{path} already exists; pass --overwrite to replace it")
             if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
                 held_store.enter_context(lock.replacing_store(path))
-                if not drop_features:
-                    refuse_dropping_features(path)
+                if not drop_features and (path / "zarr.json").is_file():
+                    names: list[str] = []
+                    with contextlib.suppress(StoreError):   # not a readable store: nothing of vsekit's to lose
+                        names = FeatureStore.open(path).feature_names()
+                    refuse_dropping(path, names)
             remove_stale_staging(path)
             staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
             store = cls.create(staging, overwrite=True, **create_kw)
@@ -536,18 +539,6 @@ class FeatureStore(DatasetRows):
 
 
 # helpers ------------------------------------------------------------------------------------------
-def refuse_dropping_features(path: str | os.PathLike) -> None:
-    """Refuse to replace the store at ``path`` while it holds feature sets (``--drop-features`` allows it)."""
-    path = Path(path)
-    if not (path / "zarr.json").is_file():
-        return
-    try:
-        names = FeatureStore.open(path).feature_names()
-    except StoreError:   # not a readable store: nothing of vsekit's to lose
-        return
-    refuse_dropping(path, names)
-
-
 def store_exists(path: str | os.PathLike) -> bool:
     """Whether a store (its root ``zarr.json``) is at ``path``, a local path or an object-store URL."""
     if is_object_url(os.fspath(path)):
