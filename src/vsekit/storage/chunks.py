@@ -1,28 +1,11 @@
-"""Reading a feature set's rows block by block with every chunk file checked: the store side of the
-trainer's loader (``train/data.py``) and of evaluation.
+"""Reading a feature set's rows block by block with every chunk checked against its record before
+its rows are used: the store side of the trainer's loader (``train/data.py``) and of evaluation.
 
-``ChunkReader(fs)`` takes the set's checksums, status and generation once (``integrity.BlockCheck``).
-Then each block is either
-
-- read raw: an uncompressed float32 Zarr v3 array in a local directory store (codecs: little-endian
-  ``bytes`` only, no sharding, one chunk per row block) keeps each block's rows in C order in one
-  file, so ``read_raw`` reads the file straight into the caller's buffer and computes its CRC-32 on
-  the way (one copy from the page cache instead of zarr's read, decode and copy); or
-- checked by ``verify`` (each chunk file is read once more for its CRC-32) before zarr decodes it.
-
-Either way nothing is used from a block whose files differ from the record, and ``check_generation``
-after the read refuses rows of a set made again (``--overwrite``) meanwhile. Setting ``check`` to
-None turns the checks off (the loader benchmark's baseline).
-
-On object storage (``s3://``...) a block is one GET per array (``data``, and ``count`` where the set has
-it): :meth:`ChunkReader.read_rows` fetches the chunk object, compares its CRC-32 and size with the
-block's commit record, and decodes those same bytes (a raw float32 chunk is a view of them; any other
-codec is decoded by zarr from the bytes in memory), so nothing is fetched twice and no byte is used
-that was not checked. The per-block generation read is left out there: the records belong to the
-generation the reader opened, so a set made again shows as changed bytes, refused by the record check
-(whose message then says the set was replaced). Callers run several such reads at once (the trainer's
-window reads, :func:`vsekit.train.data.read_spans`), each holding one chunk's bytes: ``requests``
-(the ``read_requests`` storage option, default :data:`READ_REQUESTS`) bounds them.
+A raw float32 chunk file on a disk is read straight into the caller's buffer with its CRC-32 computed
+on the way (:meth:`ChunkReader.read_raw`); any other chunk is checked (``verify``) before zarr
+decodes it; on object storage each block is one GET per array, checked and decoded from those same
+bytes (:meth:`ChunkReader.read_rows`), with ``read_requests`` reads in flight. ``check = None`` turns
+the checks off (the loader benchmark's baseline). Why and how: docs/train.md, docs/store.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Per-block checksums of a feature set's stored bytes: detect deleted, truncated or altered chunks.
 
-When a row block is written (``FeatureSet.write_block``), before its status marks it done, the CRC-32
-and byte size of each of its chunk files (``data`` and the auxiliary per-row arrays such as
-``boxes``/``count``) go into the set's ``blocksums`` array, one chunk per block (so parallel block
-writers never share a chunk). A chunk zarr did not write (all fill value) is recorded as absent.
-
-:func:`verify` compares the files with the record: ``quick`` checks presence and sizes only (a
-``stat`` per chunk: what ``extract`` does on resume and ``train`` before it opens a set), the full
-check also re-reads every byte and compares CRCs (``vsekit info --verify``). It also reads every
-``status`` chunk, so a truncated status chunk is reported instead of failing later. A finished
-block with no checksum recorded, in a set whose writer records them, is damage too: the checksums
-are written before the status, so only a lost checksum chunk leaves one. :func:`repair` marks
-damaged blocks pending again; a rerun of the command that made the set rewrites them.
-
-:class:`BlockCheck` is the readers' side (``train``, ``evaluate``): every chunk file read is
-compared with its record before its rows are used, so nothing trains on damaged data.
+A block's CRC-32 and size of each of its chunk files go into the set's ``blocksums`` array (one chunk
+per block) before its status marks it done; :func:`verify` compares the files with them (``quick``:
+sizes only), :func:`repair` marks damaged blocks pending, and :class:`BlockCheck` checks every chunk
+a reader uses. On object storage the record is the block's commit record (:mod:`.objcommit`). What
+each check guarantees: docs/reliability.md, "A damaged chunk".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The vsekit Zarr v3 store: images, captions, tokens and feature sets with provenance.
 
-Layout (docs/store.md, "Layout")::
-
-    /                      attrs: format_version, dataset, source_files, image_root, codes
-    images/id|path|split   (N,)
-    captions/text|image    (M,)
-    tokens/ids|offsets     ragged token arrays (written by vsekit.tokenize)
-    features/<name>/data   (N, ...)   one feature set per extraction or derivation
-    features/<name>/status (N,) uint8 0 pending, 1 done, 2 failed
-
-A feature set is written in *row blocks* aligned to the chunks of its arrays: a block is the unit of
-work, distribution and resume. A block's data is written before its checksums and its status, so a
-block whose status rows are all non-zero is complete, and a rerun skips it. Two writers never touch
-the same chunk. A new set is built complete (arrays and attrs) under a hidden name and renamed into
-place, so a killed creation leaves nothing that looks like a set (see docs/reliability.md).
+A feature set is written in row blocks aligned to its chunks (the unit of work, distribution and
+resume), data before checksums before status, and a new set is built under a hidden name and put in
+place whole. The layout and these guarantees: docs/store.md ("Layout") and docs/reliability.md.
 """
 
 from __future__ import annotations
