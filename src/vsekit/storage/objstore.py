@@ -19,6 +19,7 @@ shown with any ``user:password@`` removed (:func:`public_url`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,7 +28,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .base import LeaseHeld, LeaseLost, StoreError  # noqa: F401 (re-exported)
 
@@ -210,10 +211,14 @@ class Objects:
         self.options = {**DEFAULT_OPTIONS, **self.options}
         self.store = _open_obstore(self.url, self.options)
 
-    def _fail(self, what: str, key: str, exc: BaseException) -> StoreError:
-        """One error line naming the store's URL and the cause, never the object: ``key`` is vsekit's
-        own bookkeeping (a lease, a swap mark, a chunk), which the user never named."""
-        return StoreError(f"{self.url}: cannot {what} the store: {_reason(exc, scheme_of(self.url))}")
+    @contextlib.contextmanager
+    def _request(self, what: str) -> Iterator[None]:
+        """A failed request as one error line naming the store's URL and the cause, never the object
+        (a lease, a swap mark, a chunk: vsekit's own bookkeeping, which the user never named)."""
+        try:
+            yield
+        except Exception as exc:
+            raise StoreError(f"{self.url}: cannot {what} the store: {_reason(exc, scheme_of(self.url))}") from None
 
     def zarr_store(self, read_only: bool = False):
         from zarr.storage import ObjectStore
@@ -224,84 +229,69 @@ class Objects:
         """The object's bytes and ETag, or None when it does not exist."""
         import obstore
 
-        try:
-            res = obstore.get(self.store, key)
-            return bytes(res.bytes()), res.meta.get("e_tag")
-        except FileNotFoundError as exc:
-            if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
-                raise self._fail("read", key, exc) from None
-            return None
-        except Exception as exc:
-            raise self._fail("read", key, exc) from None
+        with self._request("read"):
+            try:
+                res = obstore.get(self.store, key)
+                return bytes(res.bytes()), res.meta.get("e_tag")
+            except FileNotFoundError as exc:
+                if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
+                    raise
+                return None
 
     def put(self, key: str, data: bytes) -> str | None:
         import obstore
 
-        try:
+        with self._request("write"):
             return obstore.put(self.store, key, data).get("e_tag")
-        except Exception as exc:
-            raise self._fail("write", key, exc) from None
 
     def create(self, key: str, data: bytes) -> str | None:
         """Write ``key`` only if it does not exist: its ETag, or None when it existed already."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        try:
-            return obstore.put(self.store, key, data, mode="create").get("e_tag") or "created"
-        except (AlreadyExistsError, PreconditionError):
-            return None
-        except Exception as exc:
-            raise self._fail("create", key, exc) from None
+        with self._request("create"):
+            try:
+                return obstore.put(self.store, key, data, mode="create").get("e_tag") or "created"
+            except (AlreadyExistsError, PreconditionError):
+                return None
 
     def swap(self, key: str, data: bytes, etag: str) -> str | None:
         """Replace ``key`` only if its ETag is still ``etag``: the new ETag, or None when it changed."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        try:
-            return obstore.put(self.store, key, data, mode={"e_tag": etag}).get("e_tag")
-        except (AlreadyExistsError, PreconditionError, FileNotFoundError):
-            return None
-        except Exception as exc:
-            raise self._fail("update", key, exc) from None
+        with self._request("update"):
+            try:
+                return obstore.put(self.store, key, data, mode={"e_tag": etag}).get("e_tag")
+            except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+                return None
 
     def delete(self, key: str) -> None:
         import obstore
 
-        try:
+        with self._request("delete"), contextlib.suppress(FileNotFoundError):
             obstore.delete(self.store, key)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise self._fail("delete", key, exc) from None
 
     def copy(self, src: str, dst: str) -> None:
         """Copy the object ``src`` to ``dst`` on the provider (no bytes pass through this process)."""
         import obstore
 
-        try:
+        with self._request("copy"):
             obstore.copy(self.store, src, dst)
-        except Exception as exc:
-            raise self._fail("copy", src, exc) from None
 
     def children(self, prefix: str) -> list[str]:
         """The names of the "folders" directly under ``prefix`` (one listing, not every object)."""
         import obstore
 
-        try:
+        with self._request("list"):
             got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") or None)
-        except Exception as exc:
-            raise self._fail("list", prefix, exc) from None
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in got["common_prefixes"])
 
     def keys(self, prefix: str) -> list[str]:
         import obstore
 
-        try:
+        with self._request("list"):
             return sorted(m["path"] for batch in obstore.list(self.store, prefix=prefix) for m in batch)
-        except Exception as exc:
-            raise self._fail("list", prefix, exc) from None
 
     def get_json(self, key: str) -> tuple[dict, str | None] | None:
         got = self.get(key)
@@ -376,7 +366,7 @@ def require_conditions(objects: Objects, what: str, multi: bool = False) -> None
 
 
 # --- the set lease --------------------------------------------------------------------------------
-from .leases import DEFAULT_TTL_S, TTL_ENV, Backend, Lease, default_ttl, free_reason, holder_words  # noqa: E402,F401 (one ttl, one rule)
+from .leases import DEFAULT_TTL_S, Backend, Lease, holder_words  # noqa: E402,F401 (one ttl: DEFAULT_TTL_S re-exported)
 
 
 def lease_key(name: str) -> str:
