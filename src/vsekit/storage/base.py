@@ -56,6 +56,7 @@ class Block:
         return self.stop - self.start
 
 
+STORE_GUARD = ".store"   # the whole store's guard (`vsekit split`, `ingest --overwrite`); set names never start with "."
 STAGED = "next-"   # ``.NAME.next-XXXX``: a set built beside NAME by --overwrite, swapped in on success
 STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
 

@@ -89,10 +89,10 @@ def _expires(path: Path, info: dict) -> float:
 
 
 def describe(info: dict) -> str:
+    """Who holds a guard, in words: its stage, pid and host (and when it started, where recorded)."""
     started = info.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-    return (f"{info.get('stage', 'a vsekit run')} (pid {info.get('pid', '?')} on host "
-            f"{info.get('host', '?')}, started {when})")
+    when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
+    return f"{info.get('stage', 'a vsekit run')} (pid {info.get('pid', '?')} on host {info.get('host', '?')}{when})"
 
 
 def _ensure_dir(store_path: Path) -> Path:
@@ -262,9 +262,6 @@ def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
 
 
 # the store's own locks ------------------------------------------------------------------------------
-STORE_LOCK = ".store"   # held inside a store while ``ingest --overwrite`` replaces it (set names never start with ".")
-
-
 @contextlib.contextmanager
 def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") -> Iterator[None]:
     """Hold the creation lock of the store at ``store_path``: one ingest at a time into one path
@@ -280,36 +277,10 @@ def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") 
 
 
 @contextlib.contextmanager
-def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest --overwrite") -> Iterator[None]:
-    """Hold the store lock of an existing store while it is replaced; refuse if any writer holds a lock
-    in it. Writers check this lock after taking theirs (:func:`writer_lock`), and this checks theirs
-    after taking it, so of two that start at once at least one sees the other."""
-    lease = _take_in(store_path, STORE_LOCK, stage)
-    try:
-        for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
-            name = other.name[:-len(".lock")]
-            seen = _live(other)
-            if name == STORE_LOCK or seen is None:
-                continue
-            raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
-                           f"wait for it to finish (a store is not replaced under a running writer)")
-        _renewed(lease)
-        yield
-    finally:
-        lease.release()
-
-
-def _check_not_replaced(store_path: str | os.PathLike) -> None:
-    """Refuse to write in a store that ``ingest --overwrite`` is replacing."""
-    seen = holder(store_path, STORE_LOCK)
-    if seen and seen.get("pid") != os.getpid():
-        raise LockHeld(f"{store_path} is being replaced by {describe(seen)}; wait for it to finish, then run "
-                       f"this again on the new store")
-
-
-@contextlib.contextmanager
-def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit") -> Iterator[None]:
-    """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block."""
+def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit",
+                check: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block;
+    ``check()`` runs after each is taken (:meth:`.sets.SetStorage.refuse_if_store_held`)."""
     refuse_url(store_path, f"`{stage}`")
     taken: list[tuple[str, Lease | None]] = []
     try:
@@ -324,7 +295,7 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
             with _held_lock:
                 _held[key] = 1
             taken.append((key, lease))
-            _check_not_replaced(store_path)
+            check()
             _renewed(lease)
         yield
     finally:
@@ -340,10 +311,16 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
 
 def holder(store_path: str | os.PathLike, name: str) -> dict | None:
     """The live holder of ``name``'s lock, or None (a stale lock counts as none)."""
-    return _live(lock_path(store_path, name))
+    got = live(lock_path(store_path, name))
+    return None if got is None else got[0]
 
 
-def _live(path: Path) -> dict | None:
-    """The record of the lock file ``path`` while its holder keeps it, else None."""
+def live(path: Path) -> tuple[dict, float] | None:
+    """The record of the lock file ``path`` and its expiry while its holder keeps it, else None."""
     info = _read(path)
-    return None if not info or stale_reason(path, info) is not None else info
+    if not info or stale_reason(path, info) is not None:
+        return None
+    try:
+        return info, _expires(path, info)
+    except FileNotFoundError:
+        return None

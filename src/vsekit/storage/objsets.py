@@ -15,20 +15,20 @@ import zarr
 import zarr.storage
 
 from . import objcommit
-from .base import STAGED, STAGING_NAME, Block, ProvenanceError, StoreError, not_a_store
+from .base import STAGED, STAGING_NAME, STORE_GUARD, Block, ProvenanceError, StoreError, not_a_store
 from .faults import point
 from .integrity import Report
 from .leases import JointLease, default_ttl, free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 from .objcommit import group_meta, swap_in
-from .objstore import (TOKENS_SWAP, LeaseHeld, LeaseLost, LeaseObject, Objects, SetLease, dumps, holder_live, lease_key,
+from .objstore import (TOKENS_SWAP, LeaseLost, LeaseObject, Objects, SetLease, dumps, lease_key,
                        parse_options, require_conditions)
 from .sets import SetStorage
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet, FeatureStore
 
-STORE_LEASE = ".store"   # the lease `vsekit split` holds on object storage (lock.STORE_LOCK on disk)
+STORE_LEASE = STORE_GUARD   # the whole store's lease on object storage
 STORE_SWAP = ".vsekit/swaps/store.json"   # an `ingest --overwrite` swapping a new store in (object storage)
 
 
@@ -231,7 +231,7 @@ class ObjectSets(SetStorage):
                 taken.append(lease)
                 store.lease_token = lease.token
             if taken and STORE_LEASE not in names:
-                self._check_not_resplit()
+                self.refuse_if_store_held()
             for lease in taken:   # a replacement of a set a killed run left half-done: finished first
                 if lease.name != STORE_LEASE:
                     mark = self.finish_swap(lease.name)
@@ -262,37 +262,12 @@ class ObjectSets(SetStorage):
         self.store.lease_token = token
         return lease
 
-    def _check_not_resplit(self) -> None:
-        """Refuse to write while `vsekit split` holds this store's lease (on disk the store lock file
-        does this: :func:`vsekit.storage.lock.writer_lock`)."""
-        got = LeaseObject(self.objects, lease_key(STORE_LEASE)).read()
-        if got is None:
-            return
-        info, _, expires = got
-        if free_reason(info, expires) is None:
-            stage = str(info.get("stage", "vsekit split"))
-            doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
-            raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
-                            f"{info.get('host')}); wait for it to finish, then run this again")
+    def live(self, name: str) -> tuple[dict, float] | None:
+        got = LeaseObject(self.objects, lease_key(name)).read()
+        return None if got is None or free_reason(got[0], got[2]) is not None else (got[0], got[2])
 
-    @contextlib.contextmanager
-    def store_writer(self, stage: str, what: str) -> Iterator[None]:
-        """The store's lease ``.store``, refused while any set's lease is live; set writers check it
-        after taking theirs (:meth:`writer`), so of two that start at once at least one sees the other."""
-        with self.writer((STORE_LEASE,), stage, False):
-            for key in self.objects.keys(".vsekit/leases/"):
-                name = key.rsplit("/", 1)[-1][:-len(".json")]
-                got = self.objects.get_json(key)
-                if name == STORE_LEASE or got is None:
-                    continue
-                info = got[0]
-                if holder_live(info) is None:   # a job array's lease counts while its job is queued or running
-                    continue
-                who = (holder_live(info) if "array_scheduler" in info else
-                       f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); wait for it "
-                       f"to finish")
-                raise LeaseHeld(f"cannot {what} {self.path}: {name!r} in it is being written by {who}")
-            yield
+    def guard_names(self) -> list[str]:
+        return [k.rsplit("/", 1)[-1][:-len(".json")] for k in self.objects.keys(".vsekit/leases/") if k.endswith(".json")]
 
     # a set's life ----------------------------------------------------------------------------------
     def generation(self, name: str) -> str | None:

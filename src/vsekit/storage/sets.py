@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -19,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import zarr
 
 from . import integrity
-from .base import STAGED, Block, read_generation
+from .base import STAGED, STORE_GUARD, Block, LeaseHeld, read_generation
 from .faults import point
-from .leases import JointLease, Lease
-from .lock import LockFile, hand_over, lock_path, holder, replacing_store, writer_lock
+from .leases import JointLease, Lease, holder_words
+from .lock import LockFile, describe, hand_over, holder, live, lock_path, writer_lock
 from .objcommit import swap_dir
 from .objstore import LeaseLost
 
@@ -72,8 +74,36 @@ class SetStorage(abc.ABC):
         """Hold the one-writer guard of each of ``names``."""
 
     @abc.abstractmethod
-    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
-        """Hold the whole store's guard, refused while any set's guard is live."""
+    def live(self, name: str) -> tuple[dict, float] | None:
+        """The record of ``name``'s guard and its expiry while its holder keeps it (the one takeover
+        rule), else None."""
+
+    @abc.abstractmethod
+    def guard_names(self) -> list[str]:
+        """The names of every guard with a record in this store, live or not."""
+
+    @contextlib.contextmanager
+    def store_writer(self, stage: str, what: str) -> Iterator[None]:
+        """Hold the whole store's guard, refused while any set's guard is live. Set writers check it
+        after taking theirs (:meth:`refuse_if_store_held`) and this checks theirs after taking it, so
+        of two that start at once at least one sees the other."""
+        with self.writer((STORE_GUARD,), stage, False):
+            for name in self.guard_names():
+                held = None if name == STORE_GUARD else self.live(name)
+                if held is not None:
+                    info, expires = held
+                    array = info.get("array_job") or info.get("slurm_array") or "array_scheduler" in info
+                    who = holder_words(info, expires) if array else f"{describe(info)}; wait for it to finish"
+                    raise LeaseHeld(f"cannot {what} {self.store.path}: {name!r} in it is being written by {who}")
+            yield
+
+    def refuse_if_store_held(self) -> None:
+        """Refuse to write while another run holds the whole store's guard (a split or a replacement)."""
+        held = self.live(STORE_GUARD)
+        if held and (held[0].get("pid"), held[0].get("host")) != (os.getpid(), socket.gethostname()):
+            doing = "replaced" if "ingest" in str(held[0].get("stage")) else "re-split"
+            raise LeaseHeld(f"{self.store.path} is being {doing} by {describe(held[0])}; wait for it to finish, "
+                            f"then run this again")
 
     @abc.abstractmethod
     def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
@@ -212,7 +242,7 @@ class DiskSets(SetStorage):
     @contextlib.contextmanager
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> Iterator[None]:
         locks = self.store.locks
-        with writer_lock(self.path, *names, stage=stage):
+        with writer_lock(self.path, *names, stage=stage, check=self.refuse_if_store_held):
             taken = [n for n in set(names) if n not in locks]
             for n in taken:
                 locks[n] = self.token(n)
@@ -222,8 +252,11 @@ class DiskSets(SetStorage):
                 for n in taken:
                     locks.pop(n, None)
 
-    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
-        return replacing_store(self.path, stage=stage)
+    def live(self, name: str) -> tuple[dict, float] | None:
+        return live(lock_path(self.path, name))
+
+    def guard_names(self) -> list[str]:
+        return sorted(p.name[:-len(".lock")] for p in lock_path(self.path, "x").parent.glob("*.lock"))
 
     def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
         return hand_over(self.path, name, token, extra)

@@ -340,7 +340,7 @@ class FeatureStore(DatasetRows):
             if path.exists() and not overwrite:
                 raise StoreError(f"{path} already exists; pass --overwrite to replace it")
             if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
-                held_store.enter_context(lock.replacing_store(path))
+                held_store.enter_context(cls(None, path).sets.store_writer("vsekit ingest --overwrite", "replace"))
                 if not drop_features and (path / "zarr.json").is_file():
                     names: list[str] = []
                     with contextlib.suppress(StoreError):   # not a readable store: nothing of vsekit's to lose
