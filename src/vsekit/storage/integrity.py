@@ -209,10 +209,12 @@ def refuse_damaged(fs: "FeatureSet") -> None:
     report = verify(fs, quick=True)
     if not report.ok:
         first = sorted(report.damaged.items())[0]
-        raise StoreError(
-            f"feature set {fs.name!r} in {fs.store.path} is damaged: {len(report.damaged)} of "
-            f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). Repair it with "
-            f"`vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
+        raise StoreError(f"feature set {fs.name!r} in {fs.store.path} is damaged: {len(report.damaged)} of "
+                         f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). {_repair_it(fs)}")
+
+
+def _repair_it(fs: "FeatureSet") -> str:
+    return (f"Repair it with `vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
             f"`{remake_command(fs.store, fs.name)}`")
 
 
@@ -297,11 +299,9 @@ class BlockCheck:
 
         self.check_generation()   # a set made again meanwhile differs from the record, but is not damaged
         block = self.blocks[index]
-        raise StoreError(
-            f"feature set {self.fs.name!r} in {self.fs.store.path}: block {index} (rows {block.start}-"
-            f"{block.stop - 1}) is damaged ({why}); its rows were not used. Repair it with "
-            f"`vsekit info {self.fs.store.path} {self.fs.name} --verify --repair` and then "
-            f"`{remake_command(self.fs.store, self.fs.name)}`")
+        raise StoreError(f"feature set {self.fs.name!r} in {self.fs.store.path}: block {index} (rows "
+                         f"{block.start}-{block.stop - 1}) is damaged ({why}); its rows were not used. "
+                         f"{_repair_it(self.fs)}")
 
 
 def crc_of(view, value: int = 0) -> int:

@@ -76,12 +76,9 @@ def write_record(fs: "FeatureSet", block: "Block", status: np.ndarray) -> bool:
     return _objects(fs).swap(key, body, got[1]) is not None
 
 
-def _read(fs: "FeatureSet", index: int) -> tuple[dict, str | None] | None:
-    return _objects(fs).get_json(record_key(fs.name, generation(fs), index))
-
-
 def read_record(fs: "FeatureSet", index: int) -> dict | None:
-    got = _read(fs, index)
+    """The live commit record of block ``index``, or None."""
+    got = _objects(fs).get_json(record_key(fs.name, generation(fs), index))
     return got[0] if got is not None and _live(got[0]) else None
 
 

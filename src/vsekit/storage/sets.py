@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import os
 import shutil
-import socket
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -98,9 +96,10 @@ class SetStorage(abc.ABC):
             yield
 
     def refuse_if_store_held(self) -> None:
-        """Refuse to write while another run holds the whole store's guard (a split or a replacement)."""
+        """Refuse to write while another run (not this store's holder) holds the whole store's guard
+        (a split or a replacement)."""
         held = self.live(STORE_GUARD)
-        if held and (held[0].get("pid"), held[0].get("host")) != (os.getpid(), socket.gethostname()):
+        if held and STORE_GUARD not in self.store.locks and STORE_GUARD not in self.store.leases:
             doing = "replaced" if "ingest" in str(held[0].get("stage")) else "re-split"
             raise LeaseHeld(f"{self.store.path} is being {doing} by {describe(held[0])}; wait for it to finish, "
                             f"then run this again")
@@ -242,7 +241,8 @@ class DiskSets(SetStorage):
     @contextlib.contextmanager
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> Iterator[None]:
         locks = self.store.locks
-        with writer_lock(self.path, *names, stage=stage, check=self.refuse_if_store_held):
+        check = (lambda: None) if STORE_GUARD in names else self.refuse_if_store_held
+        with writer_lock(self.path, *names, stage=stage, check=check):
             taken = [n for n in set(names) if n not in locks]
             for n in taken:
                 locks[n] = self.token(n)
