@@ -21,7 +21,7 @@ from .integrity import Report
 from .leases import JointLease, default_ttl, free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 from .objcommit import group_meta, swap_in
-from .objstore import (TOKENS_SWAP, LeaseLost, LeaseObject, Objects, SetLease, dumps, lease_key,
+from .objstore import (TOKENS_SWAP, LeaseObject, Objects, SetLease, dumps, lease_key,
                        parse_options, require_conditions)
 from .sets import SetStorage
 
@@ -194,16 +194,6 @@ class ObjectSets(SetStorage):
         return spec
 
     # the guards ------------------------------------------------------------------------------------
-    def check_lease(self, name: str) -> None:
-        """The set's lease, renewed now (the run that holds it), or the driver's lease still valid for
-        its token (a dask task, which never renews it)."""
-        leases = self.store.leases
-        if name in leases:
-            leases[name].check()
-        elif not self.holds(name, self.store.lease_token):
-            raise LeaseLost(f"the run that writes {name!r} in {self.path} no longer holds its lease; "
-                            f"not committing")
-
     def holds(self, name: str, token: str | None) -> bool:
         """Read, not renewed: the lease holds ``token`` for a third of its ttl more (a dask task checks
         its driver's lease so; only the driver renews it). No token: nothing may be committed."""

@@ -63,9 +63,18 @@ class SetStorage(abc.ABC):
     def token(self, name: str) -> str | None:
         """The token of the guard of ``name`` this run holds (what its tasks commit under)."""
 
-    @abc.abstractmethod
     def check_lease(self, name: str) -> None:
-        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``."""
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``:
+        the lease it holds, renewed now (object storage), or the guard still holding this run's token
+        (a lock another run took over after it expired does not; a dask task checks its driver's).
+        On a disk a process that holds no lock and carries no token (a library call writing outside
+        any writer) is not checked."""
+        held = self.store.leases.get(name)
+        if held is not None:
+            return held.check()
+        if not self.holds(name, self.store.locks.get(name) or self.store.lease_token):
+            raise LeaseLost(f"lost the {self.guard} of feature set {name!r} in {self.store.path}: another run "
+                            f"took it over (this run was paused or cut off past its expiry); not writing")
 
     @abc.abstractmethod
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> contextlib.AbstractContextManager:
@@ -221,14 +230,6 @@ class DiskSets(SetStorage):
     @property
     def path(self) -> Path:
         return Path(self.store.path)
-
-    def check_lease(self, name: str) -> None:
-        """The lock file still holds this run's token (a lock another run took over after it expired
-        does not); a process that holds no lock and carries no run's token (a library call writing
-        outside any writer) is not checked."""
-        if not self.holds(name, self.store.locks.get(name) or self.store.lease_token):
-            raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
-                            f"it over (this run was paused or cut off past its expiry); not writing")
 
     def holds(self, name: str, token: str | None) -> bool:
         """The lock file of ``name`` is live and holds ``token`` (no token: nothing to check)."""
