@@ -86,31 +86,19 @@ def existing_matches(store: FeatureStore, name: str, attrs: Mapping[str, Any], s
     if overwrite or not store.has_features(name):
         return None
     fs = FeatureSet(store, name)
-    if (fs.attrs.get("config_hash") == attrs["config_hash"] and fs.shape == tuple(shape)
-            and fs.data.dtype == np.dtype(dtype) and fs.chunk_rows == block_rows):
-        if fs.attrs.get("stale"):   # a re-split changed the rows its statistics (or its parent's) came from
-            raise ProvenanceError(
-                f"feature set {name!r} in {store.path} is stale: {fs.attrs['stale']}; pass --overwrite to "
-                f"make it again")
-        made_from = fs.attrs.get("parent_generation")
-        if made_from is not None and made_from != attrs.get("parent_generation"):
-            raise ProvenanceError(
-                f"feature set {name!r} in {store.path} was made from an earlier {fs.attrs.get('parent')!r} "
-                f"(made again since); pass --overwrite to make it from the current one")
-        return fs
-    from ..storage.store import settings_diff
-
-    diff = settings_diff(fs.attrs, attrs)
-    if fs.shape != tuple(shape):
-        diff.append(f"shape {fs.shape} → {tuple(shape)}")
-    if fs.data.dtype != np.dtype(dtype):
-        diff.append(f"dtype {fs.data.dtype} → {np.dtype(dtype)}")
-    if fs.chunk_rows != block_rows:
-        diff.append(f"rows per block {fs.chunk_rows} → {block_rows}")
-    raise ProvenanceError(
-        f"feature set {name!r} already exists in {store.path} with different settings "
-        f"({'; '.join(diff) or 'another vsekit version'}); pass --overwrite to replace it or --name to "
-        f"write a new set")
+    changed = fs.settings_changed(attrs, shape, dtype, block_rows)
+    if changed:
+        raise ProvenanceError(changed)
+    if fs.attrs.get("stale"):   # a re-split changed the rows its statistics (or its parent's) came from
+        raise ProvenanceError(
+            f"feature set {name!r} in {store.path} is stale: {fs.attrs['stale']}; pass --overwrite to "
+            f"make it again")
+    made_from = fs.attrs.get("parent_generation")
+    if made_from is not None and made_from != attrs.get("parent_generation"):
+        raise ProvenanceError(
+            f"feature set {name!r} in {store.path} was made from an earlier {fs.attrs.get('parent')!r} "
+            f"(made again since); pass --overwrite to make it from the current one")
+    return fs
 
 
 def create(store: FeatureStore, name: str, parent: FeatureSet, width: int, dtype: Any,

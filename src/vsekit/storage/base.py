@@ -23,6 +23,14 @@ class StoreError(Exception):
     """A store cannot be used as asked; the message says why."""
 
 
+class LeaseLost(StoreError):
+    """This process no longer holds a write guard (it expired and another run took it)."""
+
+
+class LeaseHeld(StoreError):
+    """Another live run holds a set's lease; the message names it and when it expires."""
+
+
 class FormatVersionError(StoreError):
     """The store was written by a newer vsekit format."""
 
@@ -48,6 +56,7 @@ class Block:
         return self.stop - self.start
 
 
+STORE_GUARD = ".store"   # the whole store's guard (`vsekit split`, `ingest --overwrite`); set names never start with "."
 STAGED = "next-"   # ``.NAME.next-XXXX``: a set built beside NAME by --overwrite, swapped in on success
 STAGING_NAME = re.compile(r"^\..+\.(partial|creating|old|next)-[0-9a-f]{8}$")   # the store's hidden sets
 

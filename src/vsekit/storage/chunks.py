@@ -1,28 +1,11 @@
-"""Reading a feature set's rows block by block with every chunk file checked: the store side of the
-trainer's loader (``train/data.py``) and of evaluation.
+"""Reading a feature set's rows block by block with every chunk checked against its record before
+its rows are used: the store side of the trainer's loader (``train/data.py``) and of evaluation.
 
-``ChunkReader(fs)`` takes the set's checksums, status and generation once (``integrity.BlockCheck``).
-Then each block is either
-
-- read raw: an uncompressed float32 Zarr v3 array in a local directory store (codecs: little-endian
-  ``bytes`` only, no sharding, one chunk per row block) keeps each block's rows in C order in one
-  file, so ``read_raw`` reads the file straight into the caller's buffer and computes its CRC-32 on
-  the way (one copy from the page cache instead of zarr's read, decode and copy); or
-- checked by ``verify`` (each chunk file is read once more for its CRC-32) before zarr decodes it.
-
-Either way nothing is used from a block whose files differ from the record, and ``check_generation``
-after the read refuses rows of a set made again (``--overwrite``) meanwhile. Setting ``check`` to
-None turns the checks off (the loader benchmark's baseline).
-
-On object storage (``s3://``...) a block is one GET per array (``data``, and ``count`` where the set has
-it): :meth:`ChunkReader.read_rows` fetches the chunk object, compares its CRC-32 and size with the
-block's commit record, and decodes those same bytes (a raw float32 chunk is a view of them; any other
-codec is decoded by zarr from the bytes in memory), so nothing is fetched twice and no byte is used
-that was not checked. The per-block generation read is left out there: the records belong to the
-generation the reader opened, so a set made again shows as changed bytes, refused by the record check
-(whose message then says the set was replaced). Callers run several such reads at once (the trainer's
-window reads, :func:`vsekit.train.data.read_spans`), each holding one chunk's bytes: ``requests``
-(the ``read_requests`` storage option, default :data:`READ_REQUESTS`) bounds them.
+A raw float32 chunk file on a disk is read straight into the caller's buffer with its CRC-32 computed
+on the way (:meth:`ChunkReader.read_raw`); any other chunk is checked (``verify``) before zarr
+decodes it; on object storage each block is one GET per array, checked and decoded from those same
+bytes (:meth:`ChunkReader.read_rows`), with ``read_requests`` reads in flight. ``check = None`` turns
+the checks off (the loader benchmark's baseline). Why and how: docs/train.md, docs/store.md.
 """
 
 from __future__ import annotations
@@ -134,12 +117,9 @@ class ChunkReader:
         count = None if not self.has_count else (np.concatenate(counts) if counts else np.zeros(0, np.int64))
         return data, count
 
-    def _array(self, name: str) -> Any:
-        return self._arrays[name]
-
     def _key(self, name: str, index: int) -> str:
         """The object key of chunk ``index`` of array ``name`` (as :func:`.objcommit.chunk_key`)."""
-        arr = self._array(name)
+        arr = self._arrays[name]
         return f"features/{self.fs.name}/{name}/{arr.metadata.encode_chunk_key((index,) + (0,) * (arr.ndim - 1))}"
 
     def _decode(self, name: str, payload: bytes | None, rows: int) -> np.ndarray:
@@ -147,7 +127,7 @@ class ChunkReader:
         key = (name, rows)
         decoder = self._decoders.get(key)
         if decoder is None:
-            decoder = self._decoders[key] = _ChunkDecoder(self._array(name), rows)
+            decoder = self._decoders[key] = _ChunkDecoder(self._arrays[name], rows)
         return decoder(payload)
 
 
@@ -205,20 +185,14 @@ def raw_codecs(array: Any) -> bool:
 def raw_layout(array: Any) -> tuple[str, Callable] | None:
     """(array folder, chunk-key encoder) if ``array``'s chunk files are raw little-endian float32 rows."""
     try:
-        from zarr.codecs import BytesCodec
         from zarr.storage import LocalStore
 
-        meta = array.metadata
         store = array.store_path.store
-        raw = (getattr(meta, "zarr_format", 3) == 3 and isinstance(store, LocalStore)
-               and array.dtype == np.dtype("<f4") and len(meta.codecs) == 1
-               and isinstance(meta.codecs[0], BytesCodec) and str(getattr(meta.codecs[0].endian, "value", "")) == "little"
-               and getattr(array, "shards", None) is None and tuple(array.chunks[1:]) == tuple(array.shape[1:])
-               and float(array.fill_value) == 0.0)
-        if not raw:
+        if not (isinstance(store, LocalStore) and array.dtype == np.dtype("<f4") and raw_codecs(array)
+                and float(array.fill_value) == 0.0):
             return None
         folder = os.path.join(str(store.root), *array.store_path.path.split("/"))
-        encoder = meta.chunk_key_encoding.encode_chunk_key
+        encoder = array.metadata.chunk_key_encoding.encode_chunk_key
         return folder, lambda coords: encoder(coords).replace("/", os.sep)
     except Exception:  # another zarr layout or version: zarr reads it
         return None

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import zarr
@@ -116,21 +116,16 @@ class DatasetRows:
 
 def write_strings(group: zarr.Group, name: str, values: Sequence[str]) -> zarr.Array:
     """Write a whole variable-length string array (replacing any existing one; ingestion, tokenisation)."""
-    if name in group:
-        del group[name]
-    arr = group.create_array(name, shape=(len(values),), dtype=str,
-                             chunks=(max(1, min(STRING_CHUNK, len(values))),))
-    if len(values):
-        arr[:] = np.asarray(values, dtype=object)
-    return arr
+    return write_array(group, name, np.asarray(values, dtype=object), dtype=str)
 
 
-def write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK) -> zarr.Array:
+def write_array(group: zarr.Group, name: str, values: np.ndarray, chunk: int = STRING_CHUNK,
+                dtype: Any = None) -> zarr.Array:
     """Write a whole small array (replacing any existing one)."""
     if name in group:
         del group[name]
     values = np.asarray(values)
-    arr = group.create_array(name, shape=values.shape, dtype=values.dtype,
+    arr = group.create_array(name, shape=values.shape, dtype=dtype or values.dtype,
                              chunks=(max(1, min(chunk, len(values))), *values.shape[1:]))
     if values.size:
         arr[:] = values

@@ -1,20 +1,10 @@
 """Per-block checksums of a feature set's stored bytes: detect deleted, truncated or altered chunks.
 
-When a row block is written (``FeatureSet.write_block``), before its status marks it done, the CRC-32
-and byte size of each of its chunk files (``data`` and the auxiliary per-row arrays such as
-``boxes``/``count``) go into the set's ``blocksums`` array, one chunk per block (so parallel block
-writers never share a chunk). A chunk zarr did not write (all fill value) is recorded as absent.
-
-:func:`verify` compares the files with the record: ``quick`` checks presence and sizes only (a
-``stat`` per chunk: what ``extract`` does on resume and ``train`` before it opens a set), the full
-check also re-reads every byte and compares CRCs (``vsekit info --verify``). It also reads every
-``status`` chunk, so a truncated status chunk is reported instead of failing later. A finished
-block with no checksum recorded, in a set whose writer records them, is damage too: the checksums
-are written before the status, so only a lost checksum chunk leaves one. :func:`repair` marks
-damaged blocks pending again; a rerun of the command that made the set rewrites them.
-
-:class:`BlockCheck` is the readers' side (``train``, ``evaluate``): every chunk file read is
-compared with its record before its rows are used, so nothing trains on damaged data.
+A block's CRC-32 and size of each of its chunk files go into the set's ``blocksums`` array (one chunk
+per block) before its status marks it done; :func:`verify` compares the files with them (``quick``:
+sizes only), :func:`repair` marks damaged blocks pending, and :class:`BlockCheck` checks every chunk
+a reader uses. On object storage the record is the block's commit record (:mod:`.objcommit`). What
+each check guarantees: docs/reliability.md, "A damaged chunk".
 """
 
 from __future__ import annotations
@@ -142,32 +132,39 @@ def verify(fs: "FeatureSet", *, quick: bool = False) -> Report:
         if isinstance(want, str):   # a finished block without its record lost it (it is written first)
             report.damaged[b.index] = f"{want}{rows}"
             continue
-        for name, (wcrc, wsize) in want.items():
-            crc, size = sets.chunk_sum(fs, name, b.index, crc=not quick)
-            if size != wsize:
-                what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
-                if wsize == ABSENT:
-                    what = f"{size} bytes where none were written"
-                report.damaged[b.index] = f"{name} chunk {sets.chunk_word} {what}{rows}"
-                break
-            if not quick and crc != wcrc:
-                report.damaged[b.index] = (f"{name} chunk {sets.chunk_word}'s CRC-32 {crc:08x} != recorded "
-                                           f"{wcrc:08x}{rows}")
+        for name, recorded_sum in want.items():
+            why = mismatch(f"{name} chunk {sets.chunk_word}", sets.chunk_sum(fs, name, b.index, crc=not quick),
+                           recorded_sum, crc=not quick)
+            if why:
+                report.damaged[b.index] = f"{why}{rows}"
                 break
     return report
 
 
-def recorded_sums(fs: "FeatureSet") -> Callable[[int], "dict[str, tuple[int, int]] | str"]:
+def mismatch(what: str, got: tuple[int, int], want: tuple[int, int], crc: bool = True) -> str | None:
+    """How the chunk ``what`` (its CRC-32 and size ``got``) differs from its record ``want``, or None."""
+    (crc_now, size), (wcrc, wsize) = got, want
+    if size != wsize:
+        if wsize == ABSENT:
+            return f"{what} {size} bytes where none were written"
+        return f"{what} {'missing' if size == ABSENT else f'{size} bytes, expected {wsize}'}"
+    if crc and crc_now != wcrc:
+        return f"{what}'s CRC-32 {crc_now:08x} != recorded {wcrc:08x}"
+    return None
+
+
+def recorded_sums(fs: "FeatureSet", whole: bool = True) -> Callable[[int], "dict[str, tuple[int, int]] | str"]:
     """On a disk: block index → the (CRC, size) recorded of each checksummed array, or why there is
     none (the set lost its ``blocksums`` array or its list of arrays, an unreadable checksum chunk, or
-    nothing recorded for a finished block)."""
+    nothing recorded for a finished block). ``whole``: the table is read at once (else per block)."""
     names = fs.group.attrs.get("checksummed") or []
     if not names or not fs.has_array(SUMS):
-        why = f"its rows are finished but {_missing_sums(names)}"
+        why = ("its rows are finished but " + (f"the {SUMS} array is missing" if names else
+                                                "the set's list of checksummed arrays is missing"))
         return lambda index: why
     sums = fs.group[SUMS]
     try:
-        table = np.asarray(sums[:])
+        table = np.asarray(sums[:]) if whole else None
     except Exception:   # an unreadable checksum chunk: each block's read alone, so the others are checked
         table = None
 
@@ -212,16 +209,13 @@ def refuse_damaged(fs: "FeatureSet") -> None:
     report = verify(fs, quick=True)
     if not report.ok:
         first = sorted(report.damaged.items())[0]
-        raise StoreError(
-            f"feature set {fs.name!r} in {fs.store.path} is damaged: {len(report.damaged)} of "
-            f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). Repair it with "
-            f"`vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
+        raise StoreError(f"feature set {fs.name!r} in {fs.store.path} is damaged: {len(report.damaged)} of "
+                         f"{report.blocks} blocks (first: block {first[0]}: {first[1]}). {_repair_it(fs)}")
+
+
+def _repair_it(fs: "FeatureSet") -> str:
+    return (f"Repair it with `vsekit info {fs.store.path} {fs.name} --verify --repair` and then "
             f"`{remake_command(fs.store, fs.name)}`")
-
-
-def _missing_sums(names) -> str:
-    """Why a set has no checksum to compare with: its ``blocksums`` array or its list of arrays is gone."""
-    return f"the {SUMS} array is missing" if names else "the set's list of checksummed arrays is missing"
 
 
 def block_committed(fs: "FeatureSet", block: "Block") -> bool:
@@ -236,21 +230,14 @@ def block_committed(fs: "FeatureSet", block: "Block") -> bool:
 
 
 def sums_committed(fs: "FeatureSet", block: "Block") -> bool:
-    """:func:`block_committed` on a disk."""
+    """:func:`block_committed` on a disk: finished, with its checksums recorded (before the status: a
+    finished block without them lost them) and its chunk files of the recorded sizes."""
     status = status_block(fs, block)
     if isinstance(status, str) or np.any(status == PENDING) or np.any(status > 2):
         return False
-    names = fs.group.attrs.get("checksummed") or []
-    if not names or not fs.has_array(SUMS):
-        return False   # the set lost its checksum records: nothing shows the block is whole
-    try:
-        want = np.asarray(fs.group[SUMS][block.index])
-    except Exception:
-        return False
-    if np.all(want == UNRECORDED):
-        return False   # finished without its checksum (recorded before the status): lost, not committed
-    return all(_file_sum(_chunk_file(fs, name, block.index), crc=False)[1] == int(want[2 * k + 1])
-               for k, name in enumerate(names))
+    want = recorded_sums(fs, whole=False)(block.index)
+    return not isinstance(want, str) and all(file_sum(fs, name, block.index, crc=False)[1] == size
+                                             for name, (_, size) in want.items())
 
 
 class BlockCheck:
@@ -289,14 +276,9 @@ class BlockCheck:
     def check_sum(self, index: int, array: str, crc: int, size: int) -> None:
         """Refuse block ``index`` unless ``crc``/``size`` (of the bytes just read) match the record."""
         want = self.expected(index, array)
-        if want is None:
-            return
-        wcrc, wsize = want
-        if size != wsize:
-            what = "missing" if size == ABSENT else f"{size} bytes, expected {wsize}"
-            self.refuse(index, f"{array} chunk file {what}")
-        if crc != wcrc:
-            self.refuse(index, f"{array} chunk file's CRC-32 {crc:08x} != recorded {wcrc:08x}")
+        why = None if want is None else mismatch(f"{array} chunk file", (crc, size), want)
+        if why:
+            self.refuse(index, why)
 
     def check_file(self, index: int, array: str) -> None:
         """Re-read chunk file ``index`` of ``array`` and check it (readers that decode through zarr)."""
@@ -317,11 +299,9 @@ class BlockCheck:
 
         self.check_generation()   # a set made again meanwhile differs from the record, but is not damaged
         block = self.blocks[index]
-        raise StoreError(
-            f"feature set {self.fs.name!r} in {self.fs.store.path}: block {index} (rows {block.start}-"
-            f"{block.stop - 1}) is damaged ({why}); its rows were not used. Repair it with "
-            f"`vsekit info {self.fs.store.path} {self.fs.name} --verify --repair` and then "
-            f"`{remake_command(self.fs.store, self.fs.name)}`")
+        raise StoreError(f"feature set {self.fs.name!r} in {self.fs.store.path}: block {index} (rows "
+                         f"{block.start}-{block.stop - 1}) is damaged ({why}); its rows were not used. "
+                         f"{_repair_it(self.fs)}")
 
 
 def crc_of(view, value: int = 0) -> int:

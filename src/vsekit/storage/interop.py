@@ -1,17 +1,7 @@
-"""Export a store to the files other code reads: VSE++ / SCAN precomp folders and HDF5.
-
-* ``vsepp`` (Faghri et al., VSE++): ``{split}_ims.npy`` (N, D), one row per image, and
-  ``{split}_caps.txt`` with ``captions_per_image`` consecutive captions per image — the files
-  VSE++'s ``PrecompDataset`` loads (it divides the caption index by 5 to find the image row).
-* ``scan`` (Lee et al., SCAN; also read by SGRAF): the same names with ``{split}_ims.npy`` of
-  (N, K, C) regions (grids (N, G, G, C) are flattened to G*G regions), padded rows zero.
-* ``hdf5``: one HDF5 dataset per store array (``images/id``, ``captions/text``,
-  ``features/<name>/data``...), provenance as HDF5 attributes (non-scalar values as JSON text, their
-  names listed in the ``_json_attrs`` attribute), chunked and gzip-compressed.
-
-Split files are named ``train``, ``dev`` (val), ``test`` and ``restval``, and every precomp export
-also writes ``{split}_ids.txt`` (one image id per line) so that ``vsekit ingest precomp`` gives back
-the same image ids. Everything is streamed one store chunk at a time.
+"""Export a store to the files other code reads: VSE++ / SCAN precomp folders (``{split}_ims.npy``,
+``{split}_caps.txt``, ``{split}_ids.txt``, the layouts VSE++'s and SCAN's ``PrecompDataset`` load)
+and HDF5 (one dataset per store array, provenance as attributes), streamed one store chunk at a
+time. The files and their options: docs/store.md, "Export: vsekit export".
 """
 
 from __future__ import annotations

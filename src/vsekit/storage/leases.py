@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..schedulers import get as get_scheduler, this_task
-from .base import DEFAULT_STALE_S, STALE_ENV, StoreError
+from .base import DEFAULT_STALE_S, STALE_ENV, LeaseLost, StoreError
 
 DEFAULT_TTL_S = 60.0
 TTL_ENV = "VSEKIT_LEASE_TTL_S"
@@ -226,6 +226,44 @@ class Lease:
         return self
 
 
+class JointLease(Lease):
+    """A set's guard as the tasks of a job array hold it together, under the array's ``token`` (handed
+    to it by :meth:`.sets.SetStorage.hand_over`): each task renews it while the record still holds that
+    token (a touch of the lock file; a compare-and-swap of a later expiry of the object, read again when
+    a sibling renewed it in between). Once another run took it over, :meth:`renew` and :meth:`check`
+    raise :class:`LeaseLost` naming ``what``. A task never releases it: the array's guard expires
+    after its job has ended."""
+
+    def __init__(self, backend: Backend, what: str, token: str, ttl: float):
+        super().__init__(backend, token=token, ttl=ttl)
+        self.what = what
+
+    def renew(self) -> bool:
+        with self.lock:
+            for _ in range(20):
+                got = self.backend.read()
+                if got is None or got[0].get("token") != self.token:
+                    raise LeaseLost(f"{self.what} is no longer this job array's (another run took it over); "
+                                    f"not committing")
+                info, version, _ = got
+                self.ttl = float(info.get("ttl") or self.ttl)
+                expires = self.clock.time() + self.ttl
+                if self.backend.touch(info, expires, version) is not None:
+                    self.expires = expires
+                    return True
+                time.sleep(0.05)   # a sibling task renewed it in between: read it again
+        return False
+
+    def check(self) -> None:
+        """Renew now; raise :class:`LeaseLost` unless the array still holds the guard for half a ttl."""
+        self.renew()
+        if self.clock.time() > self.expires - self.ttl / 2:   # the renewal itself took too long
+            raise LeaseLost(f"{self.what} is about to expire; not committing")
+
+    def release(self) -> None:
+        self._stop.set()
+
+
 # --- a job array's block leases ---------------------------------------------------------------------
 @dataclass
 class LeaseState:
@@ -386,5 +424,5 @@ def LeaseDir(root: str | os.PathLike, ttl: float | None = None, owner: dict | No
     return BlockLeases(lambda key: GenerationFiles(root, key), keys, ttl, owner)
 
 
-__all__ = ["Backend", "BlockLeases", "DEFAULT_TTL_S", "GenerationFiles", "Lease", "LeaseDir", "LeaseState",
+__all__ = ["Backend", "BlockLeases", "DEFAULT_TTL_S", "GenerationFiles", "JointLease", "Lease", "LeaseDir", "LeaseState",
            "TTL_ENV", "default_ttl", "free_reason", "gone_here", "owner_record"]

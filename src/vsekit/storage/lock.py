@@ -26,9 +26,9 @@ from typing import Callable, Iterator
 
 from .fserrors import naming
 from .job_arrays import write_json
-from .base import DEFAULT_STALE_S, STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
+from .base import STALE_ENV, StoreError  # noqa: F401 (re-exported: a job array's grace where its scheduler cannot answer)
 from .leases import DEFAULT_TTL_S, Backend, Lease, default_ttl, free_reason, gone_here, holder_words, proc_start
-from .objstore import SERVED_BY, LeaseLost, is_object_url, public_url
+from .objstore import SERVED_BY, is_object_url, public_url
 
 LOCK_DIR = (".vsekit", "locks")
 BREAK_ENV = "VSEKIT_BREAK_LOCK"
@@ -72,18 +72,15 @@ def stale_reason(path: Path, info: dict) -> str | None:
         return f"{BREAK_ENV}=1"
     if info.get("torn"):   # locks are linked into place complete, so no live writer left this
         return "the lock file is empty or torn (left by a run that failed while writing it)"
-    if _alive_here(info):   # on a disk, a live holder on this host keeps its lock, expired or not:
-        return None         # tokenize, split and info --repair write without a check per block
+    # on a disk, a live holder on this host (not a job array) keeps its lock, expired or not: tokenize,
+    # split and info --repair write without a check per block
+    if (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
+            and not (info.get("array_job") or info.get("slurm_array")) and gone_here(info) is None):
+        return None
     try:
         return free_reason(info, _expires(path, info))
     except FileNotFoundError:
         return "released"
-
-
-def _alive_here(info: dict) -> bool:
-    """A lock (not a job array's) whose holder runs on this host now: not gone by the one rule."""
-    return (info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
-            and not (info.get("array_job") or info.get("slurm_array")) and gone_here(info) is None)
 
 
 def _expires(path: Path, info: dict) -> float:
@@ -92,10 +89,10 @@ def _expires(path: Path, info: dict) -> float:
 
 
 def describe(info: dict) -> str:
+    """Who holds a guard, in words: its stage, pid and host (and when it started, where recorded)."""
     started = info.get("started")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "?"
-    return (f"{info.get('stage', 'a vsekit run')} (pid {info.get('pid', '?')} on host "
-            f"{info.get('host', '?')}, started {when})")
+    when = f", started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started))}" if started else ""
+    return f"{info.get('stage', 'a vsekit run')} (pid {info.get('pid', '?')} on host {info.get('host', '?')}{when})"
 
 
 def _ensure_dir(store_path: Path) -> Path:
@@ -111,39 +108,36 @@ def _try_create(path: Path, info: dict) -> bool:
     """Write the lock complete or not at all: a temporary file, fsync'd, then ``link()``ed into place.
 
     ``link`` is atomic and fails if the lock exists (also on NFS v3+), so the lock file never exists
-    half-written: a full disk fails on the temporary file, which is removed, and leaves no lock.
+    half-written: a full disk fails on the temporary file, which is removed, and leaves no lock. A
+    filesystem without hard links (vfat, some FUSE mounts) gets ``O_CREAT | O_EXCL``, then the
+    content: a lock another run reads in the instant between the two looks torn there, and a write
+    that fails removes the file again, so a full disk still leaves no lock.
     """
     tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with naming(path):
-            with open(tmp, "x") as f:
-                json.dump(info, f)
-                f.flush()
-                os.fsync(f.fileno())
+    with naming(path):
+        try:
+            _write_synced(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), info, tmp)
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
             try:
-                os.link(tmp, path)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
-            except OSError as exc:
-                if exc.errno not in _NO_LINKS:
-                    raise
-                return _create_exclusive(path, info)
-        return True
-    finally:
-        tmp.unlink(missing_ok=True)
+            _write_synced(fd, info, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return True
 
 
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
 
 
-def _create_exclusive(path: Path, info: dict) -> bool:
-    """For a filesystem without hard links (vfat, some FUSE mounts): ``O_CREAT | O_EXCL``, then the
-    content. A lock another run reads in the instant between the two looks torn there; a write that
-    fails removes the file again, so a full disk still leaves no lock."""
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
+def _write_synced(fd: int, info: dict, path: Path) -> None:
+    """``info`` as JSON into the new file ``fd``, fsync'd; on a failure ``path`` is removed."""
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(info, f)
@@ -152,7 +146,6 @@ def _create_exclusive(path: Path, info: dict) -> bool:
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return True
 
 
 def _break(path: Path, seen: dict) -> None:
@@ -215,29 +208,6 @@ class LockFile(Backend):
             self.path.unlink(missing_ok=True)
 
 
-class JointLock(Lease):
-    """A set's lock file as the tasks of a job array hold it together, under the array's ``token``
-    (handed to it by :meth:`.sets.SetStorage.hand_over`): each task renews it by touching it while it
-    holds that token; :meth:`check` raises :class:`~.objstore.LeaseLost` once it does not (another
-    run broke it). A task never releases it: the array's lock expires after its job has ended."""
-
-    def __init__(self, store_path: str | os.PathLike, name: str, token: str, ttl: float):
-        super().__init__(LockFile(lock_path(store_path, name)), token=token, ttl=ttl)
-        self.name, self.version = name, {}
-
-    def check(self) -> None:
-        info = _read(self.backend.path)
-        if not info or info.get("token") != self.token:
-            raise LeaseLost(f"the writer lock of {self.name!r} is no longer this array's (broken by another run?)")
-
-    def renew(self) -> bool:
-        self.check()
-        return super().renew()
-
-    def release(self) -> None:
-        self._stop.set()
-
-
 def hand_over(store_path: str | os.PathLike, name: str, token: str, extra: dict) -> Callable[[], None]:
     """Rewrite the lock of ``name`` (held by this process) as a job array's: its ``token`` and
     ``extra`` (job id, scheduler, stage); returns what writes the lock back as it was."""
@@ -292,20 +262,11 @@ def release(store_path: str | os.PathLike, name: str, info: dict) -> None:
 
 
 # the store's own locks ------------------------------------------------------------------------------
-STORE_LOCK = ".store"   # held inside a store while ``ingest --overwrite`` replaces it (set names never start with ".")
-
-
-def creation_lock_path(store_path: str | os.PathLike) -> Path:
-    """The lock beside a store that ``ingest`` holds while it creates (or replaces) the store."""
-    store_path = Path(store_path)
-    return store_path.parent / f".{store_path.name}.ingest.lock"
-
-
 @contextlib.contextmanager
 def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") -> Iterator[None]:
     """Hold the creation lock of the store at ``store_path``: one ingest at a time into one path
     (two ingests into the same new path would otherwise both succeed, the second replacing the first)."""
-    path = creation_lock_path(store_path)
+    path = Path(store_path).parent / f".{Path(store_path).name}.ingest.lock"
     with naming(path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)
     lease = _renewed(_take(path, f"{Path(store_path)}", stage, "one ingest per store path"))
@@ -316,36 +277,10 @@ def creating_store(store_path: str | os.PathLike, stage: str = "vsekit ingest") 
 
 
 @contextlib.contextmanager
-def replacing_store(store_path: str | os.PathLike, stage: str = "vsekit ingest --overwrite") -> Iterator[None]:
-    """Hold the store lock of an existing store while it is replaced; refuse if any writer holds a lock
-    in it. Writers check this lock after taking theirs (:func:`writer_lock`), and this checks theirs
-    after taking it, so of two that start at once at least one sees the other."""
-    lease = _take_in(store_path, STORE_LOCK, stage)
-    try:
-        for other in sorted(lock_path(store_path, "x").parent.glob("*.lock")):
-            name = other.name[:-len(".lock")]
-            seen = _live(other)
-            if name == STORE_LOCK or seen is None:
-                continue
-            raise LockHeld(f"cannot replace {store_path}: {name!r} in it is being written by {describe(seen)}; "
-                           f"wait for it to finish (a store is not replaced under a running writer)")
-        _renewed(lease)
-        yield
-    finally:
-        lease.release()
-
-
-def _check_not_replaced(store_path: str | os.PathLike) -> None:
-    """Refuse to write in a store that ``ingest --overwrite`` is replacing."""
-    seen = holder(store_path, STORE_LOCK)
-    if seen and seen.get("pid") != os.getpid():
-        raise LockHeld(f"{store_path} is being replaced by {describe(seen)}; wait for it to finish, then run "
-                       f"this again on the new store")
-
-
-@contextlib.contextmanager
-def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit") -> Iterator[None]:
-    """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block."""
+def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit",
+                check: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold the locks of ``names`` (in sorted order, so two runs never deadlock) for the block;
+    ``check()`` runs after each is taken (:meth:`.sets.SetStorage.refuse_if_store_held`)."""
     refuse_url(store_path, f"`{stage}`")
     taken: list[tuple[str, Lease | None]] = []
     try:
@@ -360,7 +295,7 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
             with _held_lock:
                 _held[key] = 1
             taken.append((key, lease))
-            _check_not_replaced(store_path)
+            check()
             _renewed(lease)
         yield
     finally:
@@ -376,10 +311,16 @@ def writer_lock(store_path: str | os.PathLike, *names: str, stage: str = "vsekit
 
 def holder(store_path: str | os.PathLike, name: str) -> dict | None:
     """The live holder of ``name``'s lock, or None (a stale lock counts as none)."""
-    return _live(lock_path(store_path, name))
+    got = live(lock_path(store_path, name))
+    return None if got is None else got[0]
 
 
-def _live(path: Path) -> dict | None:
-    """The record of the lock file ``path`` while its holder keeps it, else None."""
+def live(path: Path) -> tuple[dict, float] | None:
+    """The record of the lock file ``path`` and its expiry while its holder keeps it, else None."""
     info = _read(path)
-    return None if not info or stale_reason(path, info) is not None else info
+    if not info or stale_reason(path, info) is not None:
+        return None
+    try:
+        return info, _expires(path, info)
+    except FileNotFoundError:
+        return None

@@ -1,13 +1,9 @@
-"""The commit protocol of a feature set on object storage, which has no rename and no lock file
-(docs/store.md, "Stores on object storage", where each promise names its test): one writer per set
-under the set's lease (:class:`~.objstore.SetLease`); a new set **published** by one create-if-absent
-of its group's ``zarr.json`` after every array's metadata; a block **committed** by one
-create-if-absent record ``.vsekit/commits/NAME/GENERATION/BLOCK.json`` (the CRC-32 and size of each
-chunk object, the rows' status codes), written after its chunks and right after the writer checked
-its lease (:func:`write_record`); the status chunk written after it as a cache, restored from the
-records by the next run under the lease (:func:`reconcile`); ``info --verify`` against the records
-(:func:`vsekit.storage.integrity.verify`), ``--repair`` voiding them (:func:`repair`); and the swaps (:func:`swap_in`, its POSIX
-twin :func:`swap_dir`).
+"""The commit protocol of a feature set on object storage, which has no rename and no lock file: a
+block **committed** by one create-if-absent record ``.vsekit/commits/NAME/GENERATION/BLOCK.json``
+(its chunks' CRC-32 and size, its rows' status) written right after the writer checked its lease
+(:func:`write_record`); the status restored from the records (:func:`reconcile`); ``--repair``
+voiding them (:func:`repair`); and the swaps (:func:`swap_in`, its POSIX twin :func:`swap_dir`).
+Each promise and its test: docs/store.md, "The commit protocol next to the POSIX one".
 """
 
 from __future__ import annotations
@@ -80,12 +76,9 @@ def write_record(fs: "FeatureSet", block: "Block", status: np.ndarray) -> bool:
     return _objects(fs).swap(key, body, got[1]) is not None
 
 
-def _read(fs: "FeatureSet", index: int) -> tuple[dict, str | None] | None:
-    return _objects(fs).get_json(record_key(fs.name, generation(fs), index))
-
-
 def read_record(fs: "FeatureSet", index: int) -> dict | None:
-    got = _read(fs, index)
+    """The live commit record of block ``index``, or None."""
+    got = _objects(fs).get_json(record_key(fs.name, generation(fs), index))
     return got[0] if got is not None and _live(got[0]) else None
 
 

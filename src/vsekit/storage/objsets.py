@@ -6,28 +6,29 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 import zlib
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import zarr
 import zarr.storage
 
 from . import objcommit
-from .base import STAGED, STAGING_NAME, Block, ProvenanceError, StoreError, not_a_store
+from .base import STAGED, STAGING_NAME, STORE_GUARD, Block, ProvenanceError, StoreError, not_a_store
 from .faults import point
 from .integrity import Report
-from .leases import free_reason
+from .leases import JointLease, default_ttl, free_reason
 from .meta import check_format, refuse_dropping, root_attrs, settings_diff
 from .objcommit import group_meta, swap_in
-from .objstore import (TOKENS_SWAP, LeaseHeld, LeaseLost, LeaseObject, Objects, SetLease, dumps, holder_live, lease_key,
-                       lease_valid, parse_options, require_conditions)
+from .objstore import (TOKENS_SWAP, LeaseObject, Objects, SetLease, dumps, lease_key,
+                       parse_options, require_conditions)
 from .sets import SetStorage
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import FeatureSet, FeatureStore
 
-STORE_LEASE = ".store"   # the lease `vsekit split` holds on object storage (lock.STORE_LOCK on disk)
+STORE_LEASE = STORE_GUARD   # the whole store's lease on object storage
 STORE_SWAP = ".vsekit/swaps/store.json"   # an `ingest --overwrite` swapping a new store in (object storage)
 
 
@@ -193,18 +194,12 @@ class ObjectSets(SetStorage):
         return spec
 
     # the guards ------------------------------------------------------------------------------------
-    def check_lease(self, name: str) -> None:
-        """The set's lease, renewed now (the run that holds it), or the driver's lease still valid for
-        its token (a dask task, which never renews it)."""
-        leases = self.store.leases
-        if name in leases:
-            leases[name].check()
-        elif not self.holds(name, self.store.lease_token):
-            raise LeaseLost(f"the run that writes {name!r} in {self.path} no longer holds its lease; "
-                            f"not committing")
-
     def holds(self, name: str, token: str | None) -> bool:
-        return lease_valid(self.objects, name, token)
+        """Read, not renewed: the lease holds ``token`` for a third of its ttl more (a dask task checks
+        its driver's lease so; only the driver renews it). No token: nothing may be committed."""
+        got = None if token is None else LeaseObject(self.objects, lease_key(name)).read()
+        return (got is not None and got[0].get("token") == token
+                and time.time() + float(got[0].get("ttl") or default_ttl()) / 3 < got[2])
 
     def token(self, name: str) -> str | None:
         return self.store.lease_token
@@ -226,7 +221,7 @@ class ObjectSets(SetStorage):
                 taken.append(lease)
                 store.lease_token = lease.token
             if taken and STORE_LEASE not in names:
-                self._check_not_resplit()
+                self.refuse_if_store_held()
             for lease in taken:   # a replacement of a set a killed run left half-done: finished first
                 if lease.name != STORE_LEASE:
                     mark = self.finish_swap(lease.name)
@@ -250,43 +245,19 @@ class ObjectSets(SetStorage):
                 lease.hand_over(own, {}, handed=False)
         return back
 
-    def join(self, name: str, token: str, ttl: float) -> SetLease:
-        lease = SetLease.joint(self.objects, name, token)
+    def join(self, name: str, token: str, ttl: float) -> JointLease:
+        lease = JointLease(LeaseObject(self.objects, lease_key(name)),
+                           f"the lease of feature set {name!r} in {self.path}", token, ttl)
         self.store.leases[name] = lease   # every commit record checks it (check_lease)
         self.store.lease_token = token
         return lease
 
-    def _check_not_resplit(self) -> None:
-        """Refuse to write while `vsekit split` holds this store's lease (on disk the store lock file
-        does this: :func:`vsekit.storage.lock.writer_lock`)."""
-        got = LeaseObject(self.objects, lease_key(STORE_LEASE)).read()
-        if got is None:
-            return
-        info, _, expires = got
-        if free_reason(info, expires) is None:
-            stage = str(info.get("stage", "vsekit split"))
-            doing = "replaced" if "ingest" in stage else "re-split"   # ingest --overwrite, or split
-            raise LeaseHeld(f"{self.path} is being {doing} by {stage} (pid {info.get('pid')} on "
-                            f"{info.get('host')}); wait for it to finish, then run this again")
+    def live(self, name: str) -> tuple[dict, float] | None:
+        got = LeaseObject(self.objects, lease_key(name)).read()
+        return None if got is None or free_reason(got[0], got[2]) is not None else (got[0], got[2])
 
-    @contextlib.contextmanager
-    def store_writer(self, stage: str, what: str) -> Iterator[None]:
-        """The store's lease ``.store``, refused while any set's lease is live; set writers check it
-        after taking theirs (:meth:`writer`), so of two that start at once at least one sees the other."""
-        with self.writer((STORE_LEASE,), stage, False):
-            for key in self.objects.keys(".vsekit/leases/"):
-                name = key.rsplit("/", 1)[-1][:-len(".json")]
-                got = self.objects.get_json(key)
-                if name == STORE_LEASE or got is None:
-                    continue
-                info = got[0]
-                if holder_live(info) is None:   # a job array's lease counts while its job is queued or running
-                    continue
-                who = (holder_live(info) if "array_scheduler" in info else
-                       f"{info.get('stage', 'vsekit')} (pid {info.get('pid')} on {info.get('host')}); wait for it "
-                       f"to finish")
-                raise LeaseHeld(f"cannot {what} {self.path}: {name!r} in it is being written by {who}")
-            yield
+    def guard_names(self) -> list[str]:
+        return [k.rsplit("/", 1)[-1][:-len(".json")] for k in self.objects.keys(".vsekit/leases/") if k.endswith(".json")]
 
     # a set's life ----------------------------------------------------------------------------------
     def generation(self, name: str) -> str | None:
@@ -351,32 +322,11 @@ class ObjectSets(SetStorage):
         self.finish_swap(name)
 
     def finish_swap(self, name: str) -> dict | None:
-        """Finish the swap the mark of ``name`` describes (under NAME's lease); returns the mark, or None
-        without one. Every step can be done again, so a run killed here leaves the mark and the next
-        writer of NAME calls this again (the steps: docs/store.md, "Replacing a set or a store on
-        object storage")."""
-        objects = self.objects
-        mark = objects.get_json(replace_mark(name))
-        if mark is None:
-            return None
-        staging, gen = mark[0].get("staging"), mark[0].get("generation")
-        src, dst = f"features/{staging}/", f"features/{name}/"
-        rsrc, rdst = f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/"
-        have = objects.get_json(dst + "zarr.json")
-        if have is None or (have[0].get("attributes") or {}).get("generation") != gen or not gen:
-            meta = objects.get_json(src + "zarr.json")
-            if meta is None:
-                raise StoreError(f"{self.path}: {replace_mark(name)} says {staging!r} replaces feature set "
-                                 f"{name!r}, but {staging!r} has no zarr.json; delete that mark and run the "
-                                 f"command that makes {name!r} again with --overwrite")
-            swapped = swap_in(objects, [(src, dst), (rsrc, rdst)], group_meta(meta[0].get("attributes") or {}),
-                              step=lambda at: point(f"replace:{at}"), check=lambda: self.check_lease(name))
-            if not swapped:
-                raise StoreError(f"feature set {name!r} was published in {self.path} by another run meanwhile")
-        point("replace:cleanup")
-        objects.delete(replace_mark(name))
-        self._delete(staging)
-        return mark[0] or {"finished": True}
+        """Finish the swap the mark of ``name`` describes, under NAME's lease (:func:`finish_marked`)."""
+        return finish_marked(self.objects, replace_mark(name), lambda staging: [
+            (f"features/{staging}/", f"features/{name}/"), (f".vsekit/commits/{staging}/", f".vsekit/commits/{name}/")],
+            f"feature set {name!r}", f"run the command that makes {name!r} again with --overwrite", "replace",
+            check=lambda: self.check_lease(name))
 
     def refuse_if_replacing(self, name: str) -> None:
         """One clear error while feature set ``name`` is being replaced (its swap mark is there): a
@@ -466,53 +416,48 @@ class ObjectSets(SetStorage):
         """Write the swap mark (``.vsekit/swaps/DST.json``): from it on, the swap is finished by
         whichever run comes next (this one, or the next writer of ``dst`` if this one is killed)."""
         self.objects.put(f".vsekit/swaps/{dst}.json", dumps({"staging": staging, "token": self.store.lease_token}))
-        self.finish_group_swap(dst, guard, fault, staging)
+        self.finish_group_swap(dst, guard, fault)
 
-    def finish_group_swap(self, dst: str, guard: str, fault: str, staging: str | None = None) -> None:
-        """Replace ``dst/`` by the complete staged group the mark names, under ``guard``'s lease. Readers
-        see the old group, then none (its ``zarr.json`` is deleted first: never a mix of two), then the
-        new one, published by one create-if-absent of ``DST/zarr.json`` as a feature set is. Every step
-        can be done again, so a run killed anywhere here leaves the mark and the next writer finishes
-        the swap first; the mark is deleted before the staged objects, so it never outlives them
-        (``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
-        objects, mark_key = self.objects, f".vsekit/swaps/{dst}.json"
-        mark = objects.get_json(mark_key)
-        if mark is None:
-            return
-        staging = str(mark[0].get("staging") or staging)
-        staged = objects.keys(f"{staging}/")
-        meta = objects.get_json(f"{staging}/zarr.json")
-        if meta is None:
-            raise StoreError(f"{self.path}: {mark_key} says {staging}/ replaces {dst}/, but {staging}/ has no "
-                             f"zarr.json; delete {mark_key} and {staging}/ and run it again")
-        if not swap_in(objects, [(f"{staging}/", f"{dst}/")], group_meta(meta[0].get("attributes") or {}),
-                       step=lambda at: point(f"{fault}:{at}"), check=lambda: self.check_lease(guard)):
-            raise StoreError(f"{self.path}: another run published {dst} meanwhile")
-        objects.delete(mark_key)
-        for key in staged:
-            objects.delete(key)
+    def finish_group_swap(self, dst: str, guard: str, fault: str) -> None:
+        """Replace ``dst/`` by the complete staged group the mark names, under ``guard``'s lease: readers
+        see the old group, then none, then the new one (:func:`finish_marked`;
+        ``tests/test_objstore_ingest.py::test_a_tokenize_killed_in_its_swap_on_s3_leaves_old_or_no_tokens_and_the_next_one_finishes_it``)."""
+        finish_marked(self.objects, f".vsekit/swaps/{dst}.json", lambda staging: [(f"{staging}/", f"{dst}/")],
+                      dst, "run it again", fault, check=lambda: self.check_lease(guard))
+
+
+def finish_marked(objects: Any, mark_key: str, moves: Callable[[str], list[tuple[str, str]]], what: str,
+                  redo: str, fault: str, check: Callable[[], None], keep: Sequence[str] = (),
+                  skip: Sequence[str] = ()) -> dict | None:
+    """The one finisher of every swap on object storage (a feature set's, the tokens', a whole store's):
+    the complete staged group that the mark ``mark_key`` names is put in place by :func:`.objcommit.swap_in`
+    (``moves(staging)``: its pairs, the group first), then the mark goes, then the staged objects.
+    Every step can be done again, so a run killed anywhere leaves the mark and the next writer of
+    ``what`` calls this again (docs/store.md, "Replacing a set or a store on object storage").
+    Returns the mark, or None without one."""
+    mark = objects.get_json(mark_key)
+    if mark is None:
+        return None
+    pairs = moves(str(mark[0].get("staging") or ""))
+    meta = objects.get(pairs[0][0] + "zarr.json")
+    if meta is None:
+        raise StoreError(f"{objects.url}: the new {what} a killed run was swapping in is gone; delete "
+                         f"{mark_key} and {redo}")
+    if not swap_in(objects, pairs, meta[0], step=lambda at: point(f"{fault}:{at}"), check=check,
+                   keep=(*(src for src, _ in pairs), *keep), skip=skip):
+        raise StoreError(f"{objects.url}: another run published {what} meanwhile")
+    point(f"{fault}:cleanup")
+    objects.delete(mark_key)
+    for src, _ in pairs:
+        _delete_keys(objects, src)
+    return mark[0] or {"finished": True}
+
 
 def finish_store_replace(objects: Any, holder: "FeatureStore") -> bool:
-    """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names (under the store's
-    lease; False without a mark): the old store's objects go, but the nested store, the mark and the
-    store's lease. Every step can be done again, and a run killed here leaves the mark (docs/store.md,
-    "Replacing a set or a store on object storage")."""
-    mark = objects.get_json(STORE_SWAP)
-    if mark is None:
-        return False
-    staging = str(mark[0].get("staging") or "")
-    src = f"{staging}/"
-    meta = objects.get(src + "zarr.json")
-    if not staging.startswith(".vsekit/next-") or meta is None:
-        raise StoreError(f"{objects.url}: {STORE_SWAP} names a new store {staging!r} that is not there; "
-                         f"delete {STORE_SWAP} and ingest again with --overwrite")
-    # the old store's objects go, but the nested store, the mark and the lease this run holds
-    swapped = swap_in(objects, [(src, "")], meta[0], step=lambda at: point(f"ingest:replace:{at}"),
-                                check=lambda: holder.check_lease(STORE_LEASE),
-                                keep=(src, STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"), skip=(".vsekit/leases/",))
-    if not swapped:
-        raise StoreError(f"{objects.url}: another run created a store there meanwhile")
-    point("ingest:replace:cleanup")
-    objects.delete(STORE_SWAP)
-    _delete_keys(objects, src)
-    return True
+    """Swap in the complete nested store the mark ``.vsekit/swaps/store.json`` names, under the store's
+    lease (:func:`finish_marked`; False without a mark): the old store's objects go, but the nested
+    store, the mark and the store's lease."""
+    return finish_marked(objects, STORE_SWAP, lambda staging: [(f"{staging}/", "")], "store",
+                         "ingest again with --overwrite", "ingest:replace", lambda: holder.check_lease(STORE_LEASE),
+                         keep=(STORE_SWAP, f".vsekit/leases/{STORE_LEASE}.json"),
+                         skip=(".vsekit/leases/",)) is not None

@@ -19,6 +19,7 @@ shown with any ``user:password@`` removed (:func:`public_url`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,9 +28,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
-from .base import StoreError
+from .base import LeaseHeld, LeaseLost, StoreError  # noqa: F401 (re-exported)
 
 SCHEMES = ("s3", "gs", "az", "memory")
 #: where the refusals of storage send a user: what serves a store on object storage is the CLI's to say
@@ -48,14 +49,6 @@ SINGLE_WRITER = "single_writer"
 _OWN_KEYS = ("read_requests", SINGLE_WRITER)
 #: option names whose values are secrets (never shown; none is ever written anywhere)
 _SECRET = re.compile(r"(secret|token|password|key|credential|sas)", re.I)
-
-
-class LeaseLost(StoreError):
-    """This process no longer holds the set's lease (it expired and another run took it)."""
-
-
-class LeaseHeld(StoreError):
-    """Another live run holds the set's lease; the message names it and when it expires."""
 
 
 def scheme_of(path: Any) -> str | None:
@@ -218,10 +211,14 @@ class Objects:
         self.options = {**DEFAULT_OPTIONS, **self.options}
         self.store = _open_obstore(self.url, self.options)
 
-    def _fail(self, what: str, key: str, exc: BaseException) -> StoreError:
-        """One error line naming the store's URL and the cause, never the object: ``key`` is vsekit's
-        own bookkeeping (a lease, a swap mark, a chunk), which the user never named."""
-        return StoreError(f"{self.url}: cannot {what} the store: {_reason(exc, scheme_of(self.url))}")
+    @contextlib.contextmanager
+    def _request(self, what: str) -> Iterator[None]:
+        """A failed request as one error line naming the store's URL and the cause, never the object
+        (a lease, a swap mark, a chunk: vsekit's own bookkeeping, which the user never named)."""
+        try:
+            yield
+        except Exception as exc:
+            raise StoreError(f"{self.url}: cannot {what} the store: {_reason(exc, scheme_of(self.url))}") from None
 
     def zarr_store(self, read_only: bool = False):
         from zarr.storage import ObjectStore
@@ -232,84 +229,69 @@ class Objects:
         """The object's bytes and ETag, or None when it does not exist."""
         import obstore
 
-        try:
-            res = obstore.get(self.store, key)
-            return bytes(res.bytes()), res.meta.get("e_tag")
-        except FileNotFoundError as exc:
-            if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
-                raise self._fail("read", key, exc) from None
-            return None
-        except Exception as exc:
-            raise self._fail("read", key, exc) from None
+        with self._request("read"):
+            try:
+                res = obstore.get(self.store, key)
+                return bytes(res.bytes()), res.meta.get("e_tag")
+            except FileNotFoundError as exc:
+                if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
+                    raise
+                return None
 
     def put(self, key: str, data: bytes) -> str | None:
         import obstore
 
-        try:
+        with self._request("write"):
             return obstore.put(self.store, key, data).get("e_tag")
-        except Exception as exc:
-            raise self._fail("write", key, exc) from None
 
     def create(self, key: str, data: bytes) -> str | None:
         """Write ``key`` only if it does not exist: its ETag, or None when it existed already."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        try:
-            return obstore.put(self.store, key, data, mode="create").get("e_tag") or "created"
-        except (AlreadyExistsError, PreconditionError):
-            return None
-        except Exception as exc:
-            raise self._fail("create", key, exc) from None
+        with self._request("create"):
+            try:
+                return obstore.put(self.store, key, data, mode="create").get("e_tag") or "created"
+            except (AlreadyExistsError, PreconditionError):
+                return None
 
     def swap(self, key: str, data: bytes, etag: str) -> str | None:
         """Replace ``key`` only if its ETag is still ``etag``: the new ETag, or None when it changed."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        try:
-            return obstore.put(self.store, key, data, mode={"e_tag": etag}).get("e_tag")
-        except (AlreadyExistsError, PreconditionError, FileNotFoundError):
-            return None
-        except Exception as exc:
-            raise self._fail("update", key, exc) from None
+        with self._request("update"):
+            try:
+                return obstore.put(self.store, key, data, mode={"e_tag": etag}).get("e_tag")
+            except (AlreadyExistsError, PreconditionError, FileNotFoundError):
+                return None
 
     def delete(self, key: str) -> None:
         import obstore
 
-        try:
+        with self._request("delete"), contextlib.suppress(FileNotFoundError):
             obstore.delete(self.store, key)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise self._fail("delete", key, exc) from None
 
     def copy(self, src: str, dst: str) -> None:
         """Copy the object ``src`` to ``dst`` on the provider (no bytes pass through this process)."""
         import obstore
 
-        try:
+        with self._request("copy"):
             obstore.copy(self.store, src, dst)
-        except Exception as exc:
-            raise self._fail("copy", src, exc) from None
 
     def children(self, prefix: str) -> list[str]:
         """The names of the "folders" directly under ``prefix`` (one listing, not every object)."""
         import obstore
 
-        try:
+        with self._request("list"):
             got = obstore.list_with_delimiter(self.store, prefix=prefix.rstrip("/") or None)
-        except Exception as exc:
-            raise self._fail("list", prefix, exc) from None
         return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in got["common_prefixes"])
 
     def keys(self, prefix: str) -> list[str]:
         import obstore
 
-        try:
+        with self._request("list"):
             return sorted(m["path"] for batch in obstore.list(self.store, prefix=prefix) for m in batch)
-        except Exception as exc:
-            raise self._fail("list", prefix, exc) from None
 
     def get_json(self, key: str) -> tuple[dict, str | None] | None:
         got = self.get(key)
@@ -384,7 +366,7 @@ def require_conditions(objects: Objects, what: str, multi: bool = False) -> None
 
 
 # --- the set lease --------------------------------------------------------------------------------
-from .leases import DEFAULT_TTL_S, TTL_ENV, Backend, Lease, default_ttl, free_reason, holder_words  # noqa: E402,F401 (one ttl, one rule)
+from .leases import DEFAULT_TTL_S, Backend, Lease, holder_words  # noqa: E402,F401 (one ttl: DEFAULT_TTL_S re-exported)
 
 
 def lease_key(name: str) -> str:
@@ -425,11 +407,7 @@ class SetLease(Lease):
     once and raises :class:`LeaseLost` when the object changed (another run took it over after it
     expired) or when less than half the ttl would be left: every commit record is written right after
     a successful check, so a holder paused past its expiry never commits (``tests/test_objstore.py``).
-
-    ``joint``: the lease as the tasks of a job array hold it together, all under the array's token
-    (:meth:`joint`): each renews by reading the object and compare-and-swapping it with a later expiry
-    while it still holds that token (a sibling's renewal in between makes it read again; another run's
-    takeover changes the token, and the task stops)."""
+    A job array's tasks hold it jointly as a :class:`.leases.JointLease` (:meth:`hand_over`)."""
 
     def __init__(self, objects: Objects, name: str, stage: str, ttl: float | None = None,
                  token: str | None = None):
@@ -437,14 +415,7 @@ class SetLease(Lease):
         self.objects, self.name, self.stage, self.key = objects, name, stage, lease_key(name)
         self.lost: str | None = None
         self.extra: dict[str, Any] = {}    # what a hand-over to a job array adds (:meth:`hand_over`)
-        self.handed = self.is_joint = False
-
-    @classmethod
-    def joint(cls, objects: Objects, name: str, token: str) -> "SetLease":
-        """The set lease as an array task holds it, with its siblings, under the array's ``token``."""
-        lease = cls(objects, name, "vsekit extract array task", token=token)
-        lease.is_joint = True
-        return lease
+        self.handed = False
 
     def body(self) -> dict:
         self.record = {"host": socket.gethostname(), "pid": os.getpid(), "stage": self.stage, **self.extra}
@@ -460,33 +431,13 @@ class SetLease(Lease):
                             f"lease at the same moment; rerun later")
         return self.keep_renewed(self.ttl / 3, errors=(StoreError,))
 
-    def _lose(self, why: str) -> LeaseLost:
-        self.lost = why
-        return LeaseLost(why)
-
     def renew(self) -> bool:
-        if self.lost:
-            raise LeaseLost(self.lost)
-        if not self.is_joint:
-            if not super().renew():
-                raise self._lose(f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
-                                 f"expired and another run took it over); this run stops without "
-                                 f"committing more blocks")
+        if not self.lost and super().renew():
             return True
-        with self.lock:
-            for _ in range(20):
-                got = self.backend.read()
-                if got is None or got[0].get("token") != self.token:
-                    raise self._lose(f"the lease of feature set {self.name!r} in {self.objects.url} is no longer "
-                                     f"this job array's (another run took it over); not committing")
-                info, etag, _ = got
-                self.ttl = float(info.get("ttl") or DEFAULT_TTL_S)
-                expires = time.time() + self.ttl
-                if self.backend.replace(info, expires, etag) is not None:
-                    self.expires = expires
-                    return True
-                time.sleep(0.05)   # a sibling task renewed it in between: read it again
-        return False
+        self.lost = self.lost or (f"lost the lease of feature set {self.name!r} in {self.objects.url} (it "
+                                  f"expired and another run took it over); this run stops without "
+                                  f"committing more blocks")
+        raise LeaseLost(self.lost)
 
     def check(self) -> None:
         """Renew now; raise :class:`LeaseLost` unless this run still holds the lease for half a ttl."""
@@ -498,8 +449,8 @@ class SetLease(Lease):
     def hand_over(self, token: str, extra: Mapping[str, Any], handed: bool = True) -> None:
         """Rewrite the lease (compare-and-swap) as a job array's: its ``token`` and ``extra`` (the job
         id and scheduler, ``pid: 0`` so that this process ending does not free it). ``handed``: this
-        process no longer releases it (the array's tasks renew it jointly: :meth:`joint`); False hands
-        it back (a refused submission)."""
+        process no longer releases it (the array's tasks renew it jointly); False hands it back (a
+        refused submission)."""
         before = (self.token, self.extra, self.version)
         self.token, self.extra = token, dict(extra)
         if self.lost or not Lease.renew(self):
@@ -509,7 +460,7 @@ class SetLease(Lease):
         self.handed = handed
 
     def release(self) -> None:
-        if self.lost or self.handed or self.is_joint:   # a job array's: it expires after its job has ended
+        if self.lost or self.handed:   # a job array's: it expires after its job has ended
             self._stop.set()
             return
         super().release()
@@ -519,18 +470,6 @@ def holder_live(info: Mapping[str, Any]) -> str | None:
     """Who holds a set lease ``info`` (words for an Error line), or None when another run may take it
     (:func:`.leases.holder_words` over the one takeover rule)."""
     return holder_words(dict(info), float(info.get("expires", 0)))
-
-
-def lease_valid(objects: Objects, name: str, token: str | None, margin: float | None = None) -> bool:
-    """Whether the run holding ``token`` still holds the lease of ``name`` for ``margin`` seconds more
-    (default: a third of its ttl; a dask task checks its driver's lease this way, only the driver
-    renews it). No token: no lease was taken, nothing may be committed."""
-    got = None if token is None else LeaseObject(objects, lease_key(name)).read()
-    if got is None:
-        return False
-    info, _, expires = got
-    margin = float(info.get("ttl", DEFAULT_TTL_S)) / 3 if margin is None else margin
-    return info.get("token") == token and time.time() + margin < expires
 
 
 #: a tokenize that replaces the tokens on object storage (tokenize/runner.py): its staged tokens are

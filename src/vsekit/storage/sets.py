@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import zarr
 
 from . import integrity
-from .base import STAGED, Block, read_generation
+from .base import STAGED, STORE_GUARD, Block, LeaseHeld, read_generation
 from .faults import point
-from .leases import Lease
-from .lock import JointLock, hand_over, holder, replacing_store, writer_lock
+from .leases import JointLease, Lease, holder_words
+from .lock import LockFile, describe, hand_over, holder, live, lock_path, writer_lock
 from .objcommit import swap_dir
 from .objstore import LeaseLost
 
@@ -63,17 +63,55 @@ class SetStorage(abc.ABC):
     def token(self, name: str) -> str | None:
         """The token of the guard of ``name`` this run holds (what its tasks commit under)."""
 
-    @abc.abstractmethod
     def check_lease(self, name: str) -> None:
-        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``."""
+        """Raise :class:`~.objstore.LeaseLost` unless this process may still commit blocks of ``name``:
+        the lease it holds, renewed now (object storage), or the guard still holding this run's token
+        (a lock another run took over after it expired does not; a dask task checks its driver's).
+        On a disk a process that holds no lock and carries no token (a library call writing outside
+        any writer) is not checked."""
+        held = self.store.leases.get(name)
+        if held is not None:
+            return held.check()
+        if not self.holds(name, self.store.locks.get(name) or self.store.lease_token):
+            raise LeaseLost(f"lost the {self.guard} of feature set {name!r} in {self.store.path}: another run "
+                            f"took it over (this run was paused or cut off past its expiry); not writing")
 
     @abc.abstractmethod
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> contextlib.AbstractContextManager:
         """Hold the one-writer guard of each of ``names``."""
 
     @abc.abstractmethod
-    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
-        """Hold the whole store's guard, refused while any set's guard is live."""
+    def live(self, name: str) -> tuple[dict, float] | None:
+        """The record of ``name``'s guard and its expiry while its holder keeps it (the one takeover
+        rule), else None."""
+
+    @abc.abstractmethod
+    def guard_names(self) -> list[str]:
+        """The names of every guard with a record in this store, live or not."""
+
+    @contextlib.contextmanager
+    def store_writer(self, stage: str, what: str) -> Iterator[None]:
+        """Hold the whole store's guard, refused while any set's guard is live. Set writers check it
+        after taking theirs (:meth:`refuse_if_store_held`) and this checks theirs after taking it, so
+        of two that start at once at least one sees the other."""
+        with self.writer((STORE_GUARD,), stage, False):
+            for name in self.guard_names():
+                held = None if name == STORE_GUARD else self.live(name)
+                if held is not None:
+                    info, expires = held
+                    array = info.get("array_job") or info.get("slurm_array") or "array_scheduler" in info
+                    who = holder_words(info, expires) if array else f"{describe(info)}; wait for it to finish"
+                    raise LeaseHeld(f"cannot {what} {self.store.path}: {name!r} in it is being written by {who}")
+            yield
+
+    def refuse_if_store_held(self) -> None:
+        """Refuse to write while another run (not this store's holder) holds the whole store's guard
+        (a split or a replacement)."""
+        held = self.live(STORE_GUARD)
+        if held and STORE_GUARD not in self.store.locks and STORE_GUARD not in self.store.leases:
+            doing = "replaced" if "ingest" in str(held[0].get("stage")) else "re-split"
+            raise LeaseHeld(f"{self.store.path} is being {doing} by {describe(held[0])}; wait for it to finish, "
+                            f"then run this again")
 
     @abc.abstractmethod
     def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
@@ -193,14 +231,6 @@ class DiskSets(SetStorage):
     def path(self) -> Path:
         return Path(self.store.path)
 
-    def check_lease(self, name: str) -> None:
-        """The lock file still holds this run's token (a lock another run took over after it expired
-        does not); a process that holds no lock and carries no run's token (a library call writing
-        outside any writer) is not checked."""
-        if not self.holds(name, self.store.locks.get(name) or self.store.lease_token):
-            raise LeaseLost(f"lost the writer lock of feature set {name!r} in {self.path}: another run took "
-                            f"it over (this run was paused or cut off past its expiry); not writing")
-
     def holds(self, name: str, token: str | None) -> bool:
         """The lock file of ``name`` is live and holds ``token`` (no token: nothing to check)."""
         info = holder(self.path, name) if token is not None else {"token": None}
@@ -212,7 +242,8 @@ class DiskSets(SetStorage):
     @contextlib.contextmanager
     def writer(self, names: tuple[str, ...], stage: str, multi: bool) -> Iterator[None]:
         locks = self.store.locks
-        with writer_lock(self.path, *names, stage=stage):
+        check = (lambda: None) if STORE_GUARD in names else self.refuse_if_store_held
+        with writer_lock(self.path, *names, stage=stage, check=check):
             taken = [n for n in set(names) if n not in locks]
             for n in taken:
                 locks[n] = self.token(n)
@@ -222,14 +253,18 @@ class DiskSets(SetStorage):
                 for n in taken:
                     locks.pop(n, None)
 
-    def store_writer(self, stage: str, what: str) -> contextlib.AbstractContextManager:
-        return replacing_store(self.path, stage=stage)
+    def live(self, name: str) -> tuple[dict, float] | None:
+        return live(lock_path(self.path, name))
+
+    def guard_names(self) -> list[str]:
+        return sorted(p.name[:-len(".lock")] for p in lock_path(self.path, "x").parent.glob("*.lock"))
 
     def hand_over(self, name: str, token: str, extra: dict) -> Callable[[], None]:
         return hand_over(self.path, name, token, extra)
 
     def join(self, name: str, token: str, ttl: float) -> Lease:
-        return JointLock(self.path, name, token, ttl)
+        return JointLease(LockFile(lock_path(self.path, name)), f"the writer lock of {name!r} in {self.path}",
+                          token, ttl)
 
     def generation(self, name: str) -> str | None:
         return read_generation(self.path, name)

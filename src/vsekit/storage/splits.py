@@ -1,21 +1,9 @@
 """Splits are metadata: re-split a store without touching its feature sets (``vsekit split``).
 
-Every feature set has one row per image whatever split the image is in, so a new assignment of
-images to train / val / test changes ``images/split`` only. What a split change does invalidate is
-what was *computed from a split*:
-
-- a set made by ``standardize`` from a split's rows (``attrs["split"]``, not ``--stats-from``) holds
-  that split's mean and std; when the rows of that split change, the set and every set derived from
-  it (``.z.fne``) are marked *stale* (``attrs["stale"]``, the reason) and refused by every reader —
-  train, evaluate, embed, export, discretize — with the commands that remake them; a split change
-  that leaves those rows as they were (val and test swapped) leaves the statistics valid;
-- the vocabulary (``tokens``) counted the captions of its ``vocab_splits``: when their rows change
-  it is marked stale too, and ``train`` warns (the ids stay consistent; only which words are <unk>
-  would differ).
-
-``images/split`` is written beside the old one and renamed into place, under the store lock that
-no writer may hold meanwhile; the assignment, its source and the counts before and after are kept
-in the root's ``attrs["split_history"]``.
+A new assignment changes ``images/split`` only (written beside the old one and swapped in under the
+store's guard, kept in ``attrs["split_history"]``); what was computed from a split's rows (a
+standardized set's statistics and the sets made from it, the vocabulary) is marked stale when those
+rows change, and refused by every reader until remade (docs/store.md, "Splits are metadata").
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The vsekit Zarr v3 store: images, captions, tokens and feature sets with provenance.
 
-Layout (docs/store.md, "Layout")::
-
-    /                      attrs: format_version, dataset, source_files, image_root, codes
-    images/id|path|split   (N,)
-    captions/text|image    (M,)
-    tokens/ids|offsets     ragged token arrays (written by vsekit.tokenize)
-    features/<name>/data   (N, ...)   one feature set per extraction or derivation
-    features/<name>/status (N,) uint8 0 pending, 1 done, 2 failed
-
-A feature set is written in *row blocks* aligned to the chunks of its arrays: a block is the unit of
-work, distribution and resume. A block's data is written before its checksums and its status, so a
-block whose status rows are all non-zero is complete, and a rerun skips it. Two writers never touch
-the same chunk. A new set is built complete (arrays and attrs) under a hidden name and renamed into
-place, so a killed creation leaves nothing that looks like a set (see docs/reliability.md).
+A feature set is written in row blocks aligned to its chunks (the unit of work, distribution and
+resume), data before checksums before status, and a new set is built under a hidden name and put in
+place whole. The layout and these guarantees: docs/store.md ("Layout") and docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -210,6 +199,20 @@ class FeatureSet:
                     f"are pending; rerun the command that makes it to finish it")
         return self
 
+    def settings_changed(self, attrs: Mapping[str, Any], shape: tuple, dtype: Any,
+                         block_rows: int | None = None) -> str | None:
+        """None when this set was made as ``attrs``, ``shape``, ``dtype`` (and ``block_rows``) say, so a
+        rerun resumes it; else the refusal naming what differs."""
+        pairs = [("shape", self.shape, tuple(shape)), ("dtype", self.data.dtype, np.dtype(dtype))]
+        if block_rows is not None:
+            pairs.append(("rows per block", self.chunk_rows, block_rows))
+        moved = [f"{what} {have} → {want}" for what, have, want in pairs if have != want]
+        if self.attrs.get("config_hash") == attrs["config_hash"] and not moved:
+            return None
+        return (f"feature set {self.name!r} already exists in {self.store.path} with different settings "
+                f"({'; '.join(settings_diff(self.attrs, attrs) + moved) or 'another vsekit version'}); "
+                f"pass --overwrite to replace it or --name to write a new set")
+
     def lineage(self) -> list[str]:
         """This set's name followed by its ancestors' names."""
         names, attrs = [self.name], self.attrs
@@ -337,9 +340,12 @@ class FeatureStore(DatasetRows):
             if path.exists() and not overwrite:
                 raise StoreError(f"{path} already exists; pass --overwrite to replace it")
             if path.exists():   # refused while any writer holds a lock in it; writers refused from now on
-                held_store.enter_context(lock.replacing_store(path))
-                if not drop_features:
-                    refuse_dropping_features(path)
+                held_store.enter_context(cls(None, path).sets.store_writer("vsekit ingest --overwrite", "replace"))
+                if not drop_features and (path / "zarr.json").is_file():
+                    names: list[str] = []
+                    with contextlib.suppress(StoreError):   # not a readable store: nothing of vsekit's to lose
+                        names = FeatureStore.open(path).feature_names()
+                    refuse_dropping(path, names)
             remove_stale_staging(path)
             staging = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
             store = cls.create(staging, overwrite=True, **create_kw)
@@ -427,21 +433,12 @@ class FeatureStore(DatasetRows):
         self.remove_leftovers(name)
         if self.has_features(name):
             existing = FeatureSet(self, name)
-            same = (existing.attrs.get("config_hash") == attrs["config_hash"]
-                    and existing.shape == (n_rows, *row_shape) and existing.data.dtype == dtype)
-            if same and not overwrite:
+            changed = existing.settings_changed(attrs, (n_rows, *row_shape), dtype)
+            if changed is None and not overwrite:
                 self.sets.reconcile(existing)   # a writer killed between a block's record and its status
                 return existing
             if not overwrite:
-                diff = settings_diff(existing.attrs, attrs)
-                if existing.shape != (n_rows, *row_shape):
-                    diff.append(f"shape {existing.shape} → {(n_rows, *row_shape)}")
-                if existing.data.dtype != dtype:
-                    diff.append(f"dtype {existing.data.dtype} → {dtype}")
-                raise ProvenanceError(
-                    f"feature set {name!r} already exists in {self.path} with different settings "
-                    f"({'; '.join(diff) or 'another vsekit version'}); "
-                    f"pass --overwrite to replace it or --name to write a new set")
+                raise ProvenanceError(changed)
         if block_rows is None:
             block_rows = row_chunk_for(int(np.prod(row_shape or (1,))) * dtype.itemsize)
         block_rows = max(1, min(int(block_rows), max(1, n_rows)))
@@ -531,18 +528,6 @@ class FeatureStore(DatasetRows):
 
 
 # helpers ------------------------------------------------------------------------------------------
-def refuse_dropping_features(path: str | os.PathLike) -> None:
-    """Refuse to replace the store at ``path`` while it holds feature sets (``--drop-features`` allows it)."""
-    path = Path(path)
-    if not (path / "zarr.json").is_file():
-        return
-    try:
-        names = FeatureStore.open(path).feature_names()
-    except StoreError:   # not a readable store: nothing of vsekit's to lose
-        return
-    refuse_dropping(path, names)
-
-
 def store_exists(path: str | os.PathLike) -> bool:
     """Whether a store (its root ``zarr.json``) is at ``path``, a local path or an object-store URL."""
     if is_object_url(os.fspath(path)):

@@ -72,13 +72,12 @@ class Vocabulary:
     @classmethod
     def from_store(cls, store: "FeatureStore | str | os.PathLike") -> "Vocabulary":
         """The vocabulary ``vsekit tokenize`` stored in ``store`` (a FeatureStore or a path)."""
-        from ..storage.base import no_tokens
-        from ..storage.store import FeatureStore, StoreError
+        from ..storage.interop import stored_vocabulary
+        from ..storage.store import FeatureStore
 
         if not isinstance(store, FeatureStore):
             store = FeatureStore.open(store)
-        if "tokens" not in store.root or "vocabulary" not in store.root["tokens"].attrs:
-            raise StoreError(no_tokens(store.path))
+        stored_vocabulary(store)   # refuses a store without one
         a = store.root["tokens"].attrs
         return cls(a["vocabulary"], lowercase=a.get("lowercase", True), strip_punct=a.get("strip_punct", False),
                    bos_eos=a.get("bos_eos", True), max_len=a.get("max_len"))
