@@ -21,6 +21,20 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 def pytest_configure(config):
     config.addinivalue_line("markers", "paper: the papers' full dimensions; also slow; `make test-paper` only, not in CI")
     config.addinivalue_line("markers", "e2e: an end-to-end module; in `make test`, not in `make test-fast`")
+    config.addinivalue_line("markers", "xdist_group(name): tests that run in one pytest-xdist process")
+
+
+# `make test-slow` runs in several pytest processes (pytest-xdist, `--dist loadgroup`): most slow tests
+# wait on a scheduler, not a CPU. A module's tests stay in one process (its module fixtures, a SLURM
+# among them, start once); every test on the Grid Engine joins one group, as the cell is one per
+# machine (tests/sge_local.py: a module's teardown deletes every job and stops the daemons).
+GRID_ENGINE_FIXTURES = {"local_sge", "sge"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        on_sge = GRID_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("gridengine" if on_sge else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")
