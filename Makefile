@@ -53,7 +53,7 @@ test-fast: $(STAMP)
 # (tests/conftest.py, tests/README.md). SLOW_WORKERS=0: one process, as before.
 SLOW_WORKERS ?= 3
 test-slow: $(STAMP)
-	$(PYTEST) -m "slow and not paper" $(if $(filter-out 0,$(SLOW_WORKERS)),-n $(SLOW_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(PYTEST) -m "slow and not paper" $(if $(filter-out 0,$(SLOW_WORKERS)),-n $(SLOW_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 test-paper: $(STAMP)
 	$(PYTEST) -m paper $(PYTEST_ARGS)
