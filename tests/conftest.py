@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -21,6 +22,32 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 def pytest_configure(config):
     config.addinivalue_line("markers", "paper: the papers' full dimensions; also slow; `make test-paper` only, not in CI")
     config.addinivalue_line("markers", "e2e: an end-to-end module; in `make test`, not in `make test-fast`")
+
+
+# `make test-slow` runs in several pytest processes (pytest-xdist, `-n 3 --dist loadfile`): most slow
+# tests wait on a scheduler, a job or a killed process, not a CPU. A module's tests stay in one
+# process (its module fixtures, a SLURM among them, start once), and every module that uses the Grid
+# Engine (names tests/sge_local.py or the `local_sge` fixture) shares one process: the cell is one per
+# machine, and a module's teardown deletes every job and stops the daemons (tests/sge_local.py).
+@pytest.hookimpl(tryfirst=True, optionalhook=True)   # before xdist's choice; none without xdist
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleOrGridEngine(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return "gridengine" if uses_grid_engine(config.rootpath / module) else module
+
+    return ModuleOrGridEngine(config, log)
+
+
+@functools.lru_cache(maxsize=None)
+def uses_grid_engine(module) -> bool:
+    """Whether the test module at ``module`` starts or uses the machine's one Grid Engine cell."""
+    text = module.read_text() if module.is_file() else ""
+    return "sge_local" in text or "local_sge" in text
 
 
 @pytest.fixture(scope="session")
