@@ -30,8 +30,6 @@ def resolve_detector(boxes: str | None, detector: str | None, detector_weights: 
     ``detector_weights`` comes back as ``imagenet``, ``none`` or an absolute path; it defaults to
     ``imagenet`` for coco-frcnn and has no default for butd-r101 (its weights cannot be downloaded).
     """
-    if detector is not None and detector not in DETECTORS:
-        raise ValueError(f"--detector {detector!r}; valid choices: {', '.join(DETECTORS)}")
     if boxes == "detector":
         detector = detector or "coco-frcnn"
     elif boxes and detector:

@@ -89,10 +89,6 @@ RETRYABLE = ("missing file", "empty (zero-byte) file", "cannot read", "cannot de
              "not an image file", "decoding ")
 
 
-def retryable(reason: str) -> bool:
-    return str(reason).startswith(RETRYABLE)
-
-
 def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
     """Before resuming: re-extract damaged blocks (quick check) and, if asked, retry failed rows."""
     report = integrity.verify(fs, quick=True)
@@ -106,10 +102,10 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
         if rows:
             status = np.asarray(fs.status[:])
             status[rows] = PENDING
-            fs.store.sets.reopen(fs, [b.index for b in fs.blocks() if np.any(status[b.start:b.stop] == PENDING)])
-            for b in fs.blocks():   # whole status chunks, so the write never reads a chunk back
-                if np.any(status[b.start:b.stop] == PENDING):
-                    fs.status[b.start:b.stop] = status[b.start:b.stop]
+            reopened = [b for b in fs.blocks() if np.any(status[b.start:b.stop] == PENDING)]
+            fs.store.sets.reopen(fs, [b.index for b in reopened])
+            for b in reopened:   # whole status chunks, so the write never reads a chunk back
+                fs.status[b.start:b.stop] = status[b.start:b.stop]
             fs.clear_errors(rows)
             print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)",
                   file=sys.stderr)
@@ -119,13 +115,8 @@ def retry_rows(fs: FeatureSet) -> list[int]:
     """Failed rows whose recorded reason may have gone (a missing or unreadable file)."""
     status = np.asarray(fs.status[:])
     errors = fs.errors()
-    return [int(r) for r in np.flatnonzero(status == FAILED) if retryable(errors.get(int(r), "cannot read"))]
-
-
-def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
-    c = fs.counts()
-    return (f"interrupted: kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
-            f"{fs.name!r} ({c['pending']} pending); rerun the same command to resume")
+    return [int(r) for r in np.flatnonzero(status == FAILED)
+            if str(errors.get(int(r), "cannot read")).startswith(RETRYABLE)]
 
 
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global",
@@ -151,12 +142,9 @@ def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: 
     with handling():
         try:
             return _run_job(store, opts, run, cluster)
-        except Interrupted as exc:
-            if exc.message:
+        except KeyboardInterrupt as exc:   # Ctrl-C, or an Interrupted without its own words yet
+            if getattr(exc, "message", None):
                 raise
-            raise interrupted(exc, "interrupted before the extraction started; nothing new was written "
-                                   "(rerun the same command to start again)") from None
-        except KeyboardInterrupt as exc:
             raise interrupted(exc, "interrupted before the extraction started; nothing new was written "
                                    "(rerun the same command to start again)") from None
 
@@ -320,7 +308,9 @@ def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bo
         if isinstance(exc, KeyboardInterrupt):
             raise interrupted(exc, f"interrupted before any row of {name!r} was done; nothing kept") from None
     elif isinstance(exc, KeyboardInterrupt):
-        raise interrupted(exc, kept_message(fs, store)) from None
+        c = fs.counts()
+        raise interrupted(exc, f"interrupted: kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
+                               f"{name!r} ({c['pending']} pending); rerun the same command to resume") from None
 
 
 # --- in-process ----------------------------------------------------------------------------------
