@@ -24,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -224,39 +225,33 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] vsekit array task: {message}", file=sys.stderr, flush=True)
 
 
-class Claimer:
-    """The next block for this task: pending, leased by it, and (re-checked) still pending."""
+def claims(fs: FeatureSet, leases, task: int, tasks: int) -> Iterator[tuple[Lease, Block]]:
+    """This task's blocks, each pending, leased by it and (re-checked) still pending: every status is
+    read once per round, the pending blocks walked from this task's offset (task k of N starts k/N of
+    the way in, so tasks rarely contend); waits while the only pending blocks are leased by live tasks."""
+    blocks = fs.blocks()
 
-    def __init__(self, fs: FeatureSet, leases, task: int, tasks: int):
-        self.fs, self.leases, self.task, self.tasks = fs, leases, task, max(1, tasks)
-        self.blocks = fs.blocks()
-        self.queue: list[Block] = []
-
-    def _round(self) -> bool:
-        """Read every status once; queue the pending blocks from this task's offset. False: none."""
-        status = self.fs.status_values()
-        pending = [b for b in self.blocks if (status[b.start:b.stop] == 0).any()]
-        start = self.task * len(pending) // self.tasks
-        self.queue = pending[start:] + pending[:start]
-        return bool(pending)
-
-    def next(self) -> tuple[Lease, Block] | None:
-        """Claim the next block; waits while the only pending blocks are leased by live tasks."""
-        while True:
-            if not self.queue and not self._round():
-                return None
-            while self.queue:
-                b = self.queue.pop(0)
-                lease = self.leases.claim(b.index)
-                if lease is None:
-                    continue
-                if self.fs.block_done(b) or _restored(self.fs, b):   # finished since this round's read
-                    self.leases.release(lease)
-                    continue
-                return lease, b
-            if self._round():                 # all leased by others: wait for them to end or expire
-                self.queue = []
-                time.sleep(min(5.0, max(0.2, self.leases.ttl / 10)))
+    def pending() -> list[Block]:
+        status = fs.status_values()
+        out = [b for b in blocks if (status[b.start:b.stop] == 0).any()]
+        start = task * len(out) // max(1, tasks)
+        return out[start:] + out[:start]
+    queue = pending()
+    while queue:
+        claimed = False
+        for b in queue:
+            lease = leases.claim(b.index)
+            if lease is None:
+                continue
+            if fs.block_done(b) or _restored(fs, b):   # finished since this round's read
+                leases.release(lease)
+                continue
+            claimed = True
+            yield lease, b
+        queue = pending()
+        if queue and not claimed:   # all leased by others: wait for them to end or expire
+            time.sleep(min(5.0, max(0.2, leases.ttl / 10)))
+            queue = pending()
 
 
 def _restored(fs: FeatureSet, block: Block) -> bool:
@@ -394,12 +389,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     try:
         with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
             point(f"array-task-{task}:start")
-            claimer = Claimer(fs, leases, task - sched.first_task, spec["tasks"])
-            while True:
-                got = claimer.next()
-                if got is None:
-                    break
-                lease, block = got
+            for lease, block in claims(fs, leases, task - sched.first_task, spec["tasks"]):
                 lease.keep_renewed(max(0.05, min(leases.ttl / 6, 60.0)), errors=(OSError, StoreError))
                 if lease.stolen_from:
                     o = lease.stolen_from

@@ -1,19 +1,9 @@
 """``--detector butd-r101``: bottom-up-attention region features (Anderson et al., CVPR 2018) without
 Caffe: the Visual Genome Faster R-CNN of :mod:`.butd_model`, the proposals and selection of
-:mod:`.butd_select`, and the preprocessing of py-faster-rcnn's ``_get_image_blob``:
-
-1. the image as BGR float minus the Caffe pixel means (102.9801, 115.9465, 122.7717), no std;
-2. scaled by s = 600 / shorter side, or 1000 / longer side when round(s × longer) > 1000, with
-   OpenCV's INTER_LINEAR (no antialiasing; output side round(s × side), source coordinate
-   (d + 0.5) / s - 0.5 clamped to the image), see :func:`resize_linear`;
-3. res4 → RPN proposals → RoIPool 14×14 → res5 → mean = ``pool5`` (2048) per proposal, class and
-   attribute probabilities, then the selection of ``generate_tsv.py``;
-4. the kept proposals (unregressed, as generate_tsv.py stores them) divided by s: boxes in
-   original pixels, with their ``pool5`` features, object label and attribute (argmax excluding
-   background / "no attribute", 0-based into the 1,600 / 400 vocabularies) and their probabilities.
-
-Weights: the converted Caffe checkpoint (``--detector-weights PATH``) loaded by
-:func:`load_checkpoint`; docs/extract.md says where to get it.
+:mod:`.butd_select`, and the preprocessing of py-faster-rcnn's ``_get_image_blob`` (BGR minus the
+Caffe means, the Caffe test scale, OpenCV's INTER_LINEAR). What is computed, step by step, and where
+to get the converted Caffe checkpoint (:func:`load_checkpoint`): docs/extract.md, "Region features
+(BUTD)".
 """
 
 from __future__ import annotations

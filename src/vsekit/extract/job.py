@@ -50,10 +50,8 @@ class Execution:
 
     def checked(self) -> "Execution":
         if int(self.batch_size) < 1:
-            raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-        if isinstance(self.workers, int) and self.workers < 0:
-            raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-        decode_workers(self.workers, "cpu")   # a bad --workers is one Error: line naming it
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        decode_workers(self.workers, "cpu")   # a bad --workers (negative too) is one Error: line naming it
         if int(self.prefetch) < 1:
             raise ValueError(f"--prefetch must be >= 1, got {self.prefetch}")
         pin_memory(self.pin_memory, "cpu")   # a bad choice is one Error: line naming --pin-memory

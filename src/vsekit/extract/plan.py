@@ -232,9 +232,9 @@ def _plan_of(o: ExtractOptions) -> Plan:
     detector, detector_weights = o.detector, o.detector_weights
     if decoder is None:   # a new set's default; run_job gives an existing set its own first (runner.own_decoder)
         decoder = UNRECORDED_DECODER if kind == "regions" else DEFAULT_DECODER
-    if kind == "regions" and decoder != UNRECORDED_DECODER:
-        raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
     if kind == "regions":
+        if decoder != UNRECORDED_DECODER:
+            raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
         boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)
         if detector == "butd-r101":
             from .butd import butd_plan
@@ -278,6 +278,7 @@ def _plan_of(o: ExtractOptions) -> Plan:
         if kind == "grid" and not 1 <= grid <= side:
             raise ValueError(f"--grid {grid}: {model} {conv} is {side}x{side} at input "
                              f"{crop_size}; choose 1..{side} or a larger --input-size")
+        regions = {}   # the Plan's defaults (no boxes, 0 regions, no detector) for a grid
         if kind == "regions":
             if not boxes:
                 raise ValueError("--kind regions needs --boxes detector or --boxes FILE (JSON: image id → boxes)")
@@ -285,20 +286,18 @@ def _plan_of(o: ExtractOptions) -> Plan:
                 raise ValueError(f"--boxes {boxes!r}: not 'detector' nor an existing JSON file")
             if max_regions < 1 or min_regions < 0:
                 raise ValueError("--max-regions must be >= 1 and --min-regions >= 0")
-            boxes = boxes if boxes == "detector" else str(Path(boxes).resolve())
-        return Plan(**kw, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
-                    channels=tap["width"], boxes=boxes if kind == "regions" else None,
-                    max_regions=int(max_regions) if kind == "regions" else 0,
-                    min_regions=int(min_regions) if kind == "regions" else 0,
-                    detector=detector if kind == "regions" else None,
-                    detector_weights=detector_weights if kind == "regions" else None)
+            regions = dict(boxes=boxes if boxes == "detector" else str(Path(boxes).resolve()),
+                           max_regions=int(max_regions), min_regions=int(min_regions), detector=detector,
+                           detector_weights=detector_weights)
+        return Plan(**kw, **regions, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
+                    channels=tap["width"])
     if kind == "global":
         if taps:
             raise ValueError("--taps applies to --kind fne only")
         names = [spec.global_tap(meta)]
     else:
         names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
-    cols, calls = tap_columns(model, meta, names, crop_size)
+    cols, calls, _ = tap_columns(model, meta, names, crop_size)
     return Plan(**kw, taps=tuple(cols), tap_calls=calls)
 
 

@@ -200,9 +200,7 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
 
 def compute_block(job: Job, block: Block, **kwargs: Any) -> BlockBuffer:
     """One block (or rows ``span`` of it) computed: see :func:`compute_blocks`."""
-    for buf in compute_blocks(job, [block], **kwargs):
-        return buf
-    return BlockBuffer.empty(job.plan, block)
+    return next(compute_blocks(job, [block], **kwargs), None) or BlockBuffer.empty(job.plan, block)
 
 
 # --- committing --------------------------------------------------------------------------------------

@@ -243,14 +243,9 @@ def refuse_pending(fs: FeatureSet) -> None:
 
 
 def own_decoder(store: FeatureStore, name: str, opts: ExtractOptions, plan, overwrite: bool = False):
-    """``plan`` with the decoder of the existing set ``name`` where ``--decoder`` is not given.
-
-    New sets default to ``torchvision`` (``images.DEFAULT_DECODER``); a set keeps the decoder its
-    settings record (``pil`` where they record none, as every set made before issue 37; ``turbo``, DCT
-    scaling, for a set made while that was the default, until issue 47), so resuming, rerunning,
-    remaking or overwriting it without ``--decoder`` never changes its pixels. An explicit ``--decoder`` is
-    used as given (one that differs from the set's is refused by the settings hash, or replaces the
-    set with ``--overwrite``)."""
+    """``plan`` with the decoder of the existing set ``name`` where ``--decoder`` is not given: a set
+    keeps the decoder its settings record (``pil`` where they record none), so resuming or remaking it
+    never changes its pixels (docs/extract.md, "Decoders")."""
     if opts.decoder is not None or plan.kind == "regions" or not store.has_features(name):
         return plan
     try:

@@ -143,13 +143,6 @@ def grid_pool(out, layout: Layout, grid: int):
     return _by_chunks(x, lambda c: pool(c, grid))
 
 
-def keep_map(out, layout: Layout = Layout("NCHW")):
-    """The whole map as a new NCHW float32 tensor (regions: RoIAlign needs NCHW)."""
-    import torch
-
-    return to_nchw(out, layout).to(torch.float32, copy=True)
-
-
 @dataclass(frozen=True)
 class TapInfo:
     name: str
@@ -315,16 +308,10 @@ def check_layout(model_name: str, info: TapInfo, layout: Layout | None) -> Layou
     return layout
 
 
-def tap_columns(model_name: str, model, names: Sequence[str], input_size: int) -> tuple[list[dict], int]:
-    """Each tap's ``{name, width, start, stop, layout, prefix}`` columns and the hook calls of a pass.
-
-    Widths are channels under the tap's detected layout (a Swin stage (H, W, C) is C wide).
-    """
-    cols, calls, _ = _columns(model_name, model, names, input_size)
-    return cols, calls
-
-
-def _columns(model_name: str, model, names: Sequence[str], input_size: int):
+def tap_columns(model_name: str, model, names: Sequence[str], input_size: int):
+    """Each tap's ``{name, width, start, stop, layout, prefix}`` columns, the hook calls of a pass and
+    the taps' :class:`TapInfo`. Widths are channels under the tap's detected layout (a Swin stage
+    (H, W, C) is C wide)."""
     info = probe(model, input_size, names)
     missing = [n for n in names if n not in info]
     if missing:
@@ -345,7 +332,7 @@ def spatial_tap(model_name: str, model, name: str, input_size: int) -> tuple[dic
 
     A layer whose output is not a square spatial map (NCHW, NHWC or a square token grid) is refused.
     """
-    cols, calls, info = _columns(model_name, model, [name], input_size)
+    cols, calls, info = tap_columns(model_name, model, [name], input_size)
     col, shape = cols[0], info[name].shape
     side = Layout(col["layout"], col["prefix"]).side(shape)
     if col["layout"] == "NC" or side <= 0:
