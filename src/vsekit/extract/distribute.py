@@ -76,13 +76,8 @@ def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dic
 
 
 def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterSpec) -> tuple[dict, dict, dict]:
-    """One task per pending block on ``cluster``; a block whose task keeps killing its workers is
-    bisected to find the row that does (it is marked failed, the rest extracted).
-
-    Each future is released as soon as its result is recorded, and every task skips a block that is
-    already committed and refuses to write once this run no longer holds the set's lock: a lost
-    worker's finished blocks are never computed again.
-    """
+    """One task per pending block on ``cluster`` (see module doc); each future is released as soon
+    as its result is recorded, so a worker lost later has nothing of it to recompute."""
     from distributed.scheduler import KilledWorker
     from tqdm.auto import tqdm
 

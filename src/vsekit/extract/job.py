@@ -1,13 +1,8 @@
 """One description of an extraction job: what to compute (:class:`ExtractOptions`, which makes the
-:class:`~vsekit.extract.plan.Plan`) and how to run it (:class:`Execution`), and the two together with
-where to write (:class:`Job`, what every executor hands its tasks).
-
-Each field carries its command-line flag, default and help (:func:`.fields.option`): ``vsekit
-extract`` builds its Click options from these fields (``cli/extract.py``), ``extract()`` takes them
-as keyword arguments, and :func:`remake_args` rebuilds the command of a set from the fields that
-enter its settings (``attr``: the key in the set's attrs; ``when``: whether the flag applies).
-Adding an option is adding a field (``ExtractOptions`` in ``plan.py``, or ``Execution`` here) and
-using it where it acts. No setting travels through the environment.
+:class:`~vsekit.extract.plan.Plan`), how to run it (:class:`Execution`), and the two together with
+where to write (:class:`Job`, what every executor hands its tasks). Each field is an option
+(:func:`.fields.option`: the CLI flag, ``extract()``'s keyword and the remake command follow from it;
+docs/architecture.md, "A new extract option"). No setting travels through the environment.
 """
 
 from __future__ import annotations

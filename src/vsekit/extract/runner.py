@@ -1,14 +1,8 @@
-"""The extraction runner: lock the set, create or resume it, run an executor over its pending row
-blocks, then commit the set (or discard what a failed run started).
-
-The executors only hand out blocks and collect results; computing and committing a block is the
-block engine's (:mod:`.rows`): in-process here (:func:`run_in_process`: one decoding pool over every
-block, a background writer), on dask (:mod:`.distribute`: one task per block, bisecting a block that
-kills its workers) or as a SLURM job array (:mod:`.array`: no driver stays).
-
-A rerun skips the blocks already done (a block's status is written after its data); ``overwrite``
-starts afresh. Bad images are marked failed with their reason and listed in the summary; with
-``strict`` the first one stops the run before its block is written.
+"""The extraction runner: lock the set, create or resume it (a rerun skips the blocks already done),
+run an executor over its pending row blocks (in-process here, :func:`run_in_process`; dask,
+:mod:`.distribute`; a job array, :mod:`.array`), then commit the set or discard what a failed run
+started. Computing and committing a block is the block engine's (:mod:`.rows`). docs/architecture.md,
+"The path of a block".
 """
 
 from __future__ import annotations
@@ -132,13 +126,8 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
 
 def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution,
             cluster: ClusterSpec | None = None):
-    """Run the job ``opts`` / ``run`` where ``cluster`` says (None: in-process; see module doc).
-
-    The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
-    are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
-    ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
-    this run created is removed again if the run fails before any row is done.
-    """
+    """Run the job ``opts`` / ``run`` where ``cluster`` says (None: in-process; see module doc),
+    holding the set's writer lock; a resumed set is checked first (:func:`resume_checks`)."""
     with handling():
         try:
             return _run_job(store, opts, run, cluster)
@@ -153,13 +142,11 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     from ..devices import resolve_device
 
     run = run.checked()
-    if cluster is not None and cluster.resolves_on_workers:   # slurm: the GPUs are on the nodes
-        device = str(run.device or "auto").strip().lower()
-    else:
-        device = resolve_device(run.device)  # auto -> cuda|cpu; an unusable device is one Error: line
+    requested = str(run.device or "auto").strip().lower()
+    # auto -> cuda|cpu here (an unusable device is one Error: line), or on the nodes (slurm: the GPUs are there)
+    device = requested if cluster is not None and cluster.resolves_on_workers else resolve_device(run.device)
     if device != "auto" and not device.startswith("cuda") and opts.precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
-    requested = str(run.device or "auto").strip().lower()
     run = run.replace(device=device)
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
@@ -199,9 +186,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
         # the tasks open the store as they reach it (on object storage with the same options) and write
         # under the token of this run's guard
         job = Job(store.sets.task_path(), fs.name, plan, run, lock_name=name, lock_token=store.sets.token(name),
-                  storage_options=store.sets.options())
-        if images_url:
-            job = dataclasses.replace(job, image_options=remote.options())
+                  storage_options=store.sets.options(), image_options=remote.options() if images_url else {})
         t0, reads = time.perf_counter(), dict(remote.STATS) if images_url else {}
         try:
             if array:   # no driver stays: see extract/array.py
@@ -220,12 +205,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             _discard_or_keep(store, fs, name, existed, exc)
             raise
         fs = store.commit(fs)
-    seconds = time.perf_counter() - t0
     counts = fs.counts()
-    errors = fs.errors()
     return ExtractResult(name=name, n_rows=fs.n_rows, done=counts["done"], failed=counts["failed"],
                          pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
-                         seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
+                         seconds=time.perf_counter() - t0, images=sum(len(b) for b in blocks), errors=fs.errors(),
                          block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
                          devices=sorted(info.get("devices", ())),
                          image_reads={k: v - reads.get(k, 0) for k, v in remote.STATS.items()} if images_url else {})

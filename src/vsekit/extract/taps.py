@@ -1,15 +1,8 @@
-"""Named layer taps: forward hooks that reduce a layer's output as soon as it is produced.
-
-For the Full-Network Embedding (Vilalta et al., Sec. 3; Garcia-Gasulla et al., Sec. 3) every tap of a
-spatial map is its spatial average, computed *inside* the hook, so the full activation is never
-kept. Every hook stores a *new* tensor, never a view of the layer's output: a later in-place
-operation (torchvision VGG's ``ReLU(inplace=True)`` after ``classifier.0``) would otherwise overwrite
-it. Once the last hook of a pass has fired, the rest of the network is skipped; a module called more
-than once in a pass is tapped at its last call.
-
-A tap's layout (``NCHW``, channels-last ``NHWC``, tokens ``NLC`` with ``prefix`` class / register
-tokens, vectors ``NC``) is decided on the meta device (:func:`detect_layouts`) and refused when it
-cannot be told, never guessed; every reduction works on the NCHW view (docs/extract.md, "Layouts").
+"""Named layer taps: forward hooks that reduce a layer's output as soon as it is produced (the
+Full-Network Embedding's spatial averages, Vilalta et al., Sec. 3), each into a *new* tensor that no
+later in-place layer can overwrite, the forward pass stopped after the last tap; and each tap's
+layout (NCHW, NHWC, tokens, vectors), decided on the meta device and refused, never guessed, when it
+cannot be told. docs/extract.md, "Kinds" and "Layouts".
 """
 
 from __future__ import annotations
@@ -69,17 +62,13 @@ def to_nchw(out, layout: Layout):
 POOL_CHUNK_BYTES = 64 << 20
 
 
-def _rows_per_chunk(x) -> int:
-    per_row = max(1, x[0].numel() * 4) if x.shape[0] else 1
-    return max(1, POOL_CHUNK_BYTES // per_row)
-
-
 def _by_chunks(x, fn):
     """``fn(x.float())`` computed on batch chunks converted into one reused float32 buffer (of
     ``x.float()``'s strides, so ``fn`` reduces in the same order), never all of ``x`` at once."""
     import torch
 
-    n, step = x.shape[0], _rows_per_chunk(x)
+    n = x.shape[0]
+    step = max(1, POOL_CHUNK_BYTES // (max(1, x[0].numel() * 4) if n else 1))
     if step >= n:
         return fn(x.float())
     buf = torch.empty_like(x[:step], dtype=torch.float32)   # one buffer: no allocation per chunk
