@@ -50,25 +50,12 @@ def caffe_scale(height: int, width: int, target: int = TARGET_SIZE, max_size: in
 
 
 def resize_linear(img, scale: float):
-    """(C, H, W) float → (C, round(H·s), round(W·s)) by OpenCV's INTER_LINEAR with factor ``s``.
-
-    Each output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to [0, side - 1], and
-    interpolates its two neighbours on each axis (no antialiasing when shrinking, as cv2.resize).
-    """
-    c, h, w = img.shape
-    oh, ow = int(round(h * scale)), int(round(w * scale))
-
-    def axis(n_out, n_in):
-        src = ((torch.arange(n_out, dtype=torch.float64, device=img.device) + 0.5) / scale - 0.5)
-        src = src.clamp(0, n_in - 1)
-        i0 = src.floor().long()
-        i1 = (i0 + 1).clamp(max=n_in - 1)
-        return i0, i1, (src - i0).float()
-
-    y0, y1, wy = axis(oh, h)
-    x0, x1, wx = axis(ow, w)
-    rows = img[:, y0] * (1 - wy).view(1, -1, 1) + img[:, y1] * wy.view(1, -1, 1)
-    return rows[:, :, x0] * (1 - wx) + rows[:, :, x1] * wx
+    """(C, H, W) float → (C, round(H·s), round(W·s)) by OpenCV's INTER_LINEAR with factor ``s``: each
+    output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to the image, between its two
+    neighbours on each axis (no antialiasing when shrinking, as cv2.resize). That is torch's bilinear
+    kernel given the scale itself rather than the ratio of the sizes."""
+    size = [int(round(img.shape[1] * scale)), int(round(img.shape[2] * scale))]
+    return torch.ops.aten.upsample_bilinear2d(img[None], size, False, scale, scale)[0]
 
 
 def preprocess(rgb, target: int = TARGET_SIZE, max_size: int = MAX_SIZE):
