@@ -377,7 +377,6 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
         task = sched.first_task if task is None else task
     resolved = task_execution(spec, sched.task_cpus())
     run = resolved.run
-    device, workers = run.device, run.workers
     for line in resolved.notes:
         say(f"note: {line}")
     record_notes(fs, resolved.notes)
@@ -385,7 +384,7 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     leases = arrays.place(store, spec["name"]).leases(ttl=spec["ttl"], owner=owner_record())
     committed, dropped, lease = 0, 0, None
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
-        f"device {device}, {workers} decoding {'threads' if image_url(fs) else 'processes'}, {spec['name']!r}")
+        f"device {run.device}, {run.workers} decoding {'threads' if image_url(fs) else 'processes'}, {spec['name']!r}")
     try:
         with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
             point(f"array-task-{task}:start")

@@ -194,13 +194,15 @@ class ButdExtractor:
                                      max_size=MAX_SIZE, post_nms=sel.RPN_POST_NMS)
 
     def put_items(self, items, buf) -> None:
-        """Detect each item's image and put its regions into the block buffer."""
-        from .regions import put_regions
-
+        """Detect each item's image and put its regions into the block buffer: features padded to
+        ``max_regions`` rows, and each box's label, attribute and their scores (:func:`.regions.region_arrays`)."""
         for it in items:
             r = self.detector.detect(torch.from_numpy(it.crops[0]))
-            put_regions(buf, self.plan, it.row, r.features, r.boxes, labels=r.labels,
-                        label_scores=r.label_scores, attrs=r.attrs, attr_scores=r.attr_scores)
+            feats = np.zeros((self.plan.max_regions, r.features.shape[1]), dtype=np.float32)
+            feats[:len(r.features)] = r.features
+            buf.put(it.row, feats, boxes=r.boxes)
+            for name in ("labels", "label_scores", "attrs", "attr_scores"):
+                buf.extra[name][it.row - buf.block.start, :len(r.boxes)] = getattr(r, name)
 
 
 def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions: int | None,

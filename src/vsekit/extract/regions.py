@@ -59,15 +59,6 @@ def region_arrays(plan) -> dict:
     return arrays
 
 
-def put_regions(buf, plan, row: int, features: np.ndarray, boxes: np.ndarray, **per_box: np.ndarray) -> None:
-    """Put one image's regions into a block buffer, with its per-box arrays (:func:`region_arrays`)."""
-    feats = np.zeros((plan.max_regions, features.shape[1]), dtype=np.float32)
-    feats[:len(features)] = features
-    buf.put(row, feats, boxes=boxes)
-    for name, values in per_box.items():
-        buf.extra[name][row - buf.block.start, :len(values)] = values
-
-
 def check_boxes(boxes: np.ndarray, width: int, height: int) -> np.ndarray:
     """Clip to the image; raise ValueError for a box with no area inside it."""
     b = boxes.copy()
