@@ -310,6 +310,22 @@ def test_resize_matches_bilinear_kernel_with_explicit_scale():
         torch.testing.assert_close(butd.resize_linear(x, s), want, rtol=1e-5, atol=1e-3)
 
 
+def test_resize_is_opencvs_inter_linear_formula(float64):
+    """Each output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to [0, side - 1], and
+    interpolates its two neighbours on each axis (cv2.resize's INTER_LINEAR, written out in float64)."""
+    def axis(n_out, n_in, s):
+        src = ((np.arange(n_out) + 0.5) / s - 0.5).clip(0, n_in - 1)
+        i0 = np.floor(src).astype(int)
+        return i0, np.minimum(i0 + 1, n_in - 1), src - i0
+
+    x = np.random.default_rng(1).random((3, 29, 41)) * 255
+    for s in (600 / 29, 0.61, 1.0, 0.5, 0.13):
+        (y0, y1, wy), (x0, x1, wx) = axis(round(29 * s), 29, s), axis(round(41 * s), 41, s)
+        rows = x[:, y0] * (1 - wy)[None, :, None] + x[:, y1] * wy[None, :, None]
+        want = rows[:, :, x0] * (1 - wx) + rows[:, :, x1] * wx
+        np.testing.assert_allclose(butd.resize_linear(torch.from_numpy(x), s).numpy(), want, rtol=1e-9, atol=1e-7)
+
+
 def test_preprocess_is_bgr_minus_caffe_means():
     rgb = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (3, 600, 700), dtype=np.uint8))
     x, s = butd.preprocess(rgb)

@@ -1,38 +1,14 @@
 """``--cluster slurm-array:N`` / ``sge-array:N``: one SLURM (or Grid Engine) job array whose tasks
-write the feature set themselves.
+write the feature set themselves; no scheduler and no driver stay behind.
 
-No scheduler and no driver stay behind. The driver (:func:`submit`, called by ``extract`` while it
-holds the set's writer lock, after creating or reopening the set exactly as every other path does)
-writes the tasks' spec (``STORE/.vsekit/arrays/NAME/spec.json``, see :mod:`vsekit.storage.job_arrays`),
-hands the set's writer lock over to the array, submits ONE ``sbatch --array=0-(N-1)`` job (Grid
-Engine: ``qsub -t 1-N``; the script is the scheduler's, :mod:`vsekit.schedulers`) and exits with its
-job id. Tasks are named as their scheduler numbers them (SLURM from 0, Grid Engine from 1). Each array task runs ``python -m vsekit.extract.array SPEC`` (:func:`work`):
-
-1. it reads the status of every row once per round, and walks the pending blocks from its own
-   offset (task k of N starts k/N of the way in, so tasks rarely contend);
-2. it claims a block's lease (:mod:`vsekit.storage.leases`; an expired lease of a killed task is
-   taken over), then checks the block's status again: a block done meanwhile is skipped;
-3. it extracts the block (renewing the lease from a background thread), and commits it only if it
-   still holds the lease and the block is still pending: failure reasons first (a file of their
-   own), then data, checksums and, last, the status that marks it done;
-4. it releases the lease and goes on; when no block is pending it merges the failure reasons into
-   the set's attrs and exits. Blocks leased by live tasks are waited for (they end done, or their
-   lease expires and is taken over).
-
-SIGTERM (``scancel``, the time limit) releases the lease of the block in progress, which stays
-pending (:mod:`vsekit.interrupts`; a commit under way finishes first). Each task passes the fault
-points ``array-task-K:start`` and ``array-task-K:claimed`` (:mod:`vsekit.storage.faults`), where
-tests hold or kill a given task. Running the same command again after the array has ended submits a new array for the
-blocks still pending, or reports the set done.
-
-On object storage (``--store s3://...``) the spec, the block leases (:mod:`vsekit.storage.objleases`),
-the failure reasons and the merge lease are objects of the store (:func:`vsekit.storage.job_arrays.place`),
-the set's lease object is handed to the array instead of the lock file (both through
-:meth:`~vsekit.storage.sets.SetStorage.hand_over`; the tasks renew it together,
-:meth:`~vsekit.storage.sets.SetStorage.join`), each task runs
-``python -m vsekit.extract.array URL NAME``, and the ``--storage-option`` values reach it in the
-environment of the sbatch / qsub process only (:data:`OPTIONS_ENV`). Job scripts and logs stay in a
-local folder (:func:`vsekit.storage.job_arrays.local_dir`). docs/store.md, "Job arrays on object storage".
+The driver (:func:`submit`, called by ``extract`` while it holds the set's writer lock, after
+creating or reopening the set as every other path does) writes the tasks' spec
+(:mod:`vsekit.storage.job_arrays`), hands the set's guard over to the array and submits one array
+job (the script is the scheduler's, :mod:`vsekit.schedulers`). Each task (``python -m
+vsekit.extract.array SPEC``, or ``URL NAME`` on object storage: :func:`work`) claims pending blocks
+by a lease each, extracts and commits them, and merges the failure reasons when none is left;
+SIGTERM leaves the block in progress pending. The protocol and each guarantee's test:
+docs/gpus_clusters.md, "Job arrays"; on object storage docs/store.md, "Job arrays on object storage".
 """
 
 from __future__ import annotations
@@ -48,6 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -102,7 +79,7 @@ def array_gpus(settings: dict, device: str) -> int:
     return int(settings.get("gpus", 1 if is_cuda(device) else 0) or 0)
 
 
-def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: str, log_dir: Path,
+def job_script(spec_file: "Path | str", name: str, tasks: int, settings: dict, device: str, log_dir: Path,
                scheduler: str = "slurm") -> str:
     """The array's job script (sbatch, qsub...): the scheduler's header for ``tasks`` tasks, then one
     line of work, :func:`work`, for each task."""
@@ -111,13 +88,8 @@ def job_script(spec_file: Path, name: str, tasks: int, settings: dict, device: s
         raise ValueError(f"cluster setting gpus: {gpus}: an array task uses one GPU; use gpus: 1 and "
                          f"more tasks ({scheduler}-array:N)")
     lines, directive = get(scheduler).array_header(name, tasks, settings, gpus, log_dir)
-    return _script_end(lines, directive, settings, spec_file)
-
-
-def _script_end(lines: list[str], directive: str, settings: dict, spec_file: "Path | str") -> str:
-    """An array script's end, the same for every scheduler: the site's extra directives and prologue,
-    then each task runs ``vsekit.extract.array`` on the spec (``spec_file``: its path, or for a store
-    on object storage ``URL NAME``, :func:`task_args`)."""
+    # the same end for every scheduler: the site's extra directives and prologue, then the task's work
+    # on the spec (``spec_file``: its path, or for a store on object storage ``URL NAME``, task_args)
     lines = [*lines, *(f"{directive} {x}" for x in settings.get("job_extra") or []),
              *(str(x) for x in settings.get("prologue") or [])]
     python = settings.get("python") or sys.executable
@@ -253,39 +225,33 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] vsekit array task: {message}", file=sys.stderr, flush=True)
 
 
-class Claimer:
-    """The next block for this task: pending, leased by it, and (re-checked) still pending."""
+def claims(fs: FeatureSet, leases, task: int, tasks: int) -> Iterator[tuple[Lease, Block]]:
+    """This task's blocks, each pending, leased by it and (re-checked) still pending: every status is
+    read once per round, the pending blocks walked from this task's offset (task k of N starts k/N of
+    the way in, so tasks rarely contend); waits while the only pending blocks are leased by live tasks."""
+    blocks = fs.blocks()
 
-    def __init__(self, fs: FeatureSet, leases, task: int, tasks: int):
-        self.fs, self.leases, self.task, self.tasks = fs, leases, task, max(1, tasks)
-        self.blocks = fs.blocks()
-        self.queue: list[Block] = []
-
-    def _round(self) -> bool:
-        """Read every status once; queue the pending blocks from this task's offset. False: none."""
-        status = self.fs.status_values()
-        pending = [b for b in self.blocks if (status[b.start:b.stop] == 0).any()]
-        start = self.task * len(pending) // self.tasks
-        self.queue = pending[start:] + pending[:start]
-        return bool(pending)
-
-    def next(self) -> tuple[Lease, Block] | None:
-        """Claim the next block; waits while the only pending blocks are leased by live tasks."""
-        while True:
-            if not self.queue and not self._round():
-                return None
-            while self.queue:
-                b = self.queue.pop(0)
-                lease = self.leases.claim(b.index)
-                if lease is None:
-                    continue
-                if self.fs.block_done(b) or _restored(self.fs, b):   # finished since this round's read
-                    self.leases.release(lease)
-                    continue
-                return lease, b
-            if self._round():                 # all leased by others: wait for them to end or expire
-                self.queue = []
-                time.sleep(min(5.0, max(0.2, self.leases.ttl / 10)))
+    def pending() -> list[Block]:
+        status = fs.status_values()
+        out = [b for b in blocks if (status[b.start:b.stop] == 0).any()]
+        start = task * len(out) // max(1, tasks)
+        return out[start:] + out[:start]
+    queue = pending()
+    while queue:
+        claimed = False
+        for b in queue:
+            lease = leases.claim(b.index)
+            if lease is None:
+                continue
+            if fs.block_done(b) or _restored(fs, b):   # finished since this round's read
+                leases.release(lease)
+                continue
+            claimed = True
+            yield lease, b
+        queue = pending()
+        if queue and not claimed:   # all leased by others: wait for them to end or expire
+            time.sleep(min(5.0, max(0.2, leases.ttl / 10)))
+            queue = pending()
 
 
 def _restored(fs: FeatureSet, block: Block) -> bool:
@@ -328,17 +294,32 @@ class LeaseGuard:
         return buf.write(fs, record_errors=False)   # data and checksums, then the status that marks it done
 
 
+@contextlib.contextmanager
+def _merging(fs: FeatureSet, tries: int = 1):
+    """The merge lease of ``fs``'s array (one task at a time writes the set's attrs): yields True
+    while held, False when ``tries`` claims 0.1 s apart did not get it."""
+    guard = arrays.place(fs.store, fs.name).merge_leases()
+    for k in range(tries):
+        lease = guard.claim(0)
+        if lease is not None:
+            try:
+                yield True
+            finally:
+                guard.release(lease)
+            return
+        if k + 1 < tries:
+            time.sleep(0.1)
+    yield False
+
+
 def merge_errors(fs: FeatureSet) -> int:
     """Move the failure reasons the tasks wrote into the set's attrs (one merger at a time)."""
     where = arrays.place(fs.store, fs.name)
-    files = where.error_files()
-    if not files:
+    if not where.error_files():
         return 0
-    guard = where.merge_leases()
-    lease = guard.claim(0)
-    if lease is None:
-        return 0
-    try:
+    with _merging(fs) as held:
+        if not held:
+            return 0
         files = where.error_files()   # under the lease: what no other merger took meanwhile
         merged: dict[int, str] = {}
         for _, reasons in files:
@@ -347,34 +328,16 @@ def merge_errors(fs: FeatureSet) -> int:
         fs.store.features(fs.name).record_errors(merged)   # the attrs as they are now, not as this task opened them
         where.drop_errors([f for f, _ in files])
         return len(merged)
-    finally:
-        guard.release(lease)
 
 
 def record_notes(fs: FeatureSet, notes) -> None:
     """Keep what a task could not apply as asked in the set's attrs (``execution_notes``; one writer
     at a time, through the same lease as the failure reasons)."""
-    if not notes:
-        return
-    guard = arrays.place(fs.store, fs.name).merge_leases()
-    for _ in range(50):
-        lease = guard.claim(0)
-        if lease is not None:
-            try:
+    if notes:
+        with _merging(fs, tries=50) as held:
+            if held:
                 have = list(fs.store.features(fs.name).attrs.get("execution_notes") or [])
                 fs.update_attrs(execution_notes=sorted(set(have) | set(notes)))
-            finally:
-                guard.release(lease)
-            return
-        time.sleep(0.1)
-
-
-def _open_remote(url: str, name: str) -> tuple[FeatureStore, dict | None]:
-    """An array task on object storage: the store (this command's storage options from the
-    environment, :data:`OPTIONS_ENV`, over the standard AWS_* ones) and the spec object."""
-    _take_storage_options()
-    store = FeatureStore.open(url, mode="r+")
-    return store, arrays.place(store, name).read_spec()
 
 
 def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None = None) -> int:
@@ -387,13 +350,14 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     from .job import Job, Site
     from .plan import Plan
 
-    if is_object_url(str(spec_file)):
-        store, spec = _open_remote(str(spec_file), str(name))
+    _take_storage_options()   # this command's storage options (over the standard AWS_* ones), the images'
+    if is_object_url(str(spec_file)):   # the store's URL: the spec is an object of the store
+        store = FeatureStore.open(str(spec_file), mode="r+")
+        spec = arrays.place(store, str(name)).read_spec()
         if spec is None:
             say(f"no job array spec for {name!r} in {store.path}; stopping")
             return 2
     else:
-        _take_storage_options()   # the images' options, where they are on object storage
         spec = json.loads(Path(spec_file).read_text())
         store = FeatureStore.open(spec["store"], mode="r+")
     fs = store.features(spec["name"])
@@ -413,7 +377,6 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
         task = sched.first_task if task is None else task
     resolved = task_execution(spec, sched.task_cpus())
     run = resolved.run
-    device, workers = run.device, run.workers
     for line in resolved.notes:
         say(f"note: {line}")
     record_notes(fs, resolved.notes)
@@ -421,16 +384,11 @@ def work(spec_file: str | os.PathLike, task: int | None = None, name: str | None
     leases = arrays.place(store, spec["name"]).leases(ttl=spec["ttl"], owner=owner_record())
     committed, dropped, lease = 0, 0, None
     say(f"task {task} of job {leases.owner.get('job')} on {leases.owner['host']} (pid {os.getpid()}), "
-        f"device {device}, {workers} decoding {'threads' if image_url(fs) else 'processes'}, {spec['name']!r}")
+        f"device {run.device}, {run.workers} decoding {'threads' if image_url(fs) else 'processes'}, {spec['name']!r}")
     try:
         with handling() as signals:   # SIGTERM: stop at once, except inside a commit (it finishes first)
             point(f"array-task-{task}:start")
-            claimer = Claimer(fs, leases, task - sched.first_task, spec["tasks"])
-            while True:
-                got = claimer.next()
-                if got is None:
-                    break
-                lease, block = got
+            for lease, block in claims(fs, leases, task - sched.first_task, spec["tasks"]):
                 lease.keep_renewed(max(0.05, min(leases.ttl / 6, 60.0)), errors=(OSError, StoreError))
                 if lease.stolen_from:
                     o = lease.stolen_from

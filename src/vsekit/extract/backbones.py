@@ -58,16 +58,26 @@ def registered_backbones() -> list[str]:
 
 
 # --- torchvision ---------------------------------------------------------------------------------
-def _tv_preprocess(weights_name: str) -> Callable[[Any], Preprocess]:
-    """The transforms of torchvision's ``WEIGHTS_NAME.IMAGENET1K_V1`` (torchvision imported when asked)."""
-    def resolve(model) -> Preprocess:
+def _torchvision(name: str, weights_name: str, **taps: Callable) -> BackboneSpec:
+    """torchvision's ``name`` with (or without) its ``WEIGHTS_NAME.IMAGENET1K_V1`` weights, whose
+    transforms are its preprocessing (torchvision imported when asked)."""
+    def weights():
         import torchvision.models as tvm
 
-        t = getattr(tvm, weights_name).IMAGENET1K_V1.transforms()
+        return getattr(tvm, weights_name).IMAGENET1K_V1
+
+    def build(pretrained: bool):
+        import torchvision.models as tvm
+
+        return getattr(tvm, name)(weights=weights() if pretrained else None)
+
+    def preprocess(model) -> Preprocess:
+        t = weights().transforms()
         return Preprocess(crop_size=int(t.crop_size[0]), resize=int(t.resize_size[0]),
                           mean=tuple(float(v) for v in t.mean), std=tuple(float(v) for v in t.std),
                           interpolation=str(t.interpolation.value))
-    return resolve
+    return register_backbone(BackboneSpec(name=name, build=build, preprocess=preprocess, source="torchvision",
+                                          **taps))
 
 
 def vgg_fne_taps(model) -> list[str]:
@@ -88,14 +98,6 @@ def vgg_fne_taps(model) -> list[str]:
             + [f"classifier.{i}" for i in relu_after(model.classifier, nn.Linear)])
 
 
-def _tv_build(fn_name: str, weights_name: str) -> Callable[[bool], Any]:
-    def build(pretrained: bool):
-        import torchvision.models as tvm
-        weights = getattr(getattr(tvm, weights_name), "IMAGENET1K_V1") if pretrained else None
-        return getattr(tvm, fn_name)(weights=weights)
-    return build
-
-
 _BLOCK_RE = re.compile(r"(Block|Bottleneck|Mixed|Reduction|Stage)", re.I)
 
 
@@ -114,16 +116,10 @@ def block_outputs(model) -> list[str]:
 
 
 for _depth in (16, 19):  # VGG-16 is the FNE paper's network, VGG-19 its global fc7 baseline's
-    register_backbone(BackboneSpec(
-        name=f"vgg{_depth}", build=_tv_build(f"vgg{_depth}", f"VGG{_depth}_Weights"),
-        preprocess=_tv_preprocess(f"VGG{_depth}_Weights"),
-        global_tap=lambda m: "classifier.4", conv_tap=lambda m: f"features.{len(m.features) - 2}",
-        fne_taps=vgg_fne_taps, source="torchvision"))
-register_backbone(BackboneSpec(
-    name="resnet152", build=_tv_build("resnet152", "ResNet152_Weights"),
-    preprocess=_tv_preprocess("ResNet152_Weights"),
-    global_tap=lambda m: "avgpool", conv_tap=lambda m: "layer4", fne_taps=block_outputs,
-    source="torchvision"))
+    _torchvision(f"vgg{_depth}", f"VGG{_depth}_Weights", global_tap=lambda m: "classifier.4",
+                 conv_tap=lambda m: f"features.{len(m.features) - 2}", fne_taps=vgg_fne_taps)
+_torchvision("resnet152", "ResNet152_Weights", global_tap=lambda m: "avgpool", conv_tap=lambda m: "layer4",
+             fne_taps=block_outputs)
 
 
 # --- timm ----------------------------------------------------------------------------------------

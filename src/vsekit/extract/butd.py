@@ -1,19 +1,9 @@
 """``--detector butd-r101``: bottom-up-attention region features (Anderson et al., CVPR 2018) without
 Caffe: the Visual Genome Faster R-CNN of :mod:`.butd_model`, the proposals and selection of
-:mod:`.butd_select`, and the preprocessing of py-faster-rcnn's ``_get_image_blob``:
-
-1. the image as BGR float minus the Caffe pixel means (102.9801, 115.9465, 122.7717), no std;
-2. scaled by s = 600 / shorter side, or 1000 / longer side when round(s × longer) > 1000, with
-   OpenCV's INTER_LINEAR (no antialiasing; output side round(s × side), source coordinate
-   (d + 0.5) / s - 0.5 clamped to the image), see :func:`resize_linear`;
-3. res4 → RPN proposals → RoIPool 14×14 → res5 → mean = ``pool5`` (2048) per proposal, class and
-   attribute probabilities, then the selection of ``generate_tsv.py``;
-4. the kept proposals (unregressed, as generate_tsv.py stores them) divided by s: boxes in
-   original pixels, with their ``pool5`` features, object label and attribute (argmax excluding
-   background / "no attribute", 0-based into the 1,600 / 400 vocabularies) and their probabilities.
-
-Weights: the converted Caffe checkpoint (``--detector-weights PATH``) loaded by
-:func:`load_checkpoint`; docs/extract.md says where to get it.
+:mod:`.butd_select`, and the preprocessing of py-faster-rcnn's ``_get_image_blob`` (BGR minus the
+Caffe means, the Caffe test scale, OpenCV's INTER_LINEAR). What is computed, step by step, and where
+to get the converted Caffe checkpoint (:func:`load_checkpoint`): docs/extract.md, "Region features
+(BUTD)".
 """
 
 from __future__ import annotations
@@ -60,25 +50,12 @@ def caffe_scale(height: int, width: int, target: int = TARGET_SIZE, max_size: in
 
 
 def resize_linear(img, scale: float):
-    """(C, H, W) float → (C, round(H·s), round(W·s)) by OpenCV's INTER_LINEAR with factor ``s``.
-
-    Each output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to [0, side - 1], and
-    interpolates its two neighbours on each axis (no antialiasing when shrinking, as cv2.resize).
-    """
-    c, h, w = img.shape
-    oh, ow = int(round(h * scale)), int(round(w * scale))
-
-    def axis(n_out, n_in):
-        src = ((torch.arange(n_out, dtype=torch.float64, device=img.device) + 0.5) / scale - 0.5)
-        src = src.clamp(0, n_in - 1)
-        i0 = src.floor().long()
-        i1 = (i0 + 1).clamp(max=n_in - 1)
-        return i0, i1, (src - i0).float()
-
-    y0, y1, wy = axis(oh, h)
-    x0, x1, wx = axis(ow, w)
-    rows = img[:, y0] * (1 - wy).view(1, -1, 1) + img[:, y1] * wy.view(1, -1, 1)
-    return rows[:, :, x0] * (1 - wx) + rows[:, :, x1] * wx
+    """(C, H, W) float → (C, round(H·s), round(W·s)) by OpenCV's INTER_LINEAR with factor ``s``: each
+    output pixel d samples the source at (d + 0.5) / s - 0.5, clamped to the image, between its two
+    neighbours on each axis (no antialiasing when shrinking, as cv2.resize). That is torch's bilinear
+    kernel given the scale itself rather than the ratio of the sizes."""
+    size = [int(round(img.shape[1] * scale)), int(round(img.shape[2] * scale))]
+    return torch.ops.aten.upsample_bilinear2d(img[None], size, False, scale, scale)[0]
 
 
 def preprocess(rgb, target: int = TARGET_SIZE, max_size: int = MAX_SIZE):
@@ -217,13 +194,15 @@ class ButdExtractor:
                                      max_size=MAX_SIZE, post_nms=sel.RPN_POST_NMS)
 
     def put_items(self, items, buf) -> None:
-        """Detect each item's image and put its regions into the block buffer."""
-        from .regions import put_regions
-
+        """Detect each item's image and put its regions into the block buffer: features padded to
+        ``max_regions`` rows, and each box's label, attribute and their scores (:func:`.regions.region_arrays`)."""
         for it in items:
             r = self.detector.detect(torch.from_numpy(it.crops[0]))
-            put_regions(buf, self.plan, it.row, r.features, r.boxes, labels=r.labels,
-                        label_scores=r.label_scores, attrs=r.attrs, attr_scores=r.attr_scores)
+            feats = np.zeros((self.plan.max_regions, r.features.shape[1]), dtype=np.float32)
+            feats[:len(r.features)] = r.features
+            buf.put(it.row, feats, boxes=r.boxes)
+            for name in ("labels", "label_scores", "attrs", "attr_scores"):
+                buf.extra[name][it.row - buf.block.start, :len(r.boxes)] = getattr(r, name)
 
 
 def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions: int | None,
@@ -245,8 +224,6 @@ def butd_plan(*, detector_weights: str, seed: int, max_regions: int, min_regions
         raise ValueError(f"--min-regions {min_regions} / --max-regions {max_regions}: need "
                          f"0 <= min <= max and max >= 1 (BUTD: 10 and 100, or 36 and 36)")
     store_dtype = store_dtype or "float16"
-    if store_dtype not in ("float32", "float16"):
-        raise ValueError(f"--dtype {store_dtype!r}; valid choices: float32, float16")
     tap = {"name": "roi_heads.res5 (mean of 14x14)", "width": 2048, "start": 0, "stop": 2048}
     settings = {"pixel_means_bgr": list(PIXEL_MEANS_BGR), "scale": f"shorter {TARGET_SIZE}, longer <= {MAX_SIZE}",
                 "rpn": {"pre_nms": sel.RPN_PRE_NMS, "post_nms": sel.RPN_POST_NMS, "nms": sel.RPN_NMS,

@@ -1,19 +1,9 @@
 """The bottom-up-attention Faster R-CNN (Anderson et al., CVPR 2018) in plain PyTorch: the network of
-peteanderson80/bottom-up-attention ``models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt``.
-
-- backbone: Caffe (MSRA) ResNet-101 up to res4 (C4): stride in the first 1x1 conv of a block,
-  frozen batch norm, 3x3/2 max pooling with Caffe's ceil rounding;
-- RPN on res4: 3x3 conv 512 + ReLU, 1x1 convs to 24 objectness logits (2 × 12 anchors) and
-  48 deltas;
-- box head: RoIPool 14×14 at 1/16 on res4 → res5 (3 blocks, stride 1, 3x3 convs dilated by 2, so
-  the 14×14 map stays 14×14) → mean over the 14×14 cells = the 2048-d region feature (``pool5``);
-  ``cls_score`` (1,601 = 1,600 Visual Genome objects + background), ``bbox_pred`` (6,404);
-- attribute head: the embedding (256) of the argmax of ``cls_score`` concatenated to ``pool5``,
-  ``fc_attr`` 2304 → 512 + ReLU, ``attr_score`` 512 → 401 (400 attributes + none), softmax.
-
-Module names follow the converted checkpoint that MILVLG/bottom-up-attention.pytorch publishes
-(detectron2 layout, ``bua-caffe-frcn-r101_with_attributes-k36.pth`` / ``-k10-100.pth``), so its state dict loads by name;
-:func:`checkpoint_table` lists every key and shape.
+peteanderson80/bottom-up-attention ``models/vg/ResNet-101/faster_rcnn_end2end_final/test.prototxt``
+(Caffe ResNet-101 C4 backbone, RPN, RoIPool 14×14 → res5 → ``pool5``, class and attribute heads).
+Module names follow MILVLG/bottom-up-attention.pytorch's converted checkpoint (detectron2 layout), so
+its state dict loads by name; :func:`checkpoint_table` lists every key and shape, docs/extract.md
+("Region features (BUTD)") the table of keys and Caffe layers.
 """
 
 from __future__ import annotations
@@ -111,12 +101,6 @@ class RPNHead(nn.Module):
         return self.objectness_logits(t), self.anchor_deltas(t)
 
 
-class ProposalGenerator(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.rpn_head = RPNHead()
-
-
 class BoxPredictor(nn.Module):
     def __init__(self, dim: int = 2048):
         super().__init__()
@@ -134,21 +118,16 @@ class BoxPredictor(nn.Module):
         return logits, self.bbox_pred(pooled), torch.softmax(self.attr_linear2(hidden).float(), dim=1)
 
 
-class RoIHeads(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.res5 = _stage(3, 1024, 512, 2048, stride=1, dilation=2)
-        self.box_predictor = BoxPredictor()
-
-
 class ButdR101(nn.Module):
     """The whole detector; the stages are called one by one by :class:`vsekit.extract.butd.ButdDetector`."""
 
     def __init__(self):
         super().__init__()
         self.backbone = Backbone()
-        self.proposal_generator = ProposalGenerator()
-        self.roi_heads = RoIHeads()
+        # containers only (named as the checkpoint's keys): their parts are called one by one
+        self.proposal_generator = nn.ModuleDict({"rpn_head": RPNHead()})
+        self.roi_heads = nn.ModuleDict({"res5": _stage(3, 1024, 512, 2048, stride=1, dilation=2),
+                                        "box_predictor": BoxPredictor()})
 
     def rpn(self, fmap):
         return self.proposal_generator.rpn_head(fmap)
@@ -207,6 +186,4 @@ def build_empty(device="cpu") -> ButdR101:
 
 def checkpoint_table() -> dict[str, tuple[int, ...]]:
     """Every key of the converted checkpoint this model loads, with its shape (built on meta)."""
-    with torch.device("meta"):
-        model = ButdR101()
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return {k: tuple(v.shape) for k, v in build_empty("meta").state_dict().items()}

@@ -1,23 +1,10 @@
 """Proposals and region selection of the bottom-up-attention detector (Anderson et al., "Bottom-up
-and top-down attention for image captioning and VQA", CVPR 2018), in torch and numpy.
-
-The Caffe model was trained with py-faster-rcnn's conventions, which these functions keep:
-
-- boxes are inclusive pixel boxes: width = x2 - x1 + 1 (also inside NMS, see :func:`nms_caffe`);
-- every descending sort is numpy's ``argsort()[::-1]`` (equal scores come out in the order numpy's
-  sort leaves them, reversed), and NMS is py-faster-rcnn's Cython ``cpu_nms`` (the one the BUTD
-  ResNet config selects, ``USE_GPU_NMS: False``): the IoU in float32, a box suppressed when its
-  IoU with a kept one is ``>=`` the threshold, kept boxes listed in processing order;
-- 12 anchors per cell of the stride-16 map, from ``generate_anchors`` with scales (4, 8, 16, 32)
-  and ratios (0.5, 1, 2), ratio-major, sides rounded half-to-even as numpy does;
-- the RPN's 24 objectness channels are 12 background logits then 12 foreground logits, and a
-  proposal's score is the softmax of its (background, foreground) pair;
-- test-time proposals: decode the deltas (no clamp), clip to the scaled image, drop boxes with a
-  side under 16 original pixels, keep the 6000 best, NMS at 0.7, keep 300;
-- region selection (``tools/generate_tsv.py``): per-class NMS at 0.3 over the *unregressed*
-  proposals in original pixels, each proposal scored by its highest confidence among the classes
-  whose NMS kept it, keep those >= 0.2, at least ``min_boxes`` and at most ``max_boxes`` by that
-  score (10-100, or a fixed 36 with min = max = 36).
+and top-down attention for image captioning and VQA", CVPR 2018), in torch and numpy, with
+py-faster-rcnn's conventions: inclusive-pixel boxes, numpy's ``argsort()[::-1]`` for every
+descending sort, its Cython ``cpu_nms`` (float32 IoU, suppressed at ``>=``), 12 anchors per
+stride-16 cell, the RPN's (background, foreground) logit pairs, and ``tools/generate_tsv.py``'s
+selection. Each step and why: docs/extract.md, "What is computed" and "Sorting and NMS as the
+original".
 """
 
 from __future__ import annotations
@@ -91,6 +78,18 @@ def _as_numpy(t, dtype) -> np.ndarray:
     return t.detach().to("cpu").numpy().astype(dtype, copy=False)
 
 
+def _iou(boxes: np.ndarray, i, j) -> np.ndarray:
+    """float32 IoUs of boxes ``i`` and ``j`` of (R, 4) ``boxes`` (index arrays that broadcast),
+    computed term by term as ``cpu_nms`` computes each pair's: inclusive-pixel areas in float32."""
+    one, zero = np.float32(1), np.float32(0)
+    x1, y1, x2, y2 = (np.ascontiguousarray(boxes[:, k], dtype=np.float32) for k in range(4))
+    areas = (x2 - x1 + one) * (y2 - y1 + one)
+    w = np.maximum(zero, np.minimum(x2[i], x2[j]) - np.maximum(x1[i], x1[j]) + one)
+    h = np.maximum(zero, np.minimum(y2[i], y2[j]) - np.maximum(y1[i], y1[j]) + one)
+    inter = w * h
+    return inter / (areas[i] + areas[j] - inter)
+
+
 def _greedy_nms(boxes: np.ndarray, order: np.ndarray, threshold: float, limit: int | None) -> np.ndarray:
     """``cpu_nms`` on float32 (R, 4) boxes taken in ``order``: the first ``limit`` kept indices.
 
@@ -98,19 +97,13 @@ def _greedy_nms(boxes: np.ndarray, order: np.ndarray, threshold: float, limit: i
     float64, as the Cython code compares its float32 IoU with a Python float). Stopping after
     ``limit`` kept boxes gives the same first ``limit`` as running to the end.
     """
-    one, zero = np.float32(1), np.float32(0)
-    x1, y1, x2, y2 = (np.ascontiguousarray(boxes[:, k], dtype=np.float32) for k in range(4))
-    areas = (x2 - x1 + one) * (y2 - y1 + one)
+    boxes = np.ascontiguousarray(boxes, dtype=np.float32)
     keep = []
     order = np.asarray(order, dtype=np.int64)
     while order.size and (limit is None or len(keep) < limit):
         i, rest = order[0], order[1:]
         keep.append(i)
-        w = np.maximum(zero, np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]) + one)
-        h = np.maximum(zero, np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]) + one)
-        inter = w * h
-        ovr = inter / (areas[i] + areas[rest] - inter)
-        order = rest[ovr.astype(np.float64) < float(threshold)]
+        order = rest[_iou(boxes, i, rest).astype(np.float64) < float(threshold)]
     return np.asarray(keep, dtype=np.int64)
 
 
@@ -124,17 +117,6 @@ def nms_caffe(boxes, scores, threshold: float, limit: int | None = None):
     return torch.as_tensor(keep, dtype=torch.int64, device=boxes.device)
 
 
-def _iou_matrix(boxes: np.ndarray) -> np.ndarray:
-    """(R, R) float32 IoUs computed term by term as ``cpu_nms`` computes each pair's (symmetric)."""
-    one, zero = np.float32(1), np.float32(0)
-    x1, y1, x2, y2 = (np.ascontiguousarray(boxes[:, k], dtype=np.float32) for k in range(4))
-    areas = (x2 - x1 + one) * (y2 - y1 + one)
-    w = np.maximum(zero, np.minimum(x2[:, None], x2[None]) - np.maximum(x1[:, None], x1[None]) + one)
-    h = np.maximum(zero, np.minimum(y2[:, None], y2[None]) - np.maximum(y1[:, None], y1[None]) + one)
-    inter = w * h
-    return inter / (areas[:, None] + areas[None] - inter)
-
-
 def nms_kept_per_column(boxes: np.ndarray, scores: np.ndarray, threshold: float) -> np.ndarray:
     """(R, C) bool: box r kept by ``cpu_nms`` over the R boxes scored by column c of ``scores``.
 
@@ -145,7 +127,8 @@ def nms_kept_per_column(boxes: np.ndarray, scores: np.ndarray, threshold: float)
     r, c = scores.shape
     if r == 0:
         return np.zeros((0, c), dtype=bool)
-    suppress = _iou_matrix(boxes).astype(np.float64) >= float(threshold)
+    idx = np.arange(r)
+    suppress = _iou(boxes, idx[:, None], idx[None]).astype(np.float64) >= float(threshold)
     words = (r + 63) // 64
     packed = np.zeros((r, words * 8), dtype=np.uint8)
     packed[:, :(r + 7) // 8] = np.packbits(suppress, axis=1, bitorder="little")

@@ -1,23 +1,11 @@
 """Extraction tasks on dask, and what to do when a task keeps killing its workers.
 
-One task per row block (:func:`extract_block`, given the :class:`~.job.Job`): the block is computed
-and committed by the worker that made it (:mod:`.rows`), its status last. A task whose worker dies is run again elsewhere by the
-scheduler; a half-written block is still pending, so the rerun writes it whole.
-
-Exactly once: a task first asks the store whether its block is already committed (status finished
-and chunk files of the recorded sizes, :func:`vsekit.storage.integrity.block_committed`) and, if so,
-returns without computing; its guard asks again just before writing (:func:`.rows.commit`). A worker whose job was cancelled after
-it committed blocks therefore never has them recomputed (the driver also releases each future once
-its result is recorded, so the scheduler has nothing of it left to recompute). And a task writes
-only while its driver still holds the set's writer lock (the lock's token is passed with the task):
-once the driver is gone, in-flight tasks end without committing (:class:`DriverGone`).
-
-A task that kills every worker it runs on (a codec that segfaults, an image that exhausts memory)
-ends in ``KilledWorker`` after the scheduler's ``distributed.scheduler.allowed-failures``. Such a
-block is cut in halves, each run as a task that returns its rows instead of writing them, halves
-that still kill their worker are cut again, and a single row that kills its worker is marked failed
-with that reason: the run goes on and every other row of the block is extracted. The driver then
-writes the block (it owns it alone by then).
+One task per row block (:func:`extract_block`): the worker computes and commits it (:mod:`.rows`),
+skipping a block already committed, and only while its driver still holds the set's writer lock
+(the token travels with the task; else :class:`.rows.DriverGone`). A block whose task keeps killing
+its workers (``KilledWorker``) is cut in halves until the one row that does is found and marked
+failed (:func:`bisect_block`); the driver then writes that block. docs/gpus_clusters.md, "Every
+block is committed once" and "An image that kills its worker".
 """
 
 from __future__ import annotations
@@ -29,12 +17,12 @@ import sys
 import time
 from typing import Any, Callable
 
-from ..clusters import ClusterSpec
+from ..clusters import ClusterSpec, cluster_client, report_worker_deaths
 from ..storage.store import FAILED, Block, FeatureSet, FeatureStore
 from .job import Job, Site
 from .plan import Plan
 from .site import resolve
-from .rows import DriverGone, LockGuard, commit, compute_block, decoding_summary  # noqa: F401 (DriverGone: re-exported)
+from .rows import LockGuard, commit, compute_block, decoding_summary
 from .writer import BlockBuffer
 
 
@@ -44,12 +32,14 @@ def _done(job: Job, blk: Block, rows: int, **more: Any) -> dict[str, Any]:
     return {"index": blk.index, "errors": {}, "pid": os.getpid(), "builds": BUILDS["count"], "rows": rows, **more}
 
 
-def use_image_options(job: Job) -> None:
-    """A task's images on object storage are read with the options its driver handed it."""
+def _open(job: Job) -> FeatureStore:
+    """The store as a task opens it; its images on object storage read with the options its driver
+    handed it."""
     if job.image_options:
         from ..storage.sources.remote import use_options
 
         use_options(job.image_options)
+    return FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
 
 
 def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
@@ -57,11 +47,10 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
 
     A block already committed is skipped (``"skipped": True``) without computing, and the block is
     committed only while the driver holding ``job.lock_token`` still holds the set (else
-    :class:`DriverGone`). ``job.run.device`` is resolved here, on the worker (``auto`` on a GPU node
+    :class:`.rows.DriverGone`). ``job.run.device`` is resolved here, on the worker (``auto`` on a GPU node
     is its GPU); the model is built once per worker process.
     """
-    use_image_options(job)
-    store = FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
+    store = _open(job)
     store.lease_token = job.lock_token   # object storage: this task commits under its driver's lease
     fs = store.features(job.name)
     blk = Block(*block)
@@ -78,8 +67,7 @@ def extract_block(job: Job, block: tuple[int, int, int]) -> dict[str, Any]:
 
 def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dict[str, Any]:
     """A bisection task: rows ``[lo, hi)`` of ``block`` computed and returned, not written."""
-    use_image_options(job)
-    store = FeatureStore.open(job.store, mode="r+", storage_options=job.storage_options)
+    store = _open(job)
     blk = Block(*block)
     buf = compute_block(job, blk, store=store, span=(lo, hi))
     sl = slice(lo - blk.start, hi - blk.start)
@@ -88,13 +76,9 @@ def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dic
 
 
 def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterSpec) -> tuple[dict, dict, dict]:
-    """One task per pending block on ``cluster``; a block whose task keeps killing its workers is
-    bisected to find the row that does (it is marked failed, the rest extracted).
-
-    Each future is released as soon as its result is recorded, and every task skips a block that is
-    already committed and refuses to write once this run no longer holds the set's lock: a lost
-    worker's finished blocks are never computed again.
-    """
+    """One task per pending block on ``cluster`` (see module doc); each future is released as soon
+    as its result is recorded, so a worker lost later has nothing of it to recompute."""
+    from distributed.scheduler import KilledWorker
     from tqdm.auto import tqdm
 
     if not blocks:
@@ -108,7 +92,7 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
     runs: dict[int, int] = {}
     builds: dict[int, int] = {}
     info: dict[str, Any] = {"decoding": {}, "devices": set(), "notes": set()}
-    with cluster_client_for(cluster, resources, device) as client:
+    with cluster_client(cluster, resources=resources, device=device) as client:
         from distributed import as_completed
 
         started = time.time()
@@ -134,9 +118,7 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
             for fut in as_completed(list(futures.values())):
                 try:
                     res = fut.result()
-                except Exception as exc:
-                    if not is_killed_worker(exc):
-                        raise
+                except KilledWorker as exc:
                     b = by_key[fut.key]
                     report(f"block {b.index} (rows {b.start}-{b.stop - 1}) killed the dask workers that ran it "
                            f"({exc}); splitting it to find the image")
@@ -149,8 +131,9 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
                 futures.pop(fut.key, None)
                 fut.release()
                 runs[res["index"]] = runs.get(res["index"], 0) + 1
-                if res.get("decoders"):
-                    info["decoding"] = _most(info["decoding"], decoding_summary(res["decoders"]))
+                summary = decoding_summary(res.get("decoders", ()))
+                if summary["decoders"] > info["decoding"].get("decoders", 0):   # the most parallel block
+                    info["decoding"] = summary
                 if res.get("device"):
                     info["devices"].add(res["device"])
                 info["notes"].update(res.get("notes", ()))
@@ -163,37 +146,13 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
             raise
         finally:
             bar.close()
-        report_deaths(client, started)
+        report_worker_deaths(client, started, report)
     return runs, builds, info
-
-
-def _most(a: dict, b: dict) -> dict:
-    """The block decoded by the most decoders, of two summaries (see :func:`.rows.decoding_summary`)."""
-    return b if b.get("decoders", 0) > a.get("decoders", 0) else a
-
-
-def cluster_client_for(cluster: ClusterSpec, resources, device: str):
-    from ..clusters import cluster_client
-
-    return cluster_client(cluster, resources=resources, device=device)
-
-
-def is_killed_worker(exc: BaseException) -> bool:
-    from distributed.scheduler import KilledWorker
-
-    return isinstance(exc, KilledWorker)
 
 
 def report(message: str) -> None:
     """A line on stderr for the user (the runner imports no Click)."""
     print(f"vsekit: {message}", file=sys.stderr, flush=True)
-
-
-def report_deaths(client, since: float) -> int:
-    """Report each dask worker that died (left unexpectedly) since ``since``; returns how many."""
-    from ..clusters import report_worker_deaths
-
-    return report_worker_deaths(client, since, report)
 
 
 def bisect_block(client, submit: Callable[[int, int], Any], plan: Plan, block: Block) -> BlockBuffer:
@@ -202,6 +161,7 @@ def bisect_block(client, submit: Callable[[int, int], Any], plan: Plan, block: B
     ``submit(lo, hi)`` submits :func:`extract_rows` for rows ``[lo, hi)`` and returns its future. Returns the assembled block, failed rows marked with the reason.
     """
     from distributed import as_completed
+    from distributed.scheduler import KilledWorker
 
     buf = BlockBuffer.empty(plan, block)
     mid = (block.start + block.stop) // 2
@@ -212,9 +172,7 @@ def bisect_block(client, submit: Callable[[int, int], Any], plan: Plan, block: B
         lo, hi = futures.pop(fut)
         try:
             res = fut.result()
-        except Exception as exc:
-            if not is_killed_worker(exc):
-                raise
+        except KilledWorker as exc:
             if hi - lo == 1:
                 why = (f"extracting this image killed every dask worker that tried it ({exc.__class__.__name__}); "
                        "marked failed")

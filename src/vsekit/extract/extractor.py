@@ -20,8 +20,8 @@ import torch
 
 from ..devices import exact_float32
 from .plan import Plan
-from .taps import Layout, Tapper, grid_pool, keep_map, spatial_mean
-from .throughput import autocast, memory_format, pin_memory as pinned, to_device
+from .taps import Layout, Tapper, grid_pool, spatial_mean, to_nchw
+from .throughput import autocast, pin_memory as pinned, to_device
 
 def tap_reducers(plan: Plan) -> dict:
     """Per tap, the function its hook applies: each works on the tap's own layout (NCHW, NHWC,
@@ -32,7 +32,8 @@ def tap_reducers(plan: Plan) -> dict:
         if plan.kind == "grid":
             out[t["name"]] = lambda o, lay=lay, g=plan.grid: grid_pool(o, lay, g)
         elif plan.kind == "regions":
-            out[t["name"]] = lambda o, lay=lay: keep_map(o, lay)
+            # the whole map as NCHW (RoIAlign needs it)
+            out[t["name"]] = lambda o, lay=lay: to_nchw(o, lay).to(torch.float32, copy=True)
         else:
             out[t["name"]] = lambda o, lay=lay: spatial_mean(o, lay)
     return out
@@ -49,7 +50,7 @@ class Extractor:
         self.device = torch.device(device)
         exact_float32()   # --precision fp32 is IEEE float32 on CUDA (no TF32), in this worker process
         self.pinned = pinned(pin_memory, str(self.device))  # throughput options (throughput.py)
-        self.layout = memory_format(channels_last)
+        self.layout = torch.channels_last if channels_last else torch.contiguous_format
         self.model = build_model(plan.model, plan.weights, seed=plan.seed, device=str(self.device))
         self.model = self.model.to(memory_format=self.layout)
         self.mean = torch.tensor(plan.mean, device=self.device).view(1, 3, 1, 1) * 255.0

@@ -1,13 +1,8 @@
 """One description of an extraction job: what to compute (:class:`ExtractOptions`, which makes the
-:class:`~vsekit.extract.plan.Plan`) and how to run it (:class:`Execution`), and the two together with
-where to write (:class:`Job`, what every executor hands its tasks).
-
-Each field carries its command-line flag, default and help (:func:`.fields.option`): ``vsekit
-extract`` builds its Click options from these fields (``cli/extract.py``), ``extract()`` takes them
-as keyword arguments, and :func:`remake_args` rebuilds the command of a set from the fields that
-enter its settings (``attr``: the key in the set's attrs; ``when``: whether the flag applies).
-Adding an option is adding a field (``ExtractOptions`` in ``plan.py``, or ``Execution`` here) and
-using it where it acts. No setting travels through the environment.
+:class:`~vsekit.extract.plan.Plan`), how to run it (:class:`Execution`), and the two together with
+where to write (:class:`Job`, what every executor hands its tasks). Each field is an option
+(:func:`.fields.option`: the CLI flag, ``extract()``'s keyword and the remake command follow from it;
+docs/architecture.md, "A new extract option"). No setting travels through the environment.
 """
 
 from __future__ import annotations
@@ -50,10 +45,8 @@ class Execution:
 
     def checked(self) -> "Execution":
         if int(self.batch_size) < 1:
-            raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-        if isinstance(self.workers, int) and self.workers < 0:
-            raise ValueError("--batch-size must be >= 1 and --workers >= 0")
-        decode_workers(self.workers, "cpu")   # a bad --workers is one Error: line naming it
+            raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        decode_workers(self.workers, "cpu")   # a bad --workers (negative too) is one Error: line naming it
         if int(self.prefetch) < 1:
             raise ValueError(f"--prefetch must be >= 1, got {self.prefetch}")
         pin_memory(self.pin_memory, "cpu")   # a bad choice is one Error: line naming --pin-memory

@@ -15,7 +15,8 @@ from typing import Any, Mapping
 from .backbones import get_backbone, weights_kind
 from .fields import option
 from .images import (CROP_CHOICES, DECODERS, DEFAULT_DECODER, INTERPOLATIONS, RESIZE_MODES, UNRECORDED_DECODER,
-                     check_decoder, hash_settings)
+                     hash_settings)
+from .regions import DETECTORS, resolve_detector
 from .taps import probe, select_taps, spatial_tap, tap_columns
 
 KINDS = ("global", "fne", "grid", "regions")
@@ -51,20 +52,20 @@ class ExtractOptions:
     seed: int = option(0, "--seed", "Seed of the random initialisation with --weights none.", type=int,
                        attr="seed", when=lambda a: a.get("weights") == "none")
     crops: int = option(1, "--crops", "Centre crop, 4 corners + centre, or those 5 and their mirrors (averaged).",
-                        choices=(1, 5, 10), attr="crops", when=_global)
+                        choices=CROP_CHOICES, attr="crops", when=_global)
     keep_crops: bool = option(False, "--keep-crops", "Store every crop's features instead of their mean.",
                               attr="keep_crops", when=lambda a: _global(a) and bool(a.get("keep_crops")),
                               render=lambda v: ["--keep-crops"])
     resize: int | None = option(None, "--resize", "Resize size [default: from the weights].", type=int,
                                 attr="resize", when=lambda a: not _own_preprocessing(a))
     resize_mode: str | None = option(None, "--resize-mode", "Resize the shorter side, or to a square "
-                                     "[default: shorter; square for grid/regions].", choices=("shorter", "square"),
+                                     "[default: shorter; square for grid/regions].", choices=RESIZE_MODES,
                                      attr="resize_mode", when=lambda a: not _own_preprocessing(a))
     input_size: int | None = option(None, "--input-size", "Crop (network input) size [default: from the weights; "
                                     "448 for grid/regions].", type=int, attr="crop_size",
                                     when=lambda a: not _own_preprocessing(a))
     interpolation: str | None = option(None, "--interpolation", "Resize filter [default: from the weights].",
-                                       choices=("bilinear", "bicubic", "nearest", "lanczos"),
+                                       choices=tuple(INTERPOLATIONS),
                                        attr="interpolation", when=lambda a: not _own_preprocessing(a))
     precision: str = option("fp32", "--precision", "Numeric precision of the forward pass (bf16/fp16: autocast; "
                             "see docs/gpus_clusters.md).", choices=PRECISIONS, attr="precision")
@@ -91,7 +92,7 @@ class ExtractOptions:
                                      "butd-r101: = --max-regions].", type=int, attr="min_regions")
     detector: str | None = option(None, "--detector", "Regions from a detector: butd-r101 (bottom-up-attention "
                                   "boxes and features) or coco-frcnn (COCO boxes, --model features). See "
-                                  "docs/extract.md.", choices=("butd-r101", "coco-frcnn"), attr="detector")
+                                  "docs/extract.md.", choices=DETECTORS, attr="detector")
     detector_weights: str | None = option(None, "--detector-weights", "imagenet (coco-frcnn: torchvision's COCO "
                                           "weights) | none (random) | PATH [default: imagenet for coco-frcnn; "
                                           "butd-r101 needs PATH or none].", attr="detector_weights")
@@ -109,8 +110,6 @@ class ExtractOptions:
     def plan(self) -> "Plan":
         """Check every option and resolve the defaults (ValueError naming the bad option)."""
         return plan_of(self)
-
-
 
 
 @dataclass(frozen=True)
@@ -206,12 +205,14 @@ def plan_of(o: ExtractOptions) -> Plan:
     content digest, so the same path holding another file is another setting (a resume is refused).
     """
     settings = {}
-    for f in dataclasses.fields(o):
-        if f.metadata.get("setting"):
-            value = getattr(o, f.name)
-            why = value is not None and f.metadata["check"] and f.metadata["check"](value)
-            if why:
-                raise ValueError(f"{f.metadata['flag']} {value!r}: {why}")
+    for f in dataclasses.fields(o):   # what Click checks on the command line, for every caller
+        m, value = f.metadata, getattr(o, f.name)
+        if value is not None and m["choices"] and str(value) not in map(str, m["choices"]):
+            raise ValueError(f"{m['flag']} {value!r}; valid choices: {', '.join(map(str, m['choices']))}")
+        why = value is not None and m["check"] and m["check"](value)
+        if why:
+            raise ValueError(f"{m['flag']} {value!r}: {why}")
+        if m["setting"]:
             settings[f.name] = value
     plan = dataclasses.replace(_plan_of(o), settings=settings)
     if plan.detector_weights and plan.detector_weights not in ("imagenet", "none"):
@@ -223,21 +224,17 @@ def plan_of(o: ExtractOptions) -> Plan:
 
 def _plan_of(o: ExtractOptions) -> Plan:
     from .backbones import build_model
-    from .regions import resolve_detector
 
     model, kind, weights, seed, crops = o.model, o.kind, o.weights, int(o.seed), int(o.crops)
     keep_crops, resize, resize_mode, input_size = o.keep_crops, o.resize, o.resize_mode, o.input_size
     interpolation, taps, grid, boxes, max_regions = o.interpolation, o.taps, o.grid, o.boxes, o.max_regions
     min_regions, precision, store_dtype, decoder = o.min_regions, o.precision, o.dtype, o.decoder
     detector, detector_weights = o.detector, o.detector_weights
-    _choice("--kind", kind, KINDS)
-    _choice("--precision", precision, PRECISIONS)
     if decoder is None:   # a new set's default; run_job gives an existing set its own first (runner.own_decoder)
         decoder = UNRECORDED_DECODER if kind == "regions" else DEFAULT_DECODER
-    check_decoder(decoder)
-    if kind == "regions" and decoder != UNRECORDED_DECODER:
-        raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
     if kind == "regions":
+        if decoder != UNRECORDED_DECODER:
+            raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
         boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)
         if detector == "butd-r101":
             from .butd import butd_plan
@@ -249,11 +246,6 @@ def _plan_of(o: ExtractOptions) -> Plan:
     elif detector or detector_weights:
         raise ValueError("--detector / --detector-weights apply to --kind regions only")
     min_regions = 10 if min_regions is None else min_regions
-    _choice("--crops", crops, CROP_CHOICES)
-    if resize_mode is not None:
-        _choice("--resize-mode", resize_mode, RESIZE_MODES)
-    if interpolation is not None:
-        _choice("--interpolation", interpolation, tuple(INTERPOLATIONS))
     wkind = weights_kind(weights)
     weights_attr = str(Path(weights).resolve()) if wkind == "path" else wkind
     spec = get_backbone(model)
@@ -271,9 +263,7 @@ def _plan_of(o: ExtractOptions) -> Plan:
         rmode = resize_mode or "shorter"
     if crop_size < 8 or rsz < crop_size:
         raise ValueError(f"--input-size {crop_size} / --resize {rsz}: need 8 <= input size <= resize")
-    if store_dtype is None:
-        store_dtype = "float16" if spatial else "float32"
-    _choice("--dtype", store_dtype, STORE_DTYPES)
+    store_dtype = store_dtype or ("float16" if spatial else "float32")
     kw = dict(model=model, kind=kind, weights=weights_attr, seed=int(seed), crops=int(crops),
               keep_crops=bool(keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
               mean=pre.mean, std=pre.std, interpolation=interpolation or pre.interpolation,
@@ -288,6 +278,7 @@ def _plan_of(o: ExtractOptions) -> Plan:
         if kind == "grid" and not 1 <= grid <= side:
             raise ValueError(f"--grid {grid}: {model} {conv} is {side}x{side} at input "
                              f"{crop_size}; choose 1..{side} or a larger --input-size")
+        regions = {}   # the Plan's defaults (no boxes, 0 regions, no detector) for a grid
         if kind == "regions":
             if not boxes:
                 raise ValueError("--kind regions needs --boxes detector or --boxes FILE (JSON: image id → boxes)")
@@ -295,20 +286,18 @@ def _plan_of(o: ExtractOptions) -> Plan:
                 raise ValueError(f"--boxes {boxes!r}: not 'detector' nor an existing JSON file")
             if max_regions < 1 or min_regions < 0:
                 raise ValueError("--max-regions must be >= 1 and --min-regions >= 0")
-            boxes = boxes if boxes == "detector" else str(Path(boxes).resolve())
-        return Plan(**kw, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
-                    channels=tap["width"], boxes=boxes if kind == "regions" else None,
-                    max_regions=int(max_regions) if kind == "regions" else 0,
-                    min_regions=int(min_regions) if kind == "regions" else 0,
-                    detector=detector if kind == "regions" else None,
-                    detector_weights=detector_weights if kind == "regions" else None)
+            regions = dict(boxes=boxes if boxes == "detector" else str(Path(boxes).resolve()),
+                           max_regions=int(max_regions), min_regions=int(min_regions), detector=detector,
+                           detector_weights=detector_weights)
+        return Plan(**kw, **regions, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
+                    channels=tap["width"])
     if kind == "global":
         if taps:
             raise ValueError("--taps applies to --kind fne only")
         names = [spec.global_tap(meta)]
     else:
         names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
-    cols, calls = tap_columns(model, meta, names, crop_size)
+    cols, calls, _ = tap_columns(model, meta, names, crop_size)
     return Plan(**kw, taps=tuple(cols), tap_calls=calls)
 
 
@@ -320,8 +309,3 @@ def spatial_size(meta, native: int) -> int:
     except ValueError:
         return int(native)
     return SPATIAL_SIZE
-
-
-def _choice(option: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"{option} {value!r}; valid choices: {', '.join(str(c) for c in choices)}")

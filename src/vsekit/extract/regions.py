@@ -1,16 +1,8 @@
-"""Region boxes for ``--kind regions``: from a JSON file of boxes per image id, or from a detector.
-
-Detectors (``--detector``, with their own ``--detector-weights``; the backbone's ``--weights``
-never decides them):
-
-- ``butd-r101``: the bottom-up-attention Visual Genome Faster R-CNN (:mod:`.butd`); boxes *and*
-  2048-d features come from the detector, as the BUTD features SCAN, SGRAF and T-EMDE train on.
-- ``coco-frcnn``: torchvision's COCO Faster R-CNN (ResNet-50 FPN) proposes the boxes (best first
-  above score 0.2, at least ``min_regions``, at most ``max_regions``) and the ``--model`` backbone
-  (ImageNet weights by default) gives the features by RoIAlign: COCO boxes with ImageNet features,
-  *not* BUTD features. ``--detector-weights imagenet`` means torchvision's COCO weights.
-
-``--boxes detector`` is kept as an alias of ``--detector coco-frcnn`` (what it always ran).
+"""Region boxes for ``--kind regions``: from a JSON file of boxes per image id, or from a detector
+(``--detector``, with its own ``--detector-weights``): ``butd-r101`` (:mod:`.butd`, boxes *and*
+features) or ``coco-frcnn`` (torchvision's COCO Faster R-CNN boxes, ``--model`` features by
+RoIAlign: *not* BUTD features); ``--boxes detector`` is an alias of the latter. docs/extract.md,
+"Region features (BUTD)".
 """
 
 from __future__ import annotations
@@ -30,8 +22,6 @@ def resolve_detector(boxes: str | None, detector: str | None, detector_weights: 
     ``detector_weights`` comes back as ``imagenet``, ``none`` or an absolute path; it defaults to
     ``imagenet`` for coco-frcnn and has no default for butd-r101 (its weights cannot be downloaded).
     """
-    if detector is not None and detector not in DETECTORS:
-        raise ValueError(f"--detector {detector!r}; valid choices: {', '.join(DETECTORS)}")
     if boxes == "detector":
         detector = detector or "coco-frcnn"
     elif boxes and detector:
@@ -67,21 +57,6 @@ def region_arrays(plan) -> dict:
         arrays.update(labels=((k,), "int16"), label_scores=((k,), "float32"),
                       attrs=((k,), "int16"), attr_scores=((k,), "float32"))
     return arrays
-
-
-def put_regions(buf, plan, row: int, features: np.ndarray, boxes: np.ndarray, **per_box: np.ndarray) -> None:
-    """Put one image's regions into a block buffer, with its optional per-box arrays."""
-    k = plan.max_regions
-    feats = np.zeros((k, features.shape[1]), dtype=np.float32)
-    feats[:len(features)] = features
-    buf.put(row, feats, boxes=boxes)
-    i = row - buf.block.start
-    shapes = region_arrays(plan)
-    for name, values in per_box.items():
-        if name not in buf.extra:
-            shape, dtype = shapes[name]
-            buf.extra[name] = np.zeros((len(buf.block), *shape), dtype=dtype)
-        buf.extra[name][i, :len(values)] = values
 
 
 def check_boxes(boxes: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -1,15 +1,8 @@
-"""The block engine: how a row block is computed and how it is committed, whatever runs it.
-
-- :func:`compute_blocks` / :func:`compute_block`: read → decode → model → features of a block's rows
-  into a :class:`~.writer.BlockBuffer`, in the block's own batches (so a block's bits do not depend
-  on where it runs);
-- :func:`commit`: write a computed block, if the ``guard`` (what entitles this process to write)
-  still allows it: checked here, once, right before the write. :class:`LockGuard` is the run's writer
-  lock (in-process, and on dask through the lock token the driver hands its tasks); a job array's
-  tasks hold a lease per block (:class:`vsekit.extract.array.LeaseGuard`).
-
-The executors (in-process :mod:`.runner`, dask :mod:`.distribute`, the job array :mod:`.array`)
-only hand out blocks and collect what they return; they import this module, not each other.
+"""The block engine, the same whatever runs it: :func:`compute_blocks` (read → decode → model →
+features of a block's rows into a :class:`~.writer.BlockBuffer`, in the block's own batches, so its
+bits do not depend on where it runs) and :func:`commit` (write it if the ``guard``, what entitles this
+process to write, still allows it: checked here, once, right before the write). The executors import
+this module, not each other. docs/architecture.md, "The path of a block", step 4.
 """
 
 from __future__ import annotations
@@ -200,9 +193,7 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
 
 def compute_block(job: Job, block: Block, **kwargs: Any) -> BlockBuffer:
     """One block (or rows ``span`` of it) computed: see :func:`compute_blocks`."""
-    for buf in compute_blocks(job, [block], **kwargs):
-        return buf
-    return BlockBuffer.empty(job.plan, block)
+    return next(compute_blocks(job, [block], **kwargs), None) or BlockBuffer.empty(job.plan, block)
 
 
 # --- committing --------------------------------------------------------------------------------------

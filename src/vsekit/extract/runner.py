@@ -1,14 +1,8 @@
-"""The extraction runner: lock the set, create or resume it, run an executor over its pending row
-blocks, then commit the set (or discard what a failed run started).
-
-The executors only hand out blocks and collect results; computing and committing a block is the
-block engine's (:mod:`.rows`): in-process here (:func:`run_in_process`: one decoding pool over every
-block, a background writer), on dask (:mod:`.distribute`: one task per block, bisecting a block that
-kills its workers) or as a SLURM job array (:mod:`.array`: no driver stays).
-
-A rerun skips the blocks already done (a block's status is written after its data); ``overwrite``
-starts afresh. Bad images are marked failed with their reason and listed in the summary; with
-``strict`` the first one stops the run before its block is written.
+"""The extraction runner: lock the set, create or resume it (a rerun skips the blocks already done),
+run an executor over its pending row blocks (in-process here, :func:`run_in_process`; dask,
+:mod:`.distribute`; a job array, :mod:`.array`), then commit the set or discard what a failed run
+started. Computing and committing a block is the block engine's (:mod:`.rows`). docs/architecture.md,
+"The path of a block".
 """
 
 from __future__ import annotations
@@ -89,10 +83,6 @@ RETRYABLE = ("missing file", "empty (zero-byte) file", "cannot read", "cannot de
              "not an image file", "decoding ")
 
 
-def retryable(reason: str) -> bool:
-    return str(reason).startswith(RETRYABLE)
-
-
 def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
     """Before resuming: re-extract damaged blocks (quick check) and, if asked, retry failed rows."""
     report = integrity.verify(fs, quick=True)
@@ -106,10 +96,10 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
         if rows:
             status = np.asarray(fs.status[:])
             status[rows] = PENDING
-            fs.store.sets.reopen(fs, [b.index for b in fs.blocks() if np.any(status[b.start:b.stop] == PENDING)])
-            for b in fs.blocks():   # whole status chunks, so the write never reads a chunk back
-                if np.any(status[b.start:b.stop] == PENDING):
-                    fs.status[b.start:b.stop] = status[b.start:b.stop]
+            reopened = [b for b in fs.blocks() if np.any(status[b.start:b.stop] == PENDING)]
+            fs.store.sets.reopen(fs, [b.index for b in reopened])
+            for b in reopened:   # whole status chunks, so the write never reads a chunk back
+                fs.status[b.start:b.stop] = status[b.start:b.stop]
             fs.clear_errors(rows)
             print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)",
                   file=sys.stderr)
@@ -119,13 +109,8 @@ def retry_rows(fs: FeatureSet) -> list[int]:
     """Failed rows whose recorded reason may have gone (a missing or unreadable file)."""
     status = np.asarray(fs.status[:])
     errors = fs.errors()
-    return [int(r) for r in np.flatnonzero(status == FAILED) if retryable(errors.get(int(r), "cannot read"))]
-
-
-def kept_message(fs: FeatureSet, store: FeatureStore) -> str:
-    c = fs.counts()
-    return (f"interrupted: kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
-            f"{fs.name!r} ({c['pending']} pending); rerun the same command to resume")
+    return [int(r) for r in np.flatnonzero(status == FAILED)
+            if str(errors.get(int(r), "cannot read")).startswith(RETRYABLE)]
 
 
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global",
@@ -141,22 +126,14 @@ def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind:
 
 def run_job(store: str | os.PathLike | FeatureStore, opts: ExtractOptions, run: Execution,
             cluster: ClusterSpec | None = None):
-    """Run the job ``opts`` / ``run`` where ``cluster`` says (None: in-process; see module doc).
-
-    The run holds the set's writer lock. A resumed set is checked first: blocks whose chunk files
-    are missing or truncated (or whose status chunk is unreadable) are extracted again, and with
-    ``retry_failed`` the rows that failed on an unreadable or missing file are tried again. A set
-    this run created is removed again if the run fails before any row is done.
-    """
+    """Run the job ``opts`` / ``run`` where ``cluster`` says (None: in-process; see module doc),
+    holding the set's writer lock; a resumed set is checked first (:func:`resume_checks`)."""
     with handling():
         try:
             return _run_job(store, opts, run, cluster)
-        except Interrupted as exc:
-            if exc.message:
+        except KeyboardInterrupt as exc:   # Ctrl-C, or an Interrupted without its own words yet
+            if getattr(exc, "message", None):
                 raise
-            raise interrupted(exc, "interrupted before the extraction started; nothing new was written "
-                                   "(rerun the same command to start again)") from None
-        except KeyboardInterrupt as exc:
             raise interrupted(exc, "interrupted before the extraction started; nothing new was written "
                                    "(rerun the same command to start again)") from None
 
@@ -165,13 +142,11 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
     from ..devices import resolve_device
 
     run = run.checked()
-    if cluster is not None and cluster.resolves_on_workers:   # slurm: the GPUs are on the nodes
-        device = str(run.device or "auto").strip().lower()
-    else:
-        device = resolve_device(run.device)  # auto -> cuda|cpu; an unusable device is one Error: line
+    requested = str(run.device or "auto").strip().lower()
+    # auto -> cuda|cpu here (an unusable device is one Error: line), or on the nodes (slurm: the GPUs are there)
+    device = requested if cluster is not None and cluster.resolves_on_workers else resolve_device(run.device)
     if device != "auto" and not device.startswith("cuda") and opts.precision == "fp16":
         raise ValueError("--precision fp16 needs --device cuda (use fp32 or bf16 on CPU)")
-    requested = str(run.device or "auto").strip().lower()
     run = run.replace(device=device)
     store = store if isinstance(store, FeatureStore) else FeatureStore.open(store, mode="r+")
     if store.n_images == 0:
@@ -211,9 +186,7 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
         # the tasks open the store as they reach it (on object storage with the same options) and write
         # under the token of this run's guard
         job = Job(store.sets.task_path(), fs.name, plan, run, lock_name=name, lock_token=store.sets.token(name),
-                  storage_options=store.sets.options())
-        if images_url:
-            job = dataclasses.replace(job, image_options=remote.options())
+                  storage_options=store.sets.options(), image_options=remote.options() if images_url else {})
         t0, reads = time.perf_counter(), dict(remote.STATS) if images_url else {}
         try:
             if array:   # no driver stays: see extract/array.py
@@ -232,12 +205,10 @@ def _run_job(store, opts: ExtractOptions, run: Execution, cluster: ClusterSpec |
             _discard_or_keep(store, fs, name, existed, exc)
             raise
         fs = store.commit(fs)
-    seconds = time.perf_counter() - t0
     counts = fs.counts()
-    errors = fs.errors()
     return ExtractResult(name=name, n_rows=fs.n_rows, done=counts["done"], failed=counts["failed"],
                          pending=counts["pending"], blocks_run=len(blocks), blocks_skipped=skipped,
-                         seconds=seconds, images=sum(len(b) for b in blocks), errors=errors,
+                         seconds=time.perf_counter() - t0, images=sum(len(b) for b in blocks), errors=fs.errors(),
                          block_runs=runs, model_builds=builds, decoding=info.get("decoding", {}),
                          devices=sorted(info.get("devices", ())),
                          image_reads={k: v - reads.get(k, 0) for k, v in remote.STATS.items()} if images_url else {})
@@ -255,14 +226,9 @@ def refuse_pending(fs: FeatureSet) -> None:
 
 
 def own_decoder(store: FeatureStore, name: str, opts: ExtractOptions, plan, overwrite: bool = False):
-    """``plan`` with the decoder of the existing set ``name`` where ``--decoder`` is not given.
-
-    New sets default to ``torchvision`` (``images.DEFAULT_DECODER``); a set keeps the decoder its
-    settings record (``pil`` where they record none, as every set made before issue 37; ``turbo``, DCT
-    scaling, for a set made while that was the default, until issue 47), so resuming, rerunning,
-    remaking or overwriting it without ``--decoder`` never changes its pixels. An explicit ``--decoder`` is
-    used as given (one that differs from the set's is refused by the settings hash, or replaces the
-    set with ``--overwrite``)."""
+    """``plan`` with the decoder of the existing set ``name`` where ``--decoder`` is not given: a set
+    keeps the decoder its settings record (``pil`` where they record none), so resuming or remaking it
+    never changes its pixels (docs/extract.md, "Decoders")."""
     if opts.decoder is not None or plan.kind == "regions" or not store.has_features(name):
         return plan
     try:
@@ -320,7 +286,9 @@ def _discard_or_keep(store: FeatureStore, fs: FeatureSet, name: str, existed: bo
         if isinstance(exc, KeyboardInterrupt):
             raise interrupted(exc, f"interrupted before any row of {name!r} was done; nothing kept") from None
     elif isinstance(exc, KeyboardInterrupt):
-        raise interrupted(exc, kept_message(fs, store)) from None
+        c = fs.counts()
+        raise interrupted(exc, f"interrupted: kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in "
+                               f"{name!r} ({c['pending']} pending); rerun the same command to resume") from None
 
 
 # --- in-process ----------------------------------------------------------------------------------

@@ -1,21 +1,9 @@
-"""An :class:`~.job.Execution` resolved where its task runs: once, by :func:`resolve`.
-
-Every executor hands its tasks the whole ``Execution`` the user asked for (in-process: as is; dask:
-with the device as its pinned workers see it; a job array: serialised whole in the tasks' spec)
-and a :class:`Site` that says what the task's place is. The task resolves it there, in one call:
-
-- the device (``auto`` → ``cuda`` where this process sees a GPU, else ``cpu``);
-- the decoding workers: a number is taken as given; ``auto`` is sized to this site (in-process:
-  :func:`~.throughput.decode_workers` over this process's cores; a dask worker: its share of the
-  cores; an array task: ``decode_workers`` over its ``--cpus-per-task``), and on a cluster site at
-  least :data:`MIN_DECODERS` so that decoding overlaps the model;
-- how they decode: processes, or threads inside a dask worker (a daemon process cannot have
-  children), or in the task's own thread (0);
-- the prefetch depth (checked, never dropped).
-
-A requested value that cannot apply as asked on the site comes back as a note (``Resolved.notes``):
-the executors print it once and record it in the set's attrs (``execution_notes``), so nothing is
-ignored or replaced silently (``tests/test_engine_parallel.py``).
+"""An :class:`~.job.Execution` resolved where its task runs, once, by :func:`resolve`: the device
+(``auto`` → ``cuda`` where this process sees a GPU), the decoding workers (``auto`` sized to the
+site's cores, at least :data:`MIN_DECODERS` on a cluster), whether they are processes, threads
+(inside a daemonic dask worker) or the task's own thread, and the prefetch. A value that cannot
+apply as asked on the site comes back as a note (``Resolved.notes``), which the executors print once
+and record in the set's ``execution_notes``. docs/gpus_clusters.md, "Sized for a GPU".
 """
 
 from __future__ import annotations

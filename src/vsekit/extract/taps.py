@@ -1,15 +1,8 @@
-"""Named layer taps: forward hooks that reduce a layer's output as soon as it is produced.
-
-For the Full-Network Embedding (Vilalta et al., Sec. 3; Garcia-Gasulla et al., Sec. 3) every tap of a
-spatial map is its spatial average, computed *inside* the hook, so the full activation is never
-kept. Every hook stores a *new* tensor, never a view of the layer's output: a later in-place
-operation (torchvision VGG's ``ReLU(inplace=True)`` after ``classifier.0``) would otherwise overwrite
-it. Once the last hook of a pass has fired, the rest of the network is skipped; a module called more
-than once in a pass is tapped at its last call.
-
-A tap's layout (``NCHW``, channels-last ``NHWC``, tokens ``NLC`` with ``prefix`` class / register
-tokens, vectors ``NC``) is decided on the meta device (:func:`detect_layouts`) and refused when it
-cannot be told, never guessed; every reduction works on the NCHW view (docs/extract.md, "Layouts").
+"""Named layer taps: forward hooks that reduce a layer's output as soon as it is produced (the
+Full-Network Embedding's spatial averages, Vilalta et al., Sec. 3), each into a *new* tensor that no
+later in-place layer can overwrite, the forward pass stopped after the last tap; and each tap's
+layout (NCHW, NHWC, tokens, vectors), decided on the meta device and refused, never guessed, when it
+cannot be told. docs/extract.md, "Kinds" and "Layouts".
 """
 
 from __future__ import annotations
@@ -69,17 +62,13 @@ def to_nchw(out, layout: Layout):
 POOL_CHUNK_BYTES = 64 << 20
 
 
-def _rows_per_chunk(x) -> int:
-    per_row = max(1, x[0].numel() * 4) if x.shape[0] else 1
-    return max(1, POOL_CHUNK_BYTES // per_row)
-
-
 def _by_chunks(x, fn):
     """``fn(x.float())`` computed on batch chunks converted into one reused float32 buffer (of
     ``x.float()``'s strides, so ``fn`` reduces in the same order), never all of ``x`` at once."""
     import torch
 
-    n, step = x.shape[0], _rows_per_chunk(x)
+    n = x.shape[0]
+    step = max(1, POOL_CHUNK_BYTES // (max(1, x[0].numel() * 4) if n else 1))
     if step >= n:
         return fn(x.float())
     buf = torch.empty_like(x[:step], dtype=torch.float32)   # one buffer: no allocation per chunk
@@ -141,13 +130,6 @@ def grid_pool(out, layout: Layout, grid: int):
     if x.dtype == torch.float32:
         return pool(x, grid)
     return _by_chunks(x, lambda c: pool(c, grid))
-
-
-def keep_map(out, layout: Layout = Layout("NCHW")):
-    """The whole map as a new NCHW float32 tensor (regions: RoIAlign needs NCHW)."""
-    import torch
-
-    return to_nchw(out, layout).to(torch.float32, copy=True)
 
 
 @dataclass(frozen=True)
@@ -315,16 +297,10 @@ def check_layout(model_name: str, info: TapInfo, layout: Layout | None) -> Layou
     return layout
 
 
-def tap_columns(model_name: str, model, names: Sequence[str], input_size: int) -> tuple[list[dict], int]:
-    """Each tap's ``{name, width, start, stop, layout, prefix}`` columns and the hook calls of a pass.
-
-    Widths are channels under the tap's detected layout (a Swin stage (H, W, C) is C wide).
-    """
-    cols, calls, _ = _columns(model_name, model, names, input_size)
-    return cols, calls
-
-
-def _columns(model_name: str, model, names: Sequence[str], input_size: int):
+def tap_columns(model_name: str, model, names: Sequence[str], input_size: int):
+    """Each tap's ``{name, width, start, stop, layout, prefix}`` columns, the hook calls of a pass and
+    the taps' :class:`TapInfo`. Widths are channels under the tap's detected layout (a Swin stage
+    (H, W, C) is C wide)."""
     info = probe(model, input_size, names)
     missing = [n for n in names if n not in info]
     if missing:
@@ -345,7 +321,7 @@ def spatial_tap(model_name: str, model, name: str, input_size: int) -> tuple[dic
 
     A layer whose output is not a square spatial map (NCHW, NHWC or a square token grid) is refused.
     """
-    cols, calls, info = _columns(model_name, model, [name], input_size)
+    cols, calls, info = tap_columns(model_name, model, [name], input_size)
     col, shape = cols[0], info[name].shape
     side = Layout(col["layout"], col["prefix"]).side(shape)
     if col["layout"] == "NC" or side <= 0:

@@ -1,14 +1,7 @@
-"""Throughput settings of extraction on a GPU: decoding processes sized to the GPUs, pinned host
-memory with non-blocking copies, channels-last layout. None changes what is computed beyond float
-rounding, so none is part of a feature set's settings hash; each can be switched off.
-
-- ``--workers auto``: decoding processes beside the model. On CUDA, ``DECODERS_PER_GPU`` per GPU in
-  use, capped by the CPU cores less one for the driver; on the CPU, 2 (the model needs the cores).
-- ``--pin-memory auto|on|off``: on CUDA (``auto``), each uint8 batch is copied into page-locked
-  memory so that the host-to-device copy runs asynchronously (``non_blocking=True``) instead of
-  through a hidden staging copy. Meaningless on the CPU (``auto`` is off there).
-- ``--channels-last/--no-channels-last``: NHWC layout of the model and its inputs, what cuDNN's
-  tensor-core convolutions (and oneDNN on CPU) want; off keeps NCHW.
+"""Throughput settings of extraction on a GPU: decoding processes sized to the GPUs (``--workers
+auto``), pinned host memory with non-blocking copies (``--pin-memory``), channels-last layout
+(``--channels-last``). None changes what is computed beyond float rounding, so none is part of a
+feature set's settings hash; each can be switched off. docs/gpus_clusters.md, "Throughput on a GPU".
 """
 
 from __future__ import annotations
@@ -57,12 +50,6 @@ def to_device(x, device, pinned: bool):
     if pinned and str(device).startswith("cuda") and not x.is_pinned():
         x = x.pin_memory()
     return x.to(device, non_blocking=pinned)
-
-
-def memory_format(channels_last: bool):
-    import torch
-
-    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 def autocast(device, precision: str):

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..storage.store import DONE, FAILED, Block, FeatureSet
 from .plan import Plan
+from .regions import region_arrays
 
 
 @dataclass
@@ -33,11 +34,9 @@ class BlockBuffer:
     @classmethod
     def empty(cls, plan: Plan, block: Block) -> "BlockBuffer":
         n = len(block)
-        extra = {}
-        if plan.kind == "regions":
-            extra = {"boxes": np.zeros((n, plan.max_regions, 4), np.float32), "count": np.zeros(n, np.int16)}
-        return cls(block, np.zeros((n, *plan.row_shape), dtype=plan.store_dtype),
-                   np.zeros(n, np.uint8), extra)
+        extra = {k: np.zeros((n, *shape), dtype) for k, (shape, dtype) in region_arrays(plan).items()
+                 } if plan.kind == "regions" else {}
+        return cls(block, np.zeros((n, *plan.row_shape), dtype=plan.store_dtype), np.zeros(n, np.uint8), extra)
 
     def put(self, row: int, features: np.ndarray | None, error: str | None = None,
             boxes: np.ndarray | None = None) -> None:
