@@ -48,10 +48,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow and not e2e" -x $(PYTEST_ARGS)
 
-# the slow set in SLOW_WORKERS pytest processes: its tests mostly wait on a scheduler, a job or a
-# killed process, not a CPU; a module's tests stay together, the Grid Engine tests in one process
-# (tests/conftest.py, tests/README.md). SLOW_WORKERS=0: one process, as before.
-SLOW_WORKERS ?= 3
+# SLOW_WORKERS=N runs the slow set in N pytest processes (a module's tests together, the Grid Engine
+# tests in one process: tests/conftest.py, tests/README.md). Default 0, one process: at -n 3 the
+# whole set took as long (40 min 56 s) and a dask kill test hung (tests/README.md).
+SLOW_WORKERS ?= 0
 test-slow: $(STAMP)
 	$(PYTEST) -m "slow and not paper" $(if $(filter-out 0,$(SLOW_WORKERS)),-n $(SLOW_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 

@@ -1,4 +1,4 @@
-"""`make test-slow` runs the slow set in several pytest-xdist processes (``-n 3 --dist loadfile``,
+"""`make test-slow SLOW_WORKERS=3` runs the slow set in several pytest-xdist processes (``-n 3 --dist loadfile``,
 tests/conftest.py): a module's tests in one process, and every module that uses the machine's one
 Grid Engine cell in one process together (a module's teardown deletes every job in the cell and
 stops its daemons, tests/sge_local.py). Here the grouping is checked against the modules' syntax

@@ -84,7 +84,9 @@ def gru_last(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     and then slices that projection per step, and the backward of each slice writes a zero gradient
     the size of the whole projection (T fills and adds of words x 3H: a fifth of VSE++'s step at
     batch 128, issue 47). Here the projection is split once, whose backward concatenates once, and
-    the hidden-to-hidden weight's gradient is one product over all steps (:class:`_HiddenBias`).
+    the hidden-to-hidden weight's gradient is one product over all steps (:class:`_HiddenBias`; in
+    float32 only: under bf16 autocast the profiler counted 25 % more matmul FLOPs with it than torch's
+    GRU, gpu_check's CPU mode, not yet understood, so bf16 keeps the per-step products).
     """
     packed = pack_padded_sequence(x, lengths.cpu().clamp(min=1), batch_first=True, enforce_sorted=False)
     if x.device.type != "cpu":      # cuDNN's fused GRU has no such slices
@@ -93,10 +95,11 @@ def gru_last(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     # under autocast the products are bf16 and the state float32, as in torch's cell
     gates = F.linear(packed.data, gru.weight_ih_l0, gru.bias_ih_l0).split(sizes)
     states: list[torch.Tensor] = []
-    hidden = _HiddenBias.apply(gru.weight_hh_l0, gru.bias_hh_l0, len(packed.data), states).split(sizes)
-    w = gru.weight_hh_l0.detach()   # its gradient comes from _HiddenBias, once
-    if torch.is_autocast_enabled(x.device.type):    # cast once, not at every step
-        w = w.to(torch.get_autocast_dtype(x.device.type))
+    if torch.is_autocast_enabled(x.device.type):    # bf16: torch's products per step, as before (see below)
+        w, hidden = gru.weight_hh_l0, [gru.bias_hh_l0] * len(sizes)
+    else:   # the weight's gradient comes from _HiddenBias, once
+        w = gru.weight_hh_l0.detach()
+        hidden = _HiddenBias.apply(gru.weight_hh_l0, gru.bias_hh_l0, len(packed.data), states).split(sizes)
     h, done = packed.data.new_zeros(sizes[0], gru.hidden_size), []
     for gi, bh, n in zip(gates, hidden, sizes):
         if n < len(h):          # the shortest sequences ended: their states are final
