@@ -203,7 +203,7 @@ def test_decoding_processes_of_images_on_s3_end_when_the_main_process_is_killed(
     store, _ = ingest_karpathy(demo_dir / "dataset_demo.json", f"s3://{s3.bucket}/demo", tmp_path / "k.zarr")
     proc, children = held_mid_run(store.path, tmp_path / "go", "--input-size", "128", "--resize", "128")
     assert any("forkserver" in " ".join(p.cmdline()) for p in children), [p.cmdline() for p in children]
-    killed_leaves_no_child(proc, children)
+    assert killed_leaves_no_child(proc, children) == []
 
 
 def _on_disk_at_one_thread(disk) -> None:
