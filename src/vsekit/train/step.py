@@ -189,6 +189,9 @@ def clip_grad_norm(params, max_norm: float, device: torch.device) -> None:
     """``torch.nn.utils.clip_grad_norm_``, value for value; on the CPU the gradients are scaled only
     when the factor min(1, max_norm / norm) is not 1. torch always multiplies, so as not to wait for a
     GPU; on the CPU that is a pass over every gradient for nothing (VSE++: 37 MB read and written)."""
+    if not hasattr(torch.nn.utils, "get_total_norm"):   # torch < 2.6 (pyproject allows 2.4): torch's clip
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return
     params = [p for p in params if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if device.type != "cpu" or not bool(max_norm / (norm + 1e-6) >= 1):   # NaN: scaled, as torch does
