@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..store import FeatureStore
 from .common import (ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error, read_json,
-                     read_split_file)
+                     read_split_file, write_store)
 
 
 #: COCO's split folders, searched below the image root for every file name
@@ -119,15 +119,10 @@ def ingest_coco(annotation_files: Sequence[str | Path], split_file: str | Path, 
         err = no_images_error(", ".join(map(str, annotation_files)), image_root.root, looked_for)
         raise IngestError(f"{err}; a file name is looked for as {LOOKUP_RULE}") if looked_for else err
     sources = [str(Path(p).resolve()) for p in annotation_files] + [str(Path(split_file).resolve())]
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=dataset, image_root=image_root.local,
-                               source_files=sources) as store:
-        image_root.record(store)
-        store.write_images(ids, paths, split_of)
-        store.write_captions(texts, owners)
-        store.root.attrs["restval_as_train"] = bool(restval_as_train)
-        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
-    report.counts = {"images": len(ids), "captions": len(texts)}
-    return store, report
+    return write_store(store_path, report, ids, paths, split_of, texts, owners,
+                       image_root.attrs(allow_outside_root, restval_as_train=bool(restval_as_train)),
+                       overwrite=overwrite, drop_features=drop_features, dataset=dataset,
+                       image_root=image_root.local, source_files=sources)
 
 
 def _json_type(value) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ImageError
-from ..store import DONE, FAILED, StoreError
+from ..store import DONE, FAILED, FeatureStore, StoreError
 from . import remote
 
 
@@ -39,6 +39,33 @@ class IngestReport:
             more = f"\n  ... and {len(self.skipped) - 20} more" if len(self.skipped) > 20 else ""
             text += f"\nskipped {len(self.skipped)}:\n  {shown}{more}"
         return text
+
+
+def write_store(store_path: str | Path, report: IngestReport, ids: list, paths: list, splits: list, texts: list,
+                owners: list, attrs: dict, counts: dict | None = None, **building: Any) -> tuple[FeatureStore, IngestReport]:
+    """Build the store of a captioned-image ingest (``building``: :meth:`FeatureStore.building`'s
+    arguments): its images, captions and root ``attrs``; the report counts what went in."""
+    with FeatureStore.building(store_path, **building) as store:
+        store.write_images(ids, paths, splits)
+        store.write_captions(texts, owners)
+        store.root.attrs.update(attrs)
+    report.counts = {"images": len(ids), "captions": len(texts), **(counts or {})}
+    return store, report
+
+
+def write_containers(store_path: str | Path, report: IngestReport, source: str, paths: list, root: Any,
+                     objects: dict, rows: tuple, dataset: str | None, allow_outside_root: bool,
+                     **building: Any) -> tuple[FeatureStore, IngestReport]:
+    """:func:`write_store` for images inside container files (``source``: webdataset shards, parquet
+    files) on disk or on object storage (``root`` a URL: kept as given, with each file's size and
+    ETag in ``objects``, which extraction reads with If-Match)."""
+    urls = [p for p in paths if isinstance(p, str)]
+    name = dataset or (root.rsplit("/", 1)[-1] if urls else paths[0].parent.name) or source
+    attrs = {"image_root": root, "image_objects": objects} if urls else {}
+    attrs.update(building.pop("attrs", {}), image_source=source, allow_outside_root=bool(allow_outside_root))
+    return write_store(store_path, report, *rows, attrs, {"files" if source == "parquet" else "shards": len(paths)},
+                       dataset=name, image_root="" if urls else root,
+                       source_files=urls or [str(p.resolve()) for p in paths], **building)
 
 
 def read_json(path: str | Path) -> Any:
@@ -196,12 +223,14 @@ class ImageRoot:
 
     @property
     def local(self):
-        """The root for :meth:`FeatureStore.building` (a URL is recorded by :meth:`record` instead)."""
+        """The root for :meth:`FeatureStore.building` (a URL is recorded by :meth:`attrs` instead)."""
         return "" if isinstance(self.root, str) else self.root
 
-    def record(self, store) -> None:
-        if isinstance(self.root, str):   # kept as given (the store's create resolves a folder)
-            store.root.attrs["image_root"] = remote.public_url(self.root).rstrip("/")
+    def attrs(self, allow_outside_root: bool, **more: Any) -> dict:
+        """The store's root attrs: a URL root kept as given (the store's create resolves a folder), and
+        ``allow_outside_root`` (extract checks image paths again unless it is set)."""
+        url = {"image_root": remote.public_url(self.root).rstrip("/")} if isinstance(self.root, str) else {}
+        return {**url, **more, "allow_outside_root": bool(allow_outside_root)}
 
 
 class RegionBlock:

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from ..store import SPLITS, FeatureStore
-from .common import ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error
+from .common import ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error, write_store
 
 
 def parse_ratios(text: str | Sequence[float]) -> tuple[float, float, float]:
@@ -136,14 +136,8 @@ def ingest_folder(image_dir: str | Path, captions_file: str | Path, store_path: 
                               f"({paths[row]} and {paths[seen[image_id]]} on line "
                               f"{first_line[seen[image_id]]})")
         seen[image_id] = row
-    name = dataset or captions_file.stem
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_dir.local,
-                               source_files=[str(captions_file.resolve())]) as store:
-        store.write_images(ids, paths, splits)
-        store.write_captions(texts, owners)
-        image_dir.record(store)
-        store.root.attrs["split_source"] = ("column" if has_split_column
-                                            else {"ratios": list(ratios), "seed": int(seed)})
-        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
-    report.counts = {"images": len(paths), "captions": len(texts)}
-    return store, report
+    how = "column" if has_split_column else {"ratios": list(ratios), "seed": int(seed)}
+    return write_store(store_path, report, ids, paths, splits, texts, owners,
+                       image_dir.attrs(allow_outside_root, split_source=how), overwrite=overwrite,
+                       drop_features=drop_features, dataset=dataset or captions_file.stem,
+                       image_root=image_dir.local, source_files=[str(captions_file.resolve())])

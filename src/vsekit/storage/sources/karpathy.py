@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..store import SPLITS, FeatureStore
-from .common import ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error, read_json
+from .common import (ImageRoot, IngestError, IngestReport, check_inside_root, no_images_error, read_json,
+                     write_store)
 
 
 def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: str | Path, *,
@@ -65,16 +66,11 @@ def ingest_karpathy(json_path: str | Path, image_root: str | Path, store_path: s
         owners.extend([row] * len(caps))
     if not ids:
         raise no_images_error(json_path, image_root.root, looked_for)
-    name = dataset or doc.get("dataset") or json_path.stem.replace("dataset_", "")
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name, image_root=image_root.local,
-                               source_files=[str(json_path.resolve())]) as store:
-        store.write_images(ids, paths, splits)
-        store.write_captions(texts, owners)
-        image_root.record(store)
-        store.root.attrs["restval_as_train"] = bool(restval_as_train)
-        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
-    report.counts = {"images": len(ids), "captions": len(texts)}
-    return store, report
+    return write_store(store_path, report, ids, paths, splits, texts, owners,
+                       image_root.attrs(allow_outside_root, restval_as_train=bool(restval_as_train)),
+                       overwrite=overwrite, drop_features=drop_features, image_root=image_root.local,
+                       dataset=dataset or doc.get("dataset") or json_path.stem.replace("dataset_", ""),
+                       source_files=[str(json_path.resolve())])
 
 
 def _check_types(rec: dict, where: str) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from ..base import ImageError
 from ..store import SPLITS, FeatureStore, split_code
 from . import remote
-from .common import IngestError, IngestReport
+from .common import IngestError, IngestReport, write_containers
 from .folder import parse_ratios
 from .shards import parquet_ref
 from .webdataset import _splits
@@ -221,18 +221,9 @@ def ingest_parquet(files: Sequence[str | os.PathLike], store_path: str | Path, *
     else:
         splits, ids, refs, texts, owners = _splits(ids, refs, texts, owners, split_file, split, ratios, seed,
                                                    report)
-    name = dataset or (root.rsplit("/", 1)[-1] if urls else paths[0].parent.name) or "parquet"
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name,
-                               image_root="" if urls else root,
-                               source_files=urls or [str(p.resolve()) for p in paths]) as store:
-        if urls:   # a URL, kept as given, and each file's size and ETag (extraction reads them with If-Match)
-            store.root.attrs.update({"image_root": root, "image_objects": objects})
-        store.write_images(ids, refs, splits)
-        store.write_captions(texts, owners)
-        store.root.attrs["image_source"] = "parquet"
-        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)   # extract checks again unless so
-    report.counts = {"images": len(ids), "captions": len(texts), "files": len(paths)}
-    return store, report
+    return write_containers(store_path, report, "parquet", paths, root, objects,
+                            (ids, refs, splits, texts, owners), dataset, allow_outside_root,
+                            overwrite=overwrite, drop_features=drop_features)
 
 
 class _ImagePaths:

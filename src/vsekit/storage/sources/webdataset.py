@@ -29,7 +29,7 @@ from typing import Sequence
 
 from ..base import ImageError
 from ..store import FeatureStore, split_code
-from .common import IngestError, IngestReport, read_split_file
+from .common import IngestError, IngestReport, read_split_file, write_containers
 from .folder import assign_splits, parse_ratios
 from . import remote
 from .shards import tar_ref
@@ -177,20 +177,10 @@ def ingest_webdataset(shards: Sequence[str | os.PathLike], store_path: str | Pat
     if not ids:
         raise IngestError(f"{', '.join(map(str, paths[:3]))}: no usable samples")
     splits, ids, refs, texts, owners = _splits(ids, refs, texts, owners, split_file, split, ratios, seed, report)
-    name = dataset or (root.rsplit("/", 1)[-1] if urls else paths[0].parent.name) or "webdataset"
-    with FeatureStore.building(store_path, overwrite=overwrite, drop_features=drop_features, dataset=name,
-                               image_root="" if urls else root,
-                               source_files=urls or [str(p.resolve()) for p in paths]) as store:
-        if urls:   # a URL, kept as given (the store's create resolves a folder)
-            store.root.attrs.update({"image_root": root, "image_objects": objects})
-        store.write_images(ids, refs, splits)
-        store.write_captions(texts, owners)
-        store.root.attrs["image_source"] = "webdataset"
-        store.root.attrs["allow_outside_root"] = bool(allow_outside_root)
-        store.root.attrs["split_source"] = (str(split_file) if split_file else split if split
-                                            else {"ratios": list(ratios), "seed": int(seed)})
-    report.counts = {"images": len(ids), "captions": len(texts), "shards": len(paths)}
-    return store, report
+    how = str(split_file) if split_file else split if split else {"ratios": list(ratios), "seed": int(seed)}
+    return write_containers(store_path, report, "webdataset", paths, root, objects,
+                            (ids, refs, splits, texts, owners), dataset, allow_outside_root,
+                            overwrite=overwrite, drop_features=drop_features, attrs={"split_source": how})
 
 
 def _splits(ids, refs, texts, owners, split_file, split, ratios, seed, report):
