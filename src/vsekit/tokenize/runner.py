@@ -258,10 +258,9 @@ def _map_ordered(func: Callable[[Any], Any], tasks: list, workers: int, cluster:
 # pass 2: encode (driver) --------------------------------------------------------------------------
 def _encode_pass(staging: zarr.Group, n_chunks: int, vocab: Vocabulary, bos_eos: bool,
                  ids: zarr.Array, offsets: zarr.Array) -> int:
-    """Map every staged chunk to vocabulary ids and stream them out; returns the ``<unk>`` count."""
-    ids_out, off_out = _AlignedWriter(ids), _AlignedWriter(offsets)
-    off_out.add(np.zeros(1, dtype=np.int64))
-    running = unknown = 0
+    """Map every staged chunk to vocabulary ids and write them out in order (zarr completes the chunks a
+    write covers in part); returns the ``<unk>`` count."""
+    running = row = unknown = 0   # offsets[0] is its fill value, 0
     stage = staging["stage"]
     for i in range(n_chunks):
         g = stage[f"{i:06d}"]
@@ -270,12 +269,10 @@ def _encode_pass(staging: zarr.Group, n_chunks: int, vocab: Vocabulary, bos_eos:
         gids = lut[g["ids"][:]]
         unknown += int(np.count_nonzero(gids == UNK))
         flat, lengths = with_bos_eos(gids, g["lengths"][:], bos_eos)
-        ids_out.add(flat)
-        off_out.add(running + np.cumsum(lengths, dtype=np.int64))
-        running += int(lengths.sum())
-    ids_out.close()
-    off_out.close()
-    if running != ids.shape[0] or off_out.pos != offsets.shape[0]:  # pragma: no cover - internal check
+        ids[running:running + len(flat)] = flat
+        offsets[row + 1:row + 1 + len(lengths)] = running + np.cumsum(lengths, dtype=np.int64)
+        running, row = running + len(flat), row + len(lengths)
+    if running != ids.shape[0] or row + 1 != offsets.shape[0]:  # pragma: no cover - internal check
         raise StoreError(f"tokenize: wrote {running} ids for {ids.shape[0]} expected; the staging "
                          f"arrays changed during the run")
     return unknown
@@ -297,32 +294,6 @@ def with_bos_eos(word_ids: np.ndarray, lengths: np.ndarray, bos_eos: bool) -> tu
     within = np.arange(int(lengths.sum())) - np.repeat(word_starts, lengths)
     out[np.repeat(starts + 1, lengths) + within] = word_ids
     return out, final
-
-
-class _AlignedWriter:
-    """Appends to a 1-d array in whole chunks (the last one partial), so memory stays ~ one chunk."""
-
-    def __init__(self, array: zarr.Array):
-        self.array, self.chunk = array, int(array.chunks[0])
-        self.pos, self.buffer, self.held = 0, [], 0
-
-    def add(self, values: np.ndarray) -> None:
-        self.buffer.append(values)
-        self.held += len(values)
-        if self.held >= self.chunk:
-            data = np.concatenate(self.buffer)
-            full = len(data) // self.chunk * self.chunk
-            self.array[self.pos:self.pos + full] = data[:full]
-            self.pos += full
-            self.buffer, self.held = [data[full:]], len(data) - full
-
-    def close(self) -> None:
-        if self.held:
-            data = np.concatenate(self.buffer)
-            self.array[self.pos:self.pos + len(data)] = data
-            self.pos += len(data)
-        self.buffer, self.held = [], 0
-
 
 
 def _nltk_version() -> str:

@@ -122,20 +122,15 @@ def read_split_file(path: str | Path) -> dict[str, str]:
         else:
             raise IngestError(f"{path}: expected a Karpathy JSON or an object {{image_id: split}}")
         return out
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise IngestError(f"{path}:{lineno}: not UTF-8 text") from None
-            if not line or line.startswith("#"):
-                continue
-            parts = line.split("\t") if "\t" in line else line.split(",")
-            if len(parts) != 2:
-                raise IngestError(f"{path}:{lineno}: expected 'image_id<TAB>split', got {line[:80]!r}")
-            if lineno == 1 and parts[1].strip() == "split":  # a header line
-                continue
-            put(parts[0], parts[1], f"{path}:{lineno}")
+    for lineno, line in enumerate(map(str.strip, read_text_lines(path)), 1):
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split("\t") if "\t" in line else line.split(",")
+        if len(parts) != 2:
+            raise IngestError(f"{path}:{lineno}: expected 'image_id<TAB>split', got {line[:80]!r}")
+        if lineno == 1 and parts[1].strip() == "split":  # a header line
+            continue
+        put(parts[0], parts[1], f"{path}:{lineno}")
     return out
 
 
