@@ -39,13 +39,9 @@ class DatasetRows:
 
     def write_images(self, ids: Sequence[str], paths: Sequence[str], splits: Sequence[str | int]) -> None:
         ids = [str(i) for i in ids]
-        if len(set(ids)) != len(ids):
-            seen, dup = set(), None
-            for i in ids:
-                if i in seen:
-                    dup = i
-                    break
-                seen.add(i)
+        seen: set[str] = set()   # the first id met a second time
+        dup = next((i for i in ids if i in seen or seen.add(i)), None)
+        if dup is not None:
             raise StoreError(f"duplicate image id {dup!r}")
         if not (len(ids) == len(paths) == len(splits)):
             raise StoreError("images: ids, paths and splits must have the same length")
