@@ -94,92 +94,83 @@ def tokenize(store: FeatureStore | str | os.PathLike, *, min_count: int = 4,
     if workers > 1 and str(store.path).startswith("memory://"):
         raise StoreError(f"--workers {workers}: a memory:// store lives in this process only, where no worker "
                          f"process can reach it; run without --workers")
+    # one tokenize at a time: a second run would delete the first one's ``tokens_partial``
     with store.writer("tokens", stage="vsekit tokenize", multi=bool(cluster) or workers > 1):
-        return _tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
-                         lowercase=lowercase, bos_eos=bos_eos, max_len=max_len, workers=workers,
-                         cluster=cluster, chunk_captions=chunk_captions, chunk_tokens=chunk_tokens,
-                         progress=progress)
+        n_captions = store.n_captions
+        if n_captions == 0:
+            raise StoreError(f"{store.path} has no captions to tokenize; ingest a captioned dataset first")
+        splits = resolve_vocab_splits(vocab_splits)
+        check_max_len(max_len, bos_eos)
+        if min_count < 1:
+            raise ValueError(f"--min-count must be at least 1, got {min_count}")
+        if chunk_captions < 1 or chunk_tokens < 1:
+            raise ValueError("chunk sizes must be at least 1")
+        if workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {workers}")
+        settings = {"lowercase": bool(lowercase), "strip_punct": bool(strip_punct), "bos_eos": bool(bos_eos),
+                    "max_len": None if max_len is None else int(max_len)}
 
+        root = store.root
+        store.sets.finish_group_swap("tokens", "tokens", "tokenize")   # a run killed while it replaced the tokens
+        point("tokenize:staging")
+        if STAGING in root:   # left by a killed run (no live one: we hold the lock)
+            del root[STAGING]
+        staging = root.create_group(STAGING)
+        staging.create_group("stage")
+        bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
+        codes = [split_code(s) for s in splits]
+        # tasks in other processes open the store as they reach it (its absolute path; on object storage the URL
+        # with the options and the lease token they carry: storage/ref.py), in-process ones use its zarr store
+        where: Any = StoreRef.of(store) if cluster or workers > 1 else store.root.store
+        tasks = [{"store": where, "index": i, "start": a, "stop": b, "codes": codes, **settings}
+                 for i, (a, b) in enumerate(bounds)]
 
-def _tokenize(store: FeatureStore, *, min_count, vocab_splits, strip_punct, lowercase, bos_eos, max_len,
-              workers, cluster, chunk_captions, chunk_tokens, progress) -> TokenizeSummary:
-    """The body of :func:`tokenize`, run while holding the store's ``tokens`` writer lock (one
-    tokenize at a time: a second run would delete the first one's ``tokens_partial``)."""
-    n_captions = store.n_captions
-    if n_captions == 0:
-        raise StoreError(f"{store.path} has no captions to tokenize; ingest a captioned dataset first")
-    splits = resolve_vocab_splits(vocab_splits)
-    check_max_len(max_len, bos_eos)
-    if min_count < 1:
-        raise ValueError(f"--min-count must be at least 1, got {min_count}")
-    if chunk_captions < 1 or chunk_tokens < 1:
-        raise ValueError("chunk sizes must be at least 1")
-    if workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {workers}")
-    settings = {"lowercase": bool(lowercase), "strip_punct": bool(strip_punct), "bos_eos": bool(bos_eos),
-                "max_len": None if max_len is None else int(max_len)}
+        counts: Counter[str] = Counter()
+        n_tokens = empty = truncated = vocab_captions = 0
+        for done, res in enumerate(_map_ordered(count_chunk, tasks, workers, cluster), 1):
+            counts.update(res["counts"])
+            n_tokens += res["tokens"]
+            empty += res["empty"]
+            truncated += res["truncated"]
+            vocab_captions += res["vocab_captions"]
+            if progress:
+                progress(done, len(tasks))
+        if vocab_captions == 0:
+            del root[STAGING]
+            raise StoreError(f"{store.path} has no captions in the vocabulary splits {','.join(splits)}; "
+                             f"choose others with --vocab-splits")
 
-    root = store.root
-    store.sets.finish_group_swap("tokens", "tokens", "tokenize")   # a run killed while it replaced the tokens
-    point("tokenize:staging")
-    if STAGING in root:   # left by a killed run (no live one: we hold the lock)
-        del root[STAGING]
-    staging = root.create_group(STAGING)
-    staging.create_group("stage")
-    bounds = [(s, min(s + chunk_captions, n_captions)) for s in range(0, n_captions, chunk_captions)]
-    codes = [split_code(s) for s in splits]
-    # tasks in other processes open the store as they reach it (its absolute path; on object storage the URL
-    # with the options and the lease token they carry: storage/ref.py), in-process ones use its zarr store
-    where: Any = StoreRef.of(store) if cluster or workers > 1 else store.root.store
-    tasks = [{"store": where, "index": i, "start": a, "stop": b, "codes": codes, **settings}
-             for i, (a, b) in enumerate(bounds)]
+        vocab = Vocabulary.from_counts(counts, min_count, **settings)
+        ids = staging.create_array("ids", shape=(n_tokens,), dtype=np.int32,
+                                   chunks=(max(1, min(chunk_tokens, n_tokens)),), fill_value=0)
+        offsets = staging.create_array("offsets", shape=(n_captions + 1,), dtype=np.int64,
+                                       chunks=(min(CHUNK_OFFSETS, n_captions + 1),), fill_value=0)
+        unknown = _encode_pass(staging, len(tasks), vocab, bos_eos, ids, offsets)
 
-    counts: Counter[str] = Counter()
-    n_tokens = empty = truncated = vocab_captions = 0
-    for done, res in enumerate(_map_ordered(count_chunk, tasks, workers, cluster), 1):
-        counts.update(res["counts"])
-        n_tokens += res["tokens"]
-        empty += res["empty"]
-        truncated += res["truncated"]
-        vocab_captions += res["vocab_captions"]
-        if progress:
-            progress(done, len(tasks))
-    if vocab_captions == 0:
-        del root[STAGING]
-        raise StoreError(f"{store.path} has no captions in the vocabulary splits {','.join(splits)}; "
-                         f"choose others with --vocab-splits")
-
-    vocab = Vocabulary.from_counts(counts, min_count, **settings)
-    ids = staging.create_array("ids", shape=(n_tokens,), dtype=np.int32,
-                               chunks=(max(1, min(chunk_tokens, n_tokens)),), fill_value=0)
-    offsets = staging.create_array("offsets", shape=(n_captions + 1,), dtype=np.int64,
-                                   chunks=(min(CHUNK_OFFSETS, n_captions + 1),), fill_value=0)
-    unknown = _encode_pass(staging, len(tasks), vocab, bos_eos, ids, offsets)
-
-    staging.update_attributes({   # one write of zarr.json, not one per key
-        "vocabulary": vocab.itos,
-        "counts": [0] * len(SPECIALS) + [int(counts[w]) for w in vocab.itos[len(SPECIALS):]],
-        "specials": list(SPECIALS),
-        "min_count": int(min_count),
-        "vocab_splits": splits,
-        **settings,
-        "tokenizer": f"nltk.NLTKWordTokenizer {_nltk_version()}",
-        "n_captions": n_captions,
-        "n_tokens": n_tokens,
-        "n_empty": empty,
-        "n_truncated": truncated,
-        "n_unknown": unknown,
-        "vocab_captions": vocab_captions,
-        "code_version": __version__,
-        "config_hash": config_hash({"min_count": int(min_count), "vocab_splits": splits, **settings,
-                                    "tokenizer": _nltk_version()}),
-    })
-    del staging["stage"]
-    point("tokenize:swap")   # a rename on a disk; a marked copy the next tokenize finishes on object storage
-    store.sets.swap_group(STAGING, "tokens", "tokens", "tokenize")
-    return TokenizeSummary(store=str(store.path), captions=n_captions, tokens=n_tokens,
-                           vocabulary=len(vocab), vocab_splits=splits, vocab_captions=vocab_captions,
-                           empty=empty, truncated=truncated, unknown=unknown, min_count=int(min_count))
+        staging.update_attributes({   # one write of zarr.json, not one per key
+            "vocabulary": vocab.itos,
+            "counts": [0] * len(SPECIALS) + [int(counts[w]) for w in vocab.itos[len(SPECIALS):]],
+            "specials": list(SPECIALS),
+            "min_count": int(min_count),
+            "vocab_splits": splits,
+            **settings,
+            "tokenizer": f"nltk.NLTKWordTokenizer {_nltk_version()}",
+            "n_captions": n_captions,
+            "n_tokens": n_tokens,
+            "n_empty": empty,
+            "n_truncated": truncated,
+            "n_unknown": unknown,
+            "vocab_captions": vocab_captions,
+            "code_version": __version__,
+            "config_hash": config_hash({"min_count": int(min_count), "vocab_splits": splits, **settings,
+                                        "tokenizer": _nltk_version()}),
+        })
+        del staging["stage"]
+        point("tokenize:swap")   # a rename on a disk; a marked copy the next tokenize finishes on object storage
+        store.sets.swap_group(STAGING, "tokens", "tokens", "tokenize")
+        return TokenizeSummary(store=str(store.path), captions=n_captions, tokens=n_tokens,
+                               vocabulary=len(vocab), vocab_splits=splits, vocab_captions=vocab_captions,
+                               empty=empty, truncated=truncated, unknown=unknown, min_count=int(min_count))
 
 
 # pass 1: count (runs in worker processes) ---------------------------------------------------------

@@ -116,18 +116,13 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int], *, skip_specials: bool = True) -> str:
         """Ids → the space-joined words (``<start>``, ``<end>`` and ``<pad>`` dropped unless asked)."""
-        return " ".join(self.decode_tokens(ids, skip_specials=skip_specials))
-
-    def decode_tokens(self, ids: Iterable[int], *, skip_specials: bool = True) -> list[str]:
-        out = []
-        for i in ids:
-            i = int(i)
+        words = []
+        for i in map(int, ids):
             if not 0 <= i < len(self.itos):
                 raise ValueError(f"token id {i} is outside this vocabulary of {len(self.itos)} words")
-            if skip_specials and i in (PAD, START, END):
-                continue
-            out.append(self.itos[i])
-        return out
+            if not (skip_specials and i in (PAD, START, END)):
+                words.append(self.itos[i])
+        return " ".join(words)
 
     # VSE++ / SCAN interop -------------------------------------------------------------------------
     def to_vsepp(self) -> dict[str, Any]:
