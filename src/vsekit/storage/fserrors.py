@@ -52,26 +52,23 @@ def fs_error(exc: OSError, path: str | os.PathLike | None = None) -> FilesystemE
 
 
 @contextlib.contextmanager
-def naming(path: str | os.PathLike) -> Iterator[None]:
-    """Turn a filesystem error raised inside the block into a :class:`FilesystemError` naming ``path``."""
+def naming(path: str | os.PathLike | Callable[[], str | os.PathLike]) -> Iterator[None]:
+    """Turn a filesystem error raised inside the block into a :class:`FilesystemError` naming ``path``
+    (a callable: asked only then)."""
     try:
         yield
     except OSError as exc:
         if not is_fs_error(exc):
             raise
-        raise fs_error(exc, path) from None
+        raise fs_error(exc, path() if callable(path) else path) from None
 
 
 def _names(where: Callable) -> Callable:
     def decorate(method: Callable) -> Callable:
         @functools.wraps(method)
         def wrapper(self, *args, **kwargs):
-            try:
+            with naming(lambda: where(self)):
                 return method(self, *args, **kwargs)
-            except OSError as exc:
-                if not is_fs_error(exc):
-                    raise
-                raise fs_error(exc, where(self)) from None
         return wrapper
     return decorate
 

@@ -44,7 +44,9 @@ def _chunk_file(fs: "FeatureSet", array: str, index: int) -> Path:
     return Path(fs.store.path) / "features" / fs.name / array / Path(*key.split("/"))
 
 
-def _file_sum(path: Path, crc: bool) -> tuple[int, int]:
+def file_sum(fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
+    """On a disk: (CRC-32, size) of chunk ``index`` of ``array`` (``crc``: else 0 and a stat only)."""
+    path = _chunk_file(fs, array, index)
     try:
         if not crc:
             return 0, path.stat().st_size
@@ -65,7 +67,7 @@ def record(fs: "FeatureSet", block: "Block") -> None:
         return  # the set lost its checksum records: damaged, and ``verify`` reports its blocks so
     row = []
     for name in names:
-        row.extend(_file_sum(_chunk_file(fs, name, block.index), crc=True))
+        row.extend(file_sum(fs, name, block.index, crc=True))
     fs.group[SUMS][block.index] = np.asarray(row, dtype=np.int64)
 
 
@@ -177,11 +179,6 @@ def recorded_sums(fs: "FeatureSet", whole: bool = True) -> Callable[[int], "dict
             return "its rows are finished but no checksum is recorded"
         return {name: (int(want[2 * k]), int(want[2 * k + 1])) for k, name in enumerate(names)}
     return at
-
-
-def file_sum(fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
-    """On a disk: (CRC-32, size) of chunk ``index`` of ``array`` (``crc``: else 0 and a stat only)."""
-    return _file_sum(_chunk_file(fs, array, index), crc=crc)
 
 
 def repair(fs: "FeatureSet", report: Report) -> int:

@@ -317,17 +317,13 @@ class DiskSets(SetStorage):
         integrity.record(fs, block)
         return True
 
-    def committed(self, fs: "FeatureSet", block: Block) -> bool:
-        return integrity.sums_committed(fs, block)
+    committed = staticmethod(integrity.sums_committed)
 
     def recorded(self, fs: "FeatureSet", etags: dict | None = None) -> Callable[[int], Any]:
         return integrity.recorded_sums(fs)
 
-    def chunk_sum(self, fs: "FeatureSet", array: str, index: int, crc: bool) -> tuple[int, int]:
-        return integrity.file_sum(fs, array, index, crc)
-
-    def repair(self, fs: "FeatureSet", report: "integrity.Report") -> int:
-        return integrity.repair_sums(fs, report)
+    chunk_sum = staticmethod(integrity.file_sum)
+    repair = staticmethod(integrity.repair_sums)
 
     def replace_array(self, key: str, values: Any) -> None:
         """Written beside the old one and renamed into place: a reader sees the old array or the new
