@@ -92,9 +92,7 @@ def parse_stats_from(spec: str) -> tuple[Path | str, str]:
     """``STORE::NAME`` → (the store: a path, or an object-store URL as it is; the set's name)."""
     from ..storage.objstore import is_object_url
 
-    if "::" not in spec:
-        raise ValueError(f"--stats-from {spec!r}: expected STORE::NAME (e.g. train.zarr::vgg19.z)")
-    path, name = spec.rsplit("::", 1)
+    path, _, name = spec.rpartition("::")
     if not path or not name:
         raise ValueError(f"--stats-from {spec!r}: expected STORE::NAME (e.g. train.zarr::vgg19.z)")
     return (path if is_object_url(path) else Path(path)), name

@@ -89,23 +89,9 @@ def export_precomp(store: FeatureStore | str | Path, features: str, out: str | P
                    dtype: str | None = None, testall: bool | None = None, restval_into_train: bool = False,
                    vocab_name: str | None = None, overwrite: bool = False,
                    drop_failed: bool = False) -> dict[str, Any]:
-    """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and ``{split}_ids.txt`` for each split.
-
-    An ``out`` folder that exists and holds files is refused unless ``overwrite``; then it is replaced
-    whole: the export is written into a hidden folder beside it, which takes its place at the end, so
-    no file of an earlier export is left among the new ones (and an interrupted export changes nothing).
-
-    ``testall`` (default: on for a COCO store with more than 1,000 test images) writes the whole test
-    split as ``testall_*`` and its first 1,000 images (the first of the five sequential folds) as
-    ``test_*``, as VSE++/SCAN's ``coco_precomp`` has them. ``restval_into_train`` writes train and
-    restval images together as ``train_*``. ``vocab_name`` also writes the store's vocabulary as
-    ``{name}_vocab.json`` (SCAN) and ``{name}_vocab.pkl`` (VSE++). ``summary["warnings"]`` lists the
-    layouts the reference loaders would misread (a ``dev`` that is not 5,000 captions...).
-
-    A set with failed rows is refused unless ``drop_failed``: then those images and their captions are
-    left out of every file, listed in ``dropped_failed.tsv`` (split, image id, row, captions, reason)
-    and counted in ``summary["dropped"]``.
-    """
+    """Write ``{split}_ims.npy``, ``{split}_caps.txt`` and ``{split}_ids.txt`` of each split into ``out``,
+    replaced whole and only with ``overwrite``; the options (``testall``, ``restval_into_train``,
+    ``vocab_name``, ``drop_failed``) and ``summary["warnings"]``: docs/store.md, "VSE++ / SCAN layouts"."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown precomp layout {layout!r}; valid choices: {', '.join(LAYOUTS)}")
     store = _open(store)
