@@ -34,10 +34,7 @@ def pack(values: np.ndarray) -> np.ndarray:
     if pad:
         codes = np.concatenate([codes, np.zeros((*codes.shape[:-1], pad), np.uint8)], axis=-1)
     codes = codes.reshape(*codes.shape[:-1], -1, 4)
-    out = codes[..., 0].copy()
-    for k in (1, 2, 3):
-        out |= codes[..., k] << np.uint8(SHIFTS[k])
-    return out
+    return np.bitwise_or.reduce(codes << np.asarray(SHIFTS, np.uint8), axis=-1)
 
 
 def _decode_table() -> np.ndarray:

@@ -21,7 +21,7 @@ from ..storage.faults import point
 from ..storage.ref import StoreRef
 from ..storage.objstore import TOKENS_SWAP as SWAP_MARK  # noqa: F401 (on object storage: a swap to finish; tests name it)
 from ..storage.base import no_tokens
-from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code
+from ..storage.store import SPLITS, FeatureStore, StoreError, config_hash, split_code, write_array
 from ..version import __version__
 from .text import tokenize_caption
 from .vocab import END, SPECIALS, START, UNK, Vocabulary, check_max_len, truncate_length
@@ -214,9 +214,7 @@ def count_chunk(task: dict[str, Any]) -> dict[str, Any]:
     g = root[f"{STAGING}/stage"].create_group(f"{task['index']:06d}", overwrite=True)
     g.attrs["words"] = list(local)
     for name, values in (("ids", np.asarray(local_ids, dtype=np.int32)), ("lengths", lengths)):
-        arr = g.create_array(name, shape=values.shape, dtype=values.dtype, chunks=(max(1, len(values)),))
-        if len(values):
-            arr[:] = values
+        write_array(g, name, values, chunk=max(1, len(values)))   # one chunk
     n_final = int(lengths.sum()) + (2 * int(np.count_nonzero(lengths)) if bos_eos else 0)
     return {"index": task["index"], "counts": counts, "tokens": n_final, "empty": empty,
             "truncated": int(truncated), "vocab_captions": int(in_vocab.sum())}
