@@ -2,7 +2,7 @@
 
 Two streaming passes, so memory is bounded by the chunk sizes, not by the number of captions: *count*
 (parallel over chunks of captions; each task stages its captions' chunk-local ids and word list in
-arrays of its own) and *encode* (the driver maps them to vocabulary ids in whole, aligned chunks).
+arrays of its own) and *encode* (the driver maps them to vocabulary ids and writes them in order).
 Everything is built in ``tokens_partial/`` and swapped into ``tokens/`` only when complete
 (docs/tokenize.md, "How it runs").
 """
