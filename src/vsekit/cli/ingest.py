@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from .options import IMAGE_OPTION, STORAGE_OPTION, StorePath
@@ -13,8 +15,17 @@ def ingest() -> None:
     parquet, npz)."""
 
 
-def _common(f):
-    f = IMAGE_OPTION(STORAGE_OPTION(f))
+def _common(ingest_with):
+    """The options of an ingest that makes a new store; the command returns the ingest's (store, report),
+    said here with the sets --drop-features deleted and the split notes."""
+    @functools.wraps(ingest_with)
+    def command(store_path, overwrite, drop_features, **kwargs):
+        dropped = _dropping(store_path, overwrite, drop_features)
+        store, report = ingest_with(store_path=store_path, overwrite=overwrite, drop_features=drop_features, **kwargs)
+        click.echo(report.summary())
+        _said(dropped, store)
+
+    f = IMAGE_OPTION(STORAGE_OPTION(command))
     f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
                      help="Store to create (a path, or an object-store URL s3://...).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
@@ -77,20 +88,14 @@ _outside = click.option("--allow-outside-root", is_flag=True,
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
-             overwrite, drop_features, strict):
+def karpathy(json_path, image_root, no_check_files, **options):
     """Ingest a Karpathy split file (dataset_coco.json, dataset_flickr30k.json, ...)."""
     from pathlib import Path
 
     from ..storage.sources.karpathy import ingest_karpathy
 
-    root = image_root or str(Path(json_path).parent)
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
-                                strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
-                                allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_karpathy(json_path, image_root or str(Path(json_path).parent), check_files=not no_check_files,
+                           **options)
 
 
 @ingest.command("coco")
@@ -106,20 +111,14 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outs
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def coco(annotations, split_file, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
-         overwrite, drop_features, strict):
+def coco(annotations, split_file, image_root, no_check_files, **options):
     """Ingest official COCO captions_*.json files with a split assignment file."""
     from pathlib import Path
 
     from ..storage.sources.coco import ingest_coco
 
-    root = image_root or str(Path(annotations[0]).parent)
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
-                            strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
-                            allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_coco(list(annotations), split_file, image_root or str(Path(annotations[0]).parent),
+                       check_files=not no_check_files, **options)
 
 
 @ingest.command("folder")
@@ -131,16 +130,11 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, drop_features, strict):
+def folder(image_dir, captions, no_check_files, **options):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder
 
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
-                              check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
-                              allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_folder(image_dir, captions, check_files=not no_check_files, **options)
 
 
 @ingest.command("precomp")
@@ -216,17 +210,12 @@ def _split_options(f):
 @_outside
 @_split_options
 @_common
-def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, drop_features, strict):
+def webdataset(shards, **options):
     """Ingest WebDataset tar SHARDS (img2dataset/open_clip: KEY.jpg + KEY.txt|json); brace patterns
     like shard-{0000..0009}.tar work. Images stay in the shards and are read in place."""
     from ..storage.sources.webdataset import ingest_webdataset
 
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
-                                  seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
-                                  allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_webdataset(list(shards), **options)
 
 
 @ingest.command("parquet")
@@ -244,20 +233,12 @@ def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, stor
 @_outside
 @_split_options
 @_common
-def parquet(files, image_column, caption_column, id_column, split_column, image_root, no_check_files,
-            allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, drop_features, strict):
+def parquet(files, no_check_files, **options):
     """Ingest parquet FILES (or folders of them): img2dataset's parquet output, HF datasets exports.
     Image bytes stay in the files and are read in place."""
     from ..storage.sources.parquet import ingest_parquet
 
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_parquet(list(files), store_path, image_column=image_column,
-                               caption_column=caption_column, id_column=id_column, split_column=split_column,
-                               image_root=image_root, check_files=not no_check_files, split_file=split_file,
-                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
-                               allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_parquet(list(files), check_files=not no_check_files, **options)
 
 
 @ingest.command("npz")
