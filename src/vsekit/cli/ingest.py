@@ -153,7 +153,7 @@ def folder(image_dir, captions, no_check_files, **options):
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
 @click.option("--strict", is_flag=True, help="Turn skipped items into errors.")
-def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwrite, strict):
+def precomp(folder, splits, **options):
     """Ingest a VSE++ or SCAN/SGRAF precomp folder ({split}_ims.npy, {split}_caps.txt[, {split}_ids.txt]).
 
     With --store naming an existing store, only the feature set is added, matched by image id.
@@ -161,10 +161,7 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
     from ..storage.sources.precomp import ingest_precomp
 
     prefixes = [p.strip() for p in splits.split(",") if p.strip()] if splits else None
-    store, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
-                               captions_per_image=captions_per_image, dtype=dtype, strict=strict,
-                               overwrite=overwrite)
-    click.echo(report.summary())
+    click.echo(ingest_precomp(folder, prefixes=prefixes, **options)[1].summary())
 
 
 @ingest.command("butd")
@@ -185,13 +182,11 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
 @click.option("--strict", is_flag=True, help="Turn skipped lines into errors.")
-def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, overwrite, strict):
+def butd(tsv, **options):
     """Ingest bottom-up-attention TSV files (image_id, image_w, image_h, num_boxes, boxes, features)."""
     from ..storage.sources.butd import ingest_butd
 
-    store, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
-                            default_split=default_split, dtype=dtype, strict=strict, overwrite=overwrite)
-    click.echo(report.summary())
+    click.echo(ingest_butd(list(tsv), **options)[1].summary())
 
 
 def _split_options(f):
@@ -256,13 +251,11 @@ def parquet(files, no_check_files, **options):
               help="Stored dtype of the features.")
 @click.option("--overwrite", is_flag=True, help="Replace the feature set NAME.")
 @click.option("--strict", is_flag=True, help="Turn skipped files into errors.")
-def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
+def npz(folder, **options):
     """Ingest per-image .npz region features (x, bbox, num_bbox, image_h, image_w; bottom-up-attention.pytorch)."""
     from ..storage.sources.npz import ingest_npz
 
-    store, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
-                           strict=strict, overwrite=overwrite)
-    click.echo(report.summary())
+    click.echo(ingest_npz(folder, **options)[1].summary())
 
 
 @ingest.command("hdf5")
