@@ -32,5 +32,4 @@ def embed_cmd(run, out, device, **options):
                f"{doc['dim']} to {out} ({doc['similarity']}: {doc['search']})")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(embed_cmd)
+COMMANDS = (embed_cmd,)

@@ -111,5 +111,4 @@ def vocab(store, out, overwrite):
     click.echo(f"wrote {out}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(export)
+COMMANDS = (export,)

@@ -79,7 +79,4 @@ def fne(store, features, **options):
     click.echo(f"discretize: {q.summary()}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(standardize)
-    group.add_command(discretize)
-    group.add_command(fne)
+COMMANDS = (standardize, discretize, fne)

@@ -275,5 +275,4 @@ def hdf5(h5_path, store_path, overwrite, drop_features):
                f"{len(store.feature_names())} feature sets")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(ingest)
+COMMANDS = (ingest,)

@@ -67,6 +67,4 @@ def report_boxes(store, name, rows, out, **options) -> None:
         click.echo(f"wrote {regions_png(store, name, r, f'{out}/{name}_{r}.png', **options)}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(report)
-    group.add_command(report_boxes)
+COMMANDS = (report, report_boxes)

@@ -74,7 +74,4 @@ def demo_data(out_dir: str, images: int, **options) -> None:
     click.echo(f"wrote {images} images and {make_demo_data(out_dir, images=images, **options)}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(info)
-    group.add_command(split)
-    group.add_command(demo_data)
+COMMANDS = (info, split, demo_data)

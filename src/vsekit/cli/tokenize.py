@@ -40,5 +40,4 @@ def tokenize(store: str, min_count: int, vocab_splits: str, strip_punct: bool, k
     click.echo(str(summary))
 
 
-def register(group: click.Group) -> None:
-    group.add_command(tokenize)
+COMMANDS = (tokenize,)

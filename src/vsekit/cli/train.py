@@ -337,6 +337,4 @@ def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, devi
     click.echo(f"wrote {result['metrics_path']}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(train_cmd)
-    group.add_command(evaluate_cmd)
+COMMANDS = (train_cmd, evaluate_cmd)
