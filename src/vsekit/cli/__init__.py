@@ -95,12 +95,13 @@ def main() -> None:
 
 
 # The modules under vsekit.cli that define commands, imported by name (so the import graph, and
-# tests/test_imports.py, sees every edge); each exposes ``register(group)``.
+# tests/test_imports.py, sees every edge); each lists its ``COMMANDS``.
 from . import embed, export, extract, fne, ingest, pipeline, report, store, tokenize, train  # noqa: E402
 
 COMMAND_MODULES = (store, ingest, export, extract, fne, tokenize, train, pipeline, report, embed)
 for _mod in COMMAND_MODULES:
-    _mod.register(main)
+    for _command in _mod.COMMANDS:
+        main.add_command(_command)
 
 
 def run() -> None:  # pragma: no cover - console entry point helper

@@ -23,16 +23,13 @@ from .options import STORAGE_OPTION, RunPath, StorePath
 @click.option("--device", default="auto", show_default=True, help="auto | cpu | cuda | cuda:N.")
 @click.option("--batch-size", default=256, show_default=True, type=click.IntRange(1),
               help="Images or captions encoded per batch.")
-def embed_cmd(run, split, out, store, features, checkpoint, device, batch_size):
+def embed_cmd(run, out, device, **options):
     """Write the images' and captions' embeddings (with ids) of SPLIT, ready for faiss."""
     from ..train.embed import embed
 
-    device = resolve_device(device)
-    doc = embed(run, out, split=split, store=store, features=features, checkpoint=checkpoint, device=device,
-                batch_size=batch_size)
+    doc = embed(run, out, device=resolve_device(device), **options)
     click.echo(f"wrote {doc['n_images']} image and {doc['n_captions']} caption embeddings of dimension "
                f"{doc['dim']} to {out} ({doc['similarity']}: {doc['search']})")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(embed_cmd)
+COMMANDS = (embed_cmd,)

@@ -43,16 +43,12 @@ OVERWRITE = click.option("--overwrite", is_flag=True,
                          help="Replace an existing --out (whole: no file of the old one is kept).")
 
 
-def _run_precomp(layout, store, features, out, splits, captions_per_image, dtype, testall,
-                 restval_into_train, vocab_name, overwrite, drop_failed):
+def _run_precomp(layout, store, features, out, splits, **options):
     from ..storage.interop import export_precomp
     from ..words import plural
 
     split_list = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
-    summary = export_precomp(store, features, out, layout=layout, splits=split_list,
-                             captions_per_image=captions_per_image, dtype=dtype, testall=testall,
-                             restval_into_train=restval_into_train, vocab_name=vocab_name, overwrite=overwrite,
-                             drop_failed=drop_failed)
+    summary = export_precomp(store, features, out, layout=layout, splits=split_list, **options)
     for prefix, c in summary["splits"].items():
         click.echo(f"{out}/{prefix}_ims.npy: {c['images']} images, {prefix}_caps.txt: {c['captions']} captions")
     if summary.get("dropped"):
@@ -111,5 +107,4 @@ def vocab(store, out, overwrite):
     click.echo(f"wrote {out}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(export)
+COMMANDS = (export,)

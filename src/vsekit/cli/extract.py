@@ -80,5 +80,4 @@ def extract_cmd(store, list_layers, cluster, **values):
             click.echo(note, err=True)
 
 
-def register(group: click.Group) -> None:
-    group.add_command(extract_cmd)
+COMMANDS = (extract_cmd,)

@@ -35,13 +35,11 @@ _overwrite = click.option("--overwrite", is_flag=True, help="Replace an existing
 @_cluster
 @_overwrite
 @_allow_standardized
-def standardize(store, features, split, stats_from, name, cluster, overwrite, allow_standardized):
+def standardize(store, features, **options):
     """Z-standardise a feature set with one split's per-feature mean and std -> FEATURES.z."""
     from ..fne import standardize as run
 
-    result = run(store, features, split=split, stats_from=stats_from, name=name, cluster=cluster,
-                 overwrite=overwrite, allow_standardized=allow_standardized)
-    click.echo(f"standardize: {result.summary()}")
+    click.echo(f"standardize: {run(store, features, **options).summary()}")
 
 
 @click.command("discretize")
@@ -55,13 +53,11 @@ def standardize(store, features, split, stats_from, name, cluster, overwrite, al
 @click.option("--allow-raw", is_flag=True,
               help="Discretize a set that standardize did not make (its values must be z-scores already; "
                    "refused by default).")
-def discretize(store, features, thresholds, pack, name, cluster, overwrite, allow_raw):
+def discretize(store, features, **options):
     """Map standardised features to {-1, 0, 1} (int8, or 2-bit packed) -> FEATURES.fne."""
     from ..fne import discretize as run
 
-    result = run(store, features, thresholds=thresholds, pack=pack, name=name, cluster=cluster,
-                 overwrite=overwrite, allow_raw=allow_raw)
-    click.echo(f"discretize: {result.summary()}")
+    click.echo(f"discretize: {run(store, features, **options).summary()}")
 
 
 @click.command("fne")
@@ -74,17 +70,13 @@ def discretize(store, features, thresholds, pack, name, cluster, overwrite, allo
 @_cluster
 @_overwrite
 @_allow_standardized
-def fne(store, features, split, stats_from, thresholds, pack, cluster, overwrite, allow_standardized):
+def fne(store, features, **options):
     """Standardize and discretize in one pass -> FEATURES.z and FEATURES.z.fne."""
     from ..fne import fne as run
 
-    z, q = run(store, features, split=split, stats_from=stats_from, thresholds=thresholds, pack=pack,
-               cluster=cluster, overwrite=overwrite, allow_standardized=allow_standardized)
+    z, q = run(store, features, **options)
     click.echo(f"standardize: {z.summary()}")
     click.echo(f"discretize: {q.summary()}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(standardize)
-    group.add_command(discretize)
-    group.add_command(fne)
+COMMANDS = (standardize, discretize, fne)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from .options import IMAGE_OPTION, STORAGE_OPTION, StorePath
@@ -13,8 +15,17 @@ def ingest() -> None:
     parquet, npz)."""
 
 
-def _common(f):
-    f = IMAGE_OPTION(STORAGE_OPTION(f))
+def _common(ingest_with):
+    """The options of an ingest that makes a new store; the command returns the ingest's (store, report),
+    said here with the sets --drop-features deleted and the split notes."""
+    @functools.wraps(ingest_with)
+    def command(store_path, overwrite, drop_features, **kwargs):
+        dropped = _dropping(store_path, overwrite, drop_features)
+        store, report = ingest_with(store_path=store_path, overwrite=overwrite, drop_features=drop_features, **kwargs)
+        click.echo(report.summary())
+        _said(dropped, store)
+
+    f = IMAGE_OPTION(STORAGE_OPTION(command))
     f = click.option("--store", "store_path", required=True, type=StorePath(url_ok=True),
                      help="Store to create (a path, or an object-store URL s3://...).")(f)
     f = click.option("--overwrite", is_flag=True, help="Replace an existing store.")(f)
@@ -77,20 +88,14 @@ _outside = click.option("--allow-outside-root", is_flag=True,
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
-             overwrite, drop_features, strict):
+def karpathy(json_path, image_root, no_check_files, **options):
     """Ingest a Karpathy split file (dataset_coco.json, dataset_flickr30k.json, ...)."""
     from pathlib import Path
 
     from ..storage.sources.karpathy import ingest_karpathy
 
-    root = image_root or str(Path(json_path).parent)
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_karpathy(json_path, root, store_path, restval_as_train=restval_as_train,
-                                strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
-                                allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_karpathy(json_path, image_root or str(Path(json_path).parent), check_files=not no_check_files,
+                           **options)
 
 
 @ingest.command("coco")
@@ -106,20 +111,14 @@ def karpathy(json_path, image_root, restval_as_train, no_check_files, allow_outs
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def coco(annotations, split_file, image_root, restval_as_train, no_check_files, allow_outside_root, store_path,
-         overwrite, drop_features, strict):
+def coco(annotations, split_file, image_root, no_check_files, **options):
     """Ingest official COCO captions_*.json files with a split assignment file."""
     from pathlib import Path
 
     from ..storage.sources.coco import ingest_coco
 
-    root = image_root or str(Path(annotations[0]).parent)
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_coco(list(annotations), split_file, root, store_path, restval_as_train=restval_as_train,
-                            strict=strict, check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
-                            allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_coco(list(annotations), split_file, image_root or str(Path(annotations[0]).parent),
+                       check_files=not no_check_files, **options)
 
 
 @ingest.command("folder")
@@ -131,16 +130,11 @@ def coco(annotations, split_file, image_root, restval_as_train, no_check_files, 
 @click.option("--no-check-files", is_flag=True, help="Do not check that every image file exists.")
 @_outside
 @_common
-def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root, store_path, overwrite, drop_features, strict):
+def folder(image_dir, captions, no_check_files, **options):
     """Ingest IMAGE_DIR with a CAPTIONS table of path<TAB>caption[<TAB>split] lines (.tsv or .csv)."""
     from ..storage.sources.folder import ingest_folder
 
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_folder(image_dir, captions, store_path, ratios=ratios, seed=seed, strict=strict,
-                              check_files=not no_check_files, overwrite=overwrite, drop_features=drop_features,
-                              allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_folder(image_dir, captions, check_files=not no_check_files, **options)
 
 
 @ingest.command("precomp")
@@ -159,7 +153,7 @@ def folder(image_dir, captions, ratios, seed, no_check_files, allow_outside_root
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
 @click.option("--strict", is_flag=True, help="Turn skipped items into errors.")
-def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwrite, strict):
+def precomp(folder, splits, **options):
     """Ingest a VSE++ or SCAN/SGRAF precomp folder ({split}_ims.npy, {split}_caps.txt[, {split}_ids.txt]).
 
     With --store naming an existing store, only the feature set is added, matched by image id.
@@ -167,10 +161,7 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
     from ..storage.sources.precomp import ingest_precomp
 
     prefixes = [p.strip() for p in splits.split(",") if p.strip()] if splits else None
-    store, report = ingest_precomp(folder, store_path, prefixes=prefixes, name=name,
-                               captions_per_image=captions_per_image, dtype=dtype, strict=strict,
-                               overwrite=overwrite)
-    click.echo(report.summary())
+    click.echo(ingest_precomp(folder, prefixes=prefixes, **options)[1].summary())
 
 
 @ingest.command("butd")
@@ -191,13 +182,11 @@ def precomp(folder, splits, name, captions_per_image, dtype, store_path, overwri
 @click.option("--overwrite", is_flag=True,
               help="Replace the feature set NAME of an existing store, or the store itself when new.")
 @click.option("--strict", is_flag=True, help="Turn skipped lines into errors.")
-def butd(tsv, store_path, name, max_boxes, split_file, default_split, dtype, overwrite, strict):
+def butd(tsv, **options):
     """Ingest bottom-up-attention TSV files (image_id, image_w, image_h, num_boxes, boxes, features)."""
     from ..storage.sources.butd import ingest_butd
 
-    store, report = ingest_butd(list(tsv), store_path, name=name, max_boxes=max_boxes, split_file=split_file,
-                            default_split=default_split, dtype=dtype, strict=strict, overwrite=overwrite)
-    click.echo(report.summary())
+    click.echo(ingest_butd(list(tsv), **options)[1].summary())
 
 
 def _split_options(f):
@@ -216,17 +205,12 @@ def _split_options(f):
 @_outside
 @_split_options
 @_common
-def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, drop_features, strict):
+def webdataset(shards, **options):
     """Ingest WebDataset tar SHARDS (img2dataset/open_clip: KEY.jpg + KEY.txt|json); brace patterns
     like shard-{0000..0009}.tar work. Images stay in the shards and are read in place."""
     from ..storage.sources.webdataset import ingest_webdataset
 
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_webdataset(list(shards), store_path, split_file=split_file, split=split, ratios=ratios,
-                                  seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
-                                  allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_webdataset(list(shards), **options)
 
 
 @ingest.command("parquet")
@@ -244,20 +228,12 @@ def webdataset(shards, allow_outside_root, split_file, split, ratios, seed, stor
 @_outside
 @_split_options
 @_common
-def parquet(files, image_column, caption_column, id_column, split_column, image_root, no_check_files,
-            allow_outside_root, split_file, split, ratios, seed, store_path, overwrite, drop_features, strict):
+def parquet(files, no_check_files, **options):
     """Ingest parquet FILES (or folders of them): img2dataset's parquet output, HF datasets exports.
     Image bytes stay in the files and are read in place."""
     from ..storage.sources.parquet import ingest_parquet
 
-    dropped = _dropping(store_path, overwrite, drop_features)
-    store, report = ingest_parquet(list(files), store_path, image_column=image_column,
-                               caption_column=caption_column, id_column=id_column, split_column=split_column,
-                               image_root=image_root, check_files=not no_check_files, split_file=split_file,
-                               split=split, ratios=ratios, seed=seed, strict=strict, overwrite=overwrite, drop_features=drop_features,
-                               allow_outside_root=allow_outside_root)
-    click.echo(report.summary())
-    _said(dropped, store)
+    return ingest_parquet(list(files), check_files=not no_check_files, **options)
 
 
 @ingest.command("npz")
@@ -275,13 +251,11 @@ def parquet(files, image_column, caption_column, id_column, split_column, image_
               help="Stored dtype of the features.")
 @click.option("--overwrite", is_flag=True, help="Replace the feature set NAME.")
 @click.option("--strict", is_flag=True, help="Turn skipped files into errors.")
-def npz(folder, store_path, name, match, max_boxes, dtype, overwrite, strict):
+def npz(folder, **options):
     """Ingest per-image .npz region features (x, bbox, num_bbox, image_h, image_w; bottom-up-attention.pytorch)."""
     from ..storage.sources.npz import ingest_npz
 
-    store, report = ingest_npz(folder, store_path, name=name, match=match, max_boxes=max_boxes, dtype=dtype,
-                           strict=strict, overwrite=overwrite)
-    click.echo(report.summary())
+    click.echo(ingest_npz(folder, **options)[1].summary())
 
 
 @ingest.command("hdf5")
@@ -301,5 +275,4 @@ def hdf5(h5_path, store_path, overwrite, drop_features):
                f"{len(store.feature_names())} feature sets")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(ingest)
+COMMANDS = (ingest,)

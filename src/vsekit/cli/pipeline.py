@@ -89,5 +89,4 @@ def cluster_settings_of(pf, name: str) -> dict:
     return dict(pf.pipelines[name].cluster) if name in pf.pipelines else {}
 
 
-def register(group: click.Group) -> None:
-    group.add_command(run)
+COMMANDS = (run,)

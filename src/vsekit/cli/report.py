@@ -31,15 +31,11 @@ from .options import IMAGE_OPTION, STORAGE_OPTION, RunPath, StorePath
 @click.option("--block", default=256, show_default=True, type=click.IntRange(min=1), help="Rows scored per block.")
 @click.option("--thumb-size", default=96, show_default=True, type=click.IntRange(min=8), help="Thumbnail side in pixels.")
 @click.option("--title", default=None, help="Page title.")
-def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, device, block, thumb_size,
-           title) -> None:
+def report(runs, out, device, **options) -> None:
     """Write a self-contained HTML report of RUNS (metrics, curves, retrieval examples, attention)."""
     from ..report import report as make_report
 
-    device = resolve_device(device)
-    s = make_report(list(runs), out, split=split, n_captions=n_captions, n_images=n_images,
-                    n_attention=n_attention, k=k, seed=seed, store=store, device=device, block=block,
-                    thumb_size=thumb_size, title=title)
+    s = make_report(list(runs), out, device=resolve_device(device), **options)
     for note in s.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {s.path} ({len(s.runs)} run(s), {s.n_caption_examples} caption and "
@@ -59,7 +55,7 @@ def report(runs, out, split, n_captions, n_images, n_attention, k, seed, store, 
 @click.option("--attributes-vocab", type=click.Path(exists=True, dir_okay=False), default=None,
               help="BUTD attributes_vocab.txt.")
 @click.option("--max-boxes", type=int, default=None, help="Draw at most this many boxes per image.")
-def report_boxes(store, name, rows, out, objects_vocab, attributes_vocab, max_boxes) -> None:
+def report_boxes(store, name, rows, out, **options) -> None:
     """Draw the region boxes (and detector labels) of feature set NAME over their images."""
     from ..report.boxes import regions_png
 
@@ -68,11 +64,7 @@ def report_boxes(store, name, rows, out, objects_vocab, attributes_vocab, max_bo
     except ValueError:
         raise click.BadParameter(f"{rows!r} is not a comma-separated list of rows", param_hint="--rows")
     for r in picked:
-        path = regions_png(store, name, r, f"{out}/{name}_{r}.png", objects_vocab=objects_vocab,
-                           attributes_vocab=attributes_vocab, max_boxes=max_boxes)
-        click.echo(f"wrote {path}")
+        click.echo(f"wrote {regions_png(store, name, r, f'{out}/{name}_{r}.png', **options)}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(report)
-    group.add_command(report_boxes)
+COMMANDS = (report, report_boxes)

@@ -50,15 +50,14 @@ def info(store: str, name: str | None, verify: bool, repair: bool) -> None:
               help="Images in test, chosen at random (the rest is train; without --val, val keeps its images).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random split.")
 @click.option("--dry-run", is_flag=True, help="Print the new split and what it makes stale, and change nothing.")
-def split(store, ratios, split_file, val, test, seed, dry_run):
+def split(store, **options):
     """Assign the store's images to train/val/test anew, keeping every feature set (no re-extraction).
 
     Sets made from a split's statistics (standardize's .z and what was derived from it) are marked
     stale when that split's images change, and the commands that remake them are printed."""
     from ..storage.splits import resplit
 
-    click.echo(resplit(store, ratios=ratios, split_file=split_file, val=val, test=test, seed=seed,
-                       dry_run=dry_run).summary())
+    click.echo(resplit(store, **options).summary())
 
 
 @click.command("demo-data")
@@ -68,15 +67,11 @@ def split(store, ratios, split_file, val, test, seed, dry_run):
 @click.option("--size", default=128, show_default=True, help="Image side in pixels.")
 @click.option("--val", type=int, default=None, help="Images in the val split [default: 12.5%].")
 @click.option("--test", type=int, default=None, help="Images in the test split [default: 12.5%].")
-def demo_data(out_dir: str, images: int, seed: int, size: int, val: int | None, test: int | None) -> None:
+def demo_data(out_dir: str, images: int, **options) -> None:
     """Write a synthetic captioned dataset (JPEGs, Karpathy JSON, boxes.json) to OUT_DIR."""
     from ..storage.demo import make_demo_data
 
-    path = make_demo_data(out_dir, images=images, seed=seed, size=size, val=val, test=test)
-    click.echo(f"wrote {images} images and {path}")
+    click.echo(f"wrote {images} images and {make_demo_data(out_dir, images=images, **options)}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(info)
-    group.add_command(split)
-    group.add_command(demo_data)
+COMMANDS = (info, split, demo_data)

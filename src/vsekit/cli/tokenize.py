@@ -28,17 +28,12 @@ from .options import CLUSTER, STORAGE_OPTION, WORKERS, resolve_workers, StorePat
               help=f"Run the counting pass on dask: {CLUSTER_HELP}.")
 @click.option("--chunk-captions", default=16384, show_default=True, type=int,
               help="Captions per counting task (the unit of parallel work).")
-def tokenize(store: str, min_count: int, vocab_splits: str, strip_punct: bool, keep_case: bool,
-             no_bos_eos: bool, max_len: int | None, workers, cluster,
-             chunk_captions: int) -> None:
+def tokenize(store: str, keep_case: bool, no_bos_eos: bool, workers, **options) -> None:
     """Tokenize every caption, build the vocabulary, and write tokens/ids + tokens/offsets."""
     from ..tokenize import tokenize as run_tokenize
 
-    summary = run_tokenize(store, min_count=min_count, vocab_splits=vocab_splits, strip_punct=strip_punct,
-                           lowercase=not keep_case, bos_eos=not no_bos_eos, max_len=max_len,
-                           workers=resolve_workers(workers), cluster=cluster, chunk_captions=chunk_captions)
-    click.echo(str(summary))
+    click.echo(str(run_tokenize(store, lowercase=not keep_case, bos_eos=not no_bos_eos,
+                                workers=resolve_workers(workers), **options)))
 
 
-def register(group: click.Group) -> None:
-    group.add_command(tokenize)
+COMMANDS = (tokenize,)

@@ -169,28 +169,17 @@ def _take_rank_options() -> None:
 
 
 def _argv(ctx: click.Context, drop=("nproc_per_node", "max_restarts", "storage_option")) -> list[str]:
-    """The command line of this ``vsekit train`` (the options given), without the launcher's own and
-    without ``--storage-option`` (its values reach the ranks through :data:`RANK_OPTIONS_ENV`)."""
+    """The command line of this ``vsekit train`` (the options given, written as a pipeline stage's), without
+    the launcher's own and without ``--storage-option`` (its values reach the ranks through
+    :data:`RANK_OPTIONS_ENV`)."""
     from click.core import ParameterSource
 
-    args: list[str] = []
-    for p in ctx.command.params:
-        if not isinstance(p, click.Option) or p.name in drop:
-            continue
-        if ctx.get_parameter_source(p.name) in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None):
-            continue
-        value = ctx.params.get(p.name)
-        if p.is_flag:
-            if p.secondary_opts:
-                args.append(p.opts[0] if value else p.secondary_opts[0])
-            elif value:
-                args.append(p.opts[0])
-        elif p.multiple:
-            for v in value:
-                args += [p.opts[0], str(v)]
-        elif value is not None:
-            args += [p.opts[0], str(value)]
-    return args
+    from ..pipeline.commands import build_argv, params_of
+
+    keys = {p.param.name: p.key for p in params_of(ctx.command).values() if not p.invert}
+    given = {keys[name]: value for name, value in ctx.params.items() if name not in drop and
+             ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)}
+    return build_argv("train", ctx.command, given)
 
 
 #: the run's log of its ranks under ``--nproc-per-node``: their stderr (torch's, gloo's and NCCL's own
@@ -216,7 +205,7 @@ def _launch(ctx: click.Context, nproc: int, max_restarts: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     log = out / RANKS_LOG
     argv = ["--standalone", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            "--module", "vsekit.cli", "train", *_argv(ctx)]
+            "--module", "vsekit.cli", *_argv(ctx)]
     if DEFAULT_OPTIONS:
         os.environ[RANK_OPTIONS_ENV] = json.dumps(DEFAULT_OPTIONS)
     failed: ChildFailedError | None = None
@@ -337,6 +326,4 @@ def evaluate_cmd(runs, sims, protocols, split, store, features, checkpoint, devi
     click.echo(f"wrote {result['metrics_path']}")
 
 
-def register(group: click.Group) -> None:
-    group.add_command(train_cmd)
-    group.add_command(evaluate_cmd)
+COMMANDS = (train_cmd, evaluate_cmd)

@@ -119,9 +119,12 @@ class Scheduler:
         """The command that cancels ``job``, for messages (``scancel 48``)."""
         return f"{self.cancel} {job}"
 
+    #: ``status``'s flag before a job id in messages (``squeue -j 48``; ``bjobs 48``)
+    queue_flag = "-j "
+
     def queue_hint(self, job: str | None) -> str:
         """The command that shows ``job`` in the queue, for messages (``squeue -j 48``)."""
-        return f"{self.status} -j {job}"
+        return f"{self.status} {self.queue_flag}{job}"
 
     def pending_args(self, ids: list[str]) -> list[str]:
         """``status``'s arguments that list ``ids`` with their state."""

@@ -13,6 +13,7 @@ class HTCondor(Scheduler):
     submit, cancel, status = "condor_submit", "condor_rm", "condor_q"
     keys = {"disk": "HTCondor disk per job (default 1GB)"}
     walltime = False
+    queue_flag = ""
 
     def requests(self, kw, s, cores, gpus, memory) -> None:
         kw["job_extra_directives"] = {"request_gpus": str(gpus)} if gpus else {}
@@ -23,9 +24,6 @@ class HTCondor(Scheduler):
 
     def pending_rows(self, out: str, ids: list[str]) -> list[list[str]]:
         return [[r[0], r[5], self.status] for r in (ln.split() for ln in out.splitlines()) if len(r) > 5 and r[0] in ids]
-
-    def queue_hint(self, job) -> str:
-        return f"{self.status} {job}"
 
 
 SCHEDULER = HTCondor()

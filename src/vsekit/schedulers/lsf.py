@@ -11,6 +11,7 @@ class Lsf(Scheduler):
     name, label, cluster = "lsf", "LSF", "LSFCluster"
     submit, cancel, status = "bsub", "bkill", "bjobs"
     keys = {"project": "Grid Engine / LSF project (-P)"}
+    queue_flag = ""
     state_column = 2   # bjobs -w: JOBID USER STAT QUEUE FROM_HOST EXEC_HOST JOB_NAME SUBMIT_TIME
 
     def seconds(self, walltime: str) -> int | None:
@@ -31,9 +32,6 @@ class Lsf(Scheduler):
 
     def pending_args(self, ids: list[str]) -> list[str]:
         return ["-w", *ids]
-
-    def queue_hint(self, job) -> str:
-        return f"{self.status} {job}"
 
 
 SCHEDULER = Lsf()

@@ -82,10 +82,7 @@ class GridEngine(Scheduler):
             lines.append(f"#$ -l {requests}")
         if pe:
             lines.append(f"#$ -pe {pe}")
-        return lines, "#$"
-
-    def array_job_id(self, stdout: str) -> str:
-        return stdout.strip().split(".")[0]   # qsub -terse for an array: ID.1-N:1
+        return lines, "#$"   # qsub -terse prints an array's id as ID.1-N:1 (the base class's reading)
 
 
 SCHEDULER = GridEngine()

@@ -119,18 +119,15 @@ class FeatureSource:
         """
         if self.reader is not None and self.reader.remote:   # one checked GET per block and array
             raw, counts = self.reader.read_rows(start, stop)
-            if self.packed:
-                raw = unpack(raw, self.n_features)
-            return raw.astype(np.float32, copy=False), None if counts is None else counts.astype(np.int64)
-        if self.reader is not None:
-            self.reader.verify(start, stop)
-        raw = np.asarray(self._data[start:stop])
+        else:
+            if self.reader is not None:
+                self.reader.verify(start, stop)
+            raw, counts = np.asarray(self._data[start:stop]), None if self._count is None else self._count[start:stop]
+            if self.reader is not None:
+                self.reader.check_generation()
         if self.packed:
             raw = unpack(raw, self.n_features)
-        counts = None if self._count is None else np.asarray(self._count[start:stop], dtype=np.int64)
-        if self.reader is not None:
-            self.reader.check_generation()
-        return raw.astype(np.float32, copy=False), counts
+        return raw.astype(np.float32, copy=False), None if counts is None else np.asarray(counts, dtype=np.int64)
 
     def read_into(self, start: int, stop: int, out: np.ndarray, counts_out: np.ndarray | None = None) -> None:
         """Rows ``[start, stop)`` decoded into ``out`` (float32, ``stop - start`` rows), counts into ``counts_out``.

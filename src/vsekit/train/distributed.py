@@ -186,15 +186,12 @@ class Group:
     def failure_message(self, what: str, exc: BaseException) -> str:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         text = text.split(". This is typically")[0][:300]   # gloo's advice (and its emoji) left out
-        dead = self.dead_ranks()
+        # the ranks whose heartbeat in the group's store is missing or older than the heartbeat limit
+        beat = getattr(self, "_heartbeat", None)
+        dead = [] if beat is None else beat.stale()
         who = (f"rank {', '.join(map(str, dead))} died or stopped answering" if dead
                else "another rank died or stopped answering")
         return f"rank {self.rank}: {who} during {what} (collective timeout {self.timeout_s:g} s): {text}"
-
-    def dead_ranks(self) -> list[int]:
-        """Ranks whose heartbeat in the group's store is missing or older than the heartbeat limit."""
-        beat = getattr(self, "_heartbeat", None)
-        return [] if beat is None else beat.stale()
 
     def gather(self, value: Any, sizes: Sequence[int], *, autograd: bool = True) -> Any:
         """Every rank's rows of ``value`` (a tensor or a tuple/list of them, rows on dim 0 and
@@ -258,7 +255,8 @@ class Group:
             return array
         import torch.distributed as dist
 
-        t = torch.from_numpy(np.ascontiguousarray(array)).to(self._device())
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else "cpu"
+        t = torch.from_numpy(np.ascontiguousarray(array)).to(device)
         self.check(what, dist.all_reduce, t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.cpu().numpy()
 
@@ -313,9 +311,6 @@ class Group:
         box = [obj]
         self.check("a broadcast", dist.broadcast_object_list, box, 0)
         return box[0]
-
-    def _device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
     def close(self) -> None:
         beat = getattr(self, "_heartbeat", None)

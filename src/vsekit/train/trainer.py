@@ -588,18 +588,16 @@ def _run(run: Run, group: Group, out: Path, resume: bool, tensorboard, handler, 
             "switched_at": state.get("switched_at"), "model": cfg.model, "ranks": group.world}
 
 
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
+def _write_json(path: Path, doc: Any, lines: bool = False) -> None:
+    """``doc`` as JSON (``lines``: a list as JSON lines), written whole or not at all."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.write_text("".join(json.dumps(x) + "\n" for x in doc) if lines else json.dumps(doc, indent=2))
     tmp.replace(path)
 
 
 def _write_log(out: Path, state: dict[str, Any]) -> None:
     """Rewrite metrics.jsonl from the history (so a resumed run's log equals an uninterrupted one's)."""
-    with open(out / "metrics.jsonl.tmp", "w") as f:
-        for entry in state["history"]:
-            f.write(json.dumps(entry) + "\n")
-    (out / "metrics.jsonl.tmp").replace(out / "metrics.jsonl")
+    _write_json(out / "metrics.jsonl", state["history"], lines=True)
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> None:
