@@ -75,10 +75,18 @@ def decoded_cost(size: tuple[int, int], mode: str) -> int:
     return int(size[0]) * int(size[1]) * WIDE_MODES.get(mode, 1)
 
 
-def load_image(path: str | Path, max_decoded: int | None = None) -> Image.Image:
+def load_image(path: str | Path, max_decoded: int | None = None, data: bytes | None = None) -> Image.Image:
     """Open ``path`` as an 8-bit RGB image, EXIF-rotated; raise ImageError on bad input (and on an
-    image over the decoded pixel budget, :func:`pixel_budgets`)."""
-    return _decode(Path(path), None, None, "shorter", False, max_decoded)[0]
+    image over the decoded pixel budget, :func:`pixel_budgets`). ``path`` may also name an image inside
+    a shard (``shard.tar::key.jpg``, a parquet row; :mod:`vsekit.storage.sources.shards`) or on object
+    storage; ``data``: its bytes, fetched already."""
+    from ..storage.sources import remote
+
+    data = remote.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
+    return _decode(Path(path) if data is None else str(path), None, None, "shorter", False, max_decoded, data=data)[0]
+
+
+load_ref_image = load_image   # the name the report and older callers use for shard references
 
 
 def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode: str, fast_jpeg: bool,
@@ -133,17 +141,6 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(f"cannot decode {path}: {exc}") from None
     return to_rgb(img), full
-
-
-def load_ref_image(path: str | Path, max_decoded: int | None = None, data: bytes | None = None):
-    """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
-    :mod:`vsekit.storage.sources.shards`) or an image on object storage to 8-bit RGB, EXIF-rotated,
-    raising ImageError on bad input (and on an image over the decoded pixel budget), as
-    :func:`load_image`. ``data``: its bytes, fetched already."""
-    from ..storage.sources import remote
-
-    data = remote.image_bytes(str(path)) if data is None else data
-    return _decode(str(path), None, None, "shorter", False, max_decoded, data=data)[0]
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..storage.faults import point
-from .images import ImageError, decode_crops, load_image, load_ref_image, resize
+from .images import ImageError, decode_crops, load_image, resize
 from .plan import Plan
 from .regions import check_boxes
 
@@ -105,7 +105,7 @@ class RowDataset:
 
     def item(self, i: int, fetched: dict | None = None) -> Item:
         """Item ``i``; ``fetched``: images' bytes (or the error fetching them) by path."""
-        row, p = self.rows[i], self.plan
+        row = self.rows[i]
         data = (fetched or {}).get(self.paths[i])
         try:
             if isinstance(data, Exception):
@@ -168,13 +168,9 @@ def decode(path: str, plan: Plan | None = None, data: bytes | None = None):
     (:func:`vsekit.extract.images.decode_crops`); without, or for regions, the 8-bit RGB PIL image.
     The plan's pixel budgets apply; ``data``: the image's bytes, fetched already (object storage).
     Tests wrap it (a decoder that crashes its process)."""
-    from ..storage.sources import remote, shards
-
     decoded_max = plan.setting("max_decoded_pixels") if plan is not None else None
     if plan is None or plan.kind == "regions":
-        if data is None and not shards.is_ref(path) and not remote.is_url(path):
-            return load_image(path, decoded_max)
-        return load_ref_image(path, decoded_max, data)
+        return load_image(path, decoded_max, data)
     return decode_crops(path, plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation,
                         decoder=plan.decoder, max_decoded=decoded_max, max_resized=plan.setting("max_resized_pixels"),
                         data=data)
@@ -211,7 +207,8 @@ class BufferRing:
     an unmap and the freeing of every page of the batch (48 MB per 32 x 10-crop batch: 0.4 ms per
     image, issue 37) and the worker a page fault per page. Reused, each segment is mapped once in
     the driving process (torch keeps the mapping of a storage it is sent again while the storage is
-    alive there: :meth:`Receiver.hold`) and its pages are faulted in once.
+    alive there, and its cache of received storages holds them weakly: :func:`iter_batches` holds the
+    last ones) and its pages are faulted in once.
 
     A DataLoader hands a worker its next batch only when the driving process takes a batch: with
     ``prefetch`` batches per worker in flight, when a worker is handed batch ``j`` the driving
@@ -254,20 +251,6 @@ class BufferRing:
 
 
 _RING: BufferRing | None = None   # this decoding worker's (a DataLoader worker is a fresh process)
-
-
-class Receiver:
-    """The driving process's side of :class:`BufferRing`: holds the last ``n`` batches' storages so
-    that a buffer sent again is found mapped (torch's cache of received storages holds them weakly)."""
-
-    def __init__(self, n: int):
-        from collections import deque
-
-        self.held = deque(maxlen=max(1, int(n)))
-
-    def hold(self, batch) -> None:
-        if getattr(batch, "stamp", None) is not None:
-            self.held.append(batch.crops.untyped_storage())
 
 
 def collate(items: list[Item], ring: int = 0) -> Batch:
@@ -331,6 +314,8 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
             yield collate(many(batches[pos]) if many else [dataset[i] for i in batches[pos]])
             pos += 1
             continue
+        from collections import deque
+
         from torch.utils.data import DataLoader
 
         from ..storage.sources import remote
@@ -341,10 +326,11 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=functools.partial(collate, ring=prefetch + 1), prefetch_factor=prefetch,
                             **workers_of(dataset))
-        receiver = Receiver((prefetch + 1) * workers)
+        held = deque(maxlen=(prefetch + 1) * workers)   # the storages last received: found mapped when sent again
         try:
             for items in loader:
-                receiver.hold(items)
+                if getattr(items, "stamp", None) is not None:
+                    held.append(items.crops.untyped_storage())
                 if items and items[0].reads:
                     remote.STATS.update(items[0].reads)
                 yield items
@@ -354,11 +340,11 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
                 raise
             in_flight = batches[pos:pos + prefetch * workers]
             for b in in_flight:
-                yield _isolated(dataset, b, str(exc))
+                yield _isolated(dataset, b)
                 pos += 1
 
 
-def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]:
+def _isolated(dataset: RowDataset, indices: list[int]) -> list[Item]:
     from torch.utils.data import DataLoader
 
     got: dict[int, Item] = {}
@@ -490,9 +476,8 @@ def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool =
     dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
     says so)."""
     if workers > 0 and threads:
-        yield from decoded_by_threads(dataset, batches, workers, prefetch)
-    else:
-        yield from iter_batches(dataset, batches, workers, pin, prefetch)
+        return decoded_by_threads(dataset, batches, workers, prefetch)
+    return iter_batches(dataset, batches, workers, pin, prefetch)
 
 
 def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int,
