@@ -127,8 +127,7 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
                     else:
                         a = _turbo_jpeg(path if data is None else data, img.mode)
                         if a is not None:
-                            fix = _ORIENT.get(orientation)
-                            return (fix(a) if fix else a), full
+                            return oriented(a, orientation), full
                 img.load()
                 img = ImageOps.exif_transpose(img)
                 if not drafted:
@@ -300,16 +299,19 @@ def _torchvision_io():
     return _TV or None
 
 
-#: EXIF orientation → the numpy view of an HWC array that PIL's ImageOps.exif_transpose gives
-_ORIENT = {
-    2: lambda a: a[:, ::-1],
-    3: lambda a: a[::-1, ::-1],
-    4: lambda a: a[::-1],
-    5: lambda a: a.transpose(1, 0, 2),
-    6: lambda a: np.rot90(a, -1),
-    7: lambda a: a.transpose(1, 0, 2)[::-1, ::-1],
-    8: lambda a: np.rot90(a, 1),
-}
+#: EXIF orientation → (swap the two axes first, then the axes to flip): PIL's ImageOps.exif_transpose
+_ORIENT = {2: (False, (1,)), 3: (False, (0, 1)), 4: (False, (0,)), 5: (True, ()), 6: (True, (1,)),
+           7: (True, (0, 1)), 8: (True, (0,))}
+
+
+def oriented(hwc, orientation: int):
+    """An HWC image (numpy array or tensor, CPU or GPU) oriented as PIL's ``ImageOps.exif_transpose``
+    orients it for EXIF ``orientation`` (a view where numpy makes one)."""
+    swap, flips = _ORIENT.get(orientation, (False, ()))
+    hwc = hwc.swapaxes(0, 1) if swap else hwc
+    if not flips:
+        return hwc
+    return np.flip(hwc, flips) if isinstance(hwc, np.ndarray) else hwc.flip(flips)
 
 
 def _turbo_jpeg(src: "Path | bytes", mode: str) -> np.ndarray | None:
@@ -385,21 +387,22 @@ def torch_resize(hwc, new: tuple[int, int], interpolation: str):
     return out[0].permute(1, 2, 0)
 
 
-def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:
-    """(n_crops, crop, crop, 3) uint8 from an HWC image: the crops of crop_boxes, then their mirrors."""
-    corners = crop_boxes(a.shape[1], a.shape[0], crop, n_crops)
-    out = np.empty((n_crops, crop, crop, 3), dtype=np.uint8)
+def cut(hwc, crop: int, n_crops: int):
+    """(n_crops, crop, crop, 3) uint8 of an HWC image (numpy array, or a tensor on any device, which
+    gives a tensor): the crops of crop_boxes, then their mirrors (torch.flip: numpy copies 3-byte
+    pixels backwards ~10x slower)."""
+    import torch
+
+    with warnings.catch_warnings():   # PIL's arrays are read-only; the crops only read them
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(np.ascontiguousarray(hwc)) if isinstance(hwc, np.ndarray) else hwc
+    corners = crop_boxes(int(t.shape[1]), int(t.shape[0]), crop, n_crops)
+    out = t.new_empty((n_crops, crop, crop, 3))
     for i, (x, y) in enumerate(corners):
-        out[i] = a[y:y + crop, x:x + crop]
-    if n_crops == 10:   # numpy copies 3-byte pixels backwards slowly; torch.flip is ~10x faster
-        try:
-            import torch
-        except ImportError:
-            out[5:] = out[:5, :, ::-1]
-        else:
-            t = torch.from_numpy(out)
-            t[5:] = torch.flip(t[:5], dims=(2,))
-    return out
+        out[i] = t[y:y + crop, x:x + crop]
+    if n_crops == 10:
+        out[5:] = torch.flip(out[:5], dims=(2,))
+    return out.numpy() if isinstance(hwc, np.ndarray) else out
 
 
 def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
@@ -409,7 +412,7 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
     if n_crops not in CROP_CHOICES:
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     check_decoder(decoder)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, max_resized=max_resized),
+    return cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, max_resized=max_resized),
                 crop, n_crops)
 
 
@@ -432,4 +435,4 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     data = remote.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
     img, full = _decode(Path(path) if data is None else str(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
+    return cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
