@@ -385,25 +385,13 @@ def workers_of(dataset) -> dict:
     process that used it: a forked worker's first request hangs), which is given this process's
     environment (the credentials obstore reads there; the options travel on the dataset)."""
     if getattr(dataset, "options", None) is None:
-        return {"worker_init_fn": die_with(os.getpid())}
+        return {"worker_init_fn": functools.partial(_die_with_parent, os.getpid(), None)}
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    return {"worker_init_fn": die_with(os.getpid(), dict(os.environ)), "multiprocessing_context": ctx}
-
-
-def die_with(parent: int, env: dict | None = None):
-    """The ``worker_init_fn`` that makes a decoding worker end when process ``parent`` ends (and,
-    with ``env``, gives it that environment).
-
-    However the main process ends (SIGTERM, ``kill -9``, OOM killer), its decoding workers must not
-    live on: one blocked writing to a full result pipe never reaches torch's own parent check. On
-    Linux the kernel sends the worker SIGKILL when its parent dies (``PR_SET_PDEATHSIG``; a fork
-    server's child: when the server dies, which it does when ``parent`` does); as a fallback
-    everywhere, a daemon thread in the worker exits it once ``parent`` is gone.
-    """
-    return functools.partial(_die_with_parent, parent, env)
+    return {"worker_init_fn": functools.partial(_die_with_parent, os.getpid(), dict(os.environ)),
+            "multiprocessing_context": ctx}
 
 
 def _gone(parent: int) -> bool:
@@ -419,6 +407,12 @@ def _gone(parent: int) -> bool:
 
 
 def _die_with_parent(parent: int, env: dict | None = None, worker_id: int = 0) -> None:
+    """A decoding worker's ``worker_init_fn``: end it when process ``parent`` ends (and, with ``env``,
+    give it that environment). However the main process ends (SIGTERM, ``kill -9``, OOM killer), its
+    decoding workers must not live on: one blocked writing to a full result pipe never reaches torch's
+    own parent check. On Linux the kernel sends the worker SIGKILL when its parent dies
+    (``PR_SET_PDEATHSIG``; a fork server's child: when the server dies, which it does when ``parent``
+    does); as a fallback everywhere, a daemon thread in the worker exits it once ``parent`` is gone."""
     if env is not None:
         os.environ.clear()
         os.environ.update(env)

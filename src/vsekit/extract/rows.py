@@ -82,12 +82,17 @@ def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray |
 
 def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict: bool) -> None:
     """Features of one batch of items into the block buffer (failed items get their reason)."""
-    bad = [it for it in items if it.error is not None]
-    if strict and bad:
-        raise StoreError(f"row {bad[0].row}: {bad[0].error} (--strict stops at the first bad image)")
     ok = [it for it in items if it.error is None]
-    for it in bad:
-        buf.put(it.row, None, it.error)
+    failed, x = [(it, it.error) for it in items if it.error is not None], None
+    if any(it.encoded is not None for it in ok):   # --decoder nvjpeg: the JPEGs decoded here, batched
+        from .gpu_decode import batch_crops
+
+        x, ok, more = batch_crops(items, ok, plan, extractor.device)
+        failed += more
+    for it, why in failed:
+        if strict:
+            raise StoreError(f"row {it.row}: {why} (--strict stops at the first bad image)")
+        buf.put(it.row, None, why)
     if not ok:
         return
     if plan.detector == "butd-r101":  # original-size images, one at a time (butd.ButdExtractor)
@@ -96,30 +101,15 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
                 it.crops = crops.numpy()
         extractor.put_items(ok, buf)
         return _check_intact(items)   # the buffer is dropped unwritten if not
-    if any(it.encoded is not None for it in ok):   # --decoder nvjpeg: the JPEGs decoded here, batched
-        from .gpu_decode import batch_crops
-
-        x, ok, failed = batch_crops(items, ok, plan, extractor.device)
-        for it, why in failed:
-            if strict:
-                raise StoreError(f"row {it.row}: {why} (--strict stops at the first bad image)")
-            buf.put(it.row, None, why)
-        if x is None:
-            return
-    else:
-        x = stack(items)   # the ok items' crops (collated where they were decoded)
+    x = stack(items) if x is None else x   # the ok items' crops (collated where they were decoded)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
         feats = extractor.regions(x, boxes)
-        _check_intact(items)
-        for it, f, bx in zip(ok, feats, boxes):
-            sx, sy = it.scale
-            buf.put(it.row, f, boxes=bx / np.array([sx, sy, sx, sy], dtype=np.float32))
-        return
-    feats = extractor.features(x)
+    else:
+        feats, boxes = extractor.features(x), [None] * len(ok)
     _check_intact(items)
-    for it, f in zip(ok, feats):
-        buf.put(it.row, f)
+    for it, f, bx in zip(ok, feats, boxes):   # boxes back in original pixels
+        buf.put(it.row, f, boxes=None if bx is None else bx / np.array([*it.scale, *it.scale], dtype=np.float32))
 
 
 def _check_intact(items) -> None:
