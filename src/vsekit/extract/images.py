@@ -6,29 +6,14 @@ scaled to 8 bits, CMYK and palette converted, alpha composited over white. Crops
 ``resize``, or ``resize``×``resize`` in square mode as in the FNE paper's 256×256), then the centre
 crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
 
-Decoders (``DECODERS``; the decoding workers call :func:`decode_crops`, which returns the crops NHWC
-so that no transpose is paid on the host). Every one but ``turbo`` decodes the whole image:
-
-- ``"pil"`` (sets made before issue 37, whose settings record no decoder): PIL's pixels, bit for
-  bit. A baseline JPEG in RGB or L mode is decoded by libjpeg-turbo through
-  ``torchvision.io.decode_jpeg`` (the library PIL uses, the same integer IDCT and upsampling:
-  identical pixels, ~30% less CPU); any other file, and any JPEG that ``decode_jpeg`` refuses, is
-  decoded by PIL as before, so every error message is PIL's. The resize is PIL's (``T.Resize`` on a
-  PIL image).
-- ``"torchvision"`` (the default of a new set, :data:`DEFAULT_DECODER`, issue 47): the same full-size
-  decode, then torch's uint8 antialiased resize (what ``transforms.v2`` does on decoded tensors;
-  3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels). Its features are within
-  1e-3 relative of ``pil``'s (``tests/test_extract_reference.py``).
-- ``"turbo"`` (the default of new sets from issue 37 to 47; now an option): ``torchvision`` plus
-  libjpeg's DCT scaling (``Image.draft``: decoding at 1/2, 1/4, 1/8) for a JPEG at least twice the
-  resize in both sides, which averages DCT blocks instead of filtering the full image: up to ~8e-2
-  relative on the features of such a JPEG (docs/extract.md).
-- ``"nvjpeg"``: RGB and grayscale JPEGs decoded on the GPU in batches by the driving process
-  (:mod:`vsekit.extract.gpu_decode`); here, every other file as ``torchvision``.
-
-A decoder other than ``pil`` changes pixels, so it is part of a feature set's settings
-(:func:`hash_settings`). Without torchvision's ``decode_jpeg`` (no torchvision, or its compiled ops
-do not load) JPEGs are decoded with PIL: the same pixels, more CPU; the set's ``decoding`` attrs say so.
+Decoders (``DECODERS``: ``pil``, ``torchvision``, the default, ``turbo``, ``nvjpeg``): what each decodes
+and resizes with, and how far their features are from ``pil``'s, is docs/extract.md, "Decoders". The
+decoding workers call :func:`decode_crops`, which returns the crops NHWC so that no transpose is paid on
+the host. A baseline RGB or L JPEG is decoded by libjpeg-turbo through ``torchvision.io.decode_jpeg``
+(the library PIL uses: PIL's pixels, ~30% less CPU); any other file, and any JPEG it refuses, by PIL, so
+every error message is PIL's; without a loadable ``decode_jpeg``, by PIL (the same pixels, more CPU; the
+set's ``decoding`` attrs say so). A decoder other than ``pil`` changes pixels, so it is part of a
+feature set's settings (:func:`hash_settings`).
 """
 
 from __future__ import annotations

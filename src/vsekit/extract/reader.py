@@ -456,13 +456,6 @@ def survive_worker_death(fn, *args, attempts: int = 4):
                 raise
 
 
-def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
-    """Dataset indices [first, first+n) cut into batches of ``batch_size`` (the same everywhere,
-    so a block's forward passes, hence its bits, do not depend on where it runs)."""
-    return [list(range(s, min(s + batch_size, first_index + n)))
-            for s in range(first_index, first_index + n, batch_size)]
-
-
 def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False,
             prefetch: int = 2, threads: bool = False) -> Iterator[list[Item]]:
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their

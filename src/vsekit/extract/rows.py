@@ -19,7 +19,7 @@ from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .job import Job
 from .plan import Plan
 from .site import Resolved, resolve
-from .reader import Item, RowDataset, block_batches, decoded, stack, survive_worker_death
+from .reader import Item, RowDataset, decoded, stack, survive_worker_death
 from .writer import BlockBuffer
 
 
@@ -146,7 +146,7 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
     if not blocks:
         return
     resolved = resolved or resolve(job.run, job.site)
-    run = resolved.run
+    run, progress = resolved.run, progress or (lambda event, images: None)
     store = store if store is not None else FeatureStore.open(job.store, mode="r+")
     extractor = extractor if extractor is not None else extractor_for(job, resolved)
     plan, size = job.plan, run.batch_size
@@ -155,7 +155,9 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
     owner: list[int] = []
     first = 0
     for k, b in enumerate(blocks):
-        cut = block_batches(first, len(b), size)
+        # the block cut into batches of the run's size, the same everywhere: its forward passes, hence its
+        # bits, do not depend on where it runs
+        cut = [list(range(s, min(s + size, first + len(b)))) for s in range(first, first + len(b), size)]
         if span is not None:
             lo, hi = span[0] - b.start + first, span[1] - b.start + first
             cut = [kept for kept in ([i for i in c if lo <= i < hi] for c in cut) if kept]
@@ -170,11 +172,9 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])
-        if progress is not None:
-            progress("decoded", len(items))
+        progress("decoded", len(items))
         survive_worker_death(run_items, extractor, plan, items, current, run.strict)
-        if progress is not None:
-            progress("done", len(items))
+        progress("done", len(items))
         current.decoders.update(it.decoder for it in items)
         if last[k] == i:
             yield current
