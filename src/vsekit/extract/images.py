@@ -251,14 +251,13 @@ def decoder_attrs(name: str) -> dict:
 
     tv = _torchvision_io()
     cpu = "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; other files: PIL"
-    attrs = {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
-             "decode": ("JPEG (RGB/L): nvjpeg via torchvision.io.decode_jpeg(device='cuda'), batched; "
-                        "other files: as torchvision") if name == "nvjpeg" else cpu if tv is not None else
-                       "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
-             "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
-                       "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
-             "torchvision": getattr(tv, "__version__", None) if tv is not None else None}
-    return attrs
+    return {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
+            "decode": ("JPEG (RGB/L): nvjpeg via torchvision.io.decode_jpeg(device='cuda'), batched; "
+                       "other files: as torchvision") if name == "nvjpeg" else cpu if tv is not None else
+                      "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
+            "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
+                      "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
+            "torchvision": getattr(tv, "__version__", None) if tv is not None else None}
 
 
 def hash_settings(name: str) -> dict:
@@ -394,8 +393,6 @@ def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str =
                 interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                 max_resized: int | None = None) -> np.ndarray:
     """uint8 (n_crops, crop, crop, 3) of a decoded RGB image (PIL image or HWC uint8 array)."""
-    if n_crops not in CROP_CHOICES:
-        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     check_decoder(decoder)
     return cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, max_resized=max_resized),
                 crop, n_crops)

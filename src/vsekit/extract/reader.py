@@ -308,18 +308,17 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
     that process too is reported failed and the run goes on.
     """
     pos, batches = 0, [list(b) for b in batches]
+    if workers <= 0:
+        many = getattr(dataset, "__getitems__", None)
+        yield from (collate(many(b) if many else [dataset[i] for i in b]) for b in batches)
+        return
+    from collections import deque
+
+    from torch.utils.data import DataLoader
+
+    from ..storage.sources import remote
+
     while pos < len(batches):
-        if workers <= 0:
-            many = getattr(dataset, "__getitems__", None)
-            yield collate(many(batches[pos]) if many else [dataset[i] for i in batches[pos]])
-            pos += 1
-            continue
-        from collections import deque
-
-        from torch.utils.data import DataLoader
-
-        from ..storage.sources import remote
-
         if getattr(dataset, "options", None) is not None:
             dataset.batches, dataset._at = batches[pos:], None   # so that each worker fetches its next batch ahead
         # each worker's batches in a ring of prefetch + 1 shared buffers (BufferRing), held mapped here
