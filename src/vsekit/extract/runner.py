@@ -240,11 +240,10 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
     """Record where the blocks ran; a cluster run that could have used a GPU but ran (partly) on CPU
     says so in one line, and the set records that line. (How they were decoded is the result's
     ``decoding``: it describes a run, not the set, so it stays out of the attrs.)"""
-    attrs: dict[str, Any] = {}
     notes = sorted(info.get("notes", ()))
     for line in notes:   # what the tasks could not apply as asked (extract/site.py): said and kept
         print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
-    attrs["execution_notes"] = notes
+    attrs: dict[str, Any] = {"execution_notes": notes}
     devices = sorted(info.get("devices", ()))
     if devices:
         attrs["device"] = ",".join(devices)
