@@ -240,17 +240,18 @@ def load_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def read_state(path: str | Path, flag: str = "--weights") -> dict:
+def read_state(path: str | Path, flag: str = "--weights",
+               refused: str = "cannot load it as a PyTorch checkpoint") -> dict:
     """The state dict in the checkpoint at ``path``, read with ``torch.load(weights_only=True)`` (under
     ``state_dict``, ``model`` or ``model_state_dict`` if it is there, ``module.`` prefixes dropped); a
-    ValueError naming ``flag`` and the file where it is not one."""
+    ValueError naming ``flag`` and the file where it is not one (``refused``: what it says first)."""
     import torch
 
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"{flag} {path}: cannot read it as a torch checkpoint with weights_only=True "
-                         f"({load_failure(exc)}); save the model's state_dict (tensors only)") from None
+        raise ValueError(f"{flag} {path}: {refused} with weights_only=True ({load_failure(exc)}); save the "
+                         f"model's state_dict (tensors only)") from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
             state = state[key]

@@ -75,7 +75,7 @@ def load_checkpoint(model, path: str | Path) -> None:
     from .backbones import read_state
 
     state = {}
-    for k, v in read_state(path, "--detector-weights").items():
+    for k, v in read_state(path, "--detector-weights", "cannot read it as a torch checkpoint").items():
         if k.endswith("num_batches_tracked") or k in IGNORED_KEYS or not torch.is_tensor(v):
             continue
         if k == ANCHOR_KEY:

@@ -105,7 +105,7 @@ def build_detector(plan, device):
 def _load_frcnn(model, path: str) -> None:
     from .backbones import load_failure, read_state
 
-    state = read_state(path, "--detector-weights")
+    state = read_state(path, "--detector-weights", "not a state dict of torchvision's fasterrcnn_resnet50_fpn")
     try:
         model.load_state_dict(state, strict=True)
     except Exception as exc:
