@@ -68,10 +68,16 @@ def preprocess(rgb, target: int = TARGET_SIZE, max_size: int = MAX_SIZE):
 
 
 def load_checkpoint(model, path: str | Path) -> None:
-    """Load the converted Caffe checkpoint at ``path`` into ``model``; what is accepted and what is
-    refused, naming the key (a partial load would give silently wrong features): docs/extract.md,
-    "Region features (BUTD)". A ``cls_embed`` with 1,602 rows (MILVLG builds ``Embedding(num_classes +
-    1)``) keeps its first 1,601, the only rows an argmax over 1,601 classes can index."""
+    """Load the converted Caffe checkpoint at ``path`` into ``model`` (``torch.load(weights_only=True)``).
+
+    Accepts a plain state dict or one under ``"model"`` / ``"state_dict"``, ``module.`` prefixes,
+    and ignores ``num_batches_tracked`` and detectron2's ``pixel_mean``/``pixel_std`` buffers. The
+    cell-anchor buffer of files saved by detectron2 <= 0.2 is compared with the computed anchors
+    (:func:`check_anchor_buffer`, a ValueError if they differ) and dropped. A
+    ``cls_embed`` with 1,602 rows (MILVLG builds ``Embedding(num_classes + 1)``) keeps its first
+    1,601, the only rows an argmax over 1,601 classes can index. Any other missing, unknown or
+    mis-shaped key is a ValueError naming it: a partial load would give silently wrong features.
+    """
     from .backbones import read_state
 
     state = {}
