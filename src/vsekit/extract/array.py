@@ -97,14 +97,6 @@ def job_script(spec_file: "Path | str", name: str, tasks: int, settings: dict, d
     return "\n".join(lines) + "\n"
 
 
-def task_args(store: FeatureStore, name: str, spec_file: Path | None) -> str:
-    """What the job script gives ``python -m vsekit.extract.array``: the spec file on a disk; on
-    object storage the store's URL (without credentials) and the set's name (the spec is an object)."""
-    if not store.remote:
-        return str(spec_file)
-    return f"{shlex.quote(store.path)} {shlex.quote(name)}"
-
-
 #: how an array on object storage gets this command's ``--storage-option`` values: in the environment
 #: of the sbatch / qsub process only (the scheduler passes it to the tasks: sbatch's default
 #: ``--export=ALL``, Grid Engine's ``-V``), never in the spec object, the job script, a log or the store;
@@ -163,8 +155,10 @@ def submit(store: FeatureStore, fs: FeatureSet, job, cluster, fresh: bool) -> Ar
     spec_file = adir / "spec.json"
     script = adir / f"job-{time.strftime('%Y%m%d-%H%M%S')}.sh"
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(job_script(task_args(store, fs.name, spec_file), fs.name, tasks, settings, device, log_dir,
-                                 scheduler))
+    # the task's arguments: the spec file on a disk; on object storage the store's URL (without
+    # credentials) and the set's name (the spec is an object)
+    args = f"{shlex.quote(store.path)} {shlex.quote(fs.name)}" if store.remote else str(spec_file)
+    script.write_text(job_script(args, fs.name, tasks, settings, device, log_dir, scheduler))
     where.write_spec(spec)
     hand = {IMAGE_OPTIONS_ENV: json.dumps(job.image_options)} if job.image_options else {}
     if job.storage_options:   # object storage, for the sbatch / qsub process only: see OPTIONS_ENV
@@ -299,17 +293,17 @@ def _merging(fs: FeatureSet, tries: int = 1):
     """The merge lease of ``fs``'s array (one task at a time writes the set's attrs): yields True
     while held, False when ``tries`` claims 0.1 s apart did not get it."""
     guard = arrays.place(fs.store, fs.name).merge_leases()
-    for k in range(tries):
-        lease = guard.claim(0)
+    lease = guard.claim(0)
+    for _ in range(tries - 1):
         if lease is not None:
-            try:
-                yield True
-            finally:
-                guard.release(lease)
-            return
-        if k + 1 < tries:
-            time.sleep(0.1)
-    yield False
+            break
+        time.sleep(0.1)
+        lease = guard.claim(0)
+    try:
+        yield lease is not None
+    finally:
+        if lease is not None:
+            guard.release(lease)
 
 
 def merge_errors(fs: FeatureSet) -> int:

@@ -240,20 +240,28 @@ def load_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def load_checkpoint(model, path: str | Path) -> None:
+def read_state(path: str | Path, flag: str = "--weights",
+               refused: str = "cannot load it as a PyTorch checkpoint") -> dict:
+    """The state dict in the checkpoint at ``path``, read with ``torch.load(weights_only=True)`` (under
+    ``state_dict``, ``model`` or ``model_state_dict`` if it is there, ``module.`` prefixes dropped); a
+    ValueError naming ``flag`` and the file where it is not one (``refused``: what it says first)."""
     import torch
 
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ValueError(f"--weights {path}: cannot load it as a PyTorch checkpoint with weights_only=True "
-                         f"({load_failure(exc)}); save the model's state_dict (tensors only)") from None
+        raise ValueError(f"{flag} {path}: {refused} with weights_only=True ({load_failure(exc)}); save the "
+                         f"model's state_dict (tensors only)") from None
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, dict) and key in state and isinstance(state[key], dict):
             state = state[key]
     if not isinstance(state, dict):
-        raise ValueError(f"--weights {path}: expected a state dict, got {type(state).__name__}")
-    state = {k.removeprefix("module."): v for k, v in state.items()}
+        raise ValueError(f"{flag} {path}: expected a state dict, got {type(state).__name__}")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def load_checkpoint(model, path: str | Path) -> None:
+    state = read_state(path)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

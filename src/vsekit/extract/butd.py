@@ -78,20 +78,10 @@ def load_checkpoint(model, path: str | Path) -> None:
     1,601, the only rows an argmax over 1,601 classes can index. Any other missing, unknown or
     mis-shaped key is a ValueError naming it: a partial load would give silently wrong features.
     """
-    path = Path(path)
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise ValueError(f"--detector-weights {path}: cannot read it as a torch checkpoint "
-                         f"({type(exc).__name__}: {exc})") from None
-    for key in ("model", "state_dict"):
-        if isinstance(raw, dict) and isinstance(raw.get(key), dict):
-            raw = raw[key]
-    if not isinstance(raw, dict):
-        raise ValueError(f"--detector-weights {path}: not a state dict (got {type(raw).__name__})")
+    from .backbones import read_state
+
     state = {}
-    for k, v in raw.items():
-        k = k[len("module."):] if k.startswith("module.") else k
+    for k, v in read_state(path, "--detector-weights", "cannot read it as a torch checkpoint").items():
         if k.endswith("num_batches_tracked") or k in IGNORED_KEYS or not torch.is_tensor(v):
             continue
         if k == ANCHOR_KEY:

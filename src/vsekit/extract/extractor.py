@@ -117,10 +117,8 @@ class Extractor:
         with torch.inference_mode():
             pooled = roi_align(fmap, rois, output_size=7, spatial_scale=scale, sampling_ratio=2,
                                aligned=True).mean(dim=(2, 3))
-        i = 0
-        for j, r in enumerate(rois):
-            out[j, :len(r)] = pooled[i:i + len(r)].cpu().numpy()
-            i += len(r)
+        for j, p in enumerate(pooled.cpu().split([len(r) for r in rois])):
+            out[j, :len(p)] = p.numpy()
         return out
 
     def detect(self, image) -> list[np.ndarray]:

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .images import ImageError, TORCH_RESIZE, budgeted_size, crop_boxes, decode_crops, decoded_cost, pixel_budgets
+from .images import (ImageError, TORCH_RESIZE, budgeted_size, cut, decode_crops, decoded_cost, oriented,
+                     pixel_budgets)
 
 #: nvjpeg's features against the CPU decoders', relative per image (what gpu_check verifies on a GPU)
 TOLERANCE = 1e-2
@@ -74,15 +75,6 @@ def encoded(path: str, plan, data: bytes | None = None) -> Encoded | None:
     return Encoded(str(path), np.frombuffer(data, dtype=np.uint8), orientation, size)
 
 
-def _oriented(chw, orientation: int):
-    """A CHW tensor with its EXIF orientation applied (as PIL's ``ImageOps.exif_transpose``)."""
-    ops = {2: lambda t: t.flip(2), 3: lambda t: t.flip(1).flip(2), 4: lambda t: t.flip(1),
-           5: lambda t: t.transpose(1, 2), 6: lambda t: t.transpose(1, 2).flip(2),
-           7: lambda t: t.transpose(1, 2).flip(1).flip(2), 8: lambda t: t.transpose(1, 2).flip(1)}
-    fix = ops.get(orientation)
-    return fix(chw) if fix else chw
-
-
 def _resized(hwc, new: tuple[int, int], interpolation: str):
     """torch's antialiased uint8 resize on the tensor's device; where that device has no uint8 kernel,
     in float32, rounded (at most one level from the uint8 kernel's rounding)."""
@@ -99,15 +91,6 @@ def _resized(hwc, new: tuple[int, int], interpolation: str):
         out = torch.nn.functional.interpolate(t, size=(new[1], new[0]), mode=TORCH_RESIZE[interpolation],
                                               antialias=True, align_corners=False)
         return out.round_().clamp_(0, 255).to(torch.uint8)[0].permute(1, 2, 0)
-
-
-def _cut(hwc, crop: int, n_crops: int):
-    """(n_crops, crop, crop, 3) of an HWC tensor: the crops of ``crop_boxes``, then their mirrors."""
-    import torch
-
-    corners = crop_boxes(int(hwc.shape[1]), int(hwc.shape[0]), crop, n_crops)
-    out = torch.stack([hwc[y:y + crop, x:x + crop] for x, y in corners])
-    return torch.cat([out, out.flip(2)]) if n_crops == 10 else out
 
 
 def _decode_all(items: list, device) -> list:
@@ -153,9 +136,9 @@ def batch_crops(items, ok: list, plan, device):
                                      plan.setting("max_resized_pixels"), data=it.encoded.data.tobytes())
                 crops.append(torch.from_numpy(again).to(device))
             else:
-                hwc = _oriented(decoded[id(it)], it.encoded.orientation).permute(1, 2, 0)
+                hwc = oriented(decoded[id(it)].permute(1, 2, 0), it.encoded.orientation)
                 new = budgeted_size(*it.encoded.size, plan.resize, plan.resize_mode, plan.setting("max_resized_pixels"))
-                crops.append(_cut(_resized(hwc, new, plan.interpolation), plan.crop_size, plan.crops))
+                crops.append(cut(_resized(hwc, new, plan.interpolation), plan.crop_size, plan.crops))
             kept.append(it)
         except (ImageError, ValueError) as exc:
             failed.append((it, str(exc)))

@@ -6,29 +6,14 @@ scaled to 8 bits, CMYK and palette converted, alpha composited over white. Crops
 ``resize``, or ``resize``×``resize`` in square mode as in the FNE paper's 256×256), then the centre
 crop, or the 4 corners + centre, or those 5 and their horizontal mirrors.
 
-Decoders (``DECODERS``; the decoding workers call :func:`decode_crops`, which returns the crops NHWC
-so that no transpose is paid on the host). Every one but ``turbo`` decodes the whole image:
-
-- ``"pil"`` (sets made before issue 37, whose settings record no decoder): PIL's pixels, bit for
-  bit. A baseline JPEG in RGB or L mode is decoded by libjpeg-turbo through
-  ``torchvision.io.decode_jpeg`` (the library PIL uses, the same integer IDCT and upsampling:
-  identical pixels, ~30% less CPU); any other file, and any JPEG that ``decode_jpeg`` refuses, is
-  decoded by PIL as before, so every error message is PIL's. The resize is PIL's (``T.Resize`` on a
-  PIL image).
-- ``"torchvision"`` (the default of a new set, :data:`DEFAULT_DECODER`, issue 47): the same full-size
-  decode, then torch's uint8 antialiased resize (what ``transforms.v2`` does on decoded tensors;
-  3–4x cheaper than PIL's, within 1 level of it on about 1% of the pixels). Its features are within
-  1e-3 relative of ``pil``'s (``tests/test_extract_reference.py``).
-- ``"turbo"`` (the default of new sets from issue 37 to 47; now an option): ``torchvision`` plus
-  libjpeg's DCT scaling (``Image.draft``: decoding at 1/2, 1/4, 1/8) for a JPEG at least twice the
-  resize in both sides, which averages DCT blocks instead of filtering the full image: up to ~8e-2
-  relative on the features of such a JPEG (docs/extract.md).
-- ``"nvjpeg"``: RGB and grayscale JPEGs decoded on the GPU in batches by the driving process
-  (:mod:`vsekit.extract.gpu_decode`); here, every other file as ``torchvision``.
-
-A decoder other than ``pil`` changes pixels, so it is part of a feature set's settings
-(:func:`hash_settings`). Without torchvision's ``decode_jpeg`` (no torchvision, or its compiled ops
-do not load) JPEGs are decoded with PIL: the same pixels, more CPU; the set's ``decoding`` attrs say so.
+Decoders (``DECODERS``: ``pil``, ``torchvision``, the default, ``turbo``, ``nvjpeg``): what each decodes
+and resizes with, and how far their features are from ``pil``'s, is docs/extract.md, "Decoders". The
+decoding workers call :func:`decode_crops`, which returns the crops NHWC so that no transpose is paid on
+the host. A baseline RGB or L JPEG is decoded by libjpeg-turbo through ``torchvision.io.decode_jpeg``
+(the library PIL uses: PIL's pixels, ~30% less CPU); any other file, and any JPEG it refuses, by PIL, so
+every error message is PIL's; without a loadable ``decode_jpeg``, by PIL (the same pixels, more CPU; the
+set's ``decoding`` attrs say so). A decoder other than ``pil`` changes pixels, so it is part of a
+feature set's settings (:func:`hash_settings`).
 """
 
 from __future__ import annotations
@@ -75,10 +60,18 @@ def decoded_cost(size: tuple[int, int], mode: str) -> int:
     return int(size[0]) * int(size[1]) * WIDE_MODES.get(mode, 1)
 
 
-def load_image(path: str | Path, max_decoded: int | None = None) -> Image.Image:
+def load_image(path: str | Path, max_decoded: int | None = None, data: bytes | None = None) -> Image.Image:
     """Open ``path`` as an 8-bit RGB image, EXIF-rotated; raise ImageError on bad input (and on an
-    image over the decoded pixel budget, :func:`pixel_budgets`)."""
-    return _decode(Path(path), None, None, "shorter", False, max_decoded)[0]
+    image over the decoded pixel budget, :func:`pixel_budgets`). ``path`` may also name an image inside
+    a shard (``shard.tar::key.jpg``, a parquet row; :mod:`vsekit.storage.sources.shards`) or on object
+    storage; ``data``: its bytes, fetched already."""
+    from ..storage.sources import remote
+
+    data = remote.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
+    return _decode(Path(path) if data is None else str(path), None, None, "shorter", False, max_decoded, data=data)[0]
+
+
+load_ref_image = load_image   # the name the report and older callers use for shard references
 
 
 def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode: str, fast_jpeg: bool,
@@ -119,8 +112,7 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
                     else:
                         a = _turbo_jpeg(path if data is None else data, img.mode)
                         if a is not None:
-                            fix = _ORIENT.get(orientation)
-                            return (fix(a) if fix else a), full
+                            return oriented(a, orientation), full
                 img.load()
                 img = ImageOps.exif_transpose(img)
                 if not drafted:
@@ -133,17 +125,6 @@ def _decode(path: Path, decoder: str | None, resize_to: int | None, resize_mode:
     except (OSError, SyntaxError, ValueError) as exc:
         raise ImageError(f"cannot decode {path}: {exc}") from None
     return to_rgb(img), full
-
-
-def load_ref_image(path: str | Path, max_decoded: int | None = None, data: bytes | None = None):
-    """Decode the image a shard reference points at (``shard.tar::key.jpg``, a parquet row;
-    :mod:`vsekit.storage.sources.shards`) or an image on object storage to 8-bit RGB, EXIF-rotated,
-    raising ImageError on bad input (and on an image over the decoded pixel budget), as
-    :func:`load_image`. ``data``: its bytes, fetched already."""
-    from ..storage.sources import remote
-
-    data = remote.image_bytes(str(path)) if data is None else data
-    return _decode(str(path), None, None, "shorter", False, max_decoded, data=data)[0]
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -270,14 +251,13 @@ def decoder_attrs(name: str) -> dict:
 
     tv = _torchvision_io()
     cpu = "JPEG (RGB/L): libjpeg-turbo via torchvision.io.decode_jpeg, bit-equal to PIL's; other files: PIL"
-    attrs = {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
-             "decode": ("JPEG (RGB/L): nvjpeg via torchvision.io.decode_jpeg(device='cuda'), batched; "
-                        "other files: as torchvision") if name == "nvjpeg" else cpu if tv is not None else
-                       "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
-             "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
-                       "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
-             "torchvision": getattr(tv, "__version__", None) if tv is not None else None}
-    return attrs
+    return {"decoder": name, "pillow": PIL.__version__, "draft": name == "turbo",
+            "decode": ("JPEG (RGB/L): nvjpeg via torchvision.io.decode_jpeg(device='cuda'), batched; "
+                       "other files: as torchvision") if name == "nvjpeg" else cpu if tv is not None else
+                      "PIL (torchvision.io.decode_jpeg does not load here; the same pixels, more CPU)",
+            "resize": "PIL (as T.Resize on a PIL image)" if name == "pil" else
+                      "torch uint8 antialiased interpolate (bilinear/bicubic; nearest/lanczos: PIL)",
+            "torchvision": getattr(tv, "__version__", None) if tv is not None else None}
 
 
 def hash_settings(name: str) -> dict:
@@ -303,16 +283,19 @@ def _torchvision_io():
     return _TV or None
 
 
-#: EXIF orientation → the numpy view of an HWC array that PIL's ImageOps.exif_transpose gives
-_ORIENT = {
-    2: lambda a: a[:, ::-1],
-    3: lambda a: a[::-1, ::-1],
-    4: lambda a: a[::-1],
-    5: lambda a: a.transpose(1, 0, 2),
-    6: lambda a: np.rot90(a, -1),
-    7: lambda a: a.transpose(1, 0, 2)[::-1, ::-1],
-    8: lambda a: np.rot90(a, 1),
-}
+#: EXIF orientation → (swap the two axes first, then the axes to flip): PIL's ImageOps.exif_transpose
+_ORIENT = {2: (False, (1,)), 3: (False, (0, 1)), 4: (False, (0,)), 5: (True, ()), 6: (True, (1,)),
+           7: (True, (0, 1)), 8: (True, (0,))}
+
+
+def oriented(hwc, orientation: int):
+    """An HWC image (numpy array or tensor, CPU or GPU) oriented as PIL's ``ImageOps.exif_transpose``
+    orients it for EXIF ``orientation`` (a view where numpy makes one)."""
+    swap, flips = _ORIENT.get(orientation, (False, ()))
+    hwc = hwc.swapaxes(0, 1) if swap else hwc
+    if not flips:
+        return hwc
+    return np.flip(hwc, flips) if isinstance(hwc, np.ndarray) else hwc.flip(flips)
 
 
 def _turbo_jpeg(src: "Path | bytes", mode: str) -> np.ndarray | None:
@@ -388,31 +371,30 @@ def torch_resize(hwc, new: tuple[int, int], interpolation: str):
     return out[0].permute(1, 2, 0)
 
 
-def _cut(a: np.ndarray, crop: int, n_crops: int) -> np.ndarray:
-    """(n_crops, crop, crop, 3) uint8 from an HWC image: the crops of crop_boxes, then their mirrors."""
-    corners = crop_boxes(a.shape[1], a.shape[0], crop, n_crops)
-    out = np.empty((n_crops, crop, crop, 3), dtype=np.uint8)
+def cut(hwc, crop: int, n_crops: int):
+    """(n_crops, crop, crop, 3) uint8 of an HWC image (numpy array, or a tensor on any device, which
+    gives a tensor): the crops of crop_boxes, then their mirrors (torch.flip: numpy copies 3-byte
+    pixels backwards ~10x slower)."""
+    import torch
+
+    with warnings.catch_warnings():   # PIL's arrays are read-only; the crops only read them
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(np.ascontiguousarray(hwc)) if isinstance(hwc, np.ndarray) else hwc
+    corners = crop_boxes(int(t.shape[1]), int(t.shape[0]), crop, n_crops)
+    out = t.new_empty((n_crops, crop, crop, 3))
     for i, (x, y) in enumerate(corners):
-        out[i] = a[y:y + crop, x:x + crop]
-    if n_crops == 10:   # numpy copies 3-byte pixels backwards slowly; torch.flip is ~10x faster
-        try:
-            import torch
-        except ImportError:
-            out[5:] = out[:5, :, ::-1]
-        else:
-            t = torch.from_numpy(out)
-            t[5:] = torch.flip(t[:5], dims=(2,))
-    return out
+        out[i] = t[y:y + crop, x:x + crop]
+    if n_crops == 10:
+        out[5:] = torch.flip(out[:5], dims=(2,))
+    return out.numpy() if isinstance(hwc, np.ndarray) else out
 
 
 def image_crops(img, resize_to: int, crop: int, n_crops: int, resize_mode: str = "shorter",
                 interpolation: str = "bilinear", decoder: str = UNRECORDED_DECODER,
                 max_resized: int | None = None) -> np.ndarray:
     """uint8 (n_crops, crop, crop, 3) of a decoded RGB image (PIL image or HWC uint8 array)."""
-    if n_crops not in CROP_CHOICES:
-        raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     check_decoder(decoder)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, max_resized=max_resized),
+    return cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, max_resized=max_resized),
                 crop, n_crops)
 
 
@@ -435,4 +417,4 @@ def decode_crops(path: str | Path, resize_to: int, crop: int, n_crops: int, resi
         raise ValueError(f"--crops {n_crops}; valid choices: 1, 5, 10")
     data = remote.image_bytes(str(path)) if data is None else data   # None: a local file, opened by PIL
     img, full = _decode(Path(path) if data is None else str(path), check_decoder(decoder), resize_to, resize_mode, True, max_decoded, data=data)
-    return _cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)
+    return cut(_resized_hwc(img, resize_to, resize_mode, interpolation, decoder, full, max_resized), crop, n_crops)

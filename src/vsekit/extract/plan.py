@@ -225,61 +225,58 @@ def plan_of(o: ExtractOptions) -> Plan:
 def _plan_of(o: ExtractOptions) -> Plan:
     from .backbones import build_model
 
-    model, kind, weights, seed, crops = o.model, o.kind, o.weights, int(o.seed), int(o.crops)
-    keep_crops, resize, resize_mode, input_size = o.keep_crops, o.resize, o.resize_mode, o.input_size
-    interpolation, taps, grid, boxes, max_regions = o.interpolation, o.taps, o.grid, o.boxes, o.max_regions
-    min_regions, precision, store_dtype, decoder = o.min_regions, o.precision, o.dtype, o.decoder
-    detector, detector_weights = o.detector, o.detector_weights
+    boxes, max_regions, min_regions, store_dtype, decoder = o.boxes, o.max_regions, o.min_regions, o.dtype, o.decoder
+    detector, detector_weights, seed, crops = o.detector, o.detector_weights, int(o.seed), int(o.crops)
     if decoder is None:   # a new set's default; run_job gives an existing set its own first (runner.own_decoder)
-        decoder = UNRECORDED_DECODER if kind == "regions" else DEFAULT_DECODER
-    if kind == "regions":
+        decoder = UNRECORDED_DECODER if o.kind == "regions" else DEFAULT_DECODER
+    if o.kind == "regions":
         if decoder != UNRECORDED_DECODER:
             raise ValueError(f"--decoder {decoder} applies to --kind global, fne and grid (regions decode with PIL)")
         boxes, detector, detector_weights = resolve_detector(boxes, detector, detector_weights)
         if detector == "butd-r101":
             from .butd import butd_plan
             return Plan(**butd_plan(detector_weights=detector_weights, seed=seed, max_regions=max_regions,
-                                    min_regions=min_regions, precision=precision, store_dtype=store_dtype,
-                                    unused={"--resize": resize, "--resize-mode": resize_mode, "--input-size": input_size,
-                                            "--interpolation": interpolation, "--taps": taps,
-                                            "--crops": None if crops == 1 else crops, "--keep-crops": keep_crops or None}))
+                                    min_regions=min_regions, precision=o.precision, store_dtype=store_dtype,
+                                    unused={"--resize": o.resize, "--resize-mode": o.resize_mode, "--input-size": o.input_size,
+                                            "--interpolation": o.interpolation, "--taps": o.taps,
+                                            "--crops": None if crops == 1 else crops, "--keep-crops": o.keep_crops or None}))
     elif detector or detector_weights:
         raise ValueError("--detector / --detector-weights apply to --kind regions only")
     min_regions = 10 if min_regions is None else min_regions
-    wkind = weights_kind(weights)
-    weights_attr = str(Path(weights).resolve()) if wkind == "path" else wkind
-    spec = get_backbone(model)
-    meta = build_model(model, "none", device="meta")
+    wkind = weights_kind(o.weights)
+    weights_attr = str(Path(o.weights).resolve()) if wkind == "path" else wkind
+    spec = get_backbone(o.model)
+    meta = build_model(o.model, "none", device="meta")
     pre = spec.preprocess(meta)
-    spatial = kind in ("grid", "regions")
-    if spatial and (crops != 1 or keep_crops):
-        raise ValueError(f"--kind {kind} uses the whole image: --crops must be 1 (got {crops})")
+    spatial = o.kind in ("grid", "regions")
+    if spatial and (crops != 1 or o.keep_crops):
+        raise ValueError(f"--kind {o.kind} uses the whole image: --crops must be 1 (got {crops})")
     if spatial:
-        crop_size = int(input_size or spatial_size(meta, pre.crop_size))
-        rsz, rmode = int(resize or crop_size), resize_mode or "square"
+        crop_size = int(o.input_size or spatial_size(meta, pre.crop_size))
+        rsz, rmode = int(o.resize or crop_size), o.resize_mode or "square"
     else:
-        crop_size = int(input_size or pre.crop_size)
-        rsz = int(resize or round(crop_size * pre.resize / pre.crop_size))
-        rmode = resize_mode or "shorter"
+        crop_size = int(o.input_size or pre.crop_size)
+        rsz = int(o.resize or round(crop_size * pre.resize / pre.crop_size))
+        rmode = o.resize_mode or "shorter"
     if crop_size < 8 or rsz < crop_size:
         raise ValueError(f"--input-size {crop_size} / --resize {rsz}: need 8 <= input size <= resize")
     store_dtype = store_dtype or ("float16" if spatial else "float32")
-    kw = dict(model=model, kind=kind, weights=weights_attr, seed=int(seed), crops=int(crops),
-              keep_crops=bool(keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
-              mean=pre.mean, std=pre.std, interpolation=interpolation or pre.interpolation,
-              precision=precision, store_dtype=store_dtype, decoder=decoder)
+    kw = dict(model=o.model, kind=o.kind, weights=weights_attr, seed=int(seed), crops=int(crops),
+              keep_crops=bool(o.keep_crops), resize=rsz, resize_mode=rmode, crop_size=crop_size,
+              mean=pre.mean, std=pre.std, interpolation=o.interpolation or pre.interpolation,
+              precision=o.precision, store_dtype=store_dtype, decoder=decoder)
     if wkind == "path":
         from ..digest import file_digest
 
-        kw["weights_sha256"] = file_digest(weights)
+        kw["weights_sha256"] = file_digest(o.weights)
     if spatial:
         conv = spec.conv_tap(meta)
-        tap, side, calls = spatial_tap(model, meta, conv, crop_size)
-        if kind == "grid" and not 1 <= grid <= side:
-            raise ValueError(f"--grid {grid}: {model} {conv} is {side}x{side} at input "
+        tap, side, calls = spatial_tap(o.model, meta, conv, crop_size)
+        if o.kind == "grid" and not 1 <= o.grid <= side:
+            raise ValueError(f"--grid {o.grid}: {o.model} {conv} is {side}x{side} at input "
                              f"{crop_size}; choose 1..{side} or a larger --input-size")
         regions = {}   # the Plan's defaults (no boxes, 0 regions, no detector) for a grid
-        if kind == "regions":
+        if o.kind == "regions":
             if not boxes:
                 raise ValueError("--kind regions needs --boxes detector or --boxes FILE (JSON: image id → boxes)")
             if boxes != "detector" and not Path(boxes).is_file():
@@ -289,15 +286,15 @@ def _plan_of(o: ExtractOptions) -> Plan:
             regions = dict(boxes=boxes if boxes == "detector" else str(Path(boxes).resolve()),
                            max_regions=int(max_regions), min_regions=int(min_regions), detector=detector,
                            detector_weights=detector_weights)
-        return Plan(**kw, **regions, taps=(tap,), tap_calls=calls, grid=int(grid) if kind == "grid" else 0,
+        return Plan(**kw, **regions, taps=(tap,), tap_calls=calls, grid=int(o.grid) if o.kind == "grid" else 0,
                     channels=tap["width"])
-    if kind == "global":
-        if taps:
+    if o.kind == "global":
+        if o.taps:
             raise ValueError("--taps applies to --kind fne only")
         names = [spec.global_tap(meta)]
     else:
-        names = select_taps(meta, taps, crop_size) if taps else spec.fne_taps(meta)
-    cols, calls, _ = tap_columns(model, meta, names, crop_size)
+        names = select_taps(meta, o.taps, crop_size) if o.taps else spec.fne_taps(meta)
+    cols, calls, _ = tap_columns(o.model, meta, names, crop_size)
     return Plan(**kw, taps=tuple(cols), tap_calls=calls)
 
 

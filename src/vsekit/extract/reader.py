@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..storage.faults import point
-from .images import ImageError, decode_crops, load_image, load_ref_image, resize
+from .images import ImageError, decode_crops, load_image, resize
 from .plan import Plan
 from .regions import check_boxes
 
@@ -105,7 +105,7 @@ class RowDataset:
 
     def item(self, i: int, fetched: dict | None = None) -> Item:
         """Item ``i``; ``fetched``: images' bytes (or the error fetching them) by path."""
-        row, p = self.rows[i], self.plan
+        row = self.rows[i]
         data = (fetched or {}).get(self.paths[i])
         try:
             if isinstance(data, Exception):
@@ -168,13 +168,9 @@ def decode(path: str, plan: Plan | None = None, data: bytes | None = None):
     (:func:`vsekit.extract.images.decode_crops`); without, or for regions, the 8-bit RGB PIL image.
     The plan's pixel budgets apply; ``data``: the image's bytes, fetched already (object storage).
     Tests wrap it (a decoder that crashes its process)."""
-    from ..storage.sources import remote, shards
-
     decoded_max = plan.setting("max_decoded_pixels") if plan is not None else None
     if plan is None or plan.kind == "regions":
-        if data is None and not shards.is_ref(path) and not remote.is_url(path):
-            return load_image(path, decoded_max)
-        return load_ref_image(path, decoded_max, data)
+        return load_image(path, decoded_max, data)
     return decode_crops(path, plan.resize, plan.crop_size, plan.crops, plan.resize_mode, plan.interpolation,
                         decoder=plan.decoder, max_decoded=decoded_max, max_resized=plan.setting("max_resized_pixels"),
                         data=data)
@@ -211,7 +207,8 @@ class BufferRing:
     an unmap and the freeing of every page of the batch (48 MB per 32 x 10-crop batch: 0.4 ms per
     image, issue 37) and the worker a page fault per page. Reused, each segment is mapped once in
     the driving process (torch keeps the mapping of a storage it is sent again while the storage is
-    alive there: :meth:`Receiver.hold`) and its pages are faulted in once.
+    alive there, and its cache of received storages holds them weakly: :func:`iter_batches` holds the
+    last ones) and its pages are faulted in once.
 
     A DataLoader hands a worker its next batch only when the driving process takes a batch: with
     ``prefetch`` batches per worker in flight, when a worker is handed batch ``j`` the driving
@@ -254,20 +251,6 @@ class BufferRing:
 
 
 _RING: BufferRing | None = None   # this decoding worker's (a DataLoader worker is a fresh process)
-
-
-class Receiver:
-    """The driving process's side of :class:`BufferRing`: holds the last ``n`` batches' storages so
-    that a buffer sent again is found mapped (torch's cache of received storages holds them weakly)."""
-
-    def __init__(self, n: int):
-        from collections import deque
-
-        self.held = deque(maxlen=max(1, int(n)))
-
-    def hold(self, batch) -> None:
-        if getattr(batch, "stamp", None) is not None:
-            self.held.append(batch.crops.untyped_storage())
 
 
 def collate(items: list[Item], ring: int = 0) -> Batch:
@@ -325,26 +308,28 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
     that process too is reported failed and the run goes on.
     """
     pos, batches = 0, [list(b) for b in batches]
+    if workers <= 0:
+        many = getattr(dataset, "__getitems__", None)
+        yield from (collate(many(b) if many else [dataset[i] for i in b]) for b in batches)
+        return
+    from collections import deque
+
+    from torch.utils.data import DataLoader
+
+    from ..storage.sources import remote
+
     while pos < len(batches):
-        if workers <= 0:
-            many = getattr(dataset, "__getitems__", None)
-            yield collate(many(batches[pos]) if many else [dataset[i] for i in batches[pos]])
-            pos += 1
-            continue
-        from torch.utils.data import DataLoader
-
-        from ..storage.sources import remote
-
         if getattr(dataset, "options", None) is not None:
             dataset.batches, dataset._at = batches[pos:], None   # so that each worker fetches its next batch ahead
         # each worker's batches in a ring of prefetch + 1 shared buffers (BufferRing), held mapped here
         loader = DataLoader(dataset, batch_sampler=batches[pos:], num_workers=workers, pin_memory=pin,
                             collate_fn=functools.partial(collate, ring=prefetch + 1), prefetch_factor=prefetch,
                             **workers_of(dataset))
-        receiver = Receiver((prefetch + 1) * workers)
+        held = deque(maxlen=(prefetch + 1) * workers)   # the storages last received: found mapped when sent again
         try:
             for items in loader:
-                receiver.hold(items)
+                if getattr(items, "stamp", None) is not None:
+                    held.append(items.crops.untyped_storage())
                 if items and items[0].reads:
                     remote.STATS.update(items[0].reads)
                 yield items
@@ -354,11 +339,11 @@ def iter_batches(dataset: RowDataset, batches: Sequence[Sequence[int]], workers:
                 raise
             in_flight = batches[pos:pos + prefetch * workers]
             for b in in_flight:
-                yield _isolated(dataset, b, str(exc))
+                yield _isolated(dataset, b)
                 pos += 1
 
 
-def _isolated(dataset: RowDataset, indices: list[int], crash: str) -> list[Item]:
+def _isolated(dataset: RowDataset, indices: list[int]) -> list[Item]:
     from torch.utils.data import DataLoader
 
     got: dict[int, Item] = {}
@@ -399,25 +384,13 @@ def workers_of(dataset) -> dict:
     process that used it: a forked worker's first request hangs), which is given this process's
     environment (the credentials obstore reads there; the options travel on the dataset)."""
     if getattr(dataset, "options", None) is None:
-        return {"worker_init_fn": die_with(os.getpid())}
+        return {"worker_init_fn": functools.partial(_die_with_parent, os.getpid(), None)}
     import multiprocessing
 
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
-    return {"worker_init_fn": die_with(os.getpid(), dict(os.environ)), "multiprocessing_context": ctx}
-
-
-def die_with(parent: int, env: dict | None = None):
-    """The ``worker_init_fn`` that makes a decoding worker end when process ``parent`` ends (and,
-    with ``env``, gives it that environment).
-
-    However the main process ends (SIGTERM, ``kill -9``, OOM killer), its decoding workers must not
-    live on: one blocked writing to a full result pipe never reaches torch's own parent check. On
-    Linux the kernel sends the worker SIGKILL when its parent dies (``PR_SET_PDEATHSIG``; a fork
-    server's child: when the server dies, which it does when ``parent`` does); as a fallback
-    everywhere, a daemon thread in the worker exits it once ``parent`` is gone.
-    """
-    return functools.partial(_die_with_parent, parent, env)
+    return {"worker_init_fn": functools.partial(_die_with_parent, os.getpid(), dict(os.environ)),
+            "multiprocessing_context": ctx}
 
 
 def _gone(parent: int) -> bool:
@@ -433,6 +406,12 @@ def _gone(parent: int) -> bool:
 
 
 def _die_with_parent(parent: int, env: dict | None = None, worker_id: int = 0) -> None:
+    """A decoding worker's ``worker_init_fn``: end it when process ``parent`` ends (and, with ``env``,
+    give it that environment). However the main process ends (SIGTERM, ``kill -9``, OOM killer), its
+    decoding workers must not live on: one blocked writing to a full result pipe never reaches torch's
+    own parent check. On Linux the kernel sends the worker SIGKILL when its parent dies
+    (``PR_SET_PDEATHSIG``; a fork server's child: when the server dies, which it does when ``parent``
+    does); as a fallback everywhere, a daemon thread in the worker exits it once ``parent`` is gone."""
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
@@ -476,13 +455,6 @@ def survive_worker_death(fn, *args, attempts: int = 4):
                 raise
 
 
-def block_batches(first_index: int, n: int, batch_size: int) -> list[list[int]]:
-    """Dataset indices [first, first+n) cut into batches of ``batch_size`` (the same everywhere,
-    so a block's forward passes, hence its bits, do not depend on where it runs)."""
-    return [list(range(s, min(s + batch_size, first_index + n)))
-            for s in range(first_index, first_index + n, batch_size)]
-
-
 def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool = False,
             prefetch: int = 2, threads: bool = False) -> Iterator[list[Item]]:
     """The items of each batch (a :class:`Batch`), in order, decoded by ``workers`` processes (their
@@ -490,9 +462,8 @@ def decoded(dataset, batches: Sequence[Sequence[int]], workers: int, pin: bool =
     dask worker is a daemon process, which may not have children: :func:`vsekit.extract.site.resolve`
     says so)."""
     if workers > 0 and threads:
-        yield from decoded_by_threads(dataset, batches, workers, prefetch)
-    else:
-        yield from iter_batches(dataset, batches, workers, pin, prefetch)
+        return decoded_by_threads(dataset, batches, workers, prefetch)
+    return iter_batches(dataset, batches, workers, pin, prefetch)
 
 
 def decoded_by_threads(dataset, batches: Sequence[Sequence[int]], threads: int,

@@ -103,16 +103,12 @@ def build_detector(plan, device):
 
 
 def _load_frcnn(model, path: str) -> None:
-    import torch
+    from .backbones import load_failure, read_state
 
+    state = read_state(path, "--detector-weights", "not a state dict of torchvision's fasterrcnn_resnet50_fpn")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and isinstance(state.get("model"), dict):
-            state = state["model"]
         model.load_state_dict(state, strict=True)
     except Exception as exc:
-        from .backbones import load_failure
-
         raise ValueError(f"--detector-weights {path}: not a state dict of torchvision's "
                          f"fasterrcnn_resnet50_fpn ({load_failure(exc)})") from None
 

@@ -19,7 +19,7 @@ from ..storage.store import Block, FeatureSet, FeatureStore, StoreError
 from .job import Job
 from .plan import Plan
 from .site import Resolved, resolve
-from .reader import Item, RowDataset, block_batches, decoded, stack, survive_worker_death
+from .reader import Item, RowDataset, decoded, stack, survive_worker_death
 from .writer import BlockBuffer
 
 
@@ -82,12 +82,17 @@ def boxes_of_ids(raw: dict, ids: list[str], path: str) -> dict[str, np.ndarray |
 
 def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict: bool) -> None:
     """Features of one batch of items into the block buffer (failed items get their reason)."""
-    bad = [it for it in items if it.error is not None]
-    if strict and bad:
-        raise StoreError(f"row {bad[0].row}: {bad[0].error} (--strict stops at the first bad image)")
     ok = [it for it in items if it.error is None]
-    for it in bad:
-        buf.put(it.row, None, it.error)
+    failed, x = [(it, it.error) for it in items if it.error is not None], None
+    if any(it.encoded is not None for it in ok):   # --decoder nvjpeg: the JPEGs decoded here, batched
+        from .gpu_decode import batch_crops
+
+        x, ok, more = batch_crops(items, ok, plan, extractor.device)
+        failed += more
+    for it, why in failed:
+        if strict:
+            raise StoreError(f"row {it.row}: {why} (--strict stops at the first bad image)")
+        buf.put(it.row, None, why)
     if not ok:
         return
     if plan.detector == "butd-r101":  # original-size images, one at a time (butd.ButdExtractor)
@@ -96,30 +101,15 @@ def run_items(extractor, plan: Plan, items: list[Item], buf: BlockBuffer, strict
                 it.crops = crops.numpy()
         extractor.put_items(ok, buf)
         return _check_intact(items)   # the buffer is dropped unwritten if not
-    if any(it.encoded is not None for it in ok):   # --decoder nvjpeg: the JPEGs decoded here, batched
-        from .gpu_decode import batch_crops
-
-        x, ok, failed = batch_crops(items, ok, plan, extractor.device)
-        for it, why in failed:
-            if strict:
-                raise StoreError(f"row {it.row}: {why} (--strict stops at the first bad image)")
-            buf.put(it.row, None, why)
-        if x is None:
-            return
-    else:
-        x = stack(items)   # the ok items' crops (collated where they were decoded)
+    x = stack(items) if x is None else x   # the ok items' crops (collated where they were decoded)
     if plan.kind == "regions":
         boxes = extractor.detect(x) if plan.boxes == "detector" else [it.boxes for it in ok]
         feats = extractor.regions(x, boxes)
-        _check_intact(items)
-        for it, f, bx in zip(ok, feats, boxes):
-            sx, sy = it.scale
-            buf.put(it.row, f, boxes=bx / np.array([sx, sy, sx, sy], dtype=np.float32))
-        return
-    feats = extractor.features(x)
+    else:
+        feats, boxes = extractor.features(x), [None] * len(ok)
     _check_intact(items)
-    for it, f in zip(ok, feats):
-        buf.put(it.row, f)
+    for it, f, bx in zip(ok, feats, boxes):   # boxes back in original pixels
+        buf.put(it.row, f, boxes=None if bx is None else bx / np.array([*it.scale, *it.scale], dtype=np.float32))
 
 
 def _check_intact(items) -> None:
@@ -156,7 +146,7 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
     if not blocks:
         return
     resolved = resolved or resolve(job.run, job.site)
-    run = resolved.run
+    run, progress = resolved.run, progress or (lambda event, images: None)
     store = store if store is not None else FeatureStore.open(job.store, mode="r+")
     extractor = extractor if extractor is not None else extractor_for(job, resolved)
     plan, size = job.plan, run.batch_size
@@ -165,7 +155,9 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
     owner: list[int] = []
     first = 0
     for k, b in enumerate(blocks):
-        cut = block_batches(first, len(b), size)
+        # the block cut into batches of the run's size, the same everywhere: its forward passes, hence its
+        # bits, do not depend on where it runs
+        cut = [list(range(s, min(s + size, first + len(b)))) for s in range(first, first + len(b), size)]
         if span is not None:
             lo, hi = span[0] - b.start + first, span[1] - b.start + first
             cut = [kept for kept in ([i for i in c if lo <= i < hi] for c in cut) if kept]
@@ -180,11 +172,9 @@ def compute_blocks(job: Job, blocks: Sequence[Block], *, store: FeatureStore | N
         point("extract:batch")
         if current is None:
             current = BlockBuffer.empty(plan, blocks[k])
-        if progress is not None:
-            progress("decoded", len(items))
+        progress("decoded", len(items))
         survive_worker_death(run_items, extractor, plan, items, current, run.strict)
-        if progress is not None:
-            progress("done", len(items))
+        progress("done", len(items))
         current.decoders.update(it.decoder for it in items)
         if last[k] == i:
             yield current

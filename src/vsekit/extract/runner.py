@@ -91,10 +91,11 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
         print(f"note: {len(report.damaged)} damaged block(s) of {fs.name} will be extracted again "
               f"({'; '.join(f'block {i}: {w}' for i, w in sorted(report.damaged.items())[:3])})",
               file=sys.stderr)
-    if retry_failed:
-        rows = retry_rows(fs)
+    if retry_failed:   # the failed rows whose recorded reason may have gone (a missing or unreadable file)
+        status, errors = np.asarray(fs.status[:]), fs.errors()
+        rows = [int(r) for r in np.flatnonzero(status == FAILED)
+                if str(errors.get(int(r), "cannot read")).startswith(RETRYABLE)]
         if rows:
-            status = np.asarray(fs.status[:])
             status[rows] = PENDING
             reopened = [b for b in fs.blocks() if np.any(status[b.start:b.stop] == PENDING)]
             fs.store.sets.reopen(fs, [b.index for b in reopened])
@@ -103,14 +104,6 @@ def resume_checks(fs: FeatureSet, retry_failed: bool) -> None:
             fs.clear_errors(rows)
             print(f"note: retrying {len(rows)} failed row(s) of {fs.name} (missing or unreadable files)",
                   file=sys.stderr)
-
-
-def retry_rows(fs: FeatureSet) -> list[int]:
-    """Failed rows whose recorded reason may have gone (a missing or unreadable file)."""
-    status = np.asarray(fs.status[:])
-    errors = fs.errors()
-    return [int(r) for r in np.flatnonzero(status == FAILED)
-            if str(errors.get(int(r), "cannot read")).startswith(RETRYABLE)]
 
 
 def extract(store: str | os.PathLike | FeatureStore, model: str = "vgg19", kind: str = "global",
@@ -247,11 +240,10 @@ def _record(fs: FeatureSet, info: dict, requested: str, cluster) -> None:
     """Record where the blocks ran; a cluster run that could have used a GPU but ran (partly) on CPU
     says so in one line, and the set records that line. (How they were decoded is the result's
     ``decoding``: it describes a run, not the set, so it stays out of the attrs.)"""
-    attrs: dict[str, Any] = {}
     notes = sorted(info.get("notes", ()))
     for line in notes:   # what the tasks could not apply as asked (extract/site.py): said and kept
         print(f"vsekit: note: {line}", file=sys.stderr, flush=True)
-    attrs["execution_notes"] = notes
+    attrs: dict[str, Any] = {"execution_notes": notes}
     devices = sorted(info.get("devices", ()))
     if devices:
         attrs["device"] = ",".join(devices)

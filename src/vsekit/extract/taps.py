@@ -109,15 +109,10 @@ def spatial_mean(out, layout: Layout = Layout("NCHW")):
     """
     import torch
 
-    if layout.kind == "NC" or out.ndim == 2:
+    dims = {"NLC": (1,), "NHWC": (1, 2)}.get(layout.kind, (2, 3) if out.ndim == 4 else None)
+    if layout.kind == "NC" or out.ndim == 2 or dims is None:
         return out.to(torch.float32, copy=True).reshape(out.shape[0], -1)
-    if layout.kind == "NLC":
-        return mean_f32(out[:, layout.prefix:], (1,))
-    if layout.kind == "NHWC":
-        return mean_f32(out, (1, 2))
-    if out.ndim == 4:
-        return mean_f32(out, (2, 3))
-    return out.to(torch.float32, copy=True).reshape(out.shape[0], -1)
+    return mean_f32(out[:, layout.prefix:] if layout.kind == "NLC" else out, dims)
 
 
 def grid_pool(out, layout: Layout, grid: int):

@@ -79,16 +79,12 @@ class BlockWriter:
         self._thread.start()
 
     def _run(self) -> None:
-        while True:
-            buf = self._queue.get()
-            if buf is None:
-                return
-            if self.error is not None:
-                continue
-            try:
-                self.commit(buf)
-            except BaseException as exc:  # reported to the caller on the next submit/close
-                self.error = exc
+        for buf in iter(self._queue.get, None):
+            if self.error is None:   # after an error the rest is dropped
+                try:
+                    self.commit(buf)
+                except BaseException as exc:  # reported to the caller on the next submit/close
+                    self.error = exc
 
     def submit(self, buf: BlockBuffer) -> None:
         if self.error is not None:
