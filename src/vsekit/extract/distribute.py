@@ -4,11 +4,9 @@ One task per row block (:func:`extract_block`): the worker computes and commits 
 skipping a block already committed, and only while its driver still holds the set's writer lock
 (the token travels with the task; else :class:`.rows.DriverGone`). A block whose task keeps killing
 its workers (``KilledWorker``) is cut in halves until the one row that does is found and marked
-failed (:func:`bisect_block`); the driver then writes that block. A run whose cluster has had no
-worker able to run its tasks for dask's ``distributed.scheduler.no-workers-timeout`` (set for
-``local:N`` by :func:`vsekit.clusters.local.local_config`; a batch scheduler's queue is waited on)
-ends with one error (:func:`no_workers`). docs/gpus_clusters.md, "Every block is committed once" and
-"An image that kills its worker".
+failed (:func:`bisect_block`); the driver then writes that block. Tasks no worker ran for dask's
+no-workers-timeout end the run (:func:`no_workers`). docs/gpus_clusters.md, "Every block is committed
+once" and "An image that kills its worker".
 """
 
 from __future__ import annotations
@@ -156,8 +154,7 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
 
 
 def no_workers(fs: FeatureSet, cluster: ClusterSpec, exc: Exception) -> StoreError:
-    """The one error of a run whose tasks no worker could run for dask's no-workers-timeout (a
-    ``NoWorkerError``, or ``NoValidWorkerError`` where none has the resources asked for): what
+    """The one error of a run whose tasks no worker ran for dask's no-workers-timeout (``exc``): what
     happened and what was kept (the committed blocks; the runner releases the lock)."""
     c = fs.counts()
     kept = ("the old set stays as it was" if fs.staged else
