@@ -137,10 +137,11 @@ def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
         assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
 
 
-def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store, reference, monkeypatch, capfd):
-    """A file whose decoding ends the worker process (test hook; a codec segfault or the OOM killer
-    in real life) must not take the run down with KilledWorker: its block is bisected, that one row
-    is marked failed with the reason, every other row is extracted, and the deaths are reported."""
+def _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, config: dict) -> None:
+    """Extract on ``local:2`` under the dask ``config`` with one file whose decoding ends its worker
+    process (test hook; a codec segfault or the OOM killer in real life): the run must not fail with
+    KilledWorker: its block is bisected, that one row is marked failed with the reason, every other
+    row is extracted, and the deaths are reported."""
     import dask
 
     paths = [str(p) for p in demo_store.root["images/path"][:]]
@@ -148,7 +149,7 @@ def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store,
     # the fault point each decoded file passes: the process decoding this one ends there (os._exit)
     monkeypatch.setenv("VSEKIT_FAULT", "decode:" + paths[bad_row].rsplit("/", 1)[-1])
     opts = dict(OPTS, block_rows=4)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1, **config}):
         res = extract(demo_store, cluster="local:2", **opts)
     fs = demo_store.features(res.name)
     status = fs.status[:]
@@ -164,6 +165,62 @@ def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store,
     err = capfd.readouterr().err
     assert "killed the dask workers" in err and f"row {bad_row}:" in err
     assert "died during the run" in err  # each dead worker is reported
+
+
+def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store, reference, monkeypatch, capfd):
+    _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, {})
+
+
+@pytest.mark.timeout(600)   # a hang fails here (the run itself: up to ~330 s at load average 16)
+def test_a_worker_restart_slower_than_the_lost_worker_timeout_keeps_its_nanny(demo_store, reference, monkeypatch,
+                                                                             capfd):
+    """The hang of a loaded machine, made certain: dask's lost-worker reaper closes a worker's nanny
+    for good when no worker of its name is up lost-worker-timeout (15 s) after a death; on a busy node
+    a nanny restarting its worker at that moment was closed, and with both gone the bisection waited
+    forever on tasks no worker would run. Here the timeout is shorter than any restart: a local
+    cluster's nannies must still restart their workers (clusters/local.py, local_config)."""
+    _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd,
+                           {"distributed.deploy.lost-worker-timeout": "0.05s"})
+
+
+@pytest.mark.timeout(600)   # a hang fails here (the run itself: up to ~330 s at load average 16)
+@pytest.mark.parametrize("allowed_failures", [1, 3], ids=["in-the-bisection", "in-the-blocks"])
+def test_a_cluster_whose_workers_are_all_gone_ends_the_run_with_one_error(demo_store, tmp_path, allowed_failures):
+    """Every worker of ``local:2`` gone and not coming back (a preload makes each nanny give up on its
+    first restart; the bad image kills both workers): after dask's no-workers-timeout the run ends with
+    one ``Error:`` line saying what happened and what was kept, exit 1, the committed blocks kept and
+    the lock released; never a hang. With allowed-failures 1 the wait is in the bisection of the bad
+    image's block, with 3 in the blocks' own loop."""
+    from vsekit.storage.lock import lock_path
+
+    bad = str(demo_store.root["images/path"][5]).rsplit("/", 1)[-1]
+    (tmp_path / "started").mkdir()
+    preload = Path(__file__).resolve().parent / "dask_preload" / "no_restart.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1", VSEKIT_FAULT=f"decode:{bad}",
+               VSEKIT_TEST_STARTED=str(tmp_path / "started"),
+               DASK_DISTRIBUTED__WORKER__PRELOAD=f"[{str(preload)!r}]",
+               DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT="3s",
+               DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=str(allowed_failures))
+    args = [sys.executable, "-c", "import sys; from vsekit.cli import main; sys.exit(main())", "extract",
+            "--store", str(demo_store.path), "--model", "test_resnet", "--kind", "fne", "--weights", "none",
+            "--input-size", "64", "--resize", "72", "--batch-size", "2", "--block-rows", "4", "--device", "cpu",
+            "--cluster", "local:2", "--no-progress"]
+    proc = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, timeout=570)
+    err = proc.stderr
+    assert proc.returncode == 1, err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and err.rstrip().splitlines()[-1] == errors[0], err[-3000:]
+    # no traceback through vsekit (dask's nanny logs the restart that the preload cut short)
+    assert not [ln for ln in err.splitlines() if ln.strip().startswith('File "') and "vsekit" in ln], err[-3000:]
+    assert "--cluster local:2: no dask worker could run the pending tasks for 3 s" in errors[0]
+    assert sorted(p.name for p in (tmp_path / "started").iterdir()) == ["vsekit-0", "vsekit-1"]
+    assert not lock_path(demo_store.path, "test_resnet_fne").exists()
+    after = FeatureStore.open(demo_store.path)   # a new set with nothing done is removed (extract/runner.py)
+    kept = after.has_features("test_resnet_fne")
+    status = after.features("test_resnet_fne").status[:] if kept else np.zeros(demo_store.n_images)
+    done = int((status == 1).sum())
+    assert status[5] == 0 and done % 4 == 0   # committed blocks stay, each whole; the bad one never was
+    assert f"kept {done} done and 0 failed rows of {demo_store.n_images}" in errors[0]
 
 
 def test_sigterm_on_local_cluster_exits_143_with_the_kept_rows(demo_store, tmp_path):

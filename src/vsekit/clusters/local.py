@@ -17,6 +17,18 @@ from ..devices import gpu_assignment, is_cuda
 NO_PAUSE = {"DASK_DISTRIBUTED__WORKER__MEMORY__PAUSE": "False"}
 
 
+def local_config() -> dict[str, Any]:
+    """dask settings of a local cluster. Its nannies restart their own workers, so dask's lost-worker
+    reaper (which closes a worker's nanny for good if no worker of its name is up when it looks,
+    lost-worker-timeout after a death) could only close one caught mid-restart: off. A run whose
+    workers are all gone fails its tasks after no-workers-timeout (the user's, else 120 s) instead of
+    waiting forever (docs/gpus_clusters.md, "An image that kills its worker")."""
+    import dask
+
+    key = "distributed.scheduler.no-workers-timeout"
+    return {"distributed.deploy.lost-worker-timeout": "3650d", key: dask.config.get(key, None) or "120s"}
+
+
 def local_worker_env(n_workers: int, device: str, n_gpus: int, visible: str | None) -> list[dict[str, str]]:
     """The extra environment of each local worker: its own GPU on a CUDA device, nothing on CPU.
 
@@ -52,19 +64,20 @@ def local_worker_specs(n_workers: int, device: str, resources: Mapping[str, floa
 
 @contextlib.contextmanager
 def start(n: int, device: str, resources) -> Iterator[Any]:
+    import dask
     from distributed import Scheduler, SpecCluster
 
     if is_cuda(device) and _has_dask_cuda() and ":" not in device:
-        import dask
         from dask_cuda import LocalCUDACluster  # one worker per GPU, pinned by dask-cuda itself
 
-        with dask.config.set({"distributed.worker.memory.pause": False}), LocalCUDACluster(n_workers=n, threads_per_worker=1, host="127.0.0.1",
-                              dashboard_address=None, resources=dict(resources or {})) as cluster:
+        with dask.config.set({"distributed.worker.memory.pause": False, **local_config()}), LocalCUDACluster(
+                n_workers=n, threads_per_worker=1, host="127.0.0.1", dashboard_address=None,
+                resources=dict(resources or {})) as cluster:
             yield cluster
         return
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard_address": None}}
-    with SpecCluster(workers=local_worker_specs(n, device, resources), scheduler=scheduler,
-                     silence_logs=40) as cluster:
+    with dask.config.set(local_config()), SpecCluster(workers=local_worker_specs(n, device, resources),
+                                                      scheduler=scheduler, silence_logs=40) as cluster:
         yield cluster
 
 

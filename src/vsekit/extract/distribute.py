@@ -4,8 +4,9 @@ One task per row block (:func:`extract_block`): the worker computes and commits 
 skipping a block already committed, and only while its driver still holds the set's writer lock
 (the token travels with the task; else :class:`.rows.DriverGone`). A block whose task keeps killing
 its workers (``KilledWorker``) is cut in halves until the one row that does is found and marked
-failed (:func:`bisect_block`); the driver then writes that block. docs/gpus_clusters.md, "Every
-block is committed once" and "An image that kills its worker".
+failed (:func:`bisect_block`); the driver then writes that block. Tasks no worker ran for dask's
+no-workers-timeout end the run (:func:`no_workers`). docs/gpus_clusters.md, "Every block is committed
+once" and "An image that kills its worker".
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from ..clusters import ClusterSpec, cluster_client, report_worker_deaths
-from ..storage.store import FAILED, Block, FeatureSet, FeatureStore
+from ..storage.store import FAILED, Block, FeatureSet, FeatureStore, StoreError
 from .job import Job, Site
 from .plan import Plan
 from .site import resolve
@@ -78,7 +79,7 @@ def extract_rows(job: Job, block: tuple[int, int, int], lo: int, hi: int) -> dic
 def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterSpec) -> tuple[dict, dict, dict]:
     """One task per pending block on ``cluster`` (see module doc); each future is released as soon
     as its result is recorded, so a worker lost later has nothing of it to recompute."""
-    from distributed.scheduler import KilledWorker
+    from distributed.scheduler import KilledWorker, NoValidWorkerError, NoWorkerError
     from tqdm.auto import tqdm
 
     if not blocks:
@@ -140,14 +141,28 @@ def run_on_dask(job: Job, fs: FeatureSet, blocks: list[Block], cluster: ClusterS
                 if res["builds"]:
                     builds[res["pid"]] = max(builds.get(res["pid"], 0), res["builds"])
                 bar.update(res["rows"])
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 client.cancel(list(futures.values()))
+            if isinstance(exc, (NoWorkerError, NoValidWorkerError)):
+                raise no_workers(fs, cluster, exc) from None
             raise
         finally:
             bar.close()
         report_worker_deaths(client, started, report)
     return runs, builds, info
+
+
+def no_workers(fs: FeatureSet, cluster: ClusterSpec, exc: Exception) -> StoreError:
+    """The one error of a run whose tasks no worker ran for dask's no-workers-timeout (``exc``): what
+    happened and what was kept (the committed blocks; the runner releases the lock)."""
+    c = fs.counts()
+    kept = ("the old set stays as it was" if fs.staged else
+            f"kept {c['done']} done and {c['failed']} failed rows of {fs.n_rows} in {fs.name!r}, each block "
+            "whole: rerun the same command to compute the rest")
+    return StoreError(f"--cluster {cluster}: no dask worker could run the pending tasks for "
+                      f"{getattr(exc, 'timeout', 0):g} s (its workers died and none came back; dask's "
+                      f"distributed.scheduler.no-workers-timeout); {kept}")
 
 
 def report(message: str) -> None:
