@@ -6,7 +6,11 @@ configures the cell for tests and starts the daemons, and stops those it started
 The configuration (found on Debian 12, see issue 36): ``/etc/hosts`` lists ``localhost`` first, so
 the host is aliased to ``localhost``; jobs run as root (``min_uid``/``min_gid`` 0, set before execd
 starts); the queue has no parallel environment, no load threshold (a loaded CI machine would put it
-in alarm) and the scheduler runs every second. Needs root.
+in alarm) and the scheduler runs every second. Jobs start their shell as a plain command interpreter,
+never a login shell (``login_shells none``): a login bash reads the profile of the user (root here),
+and a development machine's ``pyenv init`` there waited 60 s on a stale ``pyenv rehash`` lock (left
+by an interrupted rehash) before every array task started (job arrays use ``-S /bin/bash``).
+Needs root.
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ def _apply(flag: str, text: str, env) -> None:
 def _configure(env) -> None:
     """Settings that qmaster must hold before execd starts (idempotent)."""
     editor = Path(tempfile.mkdtemp()) / "edit.sh"
-    editor.write_text("#!/bin/sh\nsed -i -e 's/^min_uid .*/min_uid 0/' -e 's/^min_gid .*/min_gid 0/' \"$1\"\n")
+    editor.write_text("#!/bin/sh\nsed -i -e 's/^min_uid .*/min_uid 0/' -e 's/^min_gid .*/min_gid 0/' "
+                      "-e 's/^login_shells .*/login_shells none/' \"$1\"\n")
     editor.chmod(0o755)
     try:
         qconf("-mconf", env=dict(env, EDITOR=str(editor)))

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
+PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin")
 
 SLURM_CONF = """\
@@ -77,6 +77,20 @@ def _free_port() -> int:
 def jobs(env) -> list[str]:
     out = subprocess.run([which("squeue"), "-h", "-o", "%i"], env=env, capture_output=True, text=True)
     return out.stdout.split()
+
+
+def time_out(env, *job: str) -> None:
+    """Bring the time limit of the running jobs ``job`` forward to one moment a few seconds from now
+    (``scontrol update EndTime``): slurmctld then ends them DUE TO TIME LIMIT, SIGTERM first, at its
+    next limit check (it checks every 30 s), as at the end of their walltime, whose resolution is a
+    minute (``man sbatch``, ``--time``). A test whose job must go past its time limit waits 5-35 s for
+    it, not 60-90. A job that has ended meanwhile (at that walltime) is left as it is."""
+    end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 5))
+    for j in job:
+        out = subprocess.run([which("scontrol"), "update", f"JobId={j}", f"EndTime={end}"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0 and j in jobs(env):
+            raise RuntimeError(f"scontrol update JobId={j} EndTime={end}: {out.stderr.strip() or out.stdout.strip()}")
 
 
 @contextlib.contextmanager

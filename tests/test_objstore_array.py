@@ -629,7 +629,8 @@ def test_on_s3_an_array_whose_tasks_all_died_shows_in_info_holds_the_set_then_a_
 def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_and_the_rerun_completes(
         local_slurm, s3, demo_dir, reference, tmp_path, monkeypatch):
     """On the local SLURM: task 0 commits a block and holds its next one when it is cancelled
-    (``scancel``); task 1 holds its first block past its one-minute time limit. SLURM sends each
+    (``scancel``); task 1 holds its first block past its time limit (one minute, brought forward by
+    ``scontrol update EndTime``: slurm_local.time_out). SLURM sends each
     SIGTERM: each releases its block's lease (no record, no chunk of the block) and exits 143. The same
     command, once the array's lease expired, submits the blocks still pending and completes the set."""
     import slurm_local
@@ -657,6 +658,7 @@ def test_on_slurm_into_s3_a_cancelled_and_a_timed_out_task_release_their_blocks_
     held = {k: _task_leases(url, k) for k in range(2)}
     assert len(held[0]) == 1 and len(held[1]) == 1, held
     subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=local_slurm["env"], check=True)
+    slurm_local.time_out(local_slurm["env"], f"{job}_1")   # its one-minute limit, brought forward
     _wait(lambda: _slurm_array_ended(local_slurm["env"], job), 240, f"array {job} to end (task 1 at its time limit)")
     out = {k: (jobs / f"vsekit-{NAME}-{job}_{k}.out").read_text() for k in range(2)}
     assert "CANCELLED AT" in out[0] and "TIME LIMIT" not in out[0], out[0]

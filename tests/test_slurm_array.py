@@ -7,8 +7,9 @@ Two sets of tests:
   ``SLURM_ARRAY_TASK_ID``); one task is killed with SIGKILL while it holds a lease after it committed
   a block, one gets SIGTERM (what SLURM sends at the time limit) mid-block;
 * on a real single-node SLURM (tests/slurm_local.py): 3 array tasks, one cancelled with ``scancel``
-  after it committed a block while it holds a lease, one past its 1-minute time limit; the same
-  command run again after the array has ended fills the gap.
+  after it committed a block while it holds a lease, one past its time limit with a block in progress
+  (the one-minute walltime brought forward once the third task has done the rest); the same command
+  run again after the array has ended fills the gap.
 
 Commits are counted from the store's own commit: a ``sitecustomize`` module on the tasks' path wraps
 ``FeatureSet.write_block`` and appends one line per completed block write to a file.
@@ -289,7 +290,7 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     monkeypatch.setenv("VSEKIT_CLUSTER_CONFIG", json.dumps({
         "cores": 1, "memory": "1GB", "walltime": "00:01:00", "queue": "vsekit", "python": sys.executable,
         "log_directory": str(logs)}))
-    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "20")
+    monkeypatch.setenv("VSEKIT_LEASE_TTL_S", "10")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     # task 0 commits one block, then holds the next; task 1 holds its first block past the time limit
     # task 2 starts once task 0 is cancelled (else it could do every block before task 0 starts)
@@ -301,14 +302,22 @@ def test_on_slurm_a_cancelled_and_a_timed_out_task_then_the_rerun_complete_every
     job = sub.job_id
     assert job and sub.tasks == 3 and sub.pending_blocks == 12
 
-    wait_for(lambda: any("0" in t for t in commits(counted).values()) and leases_of(demo_store.path, "0"),
-             240, "array task 0 to commit a block and hold another")
-    held = leases_of(demo_store.path, "0")
+    def held_by_task_0() -> list[int]:   # a lease on a block it has not committed (not the one just done)
+        done = commits(counted)
+        return [b for b in leases_of(demo_store.path, "0") if b not in done] if any(
+            "0" in t for t in done.values()) else []
+
+    held = wait_for(held_by_task_0, 240, "array task 0 to commit a block and hold another")
     subprocess.run([slurm_local.which("scancel"), f"{job}_0"], env=slurm, check=True)
     go.touch()
     text = wait_for(lambda: "leases:" in (t := describe(FeatureStore.open(demo_store.path), NAME)) and t, 5,
                     "vsekit info")
     assert f"SLURM job array {job} (3 tasks): queued or running" in text
+    # once task 2 has done the rest (it then waits for task 1's lease), tasks 1 and 2 go past their
+    # time limit together: SLURM's own TIME LIMIT end, brought forward from the one-minute walltime
+    wait_for(lambda: len(commits(counted)) + len(leases_of(demo_store.path, "1")) == 12, 300,
+             "task 2 to commit every block but the one task 1 holds")
+    slurm_local.time_out(slurm, f"{job}_1", f"{job}_2")
     wait_for(lambda: not _array_entries(slurm, job), 400, f"array {job} to end")
     first_array_s = time.time() - t0
     out = {str(k): (logs / f"vsekit-{NAME}-{job}_{k}.out").read_text() for k in range(3)}
