@@ -387,8 +387,11 @@ def test_parquet_files_on_s3_by_glob_are_read_once_at_ingest_and_extract_as_disk
     proxy.server.shutdown()
     assert np.array_equal(a.features("f").data[:], FeatureStore.open(stores["s3"]).features("f").data[:])
     # by ranged GETs: each file's footer (pyarrow reads the last 64 KiB: here the whole file), then the image
-    # column of each of its 3 row groups once (+ 2: a retried GET on a loaded machine)
-    assert 2 * (1 + 3) <= proxy.gets <= 2 * (1 + 3) + 2 and proxy.bytes <= 2 * sum(sizes.values())
+    # column of each of its 3 row groups once; a GET beyond those only as a retry the run counted (a
+    # loaded machine's timeout or reset: the server saw it, the run's summary says it)
+    retried = got.image_reads.get("retries", 0)
+    assert 2 * (1 + 3) <= proxy.gets <= 2 * (1 + 3) + retried, (proxy.gets, got.image_reads)
+    assert proxy.bytes <= (2 + retried) * sum(sizes.values()), (proxy.bytes, got.image_reads)
 
 
 def test_digits_in_a_url_are_not_a_status():

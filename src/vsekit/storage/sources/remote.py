@@ -39,7 +39,7 @@ SPAN = 64 << 20              # at most this many bytes in one GET
 #: requests, bytes and retries of this process (a worker returns its own; the run sums them)
 STATS: Counter = Counter()
 _LOCK = threading.Lock()
-_PARQUET = threading.Lock()   # the parquet files this process keeps open (shards._parquet): one reader at a time
+_PARQUET = threading.RLock()   # the parquet files this process keeps open (shards._parquet): one reader at a time
 _STORES: dict = {}
 _TRANSIENT = re.compile(r"\b50[0-4]\b|timed? ?out|reset|connection|broken pipe|unavailable|slow ?down", re.I)
 
@@ -323,11 +323,19 @@ def fetch(paths: Iterable[str], expected: Mapping[str, list] | None = None,
         except Exception as exc:   # ImageError, or pyarrow's error around it
             return [(p, ImageError(f"cannot read {public_url(p)}: {exc}"))]
 
+    def cells_in_order(cells):
+        # parquet cells in the batch's order under one hold of the lock: each row group's column is
+        # read once for its rows (shards keeps one), not again when the pool's threads run out of order
+        with _PARQUET:
+            return [got for p in cells for got in one_loose(p)]
+
+    cells, loose = [p for p in loose if shards.is_ref(p)], [p for p in loose if not shards.is_ref(p)]
     jobs = [(url, run) for url, items in shard_items.items() for run in _runs(items)]
-    if not jobs and not loose:
+    if not jobs and not loose and not cells:
         return out
     with ThreadPoolExecutor(_setting(opts, "read_requests", READ_REQUESTS), thread_name_prefix="vsekit-fetch") as pool:
-        for done in [pool.submit(one_run, j) for j in jobs] + [pool.submit(one_loose, p) for p in loose]:
+        tasks = [pool.submit(one_run, j) for j in jobs] + [pool.submit(one_loose, p) for p in loose]
+        for done in tasks + ([pool.submit(cells_in_order, cells)] if cells else []):
             out.update(done.result())
     return out
 
