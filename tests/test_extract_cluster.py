@@ -137,11 +137,12 @@ def test_tcp_cluster_survives_a_killed_worker(demo_store, reference, tmp_path):
         assert set(res.block_runs.values()) == {1}  # every block reported done exactly once
 
 
-def _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, config: dict) -> None:
+def _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, config: dict) -> tuple[dict, dict]:
     """Extract on ``local:2`` under the dask ``config`` with one file whose decoding ends its worker
-    process (test hook; a codec segfault or the OOM killer in real life): the run must not fail with
-    KilledWorker: its block is bisected, that one row is marked failed with the reason, every other
-    row is extracted, and the deaths are reported."""
+    process (test hook; a codec segfault or the OOM killer in real life). Returns what the run left on
+    disk and on stderr, and what it must be: the run does not fail with KilledWorker; its block is
+    bisected, that one row is marked failed with the reason, every other row is extracted, and the
+    deaths are reported."""
     import dask
 
     paths = [str(p) for p in demo_store.root["images/path"][:]]
@@ -152,23 +153,33 @@ def _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, config: di
     with dask.config.set({"distributed.scheduler.allowed-failures": 1, **config}):
         res = extract(demo_store, cluster="local:2", **opts)
     fs = demo_store.features(res.name)
-    status = fs.status[:]
-    assert np.flatnonzero(status == 2).tolist() == [bad_row]
-    assert int((status == 1).sum()) == demo_store.n_images - 1
-    assert list(res.errors) == [bad_row] and "killed" in res.errors[bad_row]
-    assert fs.errors() == res.errors
+    status, data = fs.status[:], fs.data[:]
     ok = status == 1
-    # rows bisected out of their batch may run at another batch size: equal up to float rounding
-    np.testing.assert_allclose(fs.data[:][ok], reference[ok], rtol=1e-4, atol=1e-5)
-    assert not fs.data[bad_row].any()
-    assert sorted(res.block_runs) == [b.index for b in fs.blocks()] and set(res.block_runs.values()) == {1}
     err = capfd.readouterr().err
-    assert "killed the dask workers" in err and f"row {bad_row}:" in err
-    assert "died during the run" in err  # each dead worker is reported
+    seen = {
+        "failed rows": np.flatnonzero(status == 2).tolist(),
+        "extracted rows": int(ok.sum()),
+        "error rows": list(res.errors),
+        "reason says killed": "killed" in res.errors.get(bad_row, ""),
+        "errors on disk": fs.errors() == res.errors,
+        # rows bisected out of their batch may run at another batch size: equal up to float rounding
+        "features as the reference": bool(np.allclose(data[ok], reference[ok], rtol=1e-4, atol=1e-5)),
+        "bad row zeros": not data[bad_row].any(),
+        "blocks done once": (sorted(res.block_runs), set(res.block_runs.values())),
+        "bisection reported": "killed the dask workers" in err and f"row {bad_row}:" in err,
+        "deaths reported": "died during the run" in err,
+    }
+    want = dict(seen, **{"failed rows": [bad_row], "extracted rows": demo_store.n_images - 1,
+                         "error rows": [bad_row], "reason says killed": True, "errors on disk": True,
+                         "features as the reference": True, "bad row zeros": True,
+                         "blocks done once": ([b.index for b in fs.blocks()], {1}),
+                         "bisection reported": True, "deaths reported": True})
+    return seen, want
 
 
 def test_image_that_kills_every_worker_is_isolated_and_marked_failed(demo_store, reference, monkeypatch, capfd):
-    _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, {})
+    seen, want = _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd, {})
+    assert seen == want
 
 
 @pytest.mark.timeout(600)   # a hang fails here (the run itself: up to ~330 s at load average 16)
@@ -179,8 +190,9 @@ def test_a_worker_restart_slower_than_the_lost_worker_timeout_keeps_its_nanny(de
     a nanny restarting its worker at that moment was closed, and with both gone the bisection waited
     forever on tasks no worker would run. Here the timeout is shorter than any restart: a local
     cluster's nannies must still restart their workers (clusters/local.py, local_config)."""
-    _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd,
-                           {"distributed.deploy.lost-worker-timeout": "0.05s"})
+    seen, want = _isolate_the_bad_image(demo_store, reference, monkeypatch, capfd,
+                                        {"distributed.deploy.lost-worker-timeout": "0.05s"})
+    assert seen == want
 
 
 @pytest.mark.timeout(600)   # a hang fails here (the run itself: up to ~330 s at load average 16)
